@@ -1,0 +1,39 @@
+# Set-up is two commands on a fresh machine: `make demo` and `make test`.
+PYTHON ?= python3.11
+VENV := .venv
+ORACLE_VENV := .venv-oracle
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed-stamp
+ORACLE_STAMP := $(ORACLE_VENV)/.installed-stamp
+
+.PHONY: demo test install oracle bench clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -e '.[test]'
+	touch $@
+
+# TensorFlow's own SparseCore kernels, used only as the conformance oracle.
+# tensorflow-tpu 2.20 conflicts with tensorflow 2.21, so it lives in its own venv.
+oracle: $(ORACLE_STAMP)
+
+$(ORACLE_STAMP): tests/conformance/oracle-requirements.txt
+	test -x $(ORACLE_VENV)/bin/python || $(PYTHON) -m venv $(ORACLE_VENV)
+	$(ORACLE_VENV)/bin/python -m pip install -q --upgrade pip
+	$(ORACLE_VENV)/bin/python -m pip install -r tests/conformance/oracle-requirements.txt
+	touch $@
+
+demo: $(STAMP)
+	$(VENV)/bin/tpu-embed demo --output build/demo
+
+test: $(STAMP) $(ORACLE_STAMP)
+	TPU_EMBED_ORACLE_PYTHON=$(abspath $(ORACLE_VENV))/bin/python $(PY) -m pytest -q
+
+bench: $(STAMP) $(ORACLE_STAMP)
+	TPU_EMBED_ORACLE_PYTHON=$(abspath $(ORACLE_VENV))/bin/python $(PY) benchmarks/csr.py
+
+clean:
+	rm -rf build .pytest_cache

@@ -1,0 +1,147 @@
+"""Runs TensorFlow's own SparseCore host kernels; executed inside the oracle venv.
+
+Protocol: length-prefixed pickles on stdin/stdout.  Each request is a dict of
+plain Python/numpy data (tables, features, inputs, topology, limits); each
+response is plain data too, or {"error": message}.  It must not import
+tpu_embed: it is the independent side of the comparison.
+
+`tensorflow-tpu` 2.20 registers CPU kernels for the SparseCore preprocessing
+ops; libtpu is kept from loading with TPU_LIBRARY_PATH (see DESIGN.md).
+"""
+
+import os
+import pickle
+import struct
+import sys
+
+os.environ.setdefault("TPU_LIBRARY_PATH", "/nonexistent/libtpu.so")
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+from tensorflow.python.tpu import tpu_embedding_v3 as v3  # noqa: E402
+from tensorflow.python.util import nest  # noqa: E402
+
+E = tf.tpu.experimental.embedding
+_OPTIMIZERS = {"sgd": E.SGD, "adagrad": E.Adagrad, "adam": E.Adam}
+
+
+def _feature_config(req):
+    tables = {}
+    for t in req["tables"]:
+        kind, lr = t.get("optimizer", ("sgd", 0.1))
+        tables[t["name"]] = E.TableConfig(
+            vocabulary_size=t["vocabulary_size"], dim=t["dim"], name=t["name"], combiner=t["combiner"],
+            optimizer=_OPTIMIZERS[kind](learning_rate=lr))
+    fc = {}
+    for f in req["features"]:
+        fc[f["name"]] = E.FeatureConfig(table=tables[f["table"]], output_shape=list(f["output_shape"]),
+                                        name=f["name"])
+    # As TPUEmbeddingBase does: the tables are those the features use, deduplicated.
+    used = []
+    for f in nest.flatten(fc):
+        if f.table not in used:
+            used.append(f.table)
+    return fc, used
+
+
+def _tensor(spec):
+    kind = spec["kind"]
+    if kind is None:
+        return None
+    if kind == "dense":
+        return tf.constant(spec["values"])
+    if kind == "sparse":
+        return tf.SparseTensor(tf.constant(spec["indices"], tf.int64), tf.constant(spec["values"]),
+                               tf.constant(spec["dense_shape"], tf.int64))
+    if kind == "ragged":
+        return tf.RaggedTensor.from_row_splits(tf.constant(spec["values"]),
+                                               tf.constant(spec["row_splits"], tf.int64))
+    raise ValueError(kind)
+
+
+def _stacking(req):
+    fc, tables = _feature_config(req)
+    flat = nest.flatten_with_joined_string_paths(fc)
+    s = v3._stack_tables_with_same_table_dim_and_optimizer(
+        tables, flat, req["num_chips"], req["num_sc_per_chip"], None)
+    return fc, flat, s
+
+
+def handle(req):
+    op = req["op"]
+    fc, flat, s = _stacking(req)
+    if op == "stack":
+        return {
+            "stacks": {k: [t.name for t in v] for k, v in s.stacked_table_to_tables.items()},
+            "table_to_stacked_table_offset": dict(s.table_to_stacked_table_offset),
+            "feature_to_sample_offset": dict(s.feature_to_sample_offset),
+            "table_to_sample_count": dict(s.table_to_sample_count),
+        }
+    names = [f["name"] for f in req["features"]]
+    inputs = {n: _tensor(req["inputs"][n]) for n in names}
+    weights = {n: _tensor(req["weights"][n]) if req.get("weights") else None for n in names}
+    flat_inputs = nest.flatten(inputs)
+    flat_weights = [weights[p] for p, _ in flat]
+    if op == "stats":
+        ids, uniq = v3.TPUEmbeddingV2.compute_sparse_core_stats(
+            inputs, fc, req["num_chips"], req["num_sc_per_chip"])
+        return {"max_ids": {k: int(v) for k, v in ids.items()},
+                "max_unique_ids": {k: int(v) for k, v in uniq.items()}}
+    assert op == "preprocess"
+    emb = object.__new__(v3.TPUEmbeddingV2)
+    stacks = list(s.stacked_table_to_tables)
+    emb._table_to_max_ids_per_sparse_core = {k: req.get("max_ids_per_table", {}).get(k, 256) for k in stacks}
+    emb._table_to_max_unique_ids_per_sparse_core = {
+        k: req.get("max_unique_ids_per_table", {}).get(k, 256) for k in stacks}
+    emb._sparse_core_embedding_config = v3.SparseCoreEmbeddingConfig(
+        max_ids_per_chip_per_sample=req["max_ids_per_chip_per_sample"],
+        allow_id_dropping=req["allow_id_dropping"])
+    num_sc = req["num_chips"] * req["num_sc_per_chip"]
+    out = emb._preprocess_features(
+        req["num_chips"], req["max_ids_per_chip_per_sample"], 64, req["num_sc_per_chip"], num_sc,
+        s.stacked_table_to_tables, s.table_to_stacked_table_offset, s.table_to_sample_count,
+        s.feature_to_sample_offset, flat, flat_inputs, flat_weights)
+    result = {}
+    for name, (csr, rp, n) in out.items():
+        rp, n = int(rp), int(n)
+        result[name] = {
+            "row_pointers": csr.row_pointers.numpy()[:rp],
+            "sorted_sample_ids": csr.sorted_sample_ids.numpy()[:n],
+            "sorted_token_ids": csr.sorted_token_ids.numpy()[:n],
+            "sorted_gains": csr.sorted_gains.numpy()[:n],
+            "row_pointers_unpadded_size": rp,
+            "ids_unpadded_size": n,
+            "sample_count": int(csr.sample_count),
+            "num_minibatches": int(csr.num_minibatches_per_physical_sparse_core),
+            "row_pointers_size": int(csr.row_pointers.shape[0]),
+            "ids_size": int(csr.sorted_token_ids.shape[0]),
+        }
+    return result
+
+
+def main():
+    stdin, stdout = sys.stdin.buffer, sys.stdout.buffer
+    stdout.write(b"READY\n")
+    stdout.flush()
+    while True:
+        head = stdin.read(8)
+        if len(head) < 8:
+            return
+        (size,) = struct.unpack("<Q", head)
+        req = pickle.loads(stdin.read(size))
+        try:
+            resp = handle(req)
+        except Exception as e:  # the error itself is part of the conformance result
+            resp = {"error": f"{type(e).__name__}: {e}"}
+        data = pickle.dumps(resp)
+        stdout.write(struct.pack("<Q", len(data)) + data)
+        stdout.flush()
+
+
+if __name__ == "__main__":
+    # Keep TF's own chatter off the protocol stream.
+    real_stdout = os.dup(1)
+    os.dup2(2, 1)
+    sys.stdout = os.fdopen(real_stdout, "w")
+    main()
