@@ -13,6 +13,7 @@ from typing import Any, Dict, Optional
 from tpu_embed.sparsecore.csr_types import (
     DEFAULT_MAX_IDS_PER_CHIP_PER_SAMPLE, DEFAULT_MAX_IDS_PER_TABLE, DEFAULT_MAX_UNIQUE_IDS_PER_TABLE,
     PAD_VALUE, CsrBatch, LimitExceededError, StackLimits, buffer_sizes, resolve_limits)
+from tpu_embed.sparsecore.batching import partition_counts, split_global_batch
 from tpu_embed.sparsecore.inputs import FeatureIds, RaggedIds, SparseIds, to_feature_ids
 from tpu_embed.sparsecore.layout import (
     FeaturePlacement, SparseCoreLayout, StackLayout, TablePlacement, flatten, flatten_with_paths,
@@ -22,7 +23,8 @@ from tpu_embed.topology import Topology
 __all__ = [
     "CsrBatch", "FeatureIds", "FeaturePlacement", "LimitExceededError", "PAD_VALUE", "RaggedIds",
     "SparseCoreLayout", "SparseIds", "StackLayout", "StackLimits", "TablePlacement", "Topology",
-    "feature_ids_for", "preprocess", "preprocess_with_layout", "stack_tables",
+    "feature_ids_for", "partition_counts", "preprocess", "preprocess_with_layout", "split_global_batch",
+    "stack_tables", "to_feature_ids",
 ]
 
 
@@ -67,7 +69,10 @@ def preprocess_with_layout(
     """`preprocess` for a precomputed layout (the shard job stacks once, packs many batches)."""
     limits = resolve_limits(layout, max_ids_per_table, max_unique_ids_per_table,
                             max_ids_per_chip_per_sample, allow_id_dropping)
-    fids = feature_ids_for(features, layout, feature_config, weights)
+    if isinstance(features, dict) and features and all(isinstance(v, FeatureIds) for v in features.values()):
+        fids = features  # already validated, e.g. by the shard job
+    else:
+        fids = feature_ids_for(features, layout, feature_config, weights)
     if implementation == "fast":
         from tpu_embed.sparsecore.csr import preprocess_stack
     elif implementation == "reference":

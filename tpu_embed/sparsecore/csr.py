@@ -56,8 +56,13 @@ def _runs(same_as_prev: np.ndarray, n: int):
     return first, run_of
 
 
-def preprocess_stack(stack: StackLayout, layout: SparseCoreLayout, feature_ids: Dict[str, FeatureIds],
-                     limits: StackLimits) -> CsrBatch:
+class _Sorted:
+    """A stack's ids for one chip after combiner, rotation, sort and dedup."""
+
+    __slots__ = ("hi", "srow", "gain", "tbits", "ids_pp", "uniq_pp")
+
+
+def sort_stack(stack: StackLayout, layout: SparseCoreLayout, feature_ids: Dict[str, FeatureIds]) -> _Sorted:
     topo = layout.topology
     nsc, S = topo.num_sc_per_chip, topo.num_sparse_cores
     log2s = S.bit_length() - 1
@@ -169,6 +174,25 @@ def preprocess_stack(stack: StackLayout, layout: SparseCoreLayout, feature_ids: 
         np.not_equal(hi[1:], hi[:-1], out=new_col[1:])
     ids_pp = np.bincount(seg, minlength=nsc * S).reshape(nsc, S)
     uniq_pp = np.bincount(seg[new_col], minlength=nsc * S).reshape(nsc, S)
+    out = _Sorted()
+    out.hi, out.srow, out.gain, out.tbits, out.ids_pp, out.uniq_pp = hi, srow_s, gain_s, tbits, ids_pp, uniq_pp
+    return out
+
+
+def count_partitions(stack: StackLayout, layout: SparseCoreLayout, feature_ids: Dict[str, FeatureIds]):
+    """(ids, unique ids) per (local SC, destination SC) after dedup: [num_sc_per_chip, S] each."""
+    srt = sort_stack(stack, layout, feature_ids)
+    return srt.ids_pp, srt.uniq_pp
+
+
+def preprocess_stack(stack: StackLayout, layout: SparseCoreLayout, feature_ids: Dict[str, FeatureIds],
+                     limits: StackLimits) -> CsrBatch:
+    topo = layout.topology
+    nsc, S = topo.num_sc_per_chip, topo.num_sparse_cores
+    srt = sort_stack(stack, layout, feature_ids)
+    hi, srow_s, gain_s, tbits, ids_pp, uniq_pp = srt.hi, srt.srow, srt.gain, srt.tbits, srt.ids_pp, srt.uniq_pp
+    k = hi.size
+    seg = hi >> tbits
     for s in range(nsc):
         limits.check(stack.name, s, ids_pp[s], uniq_pp[s])
 
