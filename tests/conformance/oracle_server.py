@@ -88,7 +88,7 @@ def handle(req):
             inputs, fc, req["num_chips"], req["num_sc_per_chip"])
         return {"max_ids": {k: int(v) for k, v in ids.items()},
                 "max_unique_ids": {k: int(v) for k, v in uniq.items()}}
-    assert op == "preprocess"
+    assert op in ("preprocess", "bench")
     emb = object.__new__(v3.TPUEmbeddingV2)
     stacks = list(s.stacked_table_to_tables)
     emb._table_to_max_ids_per_sparse_core = {k: req.get("max_ids_per_table", {}).get(k, 256) for k in stacks}
@@ -98,10 +98,16 @@ def handle(req):
         max_ids_per_chip_per_sample=req["max_ids_per_chip_per_sample"],
         allow_id_dropping=req["allow_id_dropping"])
     num_sc = req["num_chips"] * req["num_sc_per_chip"]
-    out = emb._preprocess_features(
-        req["num_chips"], req["max_ids_per_chip_per_sample"], 64, req["num_sc_per_chip"], num_sc,
-        s.stacked_table_to_tables, s.table_to_stacked_table_offset, s.table_to_sample_count,
-        s.feature_to_sample_offset, flat, flat_inputs, flat_weights)
+
+    def run(flat_inputs, flat_weights):
+        return emb._preprocess_features(
+            req["num_chips"], req["max_ids_per_chip_per_sample"], 64, req["num_sc_per_chip"], num_sc,
+            s.stacked_table_to_tables, s.table_to_stacked_table_offset, s.table_to_sample_count,
+            s.feature_to_sample_offset, flat, flat_inputs, flat_weights)
+
+    if op == "bench":
+        return _bench(run, req, flat_inputs, flat_weights)
+    out = run(flat_inputs, flat_weights)
     result = {}
     for name, (csr, rp, n) in out.items():
         rp, n = int(rp), int(n)
@@ -117,6 +123,27 @@ def handle(req):
             "row_pointers_size": int(csr.row_pointers.shape[0]),
             "ids_size": int(csr.sorted_token_ids.shape[0]),
         }
+    return result
+
+
+def _bench(run, req, flat_inputs, flat_weights):
+    """Seconds per call of TF's preprocessing, eager and inside tf.function (as enqueue runs it)."""
+    import time
+    batches = [[_tensor(b[f["name"]]) for f in sorted(req["features"], key=lambda f: f["name"])]
+               for b in req["batches"]]
+    result = {}
+    compiled = tf.function(lambda xs: run(xs, [None] * len(xs)))
+    for mode, fn in (("eager", lambda xs: run(xs, [None] * len(xs))), ("tf_function", compiled)):
+        fn(batches[0])  # warm up (tracing for tf.function)
+        best = float("inf")
+        for _ in range(req.get("repeats", 3)):
+            t0 = time.perf_counter()
+            for b in batches:
+                out = fn(b)
+            for v in out.values():
+                v[2].numpy()
+            best = min(best, (time.perf_counter() - t0) / len(batches))
+        result[mode] = best
     return result
 
 

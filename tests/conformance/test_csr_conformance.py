@@ -38,7 +38,7 @@ def _compare(case, oracle):
         assert b.ids_unpadded_size == t["ids_unpadded_size"], name
         assert b.sample_count == t["sample_count"]
         assert b.num_minibatches_per_physical_sparse_core == t["num_minibatches"]
-        assert b.row_pointers.size == t["row_pointers_size"] and b.sorted_token_ids.size == t["ids_size"]
+        assert b.row_pointers_buffer_size == t["row_pointers_size"] and b.ids_buffer_size == t["ids_size"]
         np.testing.assert_array_equal(p["row_pointers"], t["row_pointers"], err_msg=name)
         np.testing.assert_array_equal(p["sorted_token_ids"], t["sorted_token_ids"], err_msg=name)
         np.testing.assert_array_equal(p["sorted_sample_ids"], t["sorted_sample_ids"], err_msg=name)

@@ -23,37 +23,92 @@ _COMBINER_CODE = {"sum": 0, "mean": 1, "sqrtn": 2}
 _PAD_GAIN = np.float32(PAD_VALUE)
 
 
-def sequential_segment_sum(values: np.ndarray, seg_of: np.ndarray, seg_first: np.ndarray) -> np.ndarray:
-    """float32 sums of contiguous segments, added left to right as a C loop would.
+def merge_runs(values, same_as_prev: np.ndarray, n: int):
+    """Merge runs of equal neighbours, adding their float32 values left to right.
 
-    `seg_of[i]` is the segment of element i (non-decreasing), `seg_first[s]` the
-    index of segment s's first element.
+    `same_as_prev[i]` says element i+1 equals element i.  Returns (index of
+    each run's first element, float32 sum per run); `values=None` means all
+    ones, whose sums are exact counts.  The sums are sequential, as TF's C++
+    loops add, because numpy's pairwise reductions would round differently.
+    Only the few non-first elements are touched.
     """
-    out = values[seg_first].copy()
-    n = values.size
-    if n == seg_first.size:
-        return out
-    offset = np.arange(n, dtype=np.int64) - seg_first[seg_of]
-    rest = np.flatnonzero(offset)
-    rest_off = offset[rest]
-    order = np.argsort(rest_off, kind="stable")
-    rest = rest[order]
-    bounds = np.searchsorted(rest_off[order], np.arange(1, int(rest_off.max()) + 2))
-    for k in range(bounds.size - 1):
-        idx = rest[bounds[k]:bounds[k + 1]]
-        seg = seg_of[idx]
-        out[seg] = out[seg] + values[idx]
-    return out
-
-
-def _runs(same_as_prev: np.ndarray, n: int):
-    """Segments of equal neighbours: (first index of each run, run of each element)."""
-    starts = np.empty(n, dtype=bool)
-    starts[0] = True
-    np.logical_not(same_as_prev, out=starts[1:])
+    nf = np.flatnonzero(same_as_prev) + 1  # elements that merge into an earlier one
+    starts = np.ones(n, dtype=bool)
+    starts[nf] = False
     first = np.flatnonzero(starts)
-    run_of = np.cumsum(starts, dtype=np.int64) - 1
-    return first, run_of
+    run_of_nf = nf - np.arange(1, nf.size + 1)  # each earlier non-first shifts the run index by one
+    if values is None:
+        out = np.bincount(run_of_nf, minlength=first.size).astype(np.float32)
+        out += np.float32(1)
+        return first, out
+    out = values[first]
+    # A non-first element's level is its position in its streak of consecutive non-firsts:
+    # level 0 is added first, then level 1, ... so each run is summed left to right.
+    brk = np.empty(nf.size, dtype=bool)
+    if nf.size:
+        brk[0] = True
+        np.not_equal(nf[1:], nf[:-1] + 1, out=brk[1:])
+    idx = np.arange(nf.size)
+    level = idx - np.maximum.accumulate(np.where(brk, idx, 0))
+    top = int(level.max(initial=-1))
+    if top == 0:
+        out[run_of_nf] += values[nf]
+    else:
+        for k in range(top + 1):
+            sel = level == k
+            out[run_of_nf[sel]] += values[nf[sel]]
+    return first, out
+
+
+_ARANGE = np.arange(1 << 16, dtype=np.int64)
+
+
+def _arange(n: int) -> np.ndarray:
+    """A read-only view of 0..n-1, grown on demand (saves an allocation per call)."""
+    global _ARANGE
+    if n > _ARANGE.size:
+        _ARANGE = np.arange(max(n, 2 * _ARANGE.size), dtype=np.int64)
+    return _ARANGE[:n]
+
+
+class _StackTables:
+    """Batch-independent per-stack lookups, computed once per layout."""
+
+    def __init__(self, stack: StackLayout, layout: SparseCoreLayout):
+        topo = layout.topology
+        nsc, S = topo.num_sc_per_chip, topo.num_sparse_cores
+        feats = layout.stack_features(stack.name)
+        self.feats = feats
+        self.paths = [f.path for f in feats]
+        self.offsets = np.array([f.sample_offset for f in feats], dtype=np.int64)
+        self.log2s = S.bit_length() - 1
+        self.shift = np.array([f.col_shift for f in feats], dtype=np.int64)
+        self.col_token_offset = np.array([f.col_offset >> self.log2s for f in feats], dtype=np.int64)
+        # Tokens are below the stack's rows per SparseCore shard: a static key width.
+        self.tbits = max(int(stack.total_padded_vocabulary >> self.log2s).bit_length(), 1)
+        self.scbits = max((nsc - 1).bit_length(), 1)
+        sizes = np.array([f.sample_count for f in feats], dtype=np.int64)
+        codes = np.array([_COMBINER_CODE[f.combiner] for f in feats], dtype=np.int8)
+        self.all_sum = not codes.any()
+        self.row_code = np.repeat(codes, sizes)
+        # For every sample g of the stack: its local SparseCore and its sample id there.
+        local = np.arange(stack.sample_count, dtype=np.int64) - np.repeat(self.offsets, sizes)
+        per_sc = np.repeat(sizes // nsc, sizes)
+        self.sc_of = local // per_sc
+        self.srow_of = (local - self.sc_of * per_sc + np.repeat(self.offsets // nsc, sizes)).astype(np.int32)
+
+
+_TABLES_CACHE: Dict[tuple, _StackTables] = {}
+
+
+def _stack_tables(stack: StackLayout, layout: SparseCoreLayout) -> _StackTables:
+    key = (id(layout), stack.name)
+    t = _TABLES_CACHE.get(key)
+    if t is None or t.feats != layout.stack_features(stack.name):
+        if len(_TABLES_CACHE) > 256:
+            _TABLES_CACHE.clear()
+        t = _TABLES_CACHE[key] = _StackTables(stack, layout)
+    return t
 
 
 class _Sorted:
@@ -65,117 +120,101 @@ class _Sorted:
 def sort_stack(stack: StackLayout, layout: SparseCoreLayout, feature_ids: Dict[str, FeatureIds]) -> _Sorted:
     topo = layout.topology
     nsc, S = topo.num_sc_per_chip, topo.num_sparse_cores
-    log2s = S.bit_length() - 1
-    mask = S - 1
-    feats = layout.stack_features(stack.name)
-    parts = [feature_ids[f.path] for f in feats]
-    counts = np.array([p.ids.size for p in parts], dtype=np.int64)
+    tab = _stack_tables(stack, layout)
+    log2s, mask, tbits = tab.log2s, S - 1, tab.tbits
+    parts = [feature_ids[p] for p in tab.paths]
+    counts = np.fromiter((p.ids.size for p in parts), dtype=np.int64, count=len(parts))
     n = int(counts.sum())
 
-    # Global sample index inside the stack's per-chip samples.
-    offsets = np.array([f.sample_offset for f in feats], dtype=np.int64)
-    grow = np.concatenate([p.rows + o for p, o in zip(parts, offsets)]) if n else np.zeros(0, np.int64)
-    ids = np.concatenate([p.ids for p in parts]) if n else np.zeros(0, np.int64)
-    weighted = any(p.weights is not None for p in parts)
-    if weighted:
+    # Global sample index g inside the stack's per-chip samples, and the raw ids.
+    grow = np.concatenate([p.rows + o for p, o in zip(parts, tab.offsets)])
+    ids = np.concatenate([p.ids for p in parts])
+    w = None
+    if any(p.weights is not None for p in parts):
         w = np.concatenate([p.weights if p.weights is not None else np.ones(p.ids.size, np.float32)
                             for p in parts])
-    else:
-        w = None
 
-    codes = np.array([_COMBINER_CODE[f.combiner] for f in feats], dtype=np.int8)
-    sizes_f = np.array([f.sample_count for f in feats], dtype=np.int64)
+    # Column rewrite, split into destination SparseCore and token (col >> log2 S):
+    # col_offset is a multiple of 8*S, so it only moves the token.
+    dest = (ids + np.repeat(tab.shift, counts)) & mask
+    token = (ids >> log2s) + np.repeat(tab.col_token_offset, counts)
 
     # 1. Merge adjacent duplicates (same sample, same id), as ConvertToList...CooTensors does.
     if n > 1:
-        adj = (grow[1:] == grow[:-1]) & (ids[1:] == ids[:-1])
+        adj = grow[1:] == grow[:-1]
+        adj &= ids[1:] == ids[:-1]
         has_adj = bool(adj.any())
     else:
         has_adj = False
     if has_adj:
-        first, run_of = _runs(adj, n)
-        wf = w if w is not None else np.ones(n, np.float32)
-        mw = sequential_segment_sum(wf, run_of, first)
-        mrow, mid = grow[first], ids[first]
+        first, mw = merge_runs(w, adj, n)
+        mrow, dest, token = grow[first], dest[first], token[first]
     else:
-        mw, mrow, mid = (w.copy() if w is not None else None), grow, ids
+        mw, mrow = w, grow
 
-    # 2. Combiner gains: per sample, over all ids before merging.
-    if codes.max(initial=0) > 0 and n:
-        row_code = np.repeat(codes, sizes_f)
-        total_samples = stack.sample_count
-        if w is None:
-            cnt = np.bincount(grow, minlength=total_samples).astype(np.float32)  # exact
-            s1 = s2 = cnt
-        else:
-            rfirst, row_run = _runs(grow[1:] == grow[:-1], n)
-            present = grow[rfirst]
-            s1 = np.zeros(total_samples, np.float32)
-            s2 = np.zeros(total_samples, np.float32)
-            if (codes == 1).any():
-                s1[present] = sequential_segment_sum(w, row_run, rfirst)
-            if (codes == 2).any():
-                s2[present] = sequential_segment_sum(w * w, row_run, rfirst)
-        scale = np.ones(total_samples, np.float32)
-        with np.errstate(divide="ignore"):
-            m = row_code == 1
-            scale[m] = np.where(s1[m] == 0, np.float32(0), np.float32(1) / s1[m])
-            m = row_code == 2
-            scale[m] = np.where(s2[m] == 0, np.float32(0), np.float32(1) / np.sqrt(s2[m]))
-        base = mw if mw is not None else np.ones(mrow.size, np.float32)
-        gains = base * scale[mrow]
-    else:
+    # 2. Combiner gains: per sample, over all its ids before merging.
+    if tab.all_sum or n == 0:
         gains = mw if mw is not None else np.ones(mrow.size, np.float32)
-
-    # 3. Local SparseCore, sample id within it, and the rotated/offset column.
-    m_n = mrow.size
-    if has_adj:
-        feat_of = np.searchsorted(offsets, mrow, side="right") - 1
     else:
-        feat_of = np.repeat(np.arange(len(feats), dtype=np.int64), counts)
-    per_sc = sizes_f // nsc
-    local = mrow - offsets[feat_of]
-    pf = per_sc[feat_of]
-    sc = local // pf
-    srow = local - sc * pf + (offsets // nsc)[feat_of]
-    shift = np.array([f.col_shift for f in feats], dtype=np.int64)[feat_of]
-    coloff = np.array([f.col_offset for f in feats], dtype=np.int64)[feat_of]
-    col = ((mid + shift) & mask) + (mid & ~mask) + coloff
+        if w is None:
+            s1 = s2 = np.bincount(grow, minlength=stack.sample_count).astype(np.float32)  # exact counts
+        else:
+            s1 = np.zeros(stack.sample_count, np.float32)
+            s2 = np.zeros(stack.sample_count, np.float32)
+            same_row = grow[1:] == grow[:-1]
+            if (tab.row_code == 1).any():
+                rfirst, sums = merge_runs(w, same_row, n)
+                s1[grow[rfirst]] = sums
+            if (tab.row_code == 2).any():
+                rfirst, sums = merge_runs(w * w, same_row, n)
+                s2[grow[rfirst]] = sums
+        scale = np.ones(stack.sample_count, np.float32)
+        with np.errstate(divide="ignore"):
+            m = tab.row_code == 1
+            scale[m] = np.where(s1[m] == 0, np.float32(0), np.float32(1) / s1[m])
+            m = tab.row_code == 2
+            scale[m] = np.where(s2[m] == 0, np.float32(0), np.float32(1) / np.sqrt(s2[m]))
+        gains = scale[mrow]
+        if mw is not None:
+            gains *= mw
 
-    # 4. One sort by (local SC, destination SC, token, position).
-    token = col >> log2s
-    dest = col & mask
-    tbits = max(int(token.max(initial=0)).bit_length(), 1)
+    # 3. One sort by (local SC, destination SC, token, position).
+    m_n = mrow.size
     ibits = max(int(m_n).bit_length(), 1)
-    scbits = max((nsc - 1).bit_length(), 1)
-    if scbits + log2s + tbits + ibits <= 63:
-        hi = (((sc << log2s) | dest) << tbits) | token
-        keys = np.sort((hi << ibits) | np.arange(m_n, dtype=np.int64))
+    if tab.scbits + log2s + tbits + ibits <= 63:
+        hi = tab.sc_of[mrow] << log2s
+        hi |= dest
+        hi <<= tbits
+        hi |= token
+        keys = hi << ibits
+        keys |= _arange(m_n)
+        keys.sort()
         pos = keys & ((1 << ibits) - 1)
         hi = keys >> ibits
     else:  # astronomically large stacks: fall back to a lexsort
+        sc = tab.sc_of[mrow]
         pos = np.lexsort((np.arange(m_n), token, dest, sc))
         hi = (((sc[pos] << log2s) | dest[pos]) << tbits) | token[pos]
-    srow_s = srow[pos]
+    g_s = mrow[pos]
     gain_s = gains[pos]
 
-    # 5. Equal (sample, column) pairs are now adjacent: merge them by adding gains.
+    # 4. Equal (sample, column) pairs are now adjacent: merge them by adding gains.
     if m_n > 1:
-        dup = (hi[1:] == hi[:-1]) & (srow_s[1:] == srow_s[:-1])
+        dup = hi[1:] == hi[:-1]
+        dup &= g_s[1:] == g_s[:-1]
         if dup.any():
-            first, run_of = _runs(dup, m_n)
-            gain_s = sequential_segment_sum(gain_s, run_of, first)
-            hi, srow_s = hi[first], srow_s[first]
+            first, gain_s = merge_runs(gain_s, dup, m_n)
+            hi, g_s = hi[first], g_s[first]
     k = hi.size
     seg = hi >> tbits  # local SC * S + destination SC
     new_col = np.empty(k, dtype=bool)
     if k:
         new_col[0] = True
         np.not_equal(hi[1:], hi[:-1], out=new_col[1:])
-    ids_pp = np.bincount(seg, minlength=nsc * S).reshape(nsc, S)
-    uniq_pp = np.bincount(seg[new_col], minlength=nsc * S).reshape(nsc, S)
     out = _Sorted()
-    out.hi, out.srow, out.gain, out.tbits, out.ids_pp, out.uniq_pp = hi, srow_s, gain_s, tbits, ids_pp, uniq_pp
+    out.hi, out.srow, out.gain, out.tbits = hi, tab.srow_of[g_s], gain_s, tbits
+    out.ids_pp = np.bincount(seg, minlength=nsc * S).reshape(nsc, S)
+    out.uniq_pp = np.bincount(seg[new_col], minlength=nsc * S).reshape(nsc, S)
     return out
 
 
@@ -212,19 +251,16 @@ def preprocess_stack(stack: StackLayout, layout: SparseCoreLayout, feature_ids: 
     ids_unpadded = int(ends[-1]) if ends.size else 0
 
     rp_block = round_up(S, XLA_PAD)
-    row_pointers = np.zeros(sizes.row_pointers, np.int32)
-    rp_view = row_pointers[:nsc * rp_block].reshape(nsc, rp_block)
+    row_pointers = np.empty(nsc * rp_block, np.int32)
+    rp_view = row_pointers.reshape(nsc, rp_block)
     rp_view[:, :S] = rp_eff.reshape(nsc, S)
     rp_view[:, S:] = ends.reshape(nsc, S)[:, -1:]
 
-    sample_ids = np.zeros(cap, np.int32)
-    token_ids = np.zeros(cap, np.int32)
-    out_gains = np.zeros(cap, np.float32)
-    sample_ids[:ids_unpadded] = PAD_VALUE
-    token_ids[:ids_unpadded] = PAD_VALUE
-    out_gains[:ids_unpadded] = _PAD_GAIN
+    sample_ids = np.full(ids_unpadded, PAD_VALUE, np.int32)
+    token_ids = np.full(ids_unpadded, PAD_VALUE, np.int32)
+    out_gains = np.full(ids_unpadded, _PAD_GAIN, np.float32)
     seg_first = np.cumsum(c) - c
-    rank = np.arange(k, dtype=np.int64) - seg_first[seg]
+    rank = _arange(k) - seg_first[seg]
     dst = start_eff[seg] + rank
     if dropped:
         keep = rank < kept[seg]
@@ -236,5 +272,5 @@ def preprocess_stack(stack: StackLayout, layout: SparseCoreLayout, feature_ids: 
         stack=stack.name, row_pointers=row_pointers, sorted_sample_ids=sample_ids,
         sorted_token_ids=token_ids, sorted_gains=out_gains, sample_count=stack.sample_count,
         num_minibatches_per_physical_sparse_core=1, row_pointers_unpadded_size=nsc * rp_block,
-        ids_unpadded_size=ids_unpadded, dropped_ids=dropped, ids_per_partition=ids_pp,
-        unique_ids_per_partition=uniq_pp)
+        ids_unpadded_size=ids_unpadded, row_pointers_buffer_size=sizes.row_pointers, ids_buffer_size=cap,
+        dropped_ids=dropped, ids_per_partition=ids_pp, unique_ids_per_partition=uniq_pp)

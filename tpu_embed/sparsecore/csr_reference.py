@@ -131,8 +131,8 @@ def preprocess_stack_reference(stack: StackLayout, layout: SparseCoreLayout,
         row_pointers[rp:sc * rp_block + rp_block] = g
         rp = (sc + 1) * rp_block
     return CsrBatch(
-        stack=stack.name, row_pointers=row_pointers, sorted_sample_ids=sample_ids,
-        sorted_token_ids=token_ids, sorted_gains=gains, sample_count=stack.sample_count,
+        stack=stack.name, row_pointers=row_pointers[:nsc * rp_block], sorted_sample_ids=sample_ids[:g],
+        sorted_token_ids=token_ids[:g], sorted_gains=gains[:g], sample_count=stack.sample_count,
         num_minibatches_per_physical_sparse_core=1, row_pointers_unpadded_size=nsc * rp_block,
-        ids_unpadded_size=g, dropped_ids=total - packed, ids_per_partition=ids_pp,
-        unique_ids_per_partition=uniq_pp)
+        ids_unpadded_size=g, row_pointers_buffer_size=sizes.row_pointers, ids_buffer_size=sizes.ids,
+        dropped_ids=total - packed, ids_per_partition=ids_pp, unique_ids_per_partition=uniq_pp)

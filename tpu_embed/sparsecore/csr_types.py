@@ -27,10 +27,11 @@ class CsrBatch:
     """One stacked table's SparseCore input for one chip, as TF's enqueue builds it.
 
     `row_pointers`, `sorted_sample_ids`, `sorted_token_ids` and `sorted_gains`
-    have TF's static buffer sizes; only the prefixes `[:row_pointers_unpadded_size]`
-    and `[:ids_unpadded_size]` are meaningful (the tails are zeros here, where
-    TF leaves uninitialised memory).  These are exactly the arguments of
-    `PartitionedCsrFormatTensor` that `TPUEmbeddingV2.dequeue` takes.
+    hold exactly the meaningful prefixes TF produces (`row_pointers_unpadded_size`
+    and `ids_unpadded_size` long); TF's static buffers are
+    `row_pointers_buffer_size` / `ids_buffer_size` long and `full_buffers()` /
+    `to_partitioned_csr()` restore them.  Keeping only the prefixes keeps the
+    shard job from touching megabytes of padding per batch.
     """
 
     stack: str
@@ -42,6 +43,8 @@ class CsrBatch:
     num_minibatches_per_physical_sparse_core: int
     row_pointers_unpadded_size: int
     ids_unpadded_size: int
+    row_pointers_buffer_size: int
+    ids_buffer_size: int
     dropped_ids: int = 0  # ids cut off by allow_id_dropping (counted, never silent)
     # Per (local SparseCore, destination SparseCore): ids and unique ids after
     # dedup, before any dropping; what TF's stats op maximises over.
@@ -57,6 +60,16 @@ class CsrBatch:
             "sorted_gains": self.sorted_gains[:n],
         }
 
+    def full_buffers(self) -> Dict[str, np.ndarray]:
+        """TF's static-size buffers (tails zero, where TF leaves uninitialised memory)."""
+        out = {}
+        for name, arr in self.prefixes().items():
+            size = self.row_pointers_buffer_size if name == "row_pointers" else self.ids_buffer_size
+            full = np.zeros(size, arr.dtype)
+            full[:arr.size] = arr
+            out[name] = full
+        return out
+
     @property
     def max_ids_per_partition(self) -> int:
         return int(self.ids_per_partition.max()) if self.ids_per_partition is not None and self.ids_per_partition.size else 0
@@ -70,12 +83,13 @@ class CsrBatch:
         """(PartitionedCsrFormatTensor, row_pointers_unpadded_size, ids_unpadded_size) for dequeue()."""
         import tensorflow as tf  # only the training side needs TensorFlow
         from tensorflow.python.tpu.tpu_embedding_v3 import PartitionedCsrFormatTensor
+        full = self.full_buffers()
         return (
             PartitionedCsrFormatTensor(
-                row_pointers=tf.constant(self.row_pointers),
-                sorted_sample_ids=tf.constant(self.sorted_sample_ids),
-                sorted_token_ids=tf.constant(self.sorted_token_ids),
-                sorted_gains=tf.constant(self.sorted_gains),
+                row_pointers=tf.constant(full["row_pointers"]),
+                sorted_sample_ids=tf.constant(full["sorted_sample_ids"]),
+                sorted_token_ids=tf.constant(full["sorted_token_ids"]),
+                sorted_gains=tf.constant(full["sorted_gains"]),
                 sample_count=self.sample_count,
                 num_minibatches_per_physical_sparse_core=tf.constant(
                     self.num_minibatches_per_physical_sparse_core, tf.int32)),
