@@ -29,25 +29,38 @@ __all__ = [
 
 
 def feature_ids_for(features: Any, layout: SparseCoreLayout, feature_config: Any = None,
-                    weights: Any = None) -> Dict[str, FeatureIds]:
+                    weights: Any = None, check_ids: bool = True) -> Dict[str, FeatureIds]:
     """Validate and normalise every feature of a batch to (rows, ids, weights)."""
-    if feature_config is not None:
-        flat_inputs = same_structure_flatten(feature_config, features, "features")
-        flat_weights = (same_structure_flatten(feature_config, weights, "weights")
-                        if weights is not None else [None] * len(flat_inputs))
-    else:
-        flat_inputs = [leaf for _, leaf in _flatten_leaves(features)]
-        flat_weights = ([leaf for _, leaf in _flatten_leaves(weights)] if weights is not None
-                        else [None] * len(flat_inputs))
-        if len(flat_inputs) != len(layout.features):
-            raise ValueError(f"Got {len(flat_inputs)} features for a layout of {len(layout.features)}.")
+    paths = [f.path for f in layout.features]
+    flat_inputs = _flat_like(features, paths, "features")
+    flat_weights = _flat_like(weights, paths, "weights") if weights is not None else [None] * len(paths)
     out = {}
     for feat, value, weight in zip(layout.features, flat_inputs, flat_weights):
         if value is None:
             raise ValueError(f"Feature {feat.path!r} is missing from the batch (got None).")
         out[feat.path] = to_feature_ids(value, weight, path=feat.path, sample_count=feat.sample_count,
-                                        vocabulary_size=feat.vocabulary_size)
+                                        vocabulary_size=feat.vocabulary_size, check_ids=check_ids)
     return out
+
+
+def _flat_like(structure: Any, paths, what: str):
+    # Fast path: a flat dict keyed by feature name (the common case, and every shard-job batch).
+    if isinstance(structure, dict) and len(structure) == len(paths):
+        try:
+            return [structure[p] for p in paths]
+        except KeyError:
+            pass
+    if len(paths) == 1 and paths[0] == "" and not isinstance(structure, (dict, list, tuple)):
+        return [structure]
+    got = flatten_with_paths(structure)
+    got_paths = [p for p, _ in got]
+    if got_paths != paths:
+        missing = sorted(set(paths) - set(got_paths))
+        extra = sorted(set(got_paths) - set(paths))
+        raise ValueError(
+            f"{what} do not have the structure of feature_config: missing features {missing}, "
+            f"unexpected features {extra}. Pass one entry per configured feature, nested the same way.")
+    return [leaf for _, leaf in got]
 
 
 def _flatten_leaves(structure):
@@ -64,7 +77,7 @@ def preprocess_with_layout(
     max_ids_per_table: Optional[Dict[str, int]] = None,
     max_unique_ids_per_table: Optional[Dict[str, int]] = None,
     allow_id_dropping: bool = False,
-    implementation: str = "fast",
+    implementation: str = "auto",
 ) -> Dict[str, CsrBatch]:
     """`preprocess` for a precomputed layout (the shard job stacks once, packs many batches)."""
     limits = resolve_limits(layout, max_ids_per_table, max_unique_ids_per_table,
@@ -72,14 +85,24 @@ def preprocess_with_layout(
     if isinstance(features, dict) and features and all(isinstance(v, FeatureIds) for v in features.values()):
         fids = features  # already validated, e.g. by the shard job
     else:
-        fids = feature_ids_for(features, layout, feature_config, weights)
-    if implementation == "fast":
-        from tpu_embed.sparsecore.csr import preprocess_stack
-    elif implementation == "reference":
-        from tpu_embed.sparsecore.csr_reference import preprocess_stack_reference as preprocess_stack
-    else:
-        raise ValueError(f"implementation must be 'fast' or 'reference', got {implementation!r}")
-    return {name: preprocess_stack(stack, layout, fids, limits[name]) for name, stack in layout.stacks.items()}
+        from tpu_embed.sparsecore.csr import native_available
+        native_checks = implementation == "native" or (implementation == "auto" and native_available())
+        fids = feature_ids_for(features, layout, feature_config, weights, check_ids=not native_checks)
+    if implementation == "reference":
+        from tpu_embed.sparsecore.csr_reference import preprocess_stack_reference
+        return {name: preprocess_stack_reference(stack, layout, fids, limits[name])
+                for name, stack in layout.stacks.items()}
+    if implementation not in IMPLEMENTATIONS:
+        raise ValueError(f"implementation must be one of {IMPLEMENTATIONS}, got {implementation!r}")
+    from tpu_embed.sparsecore.csr import preprocess_stack
+    native = {"auto": None, "native": True, "numpy": False}[implementation]
+    return {name: preprocess_stack(stack, layout, fids, limits[name], native)
+            for name, stack in layout.stacks.items()}
+
+
+# "auto" uses the C kernel when it was built at install time, else numpy; all three give
+# identical bytes (tests/test_csr_implementations.py) and match TF (tests/conformance).
+IMPLEMENTATIONS = ("auto", "native", "numpy", "reference")
 
 
 def preprocess(
@@ -92,7 +115,7 @@ def preprocess(
     max_ids_per_table: Optional[Dict[str, int]] = None,
     max_unique_ids_per_table: Optional[Dict[str, int]] = None,
     allow_id_dropping: bool = False,
-    implementation: str = "fast",
+    implementation: str = "auto",
 ) -> Dict[str, CsrBatch]:
     """One chip's batch -> `{stacked_table_name: CsrBatch}`, as `TPUEmbeddingV2.enqueue` computes it.
 

@@ -11,7 +11,7 @@ pairwise reductions round differently.
 
 from __future__ import annotations
 
-from typing import Dict, List, Sequence
+from typing import Dict, Optional
 
 import numpy as np
 
@@ -87,6 +87,8 @@ class _StackTables:
         # Tokens are below the stack's rows per SparseCore shard: a static key width.
         self.tbits = max(int(stack.total_padded_vocabulary >> self.log2s).bit_length(), 1)
         self.scbits = max((nsc - 1).bit_length(), 1)
+        self.counts_shift = self.shift
+        self.vocab = np.array([f.vocabulary_size for f in feats], dtype=np.int64)
         sizes = np.array([f.sample_count for f in feats], dtype=np.int64)
         codes = np.array([_COMBINER_CODE[f.combiner] for f in feats], dtype=np.int8)
         self.all_sum = not codes.any()
@@ -96,6 +98,7 @@ class _StackTables:
         per_sc = np.repeat(sizes // nsc, sizes)
         self.sc_of = local // per_sc
         self.srow_of = (local - self.sc_of * per_sc + np.repeat(self.offsets // nsc, sizes)).astype(np.int32)
+        self.row_code_i8 = np.ascontiguousarray(self.row_code, dtype=np.int8)
 
 
 _TABLES_CACHE: Dict[tuple, _StackTables] = {}
@@ -114,10 +117,81 @@ def _stack_tables(stack: StackLayout, layout: SparseCoreLayout) -> _StackTables:
 class _Sorted:
     """A stack's ids for one chip after combiner, rotation, sort and dedup."""
 
-    __slots__ = ("hi", "srow", "gain", "tbits", "ids_pp", "uniq_pp")
+    __slots__ = ("hi", "srow", "gain", "tbits", "ids_pp", "uniq_pp", "native")
 
 
-def sort_stack(stack: StackLayout, layout: SparseCoreLayout, feature_ids: Dict[str, FeatureIds]) -> _Sorted:
+try:  # the optional C kernel (tpu_embed/sparsecore/native); numpy below is the fallback
+    from tpu_embed.sparsecore import _csr_native
+except ImportError:  # pragma: no cover - exercised on machines without a compiler
+    _csr_native = None
+
+
+def native_available() -> bool:
+    return _csr_native is not None
+
+
+def sort_stack(stack: StackLayout, layout: SparseCoreLayout, feature_ids: Dict[str, FeatureIds],
+               native: Optional[bool] = None) -> _Sorted:
+    if native is None:
+        native = _csr_native is not None
+    if native:
+        return _sort_stack_native(stack, layout, feature_ids)
+    return _sort_stack_numpy(stack, layout, feature_ids)
+
+
+def _sort_stack_native(stack: StackLayout, layout: SparseCoreLayout,
+                       feature_ids: Dict[str, FeatureIds]) -> _Sorted:
+    if _csr_native is None:
+        raise RuntimeError("the native CSR kernel is not built (no C compiler at install time?); "
+                           "use implementation='numpy'")
+    topo = layout.topology
+    nsc, S = topo.num_sc_per_chip, topo.num_sparse_cores
+    tab = _stack_tables(stack, layout)
+    parts = [feature_ids[p] for p in tab.paths]
+    res = _csr_native.sort_stack(
+        [(_i64(p.rows), _i64(p.ids), None if p.weights is None else _f32(p.weights)) for p in parts],
+        tab.offsets, tab.shift, tab.col_token_offset, tab.vocab, tab.sc_of, tab.srow_of, tab.row_code_i8,
+        nsc, tab.log2s, tab.tbits)
+    if res[0] != 0:
+        _raise_bad_value(res, tab, parts)
+    out = _Sorted()
+    out.hi = np.frombuffer(res[1], dtype=np.int64)
+    out.srow = np.frombuffer(res[2], dtype=np.int32)
+    out.gain = np.frombuffer(res[3], dtype=np.float32)
+    out.tbits = tab.tbits
+    out.ids_pp = np.frombuffer(res[4], dtype=np.int64).reshape(nsc, S)
+    out.uniq_pp = np.frombuffer(res[5], dtype=np.int64).reshape(nsc, S)
+    out.native = True
+    return out
+
+
+def _i64(a):
+    return a if (a.dtype == np.int64 and a.flags.c_contiguous) else np.ascontiguousarray(a, dtype=np.int64)
+
+
+def _f32(a):
+    return a if (a.dtype == np.float32 and a.flags.c_contiguous) else np.ascontiguousarray(a, dtype=np.float32)
+
+
+def _raise_bad_value(res, tab, parts):
+    kind, f, pos = res
+    feat = tab.feats[f]
+    if kind == 3:
+        raise ValueError(f"Feature {feat.path!r}: row {int(parts[f].rows[pos])} (position {pos}) is outside "
+                         f"its {feat.sample_count} samples per chip.")
+    if kind == 1:
+        bad = int(parts[f].ids[pos])
+        raise ValueError(
+            f"Feature {feat.path!r}: id {bad} (position {pos}) is outside its table's vocabulary "
+            f"[0, {feat.vocabulary_size}). "
+            + ("Negative ids usually mean padding or a failed lookup: drop them or map them to an OOV bucket."
+               if bad < 0 else "Raise the table's vocabulary_size or map out-of-vocabulary ids to an OOV bucket."))
+    raise ValueError(f"Feature {feat.path!r}: weight {parts[f].weights[pos]} at position {pos} is not finite. "
+                     "Clean NaN/inf weights upstream (e.g. replace with 0 or drop the id).")
+
+
+def _sort_stack_numpy(stack: StackLayout, layout: SparseCoreLayout,
+                      feature_ids: Dict[str, FeatureIds]) -> _Sorted:
     topo = layout.topology
     nsc, S = topo.num_sc_per_chip, topo.num_sparse_cores
     tab = _stack_tables(stack, layout)
@@ -212,28 +286,31 @@ def sort_stack(stack: StackLayout, layout: SparseCoreLayout, feature_ids: Dict[s
         new_col[0] = True
         np.not_equal(hi[1:], hi[:-1], out=new_col[1:])
     out = _Sorted()
+    out.native = False
     out.hi, out.srow, out.gain, out.tbits = hi, tab.srow_of[g_s], gain_s, tbits
     out.ids_pp = np.bincount(seg, minlength=nsc * S).reshape(nsc, S)
     out.uniq_pp = np.bincount(seg[new_col], minlength=nsc * S).reshape(nsc, S)
     return out
 
 
-def count_partitions(stack: StackLayout, layout: SparseCoreLayout, feature_ids: Dict[str, FeatureIds]):
+def count_partitions(stack: StackLayout, layout: SparseCoreLayout, feature_ids: Dict[str, FeatureIds],
+                     native: Optional[bool] = None):
     """(ids, unique ids) per (local SC, destination SC) after dedup: [num_sc_per_chip, S] each."""
-    srt = sort_stack(stack, layout, feature_ids)
+    srt = sort_stack(stack, layout, feature_ids, native)
     return srt.ids_pp, srt.uniq_pp
 
 
 def preprocess_stack(stack: StackLayout, layout: SparseCoreLayout, feature_ids: Dict[str, FeatureIds],
-                     limits: StackLimits) -> CsrBatch:
+                     limits: StackLimits, native: Optional[bool] = None) -> CsrBatch:
     topo = layout.topology
     nsc, S = topo.num_sc_per_chip, topo.num_sparse_cores
-    srt = sort_stack(stack, layout, feature_ids)
+    srt = sort_stack(stack, layout, feature_ids, native)
     hi, srow_s, gain_s, tbits, ids_pp, uniq_pp = srt.hi, srt.srow, srt.gain, srt.tbits, srt.ids_pp, srt.uniq_pp
     k = hi.size
-    seg = hi >> tbits
-    for s in range(nsc):
-        limits.check(stack.name, s, ids_pp[s], uniq_pp[s])
+    if ids_pp.max(initial=0) > limits.max_ids_per_partition or \
+            uniq_pp.max(initial=0) > limits.max_unique_ids_per_partition:
+        for s in range(nsc):  # TF checks SparseCore by SparseCore; report the first over the limit
+            limits.check(stack.name, s, ids_pp[s], uniq_pp[s])
 
     # 6. CSR: per local SC, per destination SC, ids then padding to 8.
     sizes = buffer_sizes(stack, topo, limits.max_ids_per_chip_per_sample)
@@ -256,18 +333,25 @@ def preprocess_stack(stack: StackLayout, layout: SparseCoreLayout, feature_ids: 
     rp_view[:, :S] = rp_eff.reshape(nsc, S)
     rp_view[:, S:] = ends.reshape(nsc, S)[:, -1:]
 
-    sample_ids = np.full(ids_unpadded, PAD_VALUE, np.int32)
-    token_ids = np.full(ids_unpadded, PAD_VALUE, np.int32)
-    out_gains = np.full(ids_unpadded, _PAD_GAIN, np.float32)
-    seg_first = np.cumsum(c) - c
-    rank = _arange(k) - seg_first[seg]
-    dst = start_eff[seg] + rank
-    if dropped:
-        keep = rank < kept[seg]
-        dst, srow_s, hi, gain_s = dst[keep], srow_s[keep], hi[keep], gain_s[keep]
-    sample_ids[dst] = srow_s
-    token_ids[dst] = hi & ((1 << tbits) - 1)
-    out_gains[dst] = gain_s
+    if srt.native:
+        s_b, t_b, g_b = _csr_native.fill_csr(hi, srow_s, gain_s, start_eff, kept, ids_unpadded, tbits, PAD_VALUE)
+        sample_ids = np.frombuffer(s_b, np.int32)
+        token_ids = np.frombuffer(t_b, np.int32)
+        out_gains = np.frombuffer(g_b, np.float32)
+    else:
+        seg = hi >> tbits
+        sample_ids = np.full(ids_unpadded, PAD_VALUE, np.int32)
+        token_ids = np.full(ids_unpadded, PAD_VALUE, np.int32)
+        out_gains = np.full(ids_unpadded, _PAD_GAIN, np.float32)
+        seg_first = np.cumsum(c) - c
+        rank = _arange(k) - seg_first[seg]
+        dst = start_eff[seg] + rank
+        if dropped:
+            keep = rank < kept[seg]
+            dst, srow_s, hi, gain_s = dst[keep], srow_s[keep], hi[keep], gain_s[keep]
+        sample_ids[dst] = srow_s
+        token_ids[dst] = hi & ((1 << tbits) - 1)
+        out_gains[dst] = gain_s
     return CsrBatch(
         stack=stack.name, row_pointers=row_pointers, sorted_sample_ids=sample_ids,
         sorted_token_ids=token_ids, sorted_gains=out_gains, sample_count=stack.sample_count,

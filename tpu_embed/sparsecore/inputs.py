@@ -51,8 +51,28 @@ def kind_of(value) -> str:
     return "dense"
 
 
-def to_feature_ids(value, weight, *, path: str, sample_count: int, vocabulary_size: int) -> FeatureIds:
-    kind = kind_of(value)
+_RANGES: dict = {}
+
+
+def _rows_for_dense(n: int) -> np.ndarray:
+    # Dense rows are always 0..n-1; share one read-only array per size.
+    r = _RANGES.get(n)
+    if r is None:
+        r = np.arange(n, dtype=np.int64)
+        r.setflags(write=False)
+        if len(_RANGES) < 1024:
+            _RANGES[n] = r
+    return r
+
+
+def to_feature_ids(value, weight, *, path: str, sample_count: int, vocabulary_size: int,
+                   check_ids: bool = True) -> FeatureIds:
+    """Normalise one feature.  `check_ids=False` leaves the id range check to the caller
+    (the native packer checks every id in its single pass anyway)."""
+    if isinstance(value, np.ndarray):
+        kind = "dense"
+    else:
+        kind = kind_of(value)
     if kind == "dense":
         ids = _np(value).reshape(-1)
         if ids.size not in (0, sample_count):
@@ -60,7 +80,7 @@ def to_feature_ids(value, weight, *, path: str, sample_count: int, vocabulary_si
                 f"Feature {path!r}: a dense input has {ids.size} ids but the feature has {sample_count} "
                 "samples per chip (prod(output_shape)). Dense inputs carry exactly one id per sample; "
                 "use a SparseTensor or RaggedTensor for multivalent features.")
-        rows = np.arange(ids.size, dtype=np.int64)
+        rows = _rows_for_dense(ids.size)
         w = None if weight is None else _weights(weight, "dense", ids.size, path)
     elif kind == "sparse":
         indices = _np(value.indices).astype(np.int64, copy=False)
@@ -80,7 +100,7 @@ def to_feature_ids(value, weight, *, path: str, sample_count: int, vocabulary_si
             rows = np.zeros(ids.size, dtype=np.int64)
             for d in range(indices.shape[1] - 1):
                 rows = rows * shape[d] + indices[:, d]
-        if rows.size and (np.any(rows[1:] < rows[:-1])):
+        if rows.size > 1 and (np.any(rows[1:] < rows[:-1])):
             bad = int(np.flatnonzero(rows[1:] < rows[:-1])[0]) + 1
             raise ValueError(
                 f"Feature {path!r}: SparseTensor indices are not sorted (entry {bad} has row "
@@ -102,23 +122,25 @@ def to_feature_ids(value, weight, *, path: str, sample_count: int, vocabulary_si
             raise ValueError(
                 f"Feature {path!r}: a RaggedTensor with {splits.size - 1} rows was given but the feature has "
                 f"{sample_count} samples per chip (prod(output_shape)).")
-        if splits[0] != 0 or splits[-1] != ids.size or np.any(np.diff(splits) < 0):
+        lengths = np.diff(splits)
+        if splits[0] != 0 or splits[-1] != ids.size or (lengths.size and lengths.min() < 0):
             raise ValueError(f"Feature {path!r}: RaggedTensor row_splits must start at 0, be non-decreasing "
                              f"and end at the number of values ({ids.size}).")
-        rows = np.repeat(np.arange(sample_count, dtype=np.int64), np.diff(splits))
+        rows = np.repeat(_rows_for_dense(sample_count), lengths)
         w = None if weight is None else _weights(weight, "ragged", ids.size, path)
 
-    if ids.size and not np.issubdtype(ids.dtype, np.integer):
-        if np.issubdtype(ids.dtype, np.floating) and np.all(np.isfinite(ids)) and np.all(ids == np.round(ids)):
-            ids = ids.astype(np.int64)
-        else:
-            raise TypeError(f"Feature {path!r}: ids must be integers, got dtype {ids.dtype}. "
-                            "Map strings to ids with the feature's vocabulary first.")
-    ids = ids.astype(np.int64, copy=False)
-    if ids.size:
-        lo, hi = int(ids.min()), int(ids.max())
+    if ids.dtype != np.int64:
+        if ids.size and not np.issubdtype(ids.dtype, np.integer):
+            if np.issubdtype(ids.dtype, np.floating) and np.all(np.isfinite(ids)) and np.all(ids == np.round(ids)):
+                ids = ids.astype(np.int64)
+            else:
+                raise TypeError(f"Feature {path!r}: ids must be integers, got dtype {ids.dtype}. "
+                                "Map strings to ids with the feature's vocabulary first.")
+        ids = ids.astype(np.int64)
+    if check_ids and ids.size:
+        lo, hi = ids.min(), ids.max()
         if lo < 0 or hi >= vocabulary_size:
-            bad = lo if lo < 0 else hi
+            bad = int(lo) if lo < 0 else int(hi)
             raise ValueError(
                 f"Feature {path!r}: id {bad} is outside its table's vocabulary [0, {vocabulary_size}). "
                 + ("Negative ids usually mean padding or a failed lookup: drop them (tf.sparse.retain) or "
