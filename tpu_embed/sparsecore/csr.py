@@ -101,16 +101,15 @@ class _StackTables:
         self.row_code_i8 = np.ascontiguousarray(self.row_code, dtype=np.int8)
 
 
-_TABLES_CACHE: Dict[tuple, _StackTables] = {}
-
-
 def _stack_tables(stack: StackLayout, layout: SparseCoreLayout) -> _StackTables:
-    key = (id(layout), stack.name)
-    t = _TABLES_CACHE.get(key)
-    if t is None or t.feats != layout.stack_features(stack.name):
-        if len(_TABLES_CACHE) > 256:
-            _TABLES_CACHE.clear()
-        t = _TABLES_CACHE[key] = _StackTables(stack, layout)
+    # Cached on the (immutable) layout itself, so the cache lives and dies with it.
+    cache = layout.__dict__.get("_csr_tables")
+    if cache is None:
+        cache = {}
+        object.__setattr__(layout, "_csr_tables", cache)
+    t = cache.get(stack.name)
+    if t is None:
+        t = cache[stack.name] = _StackTables(stack, layout)
     return t
 
 

@@ -103,6 +103,10 @@ class SparseCoreLayout:
     def stack_features(self, stack: str) -> List[FeaturePlacement]:
         return [f for f in self.features if f.stack == stack]
 
+    def __getstate__(self):
+        # Packers cache per-layout lookup tables on the instance; they are not state.
+        return {k: v for k, v in self.__dict__.items() if not k.startswith("_")}
+
     def feature(self, path: str) -> FeaturePlacement:
         for f in self.features:
             if f.path == path:
