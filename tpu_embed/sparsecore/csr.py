@@ -11,6 +11,7 @@ pairwise reductions round differently.
 
 from __future__ import annotations
 
+import os
 from typing import Dict, Optional
 
 import numpy as np
@@ -129,6 +130,22 @@ def native_available() -> bool:
     return _csr_native is not None
 
 
+def native_threads() -> int:
+    """Worker threads of the native packer: TPU_EMBED_THREADS, else the CPUs this process may use.
+
+    Local SparseCores are packed in parallel.  Multi-process runners (Beam's
+    multi_processing mode, Dataflow with several workers per VM) should set
+    TPU_EMBED_THREADS=1 to avoid oversubscribing cores.
+    """
+    env = os.environ.get("TPU_EMBED_THREADS")
+    if env:
+        return max(1, int(env))
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # pragma: no cover - not Linux
+        return max(1, os.cpu_count() or 1)
+
+
 def sort_stack(stack: StackLayout, layout: SparseCoreLayout, feature_ids: Dict[str, FeatureIds],
                native: Optional[bool] = None) -> _Sorted:
     if native is None:
@@ -149,8 +166,8 @@ def _sort_stack_native(stack: StackLayout, layout: SparseCoreLayout,
     parts = [feature_ids[p] for p in tab.paths]
     res = _csr_native.sort_stack(
         [(_i64(p.rows), _i64(p.ids), None if p.weights is None else _f32(p.weights)) for p in parts],
-        tab.offsets, tab.shift, tab.col_token_offset, tab.vocab, tab.sc_of, tab.srow_of, tab.row_code_i8,
-        nsc, tab.log2s, tab.tbits)
+        tab.offsets, tab.shift, tab.col_token_offset, tab.vocab, tab.srow_of, tab.row_code_i8,
+        nsc, tab.log2s, tab.tbits, native_threads())
     if res[0] != 0:
         _raise_bad_value(res, tab, parts)
     out = _Sorted()
@@ -177,7 +194,7 @@ def _raise_bad_value(res, tab, parts):
     feat = tab.feats[f]
     if kind == 3:
         raise ValueError(f"Feature {feat.path!r}: row {int(parts[f].rows[pos])} (position {pos}) is outside "
-                         f"its {feat.sample_count} samples per chip.")
+                         f"its {feat.sample_count} samples per chip or out of order; rows must be sorted.")
     if kind == 1:
         bad = int(parts[f].ids[pos])
         raise ValueError(

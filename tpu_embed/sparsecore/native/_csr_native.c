@@ -13,6 +13,7 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <math.h>
+#include <pthread.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -91,110 +92,76 @@ static PyObject *new_bytes(Py_ssize_t size, char **data) {
   return o;
 }
 
-/* sort_stack(features, offsets, shift, col_token_offset, vocab, sc_of, srow_of, row_code,
- *            num_sc_per_chip, log2s, tbits)
- *   features  list of (rows int64[n_f], ids int64[n_f], weights float32[n_f] or None), stack order
- *   offsets, shift, col_token_offset, vocab: int64[F] per feature
- *   sc_of int64[R], srow_of int32[R], row_code int8[R] (0 sum, 1 mean, 2 sqrtn) per stack sample
- * Returns (0, hi int64[k], srow int32[k], gain float32[k], ids_pp int64[nsc*S], uniq_pp int64[nsc*S])
- * or (1, feature, position) for an id out of [0, vocab), (2, feature, position) for a
- * non-finite weight, (3, feature, position) for a row outside the feature's samples. */
-static PyObject *sort_stack(PyObject *self, PyObject *args) {
-  PyObject *features, *o[7];
-  int nsc, log2s, tbits;
-  if (!PyArg_ParseTuple(args, "O!OOOOOOOiii", &PyList_Type, &features, &o[0], &o[1], &o[2], &o[3], &o[4],
-                        &o[5], &o[6], &nsc, &log2s, &tbits))
-    return NULL;
-  Buf b[7];
-  static const Py_ssize_t sizes[7] = {8, 8, 8, 8, 8, 4, 1};
-  static const char *names[7] = {"offsets", "shift", "col_token_offset", "vocab", "sc_of", "srow_of",
-                                 "row_code"};
-  for (int i = 0; i < 7; i++) b[i].held = 0;
-  Py_ssize_t F = PyList_GET_SIZE(features);
-  Buf *fb = calloc(3 * (F + 1), sizeof(Buf));
-  PyObject *result = NULL;
-  uint64_t *keys = NULL, *tmp = NULL;
-  int64_t *G = NULL;
-  float *W = NULL, *s1 = NULL;
-  Radix radix = {0};
-  if (!fb) return PyErr_NoMemory();
-  for (int i = 0; i < 7; i++)
-    if (get_buf(o[i], &b[i], sizes[i], names[i]) < 0) goto done;
-  Py_ssize_t n = 0;
-  for (Py_ssize_t f = 0; f < F; f++) {
-    PyObject *t = PyList_GET_ITEM(features, f);
-    if (!PyTuple_Check(t) || PyTuple_GET_SIZE(t) != 3) {
-      PyErr_SetString(PyExc_TypeError, "features must be (rows, ids, weights) tuples");
-      goto done;
-    }
-    if (get_buf(PyTuple_GET_ITEM(t, 0), &fb[3 * f], 8, "rows") < 0 ||
-        get_buf(PyTuple_GET_ITEM(t, 1), &fb[3 * f + 1], 8, "ids") < 0 ||
-        get_buf(PyTuple_GET_ITEM(t, 2), &fb[3 * f + 2], 4, "weights") < 0)
-      goto done;
-    if (fb[3 * f].b.len != fb[3 * f + 1].b.len ||
-        (fb[3 * f + 2].held && fb[3 * f + 2].b.len / 4 != fb[3 * f + 1].b.len / 8)) {
-      PyErr_SetString(PyExc_ValueError, "rows, ids and weights of a feature differ in length");
-      goto done;
-    }
-    n += fb[3 * f + 1].b.len / 8;
-  }
+/* One stacked table on one chip.  The work splits by local SparseCore: each local SC's samples
+ * are a contiguous block of every feature, and TF sorts and merges per local SC, so the blocks
+ * are independent and run on worker threads without the GIL. */
+typedef struct {
+  Py_ssize_t F, R;
+  const int64_t **rows, **ids;
+  const float **weights;
+  const int64_t *offsets, *shift, *ctok, *vocab;
+  const int32_t *srow_of;
+  const int8_t *row_code;
+  int nsc, log2s, tbits, any_combiner;
+  const Py_ssize_t *bounds; /* F x (nsc + 1): first element of SC s in feature f */
+  float *scale;             /* R: combiner sums, then scales (each SC owns its rows) */
+  int64_t **out_hi;
+  int32_t **out_srow;
+  float **out_gain;
+  Py_ssize_t *out_k;
+  int64_t *ids_pp, *uniq_pp; /* nsc x S */
+  int *err_kind;             /* per SC: 0 ok, 1 bad id, 2 bad weight, 3 bad row, 9 no memory */
+  Py_ssize_t *err_f, *err_i;
+  int nthreads;
+} Job;
 
-  const int64_t *offsets = b[0].b.buf, *shift = b[1].b.buf, *ctok = b[2].b.buf, *vocab = b[3].b.buf;
-  const int64_t *sc_of = b[4].b.buf;
-  const int32_t *srow_of = b[5].b.buf;
-  const int8_t *row_code = b[6].b.buf;
-  Py_ssize_t R = b[4].b.len / 8;
+static void sc_task(Job *J, int s) {
+  const int log2s = J->log2s, tbits = J->tbits;
   const int64_t S = (int64_t)1 << log2s, mask = S - 1;
-  int any_combiner = 0;
-  for (Py_ssize_t r = 0; r < R; r++) if (row_code[r]) { any_combiner = 1; break; }
-
-  /* Position bits: enough for n entries (the merged count m <= n). */
+  const Py_ssize_t F = J->F, nb = J->nsc + 1;
+  Py_ssize_t n = 0;
+  for (Py_ssize_t f = 0; f < F; f++) n += J->bounds[f * nb + s + 1] - J->bounds[f * nb + s];
   int ibits = 1;
   while (((Py_ssize_t)1 << ibits) <= n) ibits++;
-  int scbits = 1;
-  while ((1 << scbits) < nsc) scbits++;
-  const int hibits = scbits + log2s + tbits;
-  if (hibits + ibits > 64) {
-    PyErr_SetString(PyExc_OverflowError, "stack too large for 64-bit sort keys");
-    goto done;
+  int64_t *G = malloc(sizeof(int64_t) * (n + 1));
+  float *W = malloc(sizeof(float) * (n + 1));
+  uint64_t *keys = malloc(sizeof(uint64_t) * (n + 1)), *tmp = malloc(sizeof(uint64_t) * (n + 1));
+  Radix radix = {0};
+  if (!G || !W || !keys || !tmp || radix_init(&radix, ibits, log2s + tbits) < 0) {
+    J->err_kind[s] = 9;
+    goto out;
   }
-  G = malloc(sizeof(int64_t) * (n + 1));
-  W = malloc(sizeof(float) * (n + 1));
-  keys = malloc(sizeof(uint64_t) * (n + 1));
-  tmp = malloc(sizeof(uint64_t) * (n + 1));
-  s1 = calloc(R + 1, sizeof(float));
-  if (!G || !W || !keys || !tmp || !s1) { PyErr_NoMemory(); goto done; }
-  if (radix_init(&radix, ibits, hibits) < 0) { PyErr_NoMemory(); goto done; }
-
-  /* Histogram pointers for (at most) the first two radix passes, kept in registers. */
   Py_ssize_t *const hist0 = radix.count, *const hist1 = radix.count + radix.buckets;
   const int rlo = radix.lo, rdig = radix.digit, rpasses = radix.passes;
   const uint64_t rmask = radix.dmask;
+  float *scale = J->scale;
 
   /* 1. Validate, rewrite columns, merge adjacent duplicates, accumulate combiner sums
-   *    (sum of weights for mean, of squared weights for sqrtn: TF's contribution functions). */
+   *    (of weights for mean, of squared weights for sqrtn: TF's contribution functions). */
   Py_ssize_t m = 0;
   int64_t pg = -1, pid = -1;
   for (Py_ssize_t f = 0; f < F; f++) {
-    const int64_t *rows = fb[3 * f].b.buf, *ids = fb[3 * f + 1].b.buf;
-    const float *weights = fb[3 * f + 2].held ? (const float *)fb[3 * f + 2].b.buf : NULL;
-    const int64_t off = offsets[f], sh = shift[f], ct = ctok[f], v = vocab[f];
-    const int64_t limit = (f + 1 < F ? offsets[f + 1] : R) - off;
-    const int code = off < R ? row_code[off] : 0;
-    const Py_ssize_t nf = fb[3 * f + 1].b.len / 8;
-    for (Py_ssize_t i = 0; i < nf; i++) {
+    const int64_t *rows = J->rows[f], *ids = J->ids[f];
+    const float *weights = J->weights[f];
+    const int64_t off = J->offsets[f], sh = J->shift[f], ct = J->ctok[f], v = J->vocab[f];
+    const int64_t per_sc = ((f + 1 < F ? J->offsets[f + 1] : J->R) - off) / J->nsc;
+    const int64_t rlo_row = s * per_sc, rhi_row = rlo_row + per_sc;
+    const int code = J->row_code[off];
+    int64_t prev_r = rlo_row;
+    for (Py_ssize_t i = J->bounds[f * nb + s], end = J->bounds[f * nb + s + 1]; i < end; i++) {
       const int64_t id = ids[i], r = rows[i];
-      if (id < 0 || id >= v) { result = Py_BuildValue("(inn)", 1, f, i); goto done; }
-      if (r < 0 || r >= limit) { result = Py_BuildValue("(inn)", 3, f, i); goto done; }
+      if (id < 0 || id >= v) { J->err_kind[s] = 1; J->err_f[s] = f; J->err_i[s] = i; goto out; }
+      if (r < prev_r || r >= rhi_row) { J->err_kind[s] = 3; J->err_f[s] = f; J->err_i[s] = i; goto out; }
+      prev_r = r;
       const float w = weights ? weights[i] : 1.0f;
-      if (weights && !isfinite(w)) { result = Py_BuildValue("(inn)", 2, f, i); goto done; }
+      if (weights && !isfinite(w)) { J->err_kind[s] = 2; J->err_f[s] = f; J->err_i[s] = i; goto out; }
       const int64_t g = r + off;
-      if (code == 1) s1[g] = s1[g] + w;
-      else if (code == 2) s1[g] = s1[g] + w * w;
+      if (code == 1) scale[g] = scale[g] + w;
+      else if (code == 2) scale[g] = scale[g] + w * w;
       if (g == pg && id == pid) { W[m - 1] = W[m - 1] + w; continue; }
       G[m] = g;
-      const uint64_t key = ((((uint64_t)sc_of[g] << (log2s + tbits)) | ((uint64_t)((id + sh) & mask) << tbits) |
-                             (uint64_t)((id >> log2s) + ct)) << ibits) | (uint64_t)m;
+      const uint64_t key =
+          ((((uint64_t)((id + sh) & mask)) << tbits | (uint64_t)((id >> log2s) + ct)) << ibits) | (uint64_t)m;
       keys[m] = key;
       if (rpasses == 2) {
         hist0[(key >> rlo) & rmask]++;
@@ -208,69 +175,238 @@ static PyObject *sort_stack(PyObject *self, PyObject *args) {
     }
   }
 
-  /* 2. Combiner scale per sample (applied to each entry in step 4, before the merge adds, as
-   *    TF does).  TF computes (float)(1.0 / x) in double; a float32 division (and sqrtf) rounds
-   *    to the same value, double rounding being innocuous for / and sqrt.  'sum' samples get
-   *    1.0f, and x * 1.0f == x for every finite x. */
-  if (any_combiner) {
-    for (Py_ssize_t r = 0; r < R; r++) {
-      const float x = s1[r];
-      switch (row_code[r]) {
-        case 1: s1[r] = x == 0.0f ? 0.0f : 1.0f / x; break;
-        case 2: s1[r] = x == 0.0f ? 0.0f : 1.0f / sqrtf(x); break;
-        default: s1[r] = 1.0f;
+  /* 2. Combiner scale per sample, applied per entry in step 4 before merges add (TF's order).
+   *    TF computes (float)(1.0 / x) in double; float32 division (and sqrtf) round to the same
+   *    value, double rounding being innocuous for / and sqrt.  'sum' samples get 1.0f, and
+   *    x * 1.0f == x for every finite x. */
+  if (J->any_combiner) {
+    for (Py_ssize_t f = 0; f < F; f++) {
+      const int64_t off = J->offsets[f];
+      const int64_t per_sc = ((f + 1 < F ? J->offsets[f + 1] : J->R) - off) / J->nsc;
+      const int code = J->row_code[off];
+      for (int64_t g = off + s * per_sc, ge = g + per_sc; g < ge; g++) {
+        const float x = scale[g];
+        scale[g] = code == 0 ? 1.0f : x == 0.0f ? 0.0f : code == 1 ? 1.0f / x : 1.0f / sqrtf(x);
       }
     }
   }
 
-  /* 3. Stable sort by (local SC, destination SC, token): entries start in TF's order, so
-   *    sorting only the high bits keeps ties by position. */
+  /* 3. Stable sort by (destination SC, token): entries start in TF's order (features in
+   *    order, positions in order), so sorting only the high bits keeps ties by position. */
   uint64_t *sorted = radix_sort(&radix, keys, tmp, m);
 
-  /* 4. Merge equal (sample, column) pairs, count ids and unique ids per partition. */
-  char *p_hi, *p_srow, *p_gain, *p_ids, *p_uniq;
-  PyObject *o_hi = new_bytes(8 * m, &p_hi), *o_srow = new_bytes(4 * m, &p_srow),
-           *o_gain = new_bytes(4 * m, &p_gain), *o_ids = new_bytes(8 * nsc * S, &p_ids),
-           *o_uniq = new_bytes(8 * nsc * S, &p_uniq);
-  if (!o_hi || !o_srow || !o_gain || !o_ids || !o_uniq) {
-    Py_XDECREF(o_hi); Py_XDECREF(o_srow); Py_XDECREF(o_gain); Py_XDECREF(o_ids); Py_XDECREF(o_uniq);
-    goto done;
+  /* 4. Merge equal (sample, column) pairs, now adjacent; count ids and unique ids. */
+  int64_t *out_hi = malloc(sizeof(int64_t) * (m + 1));
+  int32_t *out_srow = malloc(sizeof(int32_t) * (m + 1));
+  float *out_gain = malloc(sizeof(float) * (m + 1));
+  if (!out_hi || !out_srow || !out_gain) {
+    free(out_hi); free(out_srow); free(out_gain);
+    J->err_kind[s] = 9;
+    goto out;
   }
-  int64_t *out_hi = (int64_t *)p_hi, *ids_pp = (int64_t *)p_ids, *uniq_pp = (int64_t *)p_uniq;
-  int32_t *out_srow = (int32_t *)p_srow;
-  float *out_gain = (float *)p_gain;
-  memset(ids_pp, 0, 8 * nsc * S);
-  memset(uniq_pp, 0, 8 * nsc * S);
+  int64_t *ids_pp = J->ids_pp + s * S, *uniq_pp = J->uniq_pp + s * S;
   const uint64_t imask = ((uint64_t)1 << ibits) - 1;
+  const int64_t sc_bits = (int64_t)s << (log2s + tbits);
+  const int any_combiner = J->any_combiner;
   Py_ssize_t k = 0;
   int64_t ph = -1, prow = -1;
   for (Py_ssize_t j = 0; j < m; j++) {
     const uint64_t key = sorted[j];
     const Py_ssize_t e = (Py_ssize_t)(key & imask);
     const int64_t h = (int64_t)(key >> ibits), g = G[e];
-    const float gain = any_combiner ? W[e] * s1[g] : W[e];
+    const float gain = any_combiner ? W[e] * scale[g] : W[e];
     if (h == ph && g == prow) { out_gain[k - 1] = out_gain[k - 1] + gain; continue; }
-    const int64_t seg = h >> tbits;
-    ids_pp[seg]++;
-    if (h != ph) uniq_pp[seg]++;
-    out_hi[k] = h;
-    out_srow[k] = srow_of[g];
+    const int64_t dest = h >> tbits;
+    ids_pp[dest]++;
+    if (h != ph) uniq_pp[dest]++;
+    out_hi[k] = sc_bits | h;
+    out_srow[k] = J->srow_of[g];
     out_gain[k] = gain;
     k++;
     ph = h; prow = g;
   }
-  if (PyByteArray_Resize(o_hi, 8 * k) < 0 || PyByteArray_Resize(o_srow, 4 * k) < 0 ||
-      PyByteArray_Resize(o_gain, 4 * k) < 0) {
-    Py_DECREF(o_hi); Py_DECREF(o_srow); Py_DECREF(o_gain); Py_DECREF(o_ids); Py_DECREF(o_uniq);
+  J->out_hi[s] = out_hi;
+  J->out_srow[s] = out_srow;
+  J->out_gain[s] = out_gain;
+  J->out_k[s] = k;
+out:
+  free(G); free(W); free(keys); free(tmp); free(radix.count);
+}
+
+typedef struct {
+  Job *job;
+  int t;
+} Worker;
+
+static void *worker_main(void *arg) {
+  Worker *w = arg;
+  for (int s = w->t; s < w->job->nsc; s += w->job->nthreads) sc_task(w->job, s);
+  return NULL;
+}
+
+/* sort_stack(features, offsets, shift, col_token_offset, vocab, srow_of, row_code,
+ *            num_sc_per_chip, log2s, tbits, num_threads)
+ *   features  list of (rows int64[n_f], ids int64[n_f], weights float32[n_f] or None), stack order;
+ *             rows non-decreasing in [0, samples of the feature)
+ *   offsets, shift, col_token_offset, vocab: int64[F] per feature (sample offset in the stack, ...)
+ *   srow_of int32[R], row_code int8[R] (0 sum, 1 mean, 2 sqrtn) per stack sample
+ * Returns (0, hi int64[k], srow int32[k], gain float32[k], ids_pp int64[nsc*S], uniq_pp int64[nsc*S])
+ * where hi = (local SC, destination SC, token) packed, or (1, feature, position) for an id out of
+ * [0, vocab), (2, feature, position) for a non-finite weight, (3, feature, position) for a row
+ * that is out of range or out of order. */
+static PyObject *sort_stack(PyObject *self, PyObject *args) {
+  PyObject *features, *o[6];
+  int nsc, log2s, tbits, nthreads;
+  if (!PyArg_ParseTuple(args, "O!OOOOOOiiii", &PyList_Type, &features, &o[0], &o[1], &o[2], &o[3], &o[4],
+                        &o[5], &nsc, &log2s, &tbits, &nthreads))
+    return NULL;
+  if (nsc < 1 || log2s < 0 || log2s > 20 || tbits < 1 || log2s + tbits + 2 > 62) {
+    PyErr_SetString(PyExc_ValueError, "bad SparseCore geometry");
+    return NULL;
+  }
+  Buf b[6];
+  static const Py_ssize_t sizes[6] = {8, 8, 8, 8, 4, 1};
+  static const char *names[6] = {"offsets", "shift", "col_token_offset", "vocab", "srow_of", "row_code"};
+  for (int i = 0; i < 6; i++) b[i].held = 0;
+  const Py_ssize_t F = PyList_GET_SIZE(features);
+  const int64_t S = (int64_t)1 << log2s;
+  Buf *fb = calloc(3 * (F + 1), sizeof(Buf));
+  Job J;
+  memset(&J, 0, sizeof(J));
+  PyObject *result = NULL;
+  if (!fb) return PyErr_NoMemory();
+  for (int i = 0; i < 6; i++)
+    if (get_buf(o[i], &b[i], sizes[i], names[i]) < 0) goto done;
+  J.F = F;
+  J.R = b[4].b.len / 4;
+  J.offsets = b[0].b.buf; J.shift = b[1].b.buf; J.ctok = b[2].b.buf; J.vocab = b[3].b.buf;
+  J.srow_of = b[4].b.buf; J.row_code = b[5].b.buf;
+  J.nsc = nsc; J.log2s = log2s; J.tbits = tbits;
+  if (b[0].b.len / 8 != F || b[1].b.len / 8 != F || b[2].b.len / 8 != F || b[3].b.len / 8 != F ||
+      b[5].b.len != J.R) {
+    PyErr_SetString(PyExc_ValueError, "per-feature or per-sample tables have the wrong length");
     goto done;
   }
+  J.rows = calloc(F + 1, sizeof(int64_t *));
+  J.ids = calloc(F + 1, sizeof(int64_t *));
+  J.weights = calloc(F + 1, sizeof(float *));
+  Py_ssize_t *bounds = calloc((F + 1) * (nsc + 1), sizeof(Py_ssize_t));
+  J.bounds = bounds;
+  J.scale = calloc(J.R + 1, sizeof(float));
+  J.out_hi = calloc(nsc, sizeof(int64_t *));
+  J.out_srow = calloc(nsc, sizeof(int32_t *));
+  J.out_gain = calloc(nsc, sizeof(float *));
+  J.out_k = calloc(nsc, sizeof(Py_ssize_t));
+  J.ids_pp = calloc(nsc * S, sizeof(int64_t));
+  J.uniq_pp = calloc(nsc * S, sizeof(int64_t));
+  J.err_kind = calloc(nsc, sizeof(int));
+  J.err_f = calloc(nsc, sizeof(Py_ssize_t));
+  J.err_i = calloc(nsc, sizeof(Py_ssize_t));
+  if (!J.rows || !J.ids || !J.weights || !bounds || !J.scale || !J.out_hi || !J.out_srow || !J.out_gain ||
+      !J.out_k || !J.ids_pp || !J.uniq_pp || !J.err_kind || !J.err_f || !J.err_i) {
+    PyErr_NoMemory();
+    goto done;
+  }
+  for (Py_ssize_t r = 0; r < J.R; r++) if (J.row_code[r]) { J.any_combiner = 1; break; }
+  for (Py_ssize_t f = 0; f < F; f++) {
+    PyObject *t = PyList_GET_ITEM(features, f);
+    if (!PyTuple_Check(t) || PyTuple_GET_SIZE(t) != 3) {
+      PyErr_SetString(PyExc_TypeError, "features must be (rows, ids, weights) tuples");
+      goto done;
+    }
+    if (get_buf(PyTuple_GET_ITEM(t, 0), &fb[3 * f], 8, "rows") < 0 ||
+        get_buf(PyTuple_GET_ITEM(t, 1), &fb[3 * f + 1], 8, "ids") < 0 ||
+        get_buf(PyTuple_GET_ITEM(t, 2), &fb[3 * f + 2], 4, "weights") < 0)
+      goto done;
+    const Py_ssize_t nf = fb[3 * f + 1].b.len / 8;
+    if (fb[3 * f].b.len / 8 != nf || (fb[3 * f + 2].held && fb[3 * f + 2].b.len / 4 != nf)) {
+      PyErr_SetString(PyExc_ValueError, "rows, ids and weights of a feature differ in length");
+      goto done;
+    }
+    J.rows[f] = fb[3 * f].b.buf;
+    J.ids[f] = fb[3 * f + 1].b.buf;
+    J.weights[f] = fb[3 * f + 2].held ? fb[3 * f + 2].b.buf : NULL;
+    /* Where each local SC's block starts (rows are sorted; the tasks re-check the order). */
+    const int64_t per_sc = ((f + 1 < F ? J.offsets[f + 1] : J.R) - J.offsets[f]) / nsc;
+    const int64_t *rows = J.rows[f];
+    Py_ssize_t lo = 0;
+    for (int sc = 0; sc <= nsc; sc++) {
+      const int64_t target = (int64_t)sc * per_sc;
+      Py_ssize_t a = lo, z = nf;
+      if (sc == nsc) a = nf;
+      while (a < z) {
+        const Py_ssize_t mid = a + (z - a) / 2;
+        if (rows[mid] < target) a = mid + 1; else z = mid;
+      }
+      bounds[f * (nsc + 1) + sc] = a;
+      lo = a;
+    }
+    if (nf && (rows[0] < 0 || rows[nf - 1] >= (int64_t)nsc * per_sc)) {
+      result = Py_BuildValue("(inn)", 3, f, rows[0] < 0 ? (Py_ssize_t)0 : nf - 1);
+      goto done;
+    }
+  }
+
+  J.nthreads = nthreads < 1 ? 1 : nthreads > nsc ? nsc : nthreads;
+  Py_BEGIN_ALLOW_THREADS
+  pthread_t tid[64];
+  Worker wk[64];
+  int started = 0;
+  if (J.nthreads > 64) J.nthreads = 64;
+  for (int t = 1; t < J.nthreads; t++) {
+    wk[t].job = &J; wk[t].t = t;
+    if (pthread_create(&tid[t], NULL, worker_main, &wk[t]) == 0) started = t;
+    else break;
+  }
+  if (started < J.nthreads - 1) {
+    /* Could not start every thread: finish their share here (tasks are independent). */
+    for (int t = started + 1; t < J.nthreads; t++)
+      for (int s = t; s < nsc; s += J.nthreads) sc_task(&J, s);
+  }
+  wk[0].job = &J; wk[0].t = 0;
+  worker_main(&wk[0]);
+  for (int t = 1; t <= started; t++) pthread_join(tid[t], NULL);
+  Py_END_ALLOW_THREADS
+
+  for (int sc = 0; sc < nsc; sc++) {
+    if (J.err_kind[sc] == 9) { PyErr_NoMemory(); goto done; }
+    if (J.err_kind[sc]) {
+      result = Py_BuildValue("(inn)", J.err_kind[sc], J.err_f[sc], J.err_i[sc]);
+      goto done;
+    }
+  }
+  Py_ssize_t k = 0;
+  for (int sc = 0; sc < nsc; sc++) k += J.out_k[sc];
+  char *p_hi, *p_srow, *p_gain, *p_ids, *p_uniq;
+  PyObject *o_hi = new_bytes(8 * k, &p_hi), *o_srow = new_bytes(4 * k, &p_srow),
+           *o_gain = new_bytes(4 * k, &p_gain), *o_ids = new_bytes(8 * nsc * S, &p_ids),
+           *o_uniq = new_bytes(8 * nsc * S, &p_uniq);
+  if (!o_hi || !o_srow || !o_gain || !o_ids || !o_uniq) {
+    Py_XDECREF(o_hi); Py_XDECREF(o_srow); Py_XDECREF(o_gain); Py_XDECREF(o_ids); Py_XDECREF(o_uniq);
+    goto done;
+  }
+  Py_ssize_t at = 0;
+  for (int sc = 0; sc < nsc; sc++) {
+    const Py_ssize_t c = J.out_k[sc];
+    memcpy(p_hi + 8 * at, J.out_hi[sc], 8 * c);
+    memcpy(p_srow + 4 * at, J.out_srow[sc], 4 * c);
+    memcpy(p_gain + 4 * at, J.out_gain[sc], 4 * c);
+    at += c;
+  }
+  memcpy(p_ids, J.ids_pp, 8 * nsc * S);
+  memcpy(p_uniq, J.uniq_pp, 8 * nsc * S);
   result = Py_BuildValue("(iNNNNN)", 0, o_hi, o_srow, o_gain, o_ids, o_uniq);
 
 done:
-  for (int q = 0; q < 7; q++) release(&b[q]);
+  for (int q = 0; q < 6; q++) release(&b[q]);
   for (Py_ssize_t q = 0; q < 3 * F; q++) release(&fb[q]);
   free(fb);
-  free(keys); free(tmp); free(G); free(W); free(s1); free(radix.count);
+  if (J.out_hi) for (int sc = 0; sc < nsc; sc++) free(J.out_hi[sc]);
+  if (J.out_srow) for (int sc = 0; sc < nsc; sc++) free(J.out_srow[sc]);
+  if (J.out_gain) for (int sc = 0; sc < nsc; sc++) free(J.out_gain[sc]);
+  free(J.out_hi); free(J.out_srow); free(J.out_gain); free(J.out_k);
+  free(J.rows); free(J.ids); free(J.weights); free((void *)J.bounds); free(J.scale);
+  free(J.ids_pp); free(J.uniq_pp); free(J.err_kind); free(J.err_f); free(J.err_i);
   return result;
 }
 
