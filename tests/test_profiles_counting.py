@@ -2,7 +2,6 @@
 both against the core's own `partition_counts` on the real layouts."""
 
 import numpy as np
-import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 

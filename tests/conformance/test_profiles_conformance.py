@@ -7,8 +7,6 @@ chips, for every stack.  TF's stats function breaks when two features share a
 table, so these cases use one feature per table.
 """
 
-import types
-
 import numpy as np
 import pytest
 from hypothesis import given, settings

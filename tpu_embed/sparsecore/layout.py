@@ -173,12 +173,14 @@ def same_structure_flatten(reference: Any, structure: Any, what: str) -> List[An
 
 # ---------------------------------------------------------------- stacking
 
-def _optimizer_group(table) -> int:
-    # TF keys groups by hash(optimizer) (optimizers hash their __dict__ items).
+def optimizer_group(table) -> int:
+    """The stacking group of a table's optimizer: TF keys groups by hash(optimizer)
+    (TF's optimizers hash their __dict__ items, so equal hyperparameters stack)."""
     return hash(getattr(table, "optimizer", None))
 
 
-def _quantization_repr(table) -> str:
+def quantization_repr(table) -> str:
+    """TF also separates stacks by repr(quantization_config)."""
     return repr(getattr(table, "quantization_config", None))
 
 
@@ -268,7 +270,7 @@ def stack_tables(
         padded_height = round_up(int(table.vocabulary_size), num_sc * 8)
         activation = 4 * padded_width * (samples[name] // topology.num_sc_per_chip)
         shard = 4 * padded_width * padded_height // topology.num_chips
-        key = (padded_width, _optimizer_group(table), _quantization_repr(table))
+        key = (padded_width, optimizer_group(table), quantization_repr(table))
         candidates = groups.setdefault(key, [])
         chosen = None
         if not disable_table_stacking:

@@ -1,0 +1,135 @@
+"""`tpu-embed plan` and `tpu-embed report`.
+
+The top-level CLI (owned elsewhere) calls `add_commands(subparsers)`; each
+command sets `func` (args -> exit code) with `set_defaults`.  Both work from
+the profile directory alone: every profile file records its tables,
+features and topology, so `--spec` is optional (it plans for another
+configuration, e.g. another chip count, from the same statistics).
+
+Stand-alone: `python -m profiles.cli plan --profiles DIR --output plan.json`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import warnings
+from typing import Callable, Optional
+
+PLAN_HELP = "Plan SparseCore limits (max_ids_per_table, max_unique_ids_per_table, max_ids_per_chip_per_sample) " \
+            "from a profile directory."
+PLAN_DESCRIPTION = """\
+Derive SparseCoreEmbeddingConfig limits from the lookup statistics that the
+profile job wrote to a profile_data_directory, and write them as a plan file
+(JSON) that training loads with profiles.load_plan(path).to_sparse_core_config().
+
+Per stacked table: max_ids_per_table and max_unique_ids_per_table bound the
+ids / unique ids one SparseCore sends to one other SparseCore in a step; TF
+raises on a step over them, so they are planned from the exact maxima
+(--partition-quantile max) times --headroom.  max_ids_per_chip_per_sample
+sizes each chip's id buffer (samples x value slots, every segment padded to
+8); --quantile below 'max' (e.g. p99.9) makes it smaller and turns on
+allow_id_dropping, and the plan states how many ids that drops on the
+profiled data.  The plan also records memory per SparseCore against TF's
+defaults (256 / 256 / 64), 'mod' vs 'div' load balance per table, the
+stacking, and the same limits for every other chip count the profile
+covered.
+
+Warnings (printed, and recorded in the plan): too few profiled steps,
+statistics from another configuration, bounds instead of exact figures.
+"""
+
+REPORT_HELP = "Write an HTML report with plots of a profile directory (and a plan)."
+REPORT_DESCRIPTION = """\
+Write OUTPUT/index.html and PNG plots: ids per example per table, per-SparseCore
+load heat maps, planned limits against per-step maxima, hot ids, 'mod' vs
+'div' balance, and the plan's memory against TF's defaults.  Without --plan,
+a plan with exact maxima is computed for the report.
+"""
+
+SpecLoader = Callable[[str], object]
+
+
+def add_commands(subparsers, spec_loader: Optional[SpecLoader] = None) -> None:
+    """Add `plan` and `report` to an argparse subparsers object.
+
+    `spec_loader(path)` may return a profiles.ModelConfig or (feature_config, tpu_embed.Topology); it
+    reads the project's YAML spec for --spec.  Without it, --spec accepts the formats of profiles/spec.py.
+    """
+    p = subparsers.add_parser("plan", help=PLAN_HELP, description=PLAN_DESCRIPTION,
+                              formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--profiles", required=True, metavar="DIR",
+                   help="profile_data_directory written by the profile job (tpu-embed profile).")
+    p.add_argument("--spec", metavar="SPEC_OR_LAYOUT", default=None,
+                   help="configuration to plan for (spec, layout dump, model-*.json or plan file); default: the "
+                        "profiled model itself. A different chip count is planned from the profile's candidate "
+                        "figures.")
+    p.add_argument("--output", required=True, metavar="PLAN_JSON", help="plan file to write.")
+    p.add_argument("--quantile", default="max", metavar="Q",
+                   help="quantile over steps for the chip id buffer: 'max' (default; zero drops on the profiled "
+                        "data), or e.g. 'p99.9' (smaller buffer, allow_id_dropping, stated drop budget).")
+    p.add_argument("--partition-quantile", default="max", metavar="Q",
+                   help="quantile for max_ids_per_table / max_unique_ids_per_table (default 'max'; anything lower "
+                        "makes TF fail on the steps above it).")
+    p.add_argument("--headroom", type=float, default=1.0, metavar="X",
+                   help="multiply every observed figure by X >= 1 (e.g. 1.1 for 10%% margin on unseen data).")
+    p.add_argument("--model", default=None, metavar="KEY",
+                   help="model key (prefix) when the directory holds profiles of several models.")
+    p.add_argument("--min-steps", type=int, default=100, metavar="N",
+                   help="warn if the profile covers fewer than N steps (default 100).")
+    p.set_defaults(func=lambda args: _cmd_plan(args, spec_loader))
+
+    r = subparsers.add_parser("report", help=REPORT_HELP, description=REPORT_DESCRIPTION,
+                              formatter_class=argparse.RawDescriptionHelpFormatter)
+    r.add_argument("--profiles", required=True, metavar="DIR", help="profile_data_directory.")
+    r.add_argument("--plan", default=None, metavar="PLAN_JSON", help="plan file from `tpu-embed plan` (optional).")
+    r.add_argument("--output", required=True, metavar="DIR", help="directory for index.html and the PNGs.")
+    r.add_argument("--model", default=None, metavar="KEY",
+                   help="model key (prefix) when the directory holds profiles of several models.")
+    r.set_defaults(func=_cmd_report)
+
+
+def _cmd_plan(args, spec_loader) -> int:
+    from profiles.planner import plan
+    from profiles.spec import load_model_config
+    spec = load_model_config(args.spec, spec_loader) if args.spec else None
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # printed below from the plan, once each
+        p = plan(args.profiles, spec, quantile=args.quantile, headroom=args.headroom,
+                 partition_quantile=args.partition_quantile, min_steps=args.min_steps, model=args.model)
+    p.write(args.output)
+    for w in p.warnings:
+        print(f"warning: {w}", file=sys.stderr)
+    print(f"wrote {args.output}: {len(p.stacks)} stacked tables, max_ids_per_chip_per_sample="
+          f"{p.max_ids_per_chip_per_sample}, allow_id_dropping={p.allow_id_dropping}")
+    for name, s in p.stacks.items():
+        print(f"  {name}: max_ids_per_table={s.max_ids_per_table} (observed {s.observed['max_ids']['max']}), "
+              f"max_unique_ids_per_table={s.max_unique_ids_per_table} "
+              f"(observed {s.observed['max_unique_ids']['max']}), drop rate <= {s.drops['drop_rate_at_most']:.3g}")
+    m = p.memory
+    print(f"memory per SparseCore (model): {m['planned_bytes_per_sc']} B planned vs "
+          f"{m['tf_default_bytes_per_sc']} B with TF defaults")
+    return 0
+
+
+def _cmd_report(args) -> int:
+    from profiles.report import write_report
+    source = args.profiles
+    if args.model and not args.plan:
+        from profiles.store import ProfileStore
+        source = ProfileStore(args.profiles).read(model=args.model)
+    path = write_report(source, args.plan, args.output)
+    print(f"wrote {path}")
+    return 0
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m profiles.cli")
+    sub = parser.add_subparsers(dest="command", required=True)
+    add_commands(sub)
+    args = parser.parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,197 @@
+"""ProfileCollector: lookup statistics over a stream of global batches, Beam-style.
+
+    collector = ProfileCollector(feature_config, Topology(8, 4))
+    acc = collector.create_accumulator()
+    for step, batch in enumerate(global_batches):
+        acc = collector.add_step(acc, batch, step=step)
+    profile = collector.extract_output(collector.merge_accumulators([acc, other]))
+
+The four methods are exactly a `beam.CombineFn`'s; the collector itself holds
+only plain data (`ModelConfig`, chip counts), so it pickles to workers.
+`add_step` mutates and returns the accumulator (Beam allows that);
+`merge_accumulators` returns a new one and leaves its inputs alone.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Dict, Iterable, Mapping, Optional, Sequence
+
+import numpy as np
+
+from tpu_embed.sparsecore import FeatureIds
+from tpu_embed.topology import Topology
+
+from profiles.config import CandidateUnavailable, ModelConfig
+from profiles.counting import candidate_table_counts, core_table_counts, dedup_table, stack_counts
+from profiles.idcounts import IdCounts
+from profiles.profile import CandidateStatus, Profile, ProfileAccumulator
+from profiles.stats import DEFAULT_SERIES_STEPS, FeatureStats, PartitionStats, ShardLoad, TableStats, _deep_copy
+
+DEFAULT_CANDIDATE_CHIP_COUNTS = tuple(2 ** k for k in range(9))  # 1, 2, 4, ..., 256
+
+
+class ProfileCollector:
+    def __init__(self, feature_config: Any = None, topology: Optional[Topology] = None, *,
+                 candidate_chip_counts: Sequence[int] = DEFAULT_CANDIDATE_CHIP_COUNTS,
+                 sharding_strategy: str = "mod", model: Optional[ModelConfig] = None,
+                 series_steps: int = DEFAULT_SERIES_STEPS, oov_ids_in_batch: bool = True):
+        """`feature_config` + `topology` as for `tpu_embed.sparsecore.stack_tables` (output_shape = the
+        per-chip batch shape), or a recorded `model`.  `candidate_chip_counts`: other chip counts (same
+        SCs per chip, same global batch) to compute per-partition figures for in the same pass; those
+        that cannot run the batch are recorded as skipped, with the reason.  `series_steps`: how many
+        per-step maxima to keep for plots (quantiles always use every step).
+        `oov_ids_in_batch`: True if the out-of-vocabulary lookups counted in `oov_counts` are in the batch
+        (mapped to OOV buckets), False if they were dropped upstream; it sets the OOV rate's denominator."""
+        if model is None:
+            if feature_config is None or topology is None:
+                raise ValueError("ProfileCollector needs feature_config and topology (or model=).")
+            model = ModelConfig.from_feature_config(feature_config, topology, sharding_strategy)
+        self.model = model
+        self.series_steps = int(series_steps)
+        self.oov_ids_in_batch = bool(oov_ids_in_batch)
+        main = model.global_config.num_chips
+        self.candidates: Dict[int, CandidateStatus] = {}
+        self._candidate_models: Dict[int, ModelConfig] = {}
+        for c in sorted(set(int(c) for c in candidate_chip_counts) | {main}):
+            if c == main:
+                self.candidates[c] = CandidateStatus(c, "main")
+                continue
+            if c < 1:
+                raise ValueError(f"candidate chip count {c} must be >= 1")
+            try:
+                cm = model.rescaled(c)
+                cm.layout()  # stacking must work too
+            except (CandidateUnavailable, ValueError) as e:
+                self.candidates[c] = CandidateStatus(c, "skipped", str(e))
+                continue
+            self.candidates[c] = CandidateStatus(c, "profiled")
+            self._candidate_models[c] = cm
+
+    # ------------------------------------------------------------ CombineFn protocol
+
+    def create_accumulator(self) -> ProfileAccumulator:
+        m = self.model
+        g = m.global_config
+        tables = {}
+        for t in m.tables:
+            loads = {g.num_sparse_cores: ShardLoad.empty(g.num_sparse_cores)}
+            for cm in self._candidate_models.values():
+                loads.setdefault(cm.global_config.num_sparse_cores, ShardLoad.empty(cm.global_config.num_sparse_cores))
+            tables[t.name] = TableStats(
+                steps=0, features={f.path: FeatureStats() for f in t.features}, id_counts=IdCounts(),
+                shard_load=loads,
+                # Per-table series are not kept: plots show stacks, and files stay small.
+                partitions=PartitionStats.empty(g.num_chips, g.num_sc_per_chip, heat_map=True),
+                candidates={c: PartitionStats.empty(c, g.num_sc_per_chip) for c in self._candidate_models})
+        stacks = {name: PartitionStats.empty(g.num_chips, g.num_sc_per_chip, heat_map=True,
+                                             series_steps=self.series_steps)
+                  for name in m.layout().stacks}
+        cand = {c: {name: PartitionStats.empty(c, g.num_sc_per_chip) for name in cm.layout().stacks}
+                for c, cm in self._candidate_models.items()}
+        return ProfileAccumulator(m.key, 0, tables, stacks, cand)
+
+    def add_step(self, acc: ProfileAccumulator, global_ids: Mapping[str, FeatureIds],
+                 oov_counts: Optional[Mapping[str, int]] = None, step: Optional[int] = None) -> ProfileAccumulator:
+        """Add one training step.
+
+        `global_ids`: {feature path: FeatureIds(rows, ids, weights)} with *global* rows (chip c owns
+        rows [c*n, (c+1)*n), n = the feature's per-chip samples), ids already mapped to the table's
+        vocabulary.  `oov_counts`: optional {feature path: ids of this step that were out of
+        vocabulary (mapped to an OOV bucket or dropped upstream)}.  `step`: the global step index;
+        pass it when several workers profile one stream (it keys the per-step series used for plots).
+        """
+        m = self.model
+        g = m.global_config
+        self._validate(global_ids, oov_counts)
+        step = acc.steps if step is None else int(step)
+
+        # Per feature and table: valency, hot ids, OOV, mod/div shard loads.
+        for t in m.tables:
+            ts = acc.tables[t.name]
+            ts.steps += 1
+            all_ids = []
+            for f in t.features:
+                fid = global_ids[f.path]
+                fs = ts.features[f.path]
+                examples = f.examples * g.num_chips
+                fs.examples += examples
+                fs.ids += int(fid.ids.size)
+                per_example = np.bincount(fid.rows // f.samples_per_example, minlength=examples)
+                fs.ids_per_example.add_array(per_example)
+                if oov_counts is not None and f.path in oov_counts:
+                    fs.oov_ids += int(oov_counts[f.path])
+                    fs.oov_reported_ids += int(fid.ids.size) + (0 if self.oov_ids_in_batch else int(oov_counts[f.path]))
+                all_ids.append(fid.ids)
+            ids = np.concatenate(all_ids) if all_ids else np.zeros(0, np.int64)
+            ts.id_counts.add(ids)
+            for load in ts.shard_load.values():
+                load.add(ids, t.vocabulary_size)
+
+        # Main topology: the core's own per-chip counts, tables alone, then stacks.
+        table_counts = core_table_counts(global_ids, m.layout(disable_table_stacking=True))
+        for name, c in table_counts.items():
+            acc.tables[name].partitions.add_step(c, step)
+        for name, c in stack_counts(m.layout(), table_counts).items():
+            acc.stacks[name].add_step(c, step)
+
+        # Candidate chip counts: one dedup per table, then a vectorised count per candidate.
+        if self._candidate_models:
+            deduped = {t.name: dedup_table(m, t.name, global_ids) for t in m.tables}
+            for c, cm in self._candidate_models.items():
+                counts = {t.name: candidate_table_counts(cm, t.name, deduped[t.name]) for t in m.tables}
+                for name, cc in counts.items():
+                    acc.tables[name].candidates[c].add_step(cc, step)
+                for name, cc in stack_counts(cm.layout(), counts).items():
+                    acc.candidate_stacks[c][name].add_step(cc, step)
+        acc.steps += 1
+        return acc
+
+    def merge_accumulators(self, accumulators: Iterable[ProfileAccumulator]) -> ProfileAccumulator:
+        out = self.create_accumulator()
+        for a in accumulators:
+            out.merge_from(a)
+        return out
+
+    def extract_output(self, acc: ProfileAccumulator) -> Profile:
+        # Deep copy: the profile must not alias a live accumulator.
+        return Profile(self.model, dict(self.candidates), _deep_copy(acc))
+
+    # ------------------------------------------------------------ validation
+
+    def _validate(self, global_ids: Mapping[str, FeatureIds], oov_counts) -> None:
+        m = self.model
+        g = m.global_config
+        paths = [f.path for f in m.features]
+        missing = [p for p in paths if p not in global_ids]
+        extra = [p for p in global_ids if p not in set(paths)]
+        if missing or extra:
+            raise ValueError(f"global batch: missing features {missing}, unexpected features {extra}; "
+                             f"pass {{feature path: FeatureIds}} for exactly {paths}.")
+        for f in m.features:
+            fid = global_ids[f.path]
+            if not isinstance(fid, FeatureIds):
+                raise TypeError(f"feature {f.path!r}: expected tpu_embed.sparsecore.FeatureIds, got "
+                                f"{type(fid).__name__}.")
+            if fid.rows.shape != fid.ids.shape:
+                raise ValueError(f"feature {f.path!r}: rows and ids differ in length.")
+            if not fid.ids.size:
+                continue
+            n = f.samples * g.num_chips
+            if np.any(fid.rows[1:] < fid.rows[:-1]):
+                raise ValueError(f"feature {f.path!r}: global rows must be sorted (non-decreasing).")
+            if fid.rows[0] < 0 or fid.rows[-1] >= n:
+                raise ValueError(f"feature {f.path!r}: global rows must be in [0, {n}) ({g.num_chips} chips x "
+                                 f"{f.samples} samples per chip); got {int(fid.rows[0])}..{int(fid.rows[-1])}.")
+            vocab = m.table(f.table).vocabulary_size
+            lo, hi = int(fid.ids.min()), int(fid.ids.max())
+            if lo < 0 or hi >= vocab:
+                raise ValueError(f"feature {f.path!r}: id {lo if lo < 0 else hi} is outside the vocabulary "
+                                 f"[0, {vocab}) of table {f.table!r}. Map ids through the vocabulary first "
+                                 "(out-of-vocabulary ids to an OOV bucket) and report them in oov_counts.")
+        if oov_counts is not None:
+            unknown = sorted(set(oov_counts) - set(paths))
+            if unknown:
+                raise ValueError(f"oov_counts has unknown features {unknown}; features are {paths}.")
+            for k, v in oov_counts.items():
+                if int(v) < 0:
+                    raise ValueError(f"oov_counts[{k!r}] = {v} must be >= 0.")

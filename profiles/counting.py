@@ -1,0 +1,210 @@
+"""Per-step partition counts: ids and unique ids per (chip, local SC, destination SC).
+
+Counts are kept sparse, as `CellCounts`: the non-empty cells
+`(chip * num_sc_per_chip + local_sc) * S + destination_sc`, sorted, with the
+ids (after dedup of equal (sample, id) pairs) and unique ids each receives.
+A 256-chip candidate has 256 * 4 * 1024 cells but a step touches only as
+many as it has ids.
+
+Why per *table* first, stacks second: within a stack every table keeps its
+own column range, so an (sample, column) pair or a unique column belongs to
+exactly one table, and a stack's count in a cell is the sum of its members'
+counts.  A member's rotation (`col_shift`) only moves its ids to destination
+`(d + rotation) mod S`.  So counts of each table laid out alone (rotation 0)
+give every stacking's counts by a roll and a sum (`stack_counts`), and the
+per-table maxima are rotation-invariant, hence shareable between models that
+stack the same table differently.  tests/test_profiles_counting.py checks
+this against the core's `partition_counts` on the real stacked layout.
+
+The main topology is counted by the core itself (`split_global_batch` +
+`partition_counts`, the implementation the shard job and training use).
+Candidate chip counts use `candidate_table_counts`, a vectorised equivalent
+over the whole global batch (one sort per table instead of one per chip),
+tested equal to the core.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Dict, List, Mapping, Tuple
+
+import numpy as np
+
+from tpu_embed.sparsecore import FeatureIds, SparseCoreLayout, partition_counts, split_global_batch
+
+from profiles.config import ModelConfig
+
+
+@dataclasses.dataclass(frozen=True)
+class CellCounts:
+    num_chips: int
+    num_sc_per_chip: int
+    num_sparse_cores: int  # S
+    cells: np.ndarray  # int64, sorted, unique: (chip * nsc + local_sc) * S + dest
+    ids: np.ndarray  # int64 ids per cell after dedup
+    unique: np.ndarray  # int64 unique ids per cell
+
+    @property
+    def num_cells(self) -> int:
+        return self.num_chips * self.num_sc_per_chip * self.num_sparse_cores
+
+    def dense(self) -> Tuple[np.ndarray, np.ndarray]:
+        """[chips, nsc, S] arrays (for tests and small topologies)."""
+        shape = (self.num_chips, self.num_sc_per_chip, self.num_sparse_cores)
+        ids = np.zeros(self.num_cells, np.int64)
+        uniq = np.zeros(self.num_cells, np.int64)
+        ids[self.cells] = self.ids
+        uniq[self.cells] = self.unique
+        return ids.reshape(shape), uniq.reshape(shape)
+
+
+def _empty(num_chips, nsc, S) -> CellCounts:
+    z = np.zeros(0, np.int64)
+    return CellCounts(num_chips, nsc, S, z, z, z)
+
+
+def _sum_cells(num_chips, nsc, S, cells: np.ndarray, ids: np.ndarray, uniq: np.ndarray) -> CellCounts:
+    if not cells.size:
+        return _empty(num_chips, nsc, S)
+    u, inv = np.unique(cells, return_inverse=True)
+    inv = inv.reshape(-1)
+    return CellCounts(num_chips, nsc, S, u,
+                      np.bincount(inv, weights=ids, minlength=u.size).astype(np.int64),
+                      np.bincount(inv, weights=uniq, minlength=u.size).astype(np.int64))
+
+
+# ---------------------------------------------------------------- main topology (core)
+
+def core_table_counts(global_ids: Mapping[str, FeatureIds], unstacked: SparseCoreLayout) -> Dict[str, CellCounts]:
+    """Per table (laid out alone, rotation 0): counts of every chip, by the core's own counter."""
+    topo = unstacked.topology
+    nsc, S, chips = topo.num_sc_per_chip, topo.num_sparse_cores, topo.num_chips
+    per_chip = split_global_batch(dict(global_ids), unstacked)
+    parts: Dict[str, List[Tuple[np.ndarray, np.ndarray, np.ndarray]]] = {s: [] for s in unstacked.stacks}
+    for chip, chip_ids in enumerate(per_chip):
+        for stack, (ids_pp, uniq_pp) in partition_counts(chip_ids, unstacked).items():
+            flat = np.asarray(ids_pp, np.int64).reshape(-1)
+            nz = np.flatnonzero(flat)
+            parts[stack].append((nz + chip * nsc * S, flat[nz], np.asarray(uniq_pp, np.int64).reshape(-1)[nz]))
+    out = {}
+    for stack, p in parts.items():
+        table, = unstacked.stacks[stack].tables  # disable_table_stacking: one table per stack
+        if p:
+            out[table] = CellCounts(chips, nsc, S, np.concatenate([a for a, _, _ in p]),
+                                    np.concatenate([b for _, b, _ in p]), np.concatenate([c for _, _, c in p]))
+        else:
+            out[table] = _empty(chips, nsc, S)
+    return out
+
+
+# ---------------------------------------------------------------- candidates (vectorised)
+
+@dataclasses.dataclass(frozen=True)
+class DedupedTable:
+    """A table's distinct (feature, global sample, id) triples of one step.
+
+    The core merges equal (sample, id) pairs of a feature before counting;
+    which chip/SC a sample lands on changes with the chip count, the pairs
+    do not, so this is computed once per step and reused for every candidate.
+    """
+
+    feature: np.ndarray  # index into the table's features
+    row: np.ndarray  # global sample index of that feature
+    id: np.ndarray
+
+
+def dedup_table(model: ModelConfig, table: str, global_ids: Mapping[str, FeatureIds]) -> DedupedTable:
+    t = model.table(table)
+    fs, rs, ids = [], [], []
+    for i, f in enumerate(t.features):
+        fid = global_ids[f.path]
+        if not fid.ids.size:
+            continue
+        key = _pack2(fid.rows, fid.ids)
+        if key is not None:
+            u = np.unique(key)
+            shift = _bits(int(fid.ids.max()))
+            r, d = u >> shift, u & ((1 << shift) - 1)
+        else:
+            order = np.lexsort((fid.ids, fid.rows))
+            r, d = fid.rows[order], fid.ids[order]
+            keep = np.ones(r.size, bool)
+            keep[1:] = (r[1:] != r[:-1]) | (d[1:] != d[:-1])
+            r, d = r[keep], d[keep]
+        fs.append(np.full(r.size, i, np.int64))
+        rs.append(r.astype(np.int64))
+        ids.append(d.astype(np.int64))
+    if not fs:
+        z = np.zeros(0, np.int64)
+        return DedupedTable(z, z, z)
+    return DedupedTable(np.concatenate(fs), np.concatenate(rs), np.concatenate(ids))
+
+
+def candidate_table_counts(candidate: ModelConfig, table: str, dd: DedupedTable) -> CellCounts:
+    """Counts of one table laid out alone (rotation 0) on `candidate`'s chips, from deduped triples."""
+    g = candidate.global_config
+    nsc, S, chips = g.num_sc_per_chip, g.num_sparse_cores, g.num_chips
+    if not dd.id.size:
+        return _empty(chips, nsc, S)
+    t = candidate.table(table)
+    block = np.array([f.samples // nsc for f in t.features], np.int64)  # samples per SC of each feature
+    sc_global = dd.row // block[dd.feature]  # chip * nsc + local SC: samples split in contiguous blocks
+    cell = sc_global * S + (dd.id & (S - 1))  # destination: id mod S (mod sharding, rotation 0)
+    # One sort of (cell, id) pairs gives both counts: a cell's ids are its pairs' multiplicities
+    # summed, its unique ids the number of its distinct pairs.
+    pair = _pack2(cell, dd.id)
+    if pair is not None:
+        up, mult = np.unique(pair, return_counts=True)
+        ucell = up >> _bits(int(dd.id.max()))
+    else:
+        order = np.lexsort((dd.id, cell))
+        c, d = cell[order], dd.id[order]
+        first = np.ones(c.size, bool)
+        first[1:] = (c[1:] != c[:-1]) | (d[1:] != d[:-1])
+        starts = np.flatnonzero(first)
+        ucell, mult = c[starts], np.diff(np.append(starts, c.size))
+    new_cell = np.ones(ucell.size, bool)
+    new_cell[1:] = ucell[1:] != ucell[:-1]
+    starts = np.flatnonzero(new_cell)
+    cells = ucell[starts]
+    ids = np.add.reduceat(mult, starts)
+    uniq = np.diff(np.append(starts, ucell.size))
+    return CellCounts(chips, nsc, S, cells.astype(np.int64), ids.astype(np.int64), uniq.astype(np.int64))
+
+
+# ---------------------------------------------------------------- stacks from tables
+
+def stack_counts(layout: SparseCoreLayout, table_counts: Mapping[str, CellCounts]) -> Dict[str, CellCounts]:
+    """Each stack's counts: members' rotation-0 counts rolled by their rotation, summed per cell."""
+    topo = layout.topology
+    nsc, S, chips = topo.num_sc_per_chip, topo.num_sparse_cores, topo.num_chips
+    out = {}
+    for name, stack in layout.stacks.items():
+        if len(stack.tables) == 1 and layout.tables[stack.tables[0]].rotation == 0:
+            out[name] = table_counts[stack.tables[0]]
+            continue
+        cells, ids, uniq = [], [], []
+        for t in stack.tables:
+            c = table_counts[t]
+            rot = layout.tables[t].rotation
+            cells.append((c.cells // S) * S + ((c.cells % S) + rot) % S)
+            ids.append(c.ids)
+            uniq.append(c.unique)
+        out[name] = _sum_cells(chips, nsc, S, np.concatenate(cells), np.concatenate(ids), np.concatenate(uniq))
+    return out
+
+
+# ---------------------------------------------------------------- helpers
+
+def _bits(n: int) -> int:
+    return max(int(n).bit_length(), 1)
+
+
+def _pack2(hi: np.ndarray, lo: np.ndarray):
+    """hi << bits(lo) | lo as int64 if it fits in 63 bits, else None."""
+    if not lo.size:
+        return np.zeros(0, np.int64)
+    lb = _bits(int(lo.max()))
+    if _bits(int(hi.max())) + lb > 62:
+        return None
+    return (hi.astype(np.int64) << lb) | lo.astype(np.int64)

@@ -1,0 +1,149 @@
+"""Exact per-id lookup counts (for hot ids), mergeable and compact.
+
+Vocabularies here are at most a few million ids, so we keep the exact count of
+every id seen rather than a heavy-hitters sketch: top-k is then exact, merging
+is exact (add counts per id), and memory is 16 bytes per *distinct* id seen
+(sorted int64 ids + int64 counts), never per vocabulary entry.
+
+Per-step batches are appended to a pending list and folded in only when the
+pending data outgrows the folded arrays, so adding a step costs O(batch log
+batch) amortised, not O(distinct ids).  Pickling folds first.
+
+In JSON the arrays are delta-encoded ids and counts, zlib-compressed, base64.
+"""
+
+from __future__ import annotations
+
+import base64
+import zlib
+from typing import List, Mapping, Optional, Tuple
+
+import numpy as np
+
+ENCODING = "zlib-base64-int64le-delta"
+
+
+def _fold(ids: np.ndarray, counts: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
+    if not ids.size:
+        return np.zeros(0, np.int64), np.zeros(0, np.int64)
+    u, inv = np.unique(ids, return_inverse=True)
+    return u.astype(np.int64), np.bincount(inv.reshape(-1), weights=None if counts is None else counts,
+                                           minlength=u.size).astype(np.int64)
+
+
+class IdCounts:
+    __slots__ = ("_ids", "_counts", "_pending", "_pending_size", "_encoded")
+
+    def __init__(self, ids: Optional[np.ndarray] = None, counts: Optional[np.ndarray] = None):
+        self._ids = np.zeros(0, np.int64) if ids is None else np.asarray(ids, np.int64)
+        self._counts = np.zeros(0, np.int64) if counts is None else np.asarray(counts, np.int64)
+        self._pending: List[Tuple[np.ndarray, Optional[np.ndarray]]] = []
+        self._pending_size = 0
+        self._encoded: Optional[dict] = None  # lazily decoded JSON payload
+
+    # ------------------------------------------------------------ building
+
+    def add(self, ids: np.ndarray) -> None:
+        """Count every occurrence in `ids` (raw lookups, before any dedup)."""
+        ids = np.asarray(ids, np.int64).reshape(-1)
+        if not ids.size:
+            return
+        self._pending.append((ids.copy(), None))
+        self._pending_size += ids.size
+        if self._pending_size > max(self._ids.size, 1 << 16):
+            self._compact()
+
+    def merge_from(self, other: "IdCounts") -> None:
+        other._decode()
+        ids, counts = other._folded()
+        if ids.size:
+            self._pending.append((ids, counts))
+            self._pending_size += ids.size
+            self._compact()
+
+    def _decode(self) -> None:
+        if self._encoded is not None:
+            d, self._encoded = self._encoded, None
+            self._ids = np.cumsum(_unpack(d["ids"]))
+            self._counts = _unpack(d["counts"])
+            if self._ids.size != self._counts.size:
+                raise ValueError("id counts: ids and counts differ in length")
+
+    def _compact(self) -> None:
+        self._decode()
+        if not self._pending:
+            return
+        parts_ids = [self._ids] + [p[0] for p in self._pending]
+        parts_cnt = [self._counts] + [p[1] if p[1] is not None else np.ones(p[0].size, np.int64)
+                                      for p in self._pending]
+        self._ids, self._counts = _fold(np.concatenate(parts_ids), np.concatenate(parts_cnt))
+        self._pending, self._pending_size = [], 0
+
+    def _folded(self) -> Tuple[np.ndarray, np.ndarray]:
+        self._compact()
+        return self._ids, self._counts
+
+    # ------------------------------------------------------------ reading
+
+    @property
+    def distinct(self) -> int:
+        return int(self._folded()[0].size)
+
+    @property
+    def total(self) -> int:
+        return int(self._folded()[1].sum())
+
+    def top_k(self, k: int) -> List[Tuple[int, int]]:
+        """[(id, count)] of the k most looked-up ids; ties broken by smaller id (deterministic)."""
+        ids, counts = self._folded()
+        if not ids.size or k <= 0:
+            return []
+        k = min(k, ids.size)
+        # lexsort: primary key descending count, secondary ascending id.
+        order = np.lexsort((ids, -counts))[:k]
+        return [(int(ids[i]), int(counts[i])) for i in order]
+
+    def arrays(self) -> Tuple[np.ndarray, np.ndarray]:
+        return self._folded()
+
+    # ------------------------------------------------------------ plain data
+
+    def __getstate__(self):
+        ids, counts = self._folded()
+        return {"ids": ids, "counts": counts}
+
+    def __setstate__(self, state):
+        self.__init__(state["ids"], state["counts"])
+
+    def __eq__(self, other):
+        if not isinstance(other, IdCounts):
+            return NotImplemented
+        a, b = self._folded(), other._folded()
+        return np.array_equal(a[0], b[0]) and np.array_equal(a[1], b[1])
+
+    def __repr__(self):
+        return f"IdCounts(distinct={self.distinct}, total={self.total})"
+
+    def to_json(self) -> dict:
+        if self._encoded is not None and not self._pending:
+            return dict(self._encoded)
+        ids, counts = self._folded()
+        return {"encoding": ENCODING, "distinct": int(ids.size),
+                "ids": _pack(np.diff(ids, prepend=np.int64(0)) if ids.size else ids), "counts": _pack(counts)}
+
+    @classmethod
+    def from_json(cls, d: Mapping) -> "IdCounts":
+        if d.get("encoding") != ENCODING:
+            raise ValueError(f"id counts: unknown encoding {d.get('encoding')!r} (expected {ENCODING!r})")
+        out = cls()
+        out._encoded = {"encoding": ENCODING, "distinct": int(d.get("distinct", 0)), "ids": str(d["ids"]),
+                        "counts": str(d["counts"])}
+        return out
+
+
+def _pack(a: np.ndarray) -> str:
+    return base64.b64encode(zlib.compress(np.asarray(a, "<i8").tobytes(), 6)).decode("ascii")
+
+
+def _unpack(s: str) -> np.ndarray:
+    return np.frombuffer(zlib.decompress(base64.b64decode(s.encode("ascii"))), "<i8").astype(np.int64)

@@ -1,0 +1,439 @@
+"""Mergeable statistics: what a profile accumulates, step by step.
+
+Every class here is plain data (ints, dicts, numpy arrays, `Histogram`,
+`IdCounts`), picklable, and has `merge_from` that is exact, associative and
+commutative: integer sums, element-wise array sums, histogram count sums,
+per-id count sums.  The one exception to plain summation is `StepSeries`
+(per-step maxima kept for plots), whose merge is a union keyed by step index;
+see its docstring.  Equality is equality of the canonical JSON form.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import pickle
+from typing import Dict, Mapping, Optional, Tuple
+
+import numpy as np
+
+from profiles.counting import CellCounts
+from profiles.hashing import canonical_json
+from profiles.histogram import Histogram
+from profiles.idcounts import ENCODING, IdCounts, _pack, _unpack
+
+XLA_PAD = 8  # every (local SC, destination SC) id segment is padded to a multiple of 8
+DEFAULT_SERIES_STEPS = 10_000
+
+
+def _deep_copy(obj):
+    """A deep copy of plain statistics; pickle is much faster than copy.deepcopy on dicts of tuples."""
+    return pickle.loads(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL))
+
+
+def roundup8(a: np.ndarray) -> np.ndarray:
+    return (a + (XLA_PAD - 1)) & ~(XLA_PAD - 1)
+
+
+class _JsonEq:
+    def __eq__(self, other):
+        if type(other) is not type(self):
+            return NotImplemented
+        return canonical_json(self.to_json()) == canonical_json(other.to_json())
+
+
+def _add_arrays(a: Optional[np.ndarray], b: Optional[np.ndarray]) -> Optional[np.ndarray]:
+    if a is None:
+        return None if b is None else b.copy()
+    if b is None:
+        return a
+    if a.shape != b.shape:
+        raise ValueError(f"cannot merge statistics of different shapes {a.shape} and {b.shape}")
+    return a + b
+
+
+def _arr(x) -> Optional[np.ndarray]:
+    return None if x is None else np.asarray(x, np.int64)
+
+
+def _list(a: Optional[np.ndarray]):
+    return None if a is None else a.tolist()
+
+
+class StepSeries(_JsonEq):
+    """Per-step maxima (ids, unique ids, chip id-buffer slots), for "limit vs observed" plots.
+
+    Keyed by step index so that merging is a union: associative and
+    commutative.  If two accumulators saw the same step index (callers that do
+    not pass `step=` get a per-accumulator counter), the element-wise maximum
+    is kept.  Only the `limit` smallest step indices are kept, which is also
+    merge-order independent.  Quantiles never come from here: they come from
+    the exact histograms, which cover every step.  In JSON the four columns
+    are packed like id counts (10^4 steps of 26 stacks would otherwise be a
+    million JSON numbers to parse); decoding is lazy.
+    """
+
+    def __init__(self, limit: int = DEFAULT_SERIES_STEPS, values: Optional[Dict[int, Tuple[int, int, int]]] = None):
+        self.limit = int(limit)
+        self._values = dict(values) if values else {}
+        self._packed: Optional[dict] = None
+
+    @property
+    def values(self) -> Dict[int, Tuple[int, int, int]]:
+        if self._packed is not None:
+            d, self._packed = self._packed, None
+            steps = np.cumsum(_unpack(d["steps"]))
+            cols = [_unpack(d[k]) for k in ("max_ids", "max_unique_ids", "max_chip_buffer")]
+            self._values = dict(zip(steps.tolist(), zip(*(c.tolist() for c in cols))))
+        return self._values
+
+    def record(self, step: int, ids: int, unique: int, buffer: int) -> None:
+        step = int(step)
+        values = self.values
+        if len(values) >= self.limit and step > max(values):
+            return
+        old = values.get(step)
+        v = (int(ids), int(unique), int(buffer))
+        values[step] = v if old is None else tuple(max(a, b) for a, b in zip(old, v))
+        self._trim()
+
+    def merge_from(self, other: "StepSeries") -> None:
+        self.limit = min(self.limit, other.limit)
+        values = self.values
+        for step, v in other.values.items():
+            old = values.get(step)
+            values[step] = v if old is None else tuple(max(a, b) for a, b in zip(old, v))
+        self._trim()
+
+    def _trim(self):
+        if len(self._values) > self.limit:
+            keep = sorted(self._values)[: self.limit]
+            self._values = {k: self._values[k] for k in keep}
+
+    def arrays(self) -> Tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        values = self.values
+        steps = np.array(sorted(values), np.int64)
+        vals = np.array([values[s] for s in steps.tolist()], np.int64).reshape(-1, 3)
+        return steps, vals[:, 0], vals[:, 1], vals[:, 2]
+
+    def to_json(self) -> dict:
+        if self._packed is not None:
+            return dict(self._packed)
+        steps, ids, uniq, buf = self.arrays()
+        return {"limit": self.limit, "encoding": ENCODING, "length": int(steps.size),
+                "steps": _pack(np.diff(steps, prepend=np.int64(0)) if steps.size else steps),
+                "max_ids": _pack(ids), "max_unique_ids": _pack(uniq), "max_chip_buffer": _pack(buf)}
+
+    @classmethod
+    def from_json(cls, d: Mapping) -> "StepSeries":
+        if d.get("encoding") != ENCODING:
+            raise ValueError(f"step series: unknown encoding {d.get('encoding')!r}")
+        out = cls(int(d["limit"]))
+        out._packed = dict(d)
+        return out
+
+    def __getstate__(self):
+        return {"limit": self.limit, "values": self.values}
+
+    def __setstate__(self, state):
+        self.__init__(state["limit"], state["values"])
+
+
+@dataclasses.dataclass(eq=False)
+class PartitionStats(_JsonEq):
+    """One table or stack on one topology: what every (chip, local SC, destination SC) received.
+
+    Per step the profiler sees, for each cell, the ids after dedup and the
+    unique ids: exactly what TF's GetStatsFromListOfSparseCoreCooTensors
+    maximises and what `max_ids_per_table` / `max_unique_ids_per_table`
+    bound.  Kept: histograms of the per-step maxima (over chips, SCs and
+    destinations) -> quantiles over steps; histograms of every cell value ->
+    what a limit would cut; the id buffer each chip and each SC needs (sum
+    over its (local SC, destination SC) segments of roundup8(ids)), as the
+    per-step maximum -> max_ids_per_chip_per_sample, and for every chip ->
+    what a smaller buffer would drop; per destination SC loads -> balance;
+    per (local SC, destination SC) totals (main topology only) -> heat map.
+    """
+
+    num_chips: int
+    num_sc_per_chip: int
+    num_sparse_cores: int
+    steps: int = 0
+    ids: int = 0  # total ids after dedup, all cells, all steps
+    unique_ids: int = 0
+    step_max_ids: Histogram = dataclasses.field(default_factory=Histogram)
+    step_max_unique_ids: Histogram = dataclasses.field(default_factory=Histogram)
+    cell_ids: Histogram = dataclasses.field(default_factory=Histogram)  # every cell of every step
+    cell_unique_ids: Histogram = dataclasses.field(default_factory=Histogram)
+    step_max_chip_buffer: Histogram = dataclasses.field(default_factory=Histogram)  # id slots, one buffer per chip
+    chip_buffer: Histogram = dataclasses.field(default_factory=Histogram)  # every chip of every step
+    step_max_sc_buffer: Histogram = dataclasses.field(default_factory=Histogram)  # id slots of one local SC
+    dest_ids: Optional[np.ndarray] = None  # [S] ids per destination SC, summed over steps
+    step_max_dest_ids: int = 0  # sum over steps of the busiest destination's ids
+    sc_dest_ids: Optional[np.ndarray] = None  # [nsc, S] summed over chips and steps (heat map)
+    series: Optional[StepSeries] = None
+
+    @classmethod
+    def empty(cls, num_chips: int, num_sc_per_chip: int, *, heat_map: bool = False,
+              series_steps: Optional[int] = None) -> "PartitionStats":
+        S = num_chips * num_sc_per_chip
+        return cls(num_chips, num_sc_per_chip, S, dest_ids=np.zeros(S, np.int64),
+                   sc_dest_ids=np.zeros((num_sc_per_chip, S), np.int64) if heat_map else None,
+                   series=StepSeries(series_steps) if series_steps else None)
+
+    def add_step(self, c: CellCounts, step: int) -> None:
+        nsc, S, chips = self.num_sc_per_chip, self.num_sparse_cores, self.num_chips
+        if (c.num_chips, c.num_sc_per_chip) != (chips, nsc):
+            raise ValueError("cell counts of another topology")
+        self.steps += 1
+        n_ids, n_uniq = int(c.ids.sum()), int(c.unique.sum())
+        self.ids += n_ids
+        self.unique_ids += n_uniq
+        mx_ids = int(c.ids.max()) if c.ids.size else 0
+        mx_uniq = int(c.unique.max()) if c.unique.size else 0
+        self.step_max_ids.add(mx_ids)
+        self.step_max_unique_ids.add(mx_uniq)
+        empty_cells = c.num_cells - c.cells.size
+        self.cell_ids.add_array(c.ids)
+        self.cell_ids.add(0, empty_cells)
+        self.cell_unique_ids.add_array(c.unique)
+        self.cell_unique_ids.add(0, empty_cells)
+        padded = roundup8(c.ids)
+        sc_global = c.cells // S
+        if c.cells.size:
+            sc_need = np.bincount(sc_global, weights=padded)
+            chip_need = np.bincount(sc_global // nsc, weights=padded, minlength=chips).astype(np.int64)
+            mx_sc, mx_chip = int(sc_need.max()), int(chip_need.max())
+            dest = np.bincount(c.cells % S, weights=c.ids, minlength=S).astype(np.int64)
+        else:
+            mx_sc = mx_chip = 0
+            chip_need = np.zeros(chips, np.int64)
+            dest = np.zeros(S, np.int64)
+        self.chip_buffer.add_array(chip_need)
+        self.step_max_sc_buffer.add(mx_sc)
+        self.step_max_chip_buffer.add(mx_chip)
+        self.dest_ids = dest if self.dest_ids is None else self.dest_ids + dest
+        self.step_max_dest_ids += int(dest.max())
+        if self.sc_dest_ids is not None and c.cells.size:
+            local = (sc_global % nsc) * S + c.cells % S
+            self.sc_dest_ids += np.bincount(local, weights=c.ids, minlength=nsc * S).astype(np.int64).reshape(nsc, S)
+        if self.series is not None:
+            self.series.record(step, mx_ids, mx_uniq, mx_chip)
+
+    def merge_from(self, other: "PartitionStats") -> None:
+        if (self.num_chips, self.num_sc_per_chip) != (other.num_chips, other.num_sc_per_chip):
+            raise ValueError(f"cannot merge partition statistics of {other.num_chips}x{other.num_sc_per_chip} "
+                             f"into {self.num_chips}x{self.num_sc_per_chip}")
+        self.steps += other.steps
+        self.ids += other.ids
+        self.unique_ids += other.unique_ids
+        for f in ("step_max_ids", "step_max_unique_ids", "cell_ids", "cell_unique_ids", "step_max_chip_buffer",
+                  "chip_buffer", "step_max_sc_buffer"):
+            getattr(self, f).merge_from(getattr(other, f))
+        self.dest_ids = _add_arrays(self.dest_ids, other.dest_ids)
+        self.step_max_dest_ids += other.step_max_dest_ids
+        if self.sc_dest_ids is None or other.sc_dest_ids is None:
+            self.sc_dest_ids = None  # heat map only where both sides kept one
+        else:
+            self.sc_dest_ids = self.sc_dest_ids + other.sc_dest_ids
+        if self.series is None or other.series is None:
+            self.series = self.series or (None if other.series is None else _deep_copy(other.series))
+        else:
+            self.series.merge_from(other.series)
+
+    # ------------------------------------------------------------ derived figures
+
+    @property
+    def max_ids(self) -> int:
+        return self.step_max_ids.max
+
+    @property
+    def max_unique_ids(self) -> int:
+        return self.step_max_unique_ids.max
+
+    def destination_balance(self) -> float:
+        """max / mean of the ids each destination SC received over the whole profile (1.0 = perfect)."""
+        if self.dest_ids is None or not self.ids:
+            return 1.0
+        return float(self.dest_ids.max()) / (self.ids / self.num_sparse_cores)
+
+    def step_destination_balance(self) -> float:
+        """Sum over steps of the busiest destination / sum of the mean: the imbalance a step sees."""
+        if not self.ids:
+            return 1.0
+        return self.step_max_dest_ids / (self.ids / self.num_sparse_cores)
+
+    def summary(self) -> dict:
+        qs = ("p50", "p99", "p99.9", "max")
+        return {
+            "steps": self.steps,
+            "ids": self.ids,
+            "unique_ids": self.unique_ids,
+            "max_ids_per_partition": {q: self.step_max_ids.quantile(q) for q in qs},
+            "max_unique_ids_per_partition": {q: self.step_max_unique_ids.quantile(q) for q in qs},
+            "chip_id_buffer": {q: self.step_max_chip_buffer.quantile(q) for q in qs},
+            "sc_id_buffer": {q: self.step_max_sc_buffer.quantile(q) for q in qs},
+            "mean_ids_per_partition": self.cell_ids.mean,
+            "destination_balance": self.destination_balance(),
+            "step_destination_balance": self.step_destination_balance(),
+        }
+
+    # ------------------------------------------------------------ JSON
+
+    def to_json(self) -> dict:
+        return {
+            "num_chips": self.num_chips, "num_sc_per_chip": self.num_sc_per_chip,
+            "num_sparse_cores": self.num_sparse_cores, "steps": self.steps, "ids": self.ids,
+            "unique_ids": self.unique_ids,
+            "step_max_ids": self.step_max_ids.to_json(),
+            "step_max_unique_ids": self.step_max_unique_ids.to_json(),
+            "cell_ids": self.cell_ids.to_json(), "cell_unique_ids": self.cell_unique_ids.to_json(),
+            "step_max_chip_buffer": self.step_max_chip_buffer.to_json(),
+            "chip_buffer": self.chip_buffer.to_json(),
+            "step_max_sc_buffer": self.step_max_sc_buffer.to_json(),
+            "dest_ids": _list(self.dest_ids), "step_max_dest_ids": self.step_max_dest_ids,
+            "sc_dest_ids": _list(self.sc_dest_ids),
+            "series": None if self.series is None else self.series.to_json(),
+        }
+
+    @classmethod
+    def from_json(cls, d: Mapping) -> "PartitionStats":
+        return cls(
+            int(d["num_chips"]), int(d["num_sc_per_chip"]), int(d["num_sparse_cores"]), int(d["steps"]),
+            int(d["ids"]), int(d["unique_ids"]),
+            Histogram.from_json(d["step_max_ids"]), Histogram.from_json(d["step_max_unique_ids"]),
+            Histogram.from_json(d["cell_ids"]), Histogram.from_json(d["cell_unique_ids"]),
+            Histogram.from_json(d["step_max_chip_buffer"]), Histogram.from_json(d["chip_buffer"]),
+            Histogram.from_json(d["step_max_sc_buffer"]),
+            _arr(d.get("dest_ids")), int(d["step_max_dest_ids"]), _arr(d.get("sc_dest_ids")),
+            None if d.get("series") is None else StepSeries.from_json(d["series"]))
+
+
+@dataclasses.dataclass(eq=False)
+class FeatureStats(_JsonEq):
+    examples: int = 0
+    ids: int = 0  # raw lookups (before any dedup)
+    ids_per_example: Histogram = dataclasses.field(default_factory=Histogram)
+    oov_ids: int = 0
+    oov_reported_ids: int = 0  # lookups of the steps for which an OOV count was passed
+
+    def merge_from(self, o: "FeatureStats") -> None:
+        self.examples += o.examples
+        self.ids += o.ids
+        self.ids_per_example.merge_from(o.ids_per_example)
+        self.oov_ids += o.oov_ids
+        self.oov_reported_ids += o.oov_reported_ids
+
+    def to_json(self) -> dict:
+        return {"examples": self.examples, "ids": self.ids, "ids_per_example": self.ids_per_example.to_json(),
+                "oov_ids": self.oov_ids, "oov_reported_ids": self.oov_reported_ids}
+
+    @classmethod
+    def from_json(cls, d: Mapping) -> "FeatureStats":
+        return cls(int(d["examples"]), int(d["ids"]), Histogram.from_json(d["ids_per_example"]),
+                   int(d["oov_ids"]), int(d["oov_reported_ids"]))
+
+
+@dataclasses.dataclass(eq=False)
+class ShardLoad(_JsonEq):
+    """Raw lookups per shard of S shards under 'mod' (id % S) and 'div' (id // ceil(vocab / S)).
+
+    SparseCore always mod-shards; 'div' is TPUEmbedding v1's default
+    `partition_strategy`.  With a frequency-ordered vocabulary (id 0 = most
+    frequent, as vocabulary jobs write them) 'div' puts every hot id on
+    shard 0, which is why we show both.
+    """
+
+    mod: np.ndarray
+    div: np.ndarray
+
+    @classmethod
+    def empty(cls, S: int) -> "ShardLoad":
+        return cls(np.zeros(S, np.int64), np.zeros(S, np.int64))
+
+    def add(self, ids: np.ndarray, vocabulary_size: int) -> None:
+        S = self.mod.size
+        if not ids.size:
+            return
+        self.mod += np.bincount(ids & (S - 1), minlength=S)
+        rows_per_shard = -(-vocabulary_size // S)
+        self.div += np.bincount(ids // rows_per_shard, minlength=S)[:S]
+
+    def merge_from(self, o: "ShardLoad") -> None:
+        self.mod = _add_arrays(self.mod, o.mod)
+        self.div = _add_arrays(self.div, o.div)
+
+    @staticmethod
+    def _balance(load: np.ndarray) -> float:
+        total = int(load.sum())
+        return float(load.max()) / (total / load.size) if total else 1.0
+
+    def summary(self) -> dict:
+        return {"num_shards": int(self.mod.size), "mod_balance": self._balance(self.mod),
+                "div_balance": self._balance(self.div)}
+
+    def to_json(self) -> dict:
+        return {"mod": self.mod.tolist(), "div": self.div.tolist()}
+
+    @classmethod
+    def from_json(cls, d: Mapping) -> "ShardLoad":
+        return cls(np.asarray(d["mod"], np.int64), np.asarray(d["div"], np.int64))
+
+
+@dataclasses.dataclass(eq=False)
+class TableStats(_JsonEq):
+    """Everything profiled about one table (laid out alone: rotation 0, see counting.py)."""
+
+    steps: int
+    features: Dict[str, FeatureStats]
+    id_counts: IdCounts
+    shard_load: Dict[int, ShardLoad]  # by number of shards S (main topology and candidates)
+    partitions: PartitionStats  # main topology
+    candidates: Dict[int, PartitionStats]  # by chip count
+
+    def merge_from(self, o: "TableStats") -> None:
+        if set(o.features) != set(self.features):
+            raise ValueError("cannot merge statistics of tables with different features")
+        self.steps += o.steps
+        for k, f in o.features.items():
+            self.features[k].merge_from(f)
+        self.id_counts.merge_from(o.id_counts)
+        for s, load in o.shard_load.items():
+            if s in self.shard_load:
+                self.shard_load[s].merge_from(load)
+            else:
+                self.shard_load[s] = _deep_copy(load)
+        self.partitions.merge_from(o.partitions)
+        _merge_candidates(self.candidates, o.candidates)
+
+    def ids_per_example(self) -> Histogram:
+        """Over (feature, example) pairs of the table's features."""
+        return Histogram.merged(f.ids_per_example for f in self.features.values())
+
+    def to_json(self) -> dict:
+        return {"steps": self.steps, "features": {k: v.to_json() for k, v in sorted(self.features.items())},
+                "id_counts": self.id_counts.to_json(),
+                "shard_load": {str(s): v.to_json() for s, v in sorted(self.shard_load.items())},
+                "partitions": self.partitions.to_json(),
+                "candidates": {str(c): v.to_json() for c, v in sorted(self.candidates.items())}}
+
+    @classmethod
+    def from_json(cls, d: Mapping) -> "TableStats":
+        return cls(int(d["steps"]), {k: FeatureStats.from_json(v) for k, v in d["features"].items()},
+                   IdCounts.from_json(d["id_counts"]),
+                   {int(s): ShardLoad.from_json(v) for s, v in d["shard_load"].items()},
+                   PartitionStats.from_json(d["partitions"]),
+                   {int(c): PartitionStats.from_json(v) for c, v in d["candidates"].items()})
+
+
+def _merge_candidates(into: Dict, other: Mapping) -> None:
+    for c, st in other.items():
+        if c in into:
+            into[c].merge_from(st)
+        else:
+            into[c] = _deep_copy(st)
+
+
+def merge_candidate_stacks(into: Dict[int, Dict[str, PartitionStats]],
+                           other: Mapping[int, Mapping[str, PartitionStats]]) -> None:
+    for c, stacks in other.items():
+        _merge_candidates(into.setdefault(c, {}), stacks)

@@ -1,0 +1,323 @@
+"""ProfileStore: the profile_data_directory.  One JSON file per table, per stack, per model.
+
+    <dir>/table-<key>.json   one table's statistics   key = sha256(table params + global config)
+    <dir>/stack-<key>.json   one stacked table's      key = sha256(stack params + global config)
+    <dir>/model-<key>.json   index of one model: its full configuration, its table/stack keys,
+                             the candidate-topology figures of its stacks
+
+Several models can share a directory: a table (or stack) with the same
+parameters under the same global configuration has the same key, so its
+file is reused; anything else has another key, so a model never picks up a
+foreign file.  Every file records what it was hashed from and `read`
+re-derives the key, so a renamed or hand-edited file is refused.  See
+profiles/SCHEMA.md for the format.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import glob
+import os
+import warnings
+from typing import List, Optional, Tuple
+
+from profiles.config import GlobalConfig, ModelConfig, StackSpec, TableSpec, stack_key, table_key
+from profiles.errors import (CorruptProfileError, MissingProfileError, ProfileError, ProfileMismatchError,
+                             SchemaVersionError, StaleProfileWarning)
+from profiles.jsonio import atomic_write_text, dumps_readable, read_json
+from profiles.profile import CandidateStatus, Profile, ProfileAccumulator, StackProfile, TableProfile
+from profiles.stats import PartitionStats, TableStats, _deep_copy
+
+SCHEMA_VERSION = 1
+WRITTEN_BY = "tpu_embed profiles"
+_FIX = ("Delete it and re-run the profile job (`tpu-embed profile`), or point --profiles at another "
+        "directory.")
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelEntry:
+    key: str
+    path: str
+    steps: int
+    tables: Tuple[str, ...]
+    global_config: GlobalConfig
+
+
+class ProfileStore:
+    def __init__(self, directory: str):
+        self.directory = str(directory)
+
+    # ------------------------------------------------------------ paths
+
+    def table_path(self, key: str) -> str:
+        return os.path.join(self.directory, f"table-{key}.json")
+
+    def stack_path(self, key: str) -> str:
+        return os.path.join(self.directory, f"stack-{key}.json")
+
+    def model_path(self, key: str) -> str:
+        return os.path.join(self.directory, f"model-{key}.json")
+
+    # ------------------------------------------------------------ writing
+
+    def write(self, profile: Profile, *, merge_existing: bool = False) -> List[str]:
+        """Write every table, stack and the model index of `profile`; returns the paths.
+
+        With `merge_existing`, statistics already in the directory under the
+        same keys are merged in first (several runs or hosts, one directory).
+        Each file is replaced atomically; the model index is written last.
+        """
+        if merge_existing:
+            try:
+                existing = self.read(model=profile.model.key)
+            except MissingProfileError:
+                existing = None
+            if existing is not None:
+                profile = existing.merge(profile)
+            else:
+                profile = self._merge_shared_files(profile)
+        paths = []
+        for tp in profile.tables.values():
+            paths.append(self._write_table(tp))
+        for sp in profile.stacks.values():
+            paths.append(self._write_stack(sp))
+        paths.append(self._write_model(profile))
+        return paths
+
+    def merge(self, profile: Profile) -> List[str]:
+        """Merge `profile` into what the directory already holds (`write(..., merge_existing=True)`)."""
+        return self.write(profile, merge_existing=True)
+
+    def merge_from(self, other: "ProfileStore") -> List[str]:
+        """Merge every model profile of another directory (e.g. one per host) into this one."""
+        paths = []
+        for entry in other.models():
+            paths += self.merge(other.read(model=entry.key))
+        return paths
+
+    def _merge_shared_files(self, profile: Profile) -> Profile:
+        # No index of this model yet, but tables/stacks may be shared with another model's files.
+        acc = _deep_copy(profile.accumulator)
+        for name, tp in profile.tables.items():
+            old = self.read_table(tp.table, tp.global_config)
+            if old is not None:
+                merged = old.stats
+                merged.merge_from(tp.stats)
+                acc.tables[name] = merged
+        for name, sp in profile.stacks.items():
+            old = self.read_stack(sp.stack, sp.global_config)
+            if old is not None:
+                merged = old.stats
+                merged.merge_from(sp.stats)
+                acc.stacks[name] = merged
+        return Profile(profile.model, profile.candidates, acc)
+
+    def _header(self, kind: str, key: str) -> dict:
+        return {"schema_version": SCHEMA_VERSION, "kind": kind, "key": key, "written_by": WRITTEN_BY}
+
+    def _write_table(self, tp: TableProfile) -> str:
+        d = self._header("table", tp.key)
+        d.update(table=tp.table.to_json(), **{"global": tp.global_config.to_json()}, steps=tp.steps,
+                 summary=_jsonable(tp.summary()), statistics=tp.stats.to_json())
+        path = self.table_path(tp.key)
+        atomic_write_text(path, dumps_readable(d))
+        return path
+
+    def _write_stack(self, sp: StackProfile) -> str:
+        d = self._header("stack", sp.key)
+        d.update(stack=sp.stack.to_json(), **{"global": sp.global_config.to_json()}, steps=sp.steps,
+                 summary=_jsonable(sp.summary()), statistics=sp.stats.to_json())
+        path = self.stack_path(sp.key)
+        atomic_write_text(path, dumps_readable(d))
+        return path
+
+    def _write_model(self, p: Profile) -> str:
+        m = p.model
+        d = self._header("model", m.key)
+        cands = {}
+        for c, status in sorted(p.candidates.items()):
+            entry = status.to_json()
+            if c in p.accumulator.candidate_stacks:
+                entry["stacks"] = {k: v.to_json() for k, v in sorted(p.accumulator.candidate_stacks[c].items())}
+            cands[str(c)] = entry
+        d.update(model=m.to_json(), steps=p.steps,
+                 tables={t.name: m.table_key(t.name) for t in m.tables},
+                 stacks={name: stack_key(spec, m.global_config) for name, spec in m.stack_specs().items()},
+                 candidates=cands)
+        path = self.model_path(m.key)
+        atomic_write_text(path, dumps_readable(d))
+        return path
+
+    # ------------------------------------------------------------ reading
+
+    def models(self) -> List[ModelEntry]:
+        out = []
+        for path in sorted(glob.glob(os.path.join(self.directory, "model-*.json"))):
+            d = self._load(path, "model")
+            m = ModelConfig.from_json(d["model"])
+            out.append(ModelEntry(d["key"], path, int(d["steps"]), tuple(t.name for t in m.tables), m.global_config))
+        return out
+
+    def read(self, model: Optional[str] = None) -> Profile:
+        """The profile of one model: `model` = its key (or a unique key prefix); None if the
+        directory holds exactly one model."""
+        entries = self.models()
+        if model is None:
+            if not entries:
+                raise MissingProfileError(
+                    f"{self.directory} holds no model-*.json profile index. Run the profile job "
+                    "(`tpu-embed profile`) with this directory as its profile_data_directory.")
+            if len(entries) > 1:
+                listing = "; ".join(f"{e.key}: {len(e.tables)} tables, {e.global_config.num_chips} chips, "
+                                    f"{e.steps} steps" for e in entries)
+                raise ProfileError(
+                    f"{self.directory} holds profiles of {len(entries)} models ({listing}). Choose one with "
+                    "model=KEY (CLI: --model KEY) or pass the model's spec (--spec).")
+            entry = entries[0]
+        else:
+            matches = [e for e in entries if e.key.startswith(model)]
+            if len(matches) != 1:
+                raise MissingProfileError(
+                    f"{self.directory}: {'no' if not matches else 'several'} model profile(s) match {model!r}; "
+                    f"models here: {[e.key for e in entries]}.")
+            entry = matches[0]
+        return self._read_model(entry.path)
+
+    def read_for(self, model, topology=None, sharding_strategy: str = "mod") -> Profile:
+        """The profile of exactly this configuration: a ModelConfig, or feature_config + Topology."""
+        if not isinstance(model, ModelConfig):
+            if topology is None:
+                raise TypeError("read_for(feature_config, topology): the topology is needed to find the profile.")
+            model = ModelConfig.from_feature_config(model, topology, sharding_strategy)
+        path = self.model_path(model.key)
+        if not os.path.exists(path):
+            raise MissingProfileError(
+                f"{path} does not exist: no profile of this exact configuration ({len(model.tables)} tables, "
+                f"{model.global_config.num_chips} chips) in {self.directory}. Run the profile job for it, "
+                "or plan from another configuration's candidate figures (`profiles.plan(..., spec=...)`).")
+        return self._read_model(path)
+
+    def _read_model(self, path: str) -> Profile:
+        d = self._load(path, "model")
+        model = ModelConfig.from_json(d["model"])
+        self._check_key(path, d, model.key, "model configuration")
+        tables, stacks = {}, {}
+        for t in model.tables:
+            tp = self.read_table(t, model.global_config)
+            if tp is None:
+                raise MissingProfileError(
+                    f"{path} lists table {t.name!r}, but its file {self.table_path(table_key(t, model.global_config))} "
+                    f"is missing. {_FIX}")
+            tables[t.name] = tp.stats
+        specs = model.stack_specs()
+        for name, spec in specs.items():
+            sp = self.read_stack(spec, model.global_config)
+            if sp is None:
+                raise MissingProfileError(
+                    f"{path} lists stack {name!r}, but its file "
+                    f"{self.stack_path(stack_key(spec, model.global_config))} "
+                    f"is missing. {_FIX}")
+            stacks[name] = sp.stats
+        steps = int(d["steps"])
+        stale = sorted({s.steps for s in tables.values()} | {s.steps for s in stacks.values()} | {steps})
+        if len(stale) > 1:
+            warnings.warn(StaleProfileWarning(
+                f"{path}: the model's files cover different numbers of steps {stale} (files shared with or "
+                "overwritten by another run). Figures are per file; re-run the profile job to align them."),
+                stacklevel=3)
+        candidates, cstacks = {}, {}
+        for c, entry in d.get("candidates", {}).items():
+            c = int(c)
+            candidates[c] = CandidateStatus(c, str(entry["status"]), str(entry.get("reason", "")))
+            if entry.get("stacks") is not None:
+                cstacks[c] = {k: PartitionStats.from_json(v) for k, v in entry["stacks"].items()}
+        acc = ProfileAccumulator(model.key, steps, tables, stacks, cstacks)
+        return Profile(model, dict(sorted(candidates.items())), acc)
+
+    def read_table(self, table: TableSpec, global_config: GlobalConfig) -> Optional[TableProfile]:
+        """This table's statistics under this global configuration, or None if never profiled."""
+        key = table_key(table, global_config)
+        path = self.table_path(key)
+        if not os.path.exists(path):
+            return None
+        d = self._load(path, "table")
+        spec, g = TableSpec.from_json(d["table"]), GlobalConfig.from_json(d["global"])
+        self._check_key(path, d, table_key(spec, g), "table parameters and global configuration")
+        if d["key"] != key:
+            raise ProfileMismatchError(f"{path} holds table key {d['key']}, not {key}. {_FIX}")
+        return TableProfile(table, global_config, TableStats.from_json(d["statistics"]))
+
+    def read_stack(self, stack: StackSpec, global_config: GlobalConfig) -> Optional[StackProfile]:
+        key = stack_key(stack, global_config)
+        path = self.stack_path(key)
+        if not os.path.exists(path):
+            return None
+        d = self._load(path, "stack")
+        spec, g = StackSpec.from_json(d["stack"]), GlobalConfig.from_json(d["global"])
+        self._check_key(path, d, stack_key(spec, g), "stack parameters and global configuration")
+        if d["key"] != key:
+            raise ProfileMismatchError(f"{path} holds stack key {d['key']}, not {key}. {_FIX}")
+        return StackProfile(stack, global_config, PartitionStats.from_json(d["statistics"]))
+
+    def all_tables(self) -> List[TableProfile]:
+        out = []
+        for path in sorted(glob.glob(os.path.join(self.directory, "table-*.json"))):
+            d = self._load(path, "table")
+            spec, g = TableSpec.from_json(d["table"]), GlobalConfig.from_json(d["global"])
+            self._check_key(path, d, table_key(spec, g), "table parameters and global configuration")
+            out.append(TableProfile(spec, g, TableStats.from_json(d["statistics"])))
+        return out
+
+    def all_stacks(self) -> List[StackProfile]:
+        out = []
+        for path in sorted(glob.glob(os.path.join(self.directory, "stack-*.json"))):
+            d = self._load(path, "stack")
+            spec, g = StackSpec.from_json(d["stack"]), GlobalConfig.from_json(d["global"])
+            self._check_key(path, d, stack_key(spec, g), "stack parameters and global configuration")
+            out.append(StackProfile(spec, g, PartitionStats.from_json(d["statistics"])))
+        return out
+
+    # ------------------------------------------------------------ validation
+
+    def _load(self, path: str, kind: str) -> dict:
+        d = read_json(path, f"Profile file", _FIX)
+        if not isinstance(d, dict) or "schema_version" not in d:
+            raise CorruptProfileError(f"{path} is not a tpu_embed profile file (no schema_version field). {_FIX}")
+        if d["schema_version"] != SCHEMA_VERSION:
+            raise SchemaVersionError(
+                f"{path} has schema_version {d['schema_version']!r}; this version of tpu_embed reads profile "
+                f"schema {SCHEMA_VERSION} (see profiles/SCHEMA.md). Re-run the profile job with this version, or "
+                "use the tpu_embed release that wrote the file.")
+        if d.get("kind") != kind:
+            raise CorruptProfileError(f"{path} is a {d.get('kind')!r} file, expected {kind!r}: the file name and "
+                                      f"content disagree. {_FIX}")
+        name_key = os.path.basename(path)[len(kind) + 1:-len(".json")]
+        if d.get("key") != name_key:
+            raise ProfileMismatchError(
+                f"{path}: the file is named for key {name_key} but records key {d.get('key')!r} (renamed or "
+                f"copied by hand?). A model would pick up statistics of another configuration. {_FIX}")
+        required = {"table": ("table", "global", "statistics"), "stack": ("stack", "global", "statistics"),
+                    "model": ("model", "steps", "tables", "stacks")}[kind]
+        missing = [k for k in required if k not in d]
+        if missing:
+            raise CorruptProfileError(f"{path} lacks field(s) {missing} required by schema {SCHEMA_VERSION}. {_FIX}")
+        return d
+
+    @staticmethod
+    def _check_key(path: str, d: dict, derived: str, what: str) -> None:
+        if d["key"] != derived:
+            raise ProfileMismatchError(
+                f"{path}: the {what} recorded in the file hash to {derived}, not to its key {d['key']} "
+                f"(the file was edited, or written by an incompatible hashing). {_FIX}")
+
+
+def _jsonable(x):
+    """Summaries may hold numpy scalars and NaN-free floats only; make them plain."""
+    import numpy as np
+    if isinstance(x, dict):
+        return {str(k): _jsonable(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_jsonable(v) for v in x]
+    if isinstance(x, np.generic):
+        return x.item()
+    return x

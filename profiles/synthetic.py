@@ -1,0 +1,136 @@
+"""Synthetic Criteo-like global batches (Zipf ids, multivalent features), deterministic.
+
+For tests, benchmarks and demos: no dataset needed.  Ids are Zipf-distributed
+over a frequency-ordered vocabulary (id 0 is the most frequent, as a
+vocabulary job writes it), so 'div' partitioning piles hot ids onto shard 0.
+"""
+
+from __future__ import annotations
+
+import types
+from typing import Dict, Iterator, Mapping, Optional, Sequence
+
+import numpy as np
+
+from tpu_embed.sparsecore import FeatureIds
+
+
+def feature_config(num_tables: int = 4, *, per_chip_batch: int = 16, vocab_sizes: Optional[Sequence[int]] = None,
+                   dims: Optional[Sequence[int]] = None, combiners: Sequence[str] = ("sum", "mean", "sqrtn"),
+                   shared: int = 0, sequence: Optional[Mapping[int, int]] = None, optimizer="sgd") -> dict:
+    """{feature name: SimpleNamespace FeatureConfig}.  `shared`: that many extra features look up
+    table 0 (shared embedding); `sequence`: {table index: seq_len} for sequence features;
+    `optimizer`: a label, or one per table (tables stack only with equal optimizers)."""
+    vocab_sizes = list(vocab_sizes or [1000 * (i + 1) for i in range(num_tables)])
+    dims = list(dims or [8 * (1 + i % 3) for i in range(num_tables)])
+    optimizers = list(optimizer) if isinstance(optimizer, (list, tuple)) else [optimizer]
+    tables = [types.SimpleNamespace(name=f"table_{i:02d}", vocabulary_size=int(vocab_sizes[i % len(vocab_sizes)]),
+                                    dim=int(dims[i % len(dims)]), combiner=combiners[i % len(combiners)],
+                                    optimizer=optimizers[i % len(optimizers)])
+              for i in range(num_tables)]
+    fc = {}
+    for i, t in enumerate(tables):
+        seq = (sequence or {}).get(i)
+        shape = [per_chip_batch, seq] if seq else [per_chip_batch]
+        fc[f"feature_{i:02d}"] = types.SimpleNamespace(table=t, output_shape=shape, name=f"feature_{i:02d}")
+    for j in range(shared):
+        fc[f"shared_{j:02d}"] = types.SimpleNamespace(table=tables[0], output_shape=[per_chip_batch],
+                                                      name=f"shared_{j:02d}")
+    return fc
+
+
+def _flat(feature_config) -> Dict[str, object]:
+    from tpu_embed.sparsecore.layout import flatten_with_paths
+    return dict(flatten_with_paths(feature_config))
+
+
+def global_batch(feature_config, num_chips: int, rng: np.random.Generator, *, zipf_a: float = 1.2,
+                 max_valency: int = 4, empty_prob: float = 0.1) -> Dict[str, FeatureIds]:
+    """One global batch: {feature path: FeatureIds} with global rows.  Feature i has a valency of
+    0..max_valency ids per sample (multivalent), every id Zipf(zipf_a)-distributed, folded into the
+    vocabulary."""
+    out = {}
+    for path, f in _flat(feature_config).items():
+        samples = int(np.prod(f.output_shape)) * num_chips
+        vocab = int(f.table.vocabulary_size)
+        per = rng.integers(1, max_valency + 1, size=samples)
+        per[rng.random(samples) < empty_prob] = 0
+        rows = np.repeat(np.arange(samples, dtype=np.int64), per)
+        ids = ((rng.zipf(zipf_a, size=rows.size) - 1) % vocab).astype(np.int64)
+        out[path] = FeatureIds(rows=rows, ids=ids, weights=None)
+    return out
+
+
+def global_batches(feature_config, num_chips: int, steps: int, seed: int = 0, **kw) -> Iterator[Dict[str, FeatureIds]]:
+    rng = np.random.default_rng(seed)
+    for _ in range(steps):
+        yield global_batch(feature_config, num_chips, rng, **kw)
+
+
+def synthetic_profile(feature_config, topology, steps: int, *, seed: int = 0,
+                      candidate_chip_counts: Sequence[int] = (1, 2, 4, 8, 16, 32, 64, 128, 256)):
+    """A Profile whose statistics look like `steps` profiled steps, drawn directly (no batches).
+
+    For planner benchmarks and tests at scale (10^4 steps of 26 tables in well under a second):
+    per-step maxima, per-cell counts and buffer needs are drawn from Poisson distributions around
+    plausible means, hot-id counts from a Zipf law.  Not a substitute for profiling real data.
+    """
+    from profiles.collector import ProfileCollector
+    rng = np.random.default_rng(seed)
+    collector = ProfileCollector(feature_config, topology, candidate_chip_counts=candidate_chip_counts,
+                                 series_steps=steps)
+    acc = collector.create_accumulator()
+    acc.steps = steps
+
+    def fill(ps, samples, series):
+        S, nsc, chips = ps.num_sparse_cores, ps.num_sc_per_chip, ps.num_chips
+        mean_cell = max(0.2, 2.2 * samples / S)  # ~2.2 ids per sample spread over S destinations
+        cells = rng.poisson(mean_cell, size=(min(steps, 8), nsc * S))
+        ps.steps = steps
+        step_max = rng.poisson(max(1.0, cells.max(axis=1).mean()), size=steps) + 1
+        step_uniq = np.maximum(1, (step_max * rng.uniform(0.5, 0.9, size=steps)).astype(np.int64))
+        ps.step_max_ids.add_array(step_max)
+        ps.step_max_unique_ids.add_array(step_uniq)
+        reps = -(-steps * chips // cells.shape[0])
+        ps.cell_ids.counts = {int(v): int(c) * reps for v, c in zip(*np.unique(cells, return_counts=True))}
+        ps.cell_unique_ids.counts = {int(v): int(c) * reps for v, c in
+                                     zip(*np.unique((cells * 0.8).astype(np.int64), return_counts=True))}
+        need = ((cells + 7) // 8 * 8).reshape(cells.shape[0], nsc, S).sum(axis=(1, 2))
+        chip_need = rng.choice(need, size=steps)
+        ps.step_max_chip_buffer.add_array(chip_need)
+        ps.chip_buffer.add_array(rng.choice(need, size=min(steps * chips, 10_000)))
+        ps.step_max_sc_buffer.add_array(chip_need // nsc)
+        ps.ids = int(cells.sum()) * reps
+        ps.unique_ids = int(ps.ids * 0.8)
+        ps.dest_ids = rng.poisson(ps.ids / S, size=S).astype(np.int64)
+        ps.step_max_dest_ids = int(ps.dest_ids.max()) * steps // max(1, steps)
+        if ps.sc_dest_ids is not None:
+            ps.sc_dest_ids = rng.poisson(ps.ids / (S * nsc), size=(nsc, S)).astype(np.int64)
+        if series:
+            ps.series._values = dict(zip(range(steps), zip(step_max.tolist(), step_uniq.tolist(), chip_need.tolist())))
+
+    model = collector.model
+    for t in model.tables:
+        ts = acc.tables[t.name]
+        ts.steps = steps
+        samples = sum(f.samples for f in t.features)
+        for f in t.features:
+            fs = ts.features[f.path]
+            fs.examples = f.examples * topology.num_chips * steps
+            fs.ids_per_example.add_array(rng.integers(0, 5, size=10_000))
+            fs.ids = int(fs.examples * 2)
+        ids = ((rng.zipf(1.2, size=200_000) - 1) % t.vocabulary_size).astype(np.int64)
+        ts.id_counts.add(ids)
+        for load in ts.shard_load.values():
+            load.add(ids, t.vocabulary_size)
+        fill(ts.partitions, samples, False)
+        for c, ps in ts.candidates.items():
+            fill(ps, samples * topology.num_chips // c, False)
+    layout = model.layout()
+    for name, ps in acc.stacks.items():
+        fill(ps, layout.stacks[name].sample_count, True)
+    for c, stacks in acc.candidate_stacks.items():
+        cl = collector._candidate_models[c].layout()
+        for name, ps in stacks.items():
+            fill(ps, cl.stacks[name].sample_count, False)
+    return collector.extract_output(acc)

@@ -1,0 +1,204 @@
+"""Statistics: exact histograms, exact id counts, and merges that are associative, commutative and
+equal to one accumulation over all the data."""
+
+import pickle
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import profiles
+from profiles import Histogram, ProfileCollector, merge_profiles, synthetic
+from profiles.histogram import parse_quantile, quantile_label
+from profiles.idcounts import IdCounts
+from profiles.stats import StepSeries
+from tpu_embed.topology import Topology
+
+small_ints = st.lists(st.integers(0, 60), max_size=80)
+
+
+def _hist(values):
+    h = Histogram()
+    h.add_array(np.array(values, np.int64))
+    return h
+
+
+# ---------------------------------------------------------------- Histogram
+
+@given(small_ints, st.sampled_from(["p50", "p90", "p99", "p99.9", "max", 0.25, 0.999]))
+def test_histogram_quantile_is_numpy_inverted_cdf(values, q):
+    h = _hist(values)
+    if not values:
+        assert h.quantile(q) == 0
+        return
+    want = np.quantile(np.array(values), float(parse_quantile(q)), method="inverted_cdf")
+    assert h.quantile(q) == int(want)
+    assert h.max == max(values) and h.total == len(values) and h.sum == sum(values)
+
+
+@given(small_ints, small_ints, small_ints)
+def test_histogram_merge_is_associative_commutative_and_exact(a, b, c):
+    A, B, C = _hist(a), _hist(b), _hist(c)
+    ab_c = Histogram.merged([Histogram.merged([A, B]), C])
+    a_bc = Histogram.merged([A, Histogram.merged([B, C])])
+    assert ab_c == a_bc
+    assert Histogram.merged([A, B]) == Histogram.merged([B, A])
+    assert ab_c == _hist(a + b + c)
+    for q in ("p50", "p99.9", "max"):
+        assert ab_c.quantile(q) == _hist(a + b + c).quantile(q)
+
+
+def test_histogram_large_values_and_json_round_trip():
+    h = _hist([0, 5, 10**9, 10**9])
+    assert h.counts == {0: 1, 5: 1, 10**9: 2}
+    assert Histogram.from_json(h.to_json()) == h
+    assert h.excess_over(5) == 2 * (10**9 - 5) and h.count_over(5) == 2
+
+
+def test_quantile_parsing():
+    assert quantile_label("p99.9") == "p99.9" and quantile_label(0.999) == "p99.9"
+    assert quantile_label("max") == "max" and parse_quantile("p50") == parse_quantile(0.5)
+    with pytest.raises(ValueError, match="quantile"):
+        parse_quantile("p101")
+    with pytest.raises(ValueError, match="quantile"):
+        parse_quantile("median")
+
+
+# ---------------------------------------------------------------- IdCounts
+
+@given(st.lists(st.lists(st.integers(0, 50), max_size=40), max_size=6))
+def test_id_counts_exact_and_mergeable(batches):
+    parts = []
+    for b in batches:
+        c = IdCounts()
+        c.add(np.array(b, np.int64))
+        parts.append(c)
+    merged = IdCounts()
+    for p in parts:
+        merged.merge_from(p)
+    flat = [x for b in batches for x in b]
+    want = {}
+    for x in flat:
+        want[x] = want.get(x, 0) + 1
+    ids, counts = merged.arrays()
+    assert dict(zip(ids.tolist(), counts.tolist())) == want
+    top = merged.top_k(3)
+    assert top == sorted(want.items(), key=lambda kv: (-kv[1], kv[0]))[:3]
+    assert IdCounts.from_json(merged.to_json()) == merged
+    assert pickle.loads(pickle.dumps(merged)) == merged
+
+
+def test_id_counts_compacts_many_steps():
+    c = IdCounts()
+    rng = np.random.default_rng(0)
+    for _ in range(50):
+        c.add(rng.integers(0, 1000, size=5000))
+    assert c.total == 250_000 and c.distinct == 1000
+
+
+# ---------------------------------------------------------------- StepSeries
+
+@given(st.lists(st.tuples(st.integers(0, 30), st.integers(0, 9)), max_size=30), st.integers(1, 12))
+def test_step_series_merge_is_order_free(entries, limit):
+    def series(part):
+        s = StepSeries(limit)
+        for step, v in part:
+            s.record(step, v, v // 2, v * 8)
+        return s
+    thirds = [entries[i::3] for i in range(3)]
+    a, b, c = (series(p) for p in thirds)
+
+    def merged(x, y):
+        out = StepSeries(limit)
+        out.merge_from(x)
+        out.merge_from(y)
+        return out
+    assert merged(merged(a, b), c) == merged(a, merged(b, c))
+    assert merged(a, b) == merged(b, a)
+    assert merged(merged(a, b), c) == series(entries)
+    assert StepSeries.from_json(series(entries).to_json()) == series(entries)
+
+
+# ---------------------------------------------------------------- collector accumulators
+
+FC = synthetic.feature_config(3, per_chip_batch=8, vocab_sizes=[40, 500, 7], shared=1, sequence={1: 2})
+TOPO = Topology(2, 4)
+COLLECTOR = ProfileCollector(FC, TOPO, candidate_chip_counts=(1, 4, 8))
+BATCHES = list(synthetic.global_batches(FC, 2, 9, seed=7))
+
+
+def _acc(indices):
+    acc = COLLECTOR.create_accumulator()
+    for i in indices:
+        COLLECTOR.add_step(acc, BATCHES[i], step=i, oov_counts={"feature_00": i % 3})
+    return acc
+
+
+@settings(max_examples=25)
+@given(st.lists(st.integers(0, 2), min_size=9, max_size=9))
+def test_accumulator_merge_properties(assignment):
+    """Steps dealt to three workers: merging is associative, commutative, and equals one pass."""
+    a, b, c = (_acc([i for i, w in enumerate(assignment) if w == k]) for k in range(3))
+    m = COLLECTOR.merge_accumulators
+    assert m([m([a, b]), c]) == m([a, m([b, c])])
+    assert m([a, b]) == m([b, a])
+    assert m([a, b, c]) == _acc(range(9))
+    # merging leaves its inputs alone
+    assert a == _acc([i for i, w in enumerate(assignment) if w == 0])
+    # the same at the level of profiles (several runs or hosts)
+    pa, pb, pc = (COLLECTOR.extract_output(x) for x in (a, b, c))
+    assert profiles.merge(pa, profiles.merge(pb, pc)) == profiles.merge(profiles.merge(pa, pb), pc)
+    assert profiles.merge(pa, pb) == profiles.merge(pb, pa)
+
+
+def test_profile_merge_and_pickle():
+    whole = COLLECTOR.extract_output(_acc(range(9)))
+    parts = [COLLECTOR.extract_output(_acc(range(k, 9, 3))) for k in range(3)]
+    assert merge_profiles(parts) == whole
+    assert parts[0].merge(parts[1]).merge(parts[2]) == parts[2].merge(parts[0].merge(parts[1]))
+    acc = _acc(range(3))
+    assert pickle.loads(pickle.dumps(acc)) == acc
+    assert pickle.loads(pickle.dumps(COLLECTOR)).model == COLLECTOR.model
+
+
+def test_collected_figures_are_right():
+    """Direct checks of a few figures against a hand computation from the batches."""
+    profile = COLLECTOR.extract_output(_acc(range(9)))
+    t0 = profile.tables["table_00"].stats
+    f0 = t0.features["feature_00"]
+    assert f0.examples == 9 * 16
+    assert f0.ids == sum(BATCHES[i]["feature_00"].ids.size for i in range(9))
+    assert f0.ids_per_example.total == 9 * 16
+    assert f0.ids_per_example.sum == f0.ids
+    assert f0.oov_ids == sum(i % 3 for i in range(9))
+    every = np.concatenate([BATCHES[i][p].ids for i in range(9) for p in ("feature_00", "shared_00")])
+    u, c = np.unique(every, return_counts=True)
+    assert t0.id_counts.top_k(1)[0] == (int(u[np.argmax(c)]), int(c.max()))
+    load = t0.shard_load[8]
+    assert load.mod.tolist() == np.bincount(every % 8, minlength=8).tolist()
+    assert load.div.tolist() == np.bincount(every // 5, minlength=8).tolist()  # ceil(40 / 8) = 5
+    # The sequence feature counts ids per example over its positions.
+    f1 = profile.tables["table_01"].stats.features["feature_01"]
+    assert f1.examples == 9 * 16 and f1.ids_per_example.sum == f1.ids
+    # Candidates: 8 chips get 16 / 8 = 2 examples each, not a multiple of 4 SCs: skipped, with the reason.
+    assert profile.candidates[8].status == "skipped" and "not divisible by 4" in profile.candidates[8].reason
+    assert profile.candidates[1].status == "profiled" and profile.candidates[2].status == "main"
+    # Total ids after dedup are the same whatever the chip count (dedup is per sample).
+    for name, tp in profile.tables.items():
+        assert tp.stats.candidates[1].ids == tp.stats.partitions.ids
+
+
+def test_collector_validates_batches():
+    acc = COLLECTOR.create_accumulator()
+    bad = dict(BATCHES[0])
+    bad.pop("feature_00")
+    with pytest.raises(ValueError, match="missing features"):
+        COLLECTOR.add_step(acc, bad)
+    bad = dict(BATCHES[0])
+    f = bad["feature_02"]
+    bad["feature_02"] = f._replace(ids=f.ids + 7)
+    with pytest.raises(ValueError, match="outside the vocabulary"):
+        COLLECTOR.add_step(acc, bad)
+    with pytest.raises(ValueError, match="unknown features"):
+        COLLECTOR.add_step(acc, BATCHES[0], oov_counts={"nope": 1})
