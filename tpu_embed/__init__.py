@@ -20,7 +20,7 @@ _EXPORTS = {
     "StochasticGradientDescentParameters": "tpu_embed.optimizers",
     "FtrlParameters": "tpu_embed.optimizers",
     # Training side.
-    "input_fn": "tpu_embed.input",
+    "input_fn": "tpu_embed.shards",
     "HostEmbedding": "tpu_embed.host_embedding",
 }
 

@@ -1,0 +1,150 @@
+"""Blocks of examples, deterministic global batches, and the per-host / per-chip split.
+
+An `ExampleBlock` holds n consecutive examples as flat numpy arrays (labels,
+dense, a mask, and per feature: values per example, ids, weights, OOV count
+per example).  Global batches are formed over the examples ordered by
+(input file, record): example k of the dataset is example k % B of step
+k // B.  A global batch's rows are split per host, then per chip, as
+contiguous blocks (host h owns examples [h*B/H, (h+1)*B/H), chip c owns
+[c*b, (c+1)*b)), which is how TPUStrategy splits a global batch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Dict, Iterator, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+from tpu_embed.sparsecore import FeatureIds
+
+
+@dataclasses.dataclass
+class FeatureBlock:
+    lengths: np.ndarray  # int64 [n]: values per example
+    ids: np.ndarray  # int64 [sum(lengths)]
+    weights: Optional[np.ndarray]  # float32 [sum(lengths)] or None (all ones)
+    oov: np.ndarray  # int32 [n]: values of the example that were out of vocabulary
+
+    def slice(self, a: int, b: int) -> "FeatureBlock":
+        starts = self._starts()
+        lo, hi = starts[a], starts[b]
+        return FeatureBlock(self.lengths[a:b], self.ids[lo:hi],
+                            None if self.weights is None else self.weights[lo:hi], self.oov[a:b])
+
+    def _starts(self) -> np.ndarray:
+        s = np.zeros(self.lengths.size + 1, dtype=np.int64)
+        np.cumsum(self.lengths, out=s[1:])
+        return s
+
+    @staticmethod
+    def concat(parts: Sequence["FeatureBlock"]) -> "FeatureBlock":
+        weighted = any(p.weights is not None for p in parts)
+        return FeatureBlock(
+            np.concatenate([p.lengths for p in parts]).astype(np.int64, copy=False),
+            np.concatenate([p.ids for p in parts]).astype(np.int64, copy=False),
+            np.concatenate([p.weights if p.weights is not None else np.ones(p.ids.size, np.float32)
+                            for p in parts]).astype(np.float32, copy=False) if weighted else None,
+            np.concatenate([p.oov for p in parts]).astype(np.int32, copy=False))
+
+    @staticmethod
+    def empty(n: int, weighted: bool) -> "FeatureBlock":
+        return FeatureBlock(np.zeros(n, np.int64), np.zeros(0, np.int64),
+                            np.zeros(0, np.float32) if weighted else None, np.zeros(n, np.int32))
+
+
+@dataclasses.dataclass
+class ExampleBlock:
+    label: np.ndarray  # float32 [n]
+    dense: np.ndarray  # float32 [n, D]
+    mask: np.ndarray  # float32 [n]: 1 for real examples, 0 for tail padding
+    features: Dict[str, FeatureBlock]
+
+    @property
+    def num_examples(self) -> int:
+        return int(self.label.size)
+
+    def slice(self, a: int, b: int) -> "ExampleBlock":
+        return ExampleBlock(self.label[a:b], self.dense[a:b], self.mask[a:b],
+                            {k: v.slice(a, b) for k, v in self.features.items()})
+
+    @staticmethod
+    def concat(parts: Sequence["ExampleBlock"]) -> "ExampleBlock":
+        if len(parts) == 1:
+            return parts[0]
+        names = list(parts[0].features)
+        return ExampleBlock(np.concatenate([p.label for p in parts]),
+                            np.concatenate([p.dense for p in parts]),
+                            np.concatenate([p.mask for p in parts]),
+                            {k: FeatureBlock.concat([p.features[k] for p in parts]) for k in names})
+
+    @staticmethod
+    def padding(n: int, num_dense: int, like: "ExampleBlock") -> "ExampleBlock":
+        return ExampleBlock(np.zeros(n, np.float32), np.zeros((n, num_dense), np.float32), np.zeros(n, np.float32),
+                            {k: FeatureBlock.empty(n, v.weights is not None) for k, v in like.features.items()})
+
+
+# ---------------------------------------------------------------- global batches
+
+def chunk_offsets(sizes: Sequence[Tuple[Tuple[int, int], int]]) -> Dict[Tuple[int, int], int]:
+    """{(file, chunk): first global example index} from every chunk's example count."""
+    out, pos = {}, 0
+    for key, n in sorted(sizes):
+        out[tuple(key)] = pos
+        pos += int(n)
+    return out
+
+
+def step_count(total: int, batch: int, tail: str) -> Tuple[int, int, int]:
+    """(steps, examples dropped, padding examples) for `total` examples under the tail policy."""
+    full, rest = divmod(total, batch)
+    if tail == "pad" and rest:
+        return full + 1, 0, batch - rest
+    return full, rest, 0
+
+
+def split_into_steps(block: ExampleBlock, start: int, batch: int, steps: int
+                     ) -> Iterator[Tuple[int, Tuple[int, ExampleBlock]]]:
+    """(step, (position in the step, piece)) for the examples of a block starting at global `start`.
+
+    Examples at or past `steps * batch` (the dropped tail) are not emitted.
+    """
+    n = block.num_examples
+    pos = 0
+    while pos < n:
+        g = start + pos
+        step, offset = divmod(g, batch)
+        if step >= steps:
+            return
+        take = min(batch - offset, n - pos)
+        yield step, (offset, block.slice(pos, pos + take))
+        pos += take
+
+
+def assemble_step(pieces: Sequence[Tuple[int, ExampleBlock]], batch: int, num_dense: int) -> ExampleBlock:
+    """The global batch from its pieces (ordered by position); a short last step is padded."""
+    pieces = sorted(pieces, key=lambda p: p[0])
+    expect = 0
+    for offset, piece in pieces:
+        if offset != expect:
+            raise RuntimeError(f"internal error: step pieces do not tile the batch (gap at {expect}, next {offset})")
+        expect += piece.num_examples
+    blocks = [p for _, p in pieces]
+    if expect < batch:
+        blocks.append(ExampleBlock.padding(batch - expect, num_dense, blocks[0]))
+    return ExampleBlock.concat(blocks)
+
+
+def global_feature_ids(block: ExampleBlock, feature: str, sequence_length: int) -> FeatureIds:
+    """Global rows for one feature: example i -> row i, or rows i*L + position for sequences."""
+    fb = block.features[feature]
+    n = fb.lengths.size
+    ex = np.repeat(np.arange(n, dtype=np.int64), fb.lengths)
+    if sequence_length > 0:
+        starts = np.zeros(n + 1, np.int64)
+        np.cumsum(fb.lengths, out=starts[1:])
+        pos = np.arange(fb.ids.size, dtype=np.int64) - starts[ex]
+        rows = ex * sequence_length + pos
+    else:
+        rows = ex
+    return FeatureIds(rows=rows, ids=fb.ids, weights=fb.weights)

@@ -1,0 +1,306 @@
+"""`tpu-embed`: vocabularies, lookup statistics and SparseCore CSR shards from one spec.
+
+    tpu-embed run --spec SPEC --output DIR [--input PATTERN] [Beam options...]
+
+Unknown flags are Beam pipeline options (--runner, --direct_num_workers,
+--project, --region, --temp_location, --setup_file, --flink_master, ...).
+Without --runner the jobs run in this process (DirectRunner, in_memory; with
+--direct_num_workers=N > 1, multi_processing).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+import time
+from typing import List, Optional, Sequence
+
+EPILOG = """\
+examples:
+  tpu-embed run --spec examples/criteo/spec.yaml --output build/criteo
+  tpu-embed run --spec examples/criteo/spec.yaml --output build/criteo \\
+      --direct_num_workers=2 --direct_running_mode=multi_processing
+  tpu-embed vocab --spec SPEC --output DIR            # vocabularies only
+  tpu-embed shard --spec SPEC --output DIR --plan plan.json --tail pad
+  tpu-embed profile --spec SPEC --output DIR          # lookup statistics only
+  tpu-embed plan --profiles DIR/profiles --output plan.json
+  tpu-embed inspect DIR
+  tpu-embed run --spec SPEC --output gs://bucket/out --input 'gs://bucket/data/*.csv' \\
+      --runner=DataflowRunner --project=P --region=R --temp_location=gs://bucket/tmp \\
+      --setup_file=./setup.py
+Any flag not listed above is passed to Beam's PipelineOptions. See docs/pipelines.md.
+"""
+
+
+def _add_common(sp: argparse.ArgumentParser, output_required: bool = True):
+    sp.add_argument("--spec", required=True, help="the YAML spec (see docs/pipelines.md)")
+    sp.add_argument("--output", required=output_required, help="artifact directory (local path or gs://...)")
+    sp.add_argument("--input", action="append", default=None, metavar="PATTERN",
+                    help="input file pattern(s); replaces the spec's inputs.patterns (repeatable)")
+    sp.add_argument("--strict", action="store_true",
+                    help="stop at the first bad record (message names file and record) instead of writing "
+                         "it to dead_letter/ and counting it")
+    sp.add_argument("--chunk-rows", type=int, default=None, help="rows per Arrow batch (default 32768)")
+
+
+def _add_shard(sp: argparse.ArgumentParser):
+    sp.add_argument("--vocab", default=None, metavar="DIR",
+                    help="artifact directory with the vocabularies (default: --output)")
+    sp.add_argument("--plan", default=None, help="plan file from `tpu-embed plan`: SparseCore limits to use "
+                                                 "(default: the spec's limits, else TF's 256/256/64)")
+    sp.add_argument("--tail", choices=("drop", "pad"), default=None,
+                    help="examples that do not fill a last global batch: drop (and count) or pad with "
+                         "zero-mask examples (default: the spec's policies.tail)")
+    sp.add_argument("--steps-per-file", type=int, default=1000, help="training steps per shard file")
+    sp.add_argument("--profile-dir", default=None,
+                    help="where the lookup statistics go (default: spec profile_data_directory, relative to --output)")
+    sp.add_argument("--candidate-chip-counts", default=None,
+                    help="comma-separated chip counts to profile too (default: the profiles package's)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="tpu-embed", description=__doc__.split("\n\n")[0] + "\n\n" + __doc__.split("\n\n", 1)[1],
+        formatter_class=argparse.RawDescriptionHelpFormatter, epilog=EPILOG)
+    parser.add_argument("-v", "--verbose", action="store_true", help="Beam's INFO logs")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    sp = sub.add_parser("vocab", help="compute the vocabularies (tensorflow-transform semantics) -> DIR/vocab/",
+                        formatter_class=argparse.RawDescriptionHelpFormatter)
+    _add_common(sp)
+    sp.add_argument("--vocab-engine", choices=("combine", "tft"), default="combine",
+                    help="combine: exact counts as a Beam CombinePerKey (fast, default); tft: "
+                         "tensorflow-transform's AnalyzeDataset + tft.vocabulary (same files, also writes "
+                         "transform_fn/, ~4 s of pipeline construction per vocabulary)")
+    sp.set_defaults(func=cmd_vocab)
+
+    for name, helptext, func in (
+            ("shard", "write per-host shards of SparseCore CSR (+ the profile unless --no-profile)", None),
+            ("profile", "lookup statistics at the shards' batching -> profile_data_directory", None),
+            ("run", "vocab, then shards + profile in one read of the data (the main form)", None)):
+        sp = sub.add_parser(name, help=helptext, formatter_class=argparse.RawDescriptionHelpFormatter,
+                            epilog=EPILOG if name == "run" else None)
+        _add_common(sp)
+        _add_shard(sp)
+        if name != "profile":
+            sp.add_argument("--no-profile", action="store_true", help="do not compute the lookup statistics")
+        if name == "run":
+            sp.add_argument("--vocab-engine", choices=("combine", "tft"), default="combine",
+                            help="see `tpu-embed vocab --help`")
+        sp.set_defaults(func={"shard": cmd_shard, "profile": cmd_profile, "run": cmd_run}[name])
+
+    sp = sub.add_parser("inspect", help="summarise an artifact directory (manifest, vocabularies, first records)")
+    sp.add_argument("artifact", help="artifact directory")
+    sp.add_argument("--host", type=int, default=0)
+    sp.add_argument("--steps", type=int, default=1, help="decode and summarise this many records")
+    sp.add_argument("--json", action="store_true", help="print the manifest as JSON")
+    sp.set_defaults(func=cmd_inspect)
+
+    sp = sub.add_parser("demo", help="`run` on the bundled Criteo sample, then a summary")
+    sp.add_argument("--output", default="build/demo")
+    sp.set_defaults(func=cmd_demo)
+
+    try:
+        from profiles import cli as profiles_cli
+        profiles_cli.add_commands(sub)
+    except ImportError:
+        pass
+    return parser
+
+
+def _config(args, **kw):
+    from pipelines.jobs import JobConfig
+    from tpu_embed.spec import load_spec
+    spec = load_spec(args.spec)
+    if args.input:
+        spec = spec.with_inputs(args.input)
+    c = dict(spec=spec, output=args.output, strict=args.strict)
+    if args.chunk_rows:
+        c["chunk_rows"] = args.chunk_rows
+    for a, k in (("vocab", "vocab_dir"), ("plan", "plan"), ("tail", "tail"), ("steps_per_file", "steps_per_file"),
+                 ("profile_dir", "profile_dir"), ("vocab_engine", "vocab_engine")):
+        if getattr(args, a, None) is not None:
+            c[k] = getattr(args, a)
+    if getattr(args, "no_profile", False):
+        c["write_profile"] = False
+    if getattr(args, "candidate_chip_counts", None):
+        c["candidate_chip_counts"] = [int(x) for x in args.candidate_chip_counts.split(",") if x]
+    c.update(kw)
+    return JobConfig(**c)
+
+
+def cmd_vocab(args, beam_args):
+    from pipelines import runner
+    m = runner.run_vocab(_config(args), beam_args)
+    print(summary(m, args.output))
+    return 0
+
+
+def cmd_shard(args, beam_args):
+    from pipelines import runner
+    m = runner.run_shard(_config(args), beam_args)
+    print(summary(m, args.output))
+    return 0
+
+
+def cmd_profile(args, beam_args):
+    from pipelines import runner
+    m = runner.run_profile(_config(args), beam_args)
+    print(summary(m, args.output))
+    return 0
+
+
+def cmd_run(args, beam_args):
+    from pipelines import runner
+    m = runner.run_all(_config(args), beam_args)
+    print(summary(m, args.output))
+    return 0
+
+
+def demo_spec_path() -> str:
+    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    return os.path.join(here, "examples", "criteo", "spec.yaml")
+
+
+def cmd_demo(args, beam_args):
+    from pipelines import runner
+    ns = argparse.Namespace(spec=demo_spec_path(), output=args.output, input=None, strict=False, chunk_rows=None)
+    t0 = time.time()
+    m = runner.run_all(_config(ns), beam_args)
+    print(summary(m, args.output))
+    print(f"demo finished in {time.time() - t0:.1f} s; inspect with: tpu-embed inspect {args.output}")
+    return 0
+
+
+def summary(m: Optional[dict], output: str) -> str:
+    if not m:
+        return f"{output}: no manifest written"
+    lines = [f"artifact: {output}  (spec {m.get('spec_name')}, fingerprint {m['spec_fingerprint'][:16]})"]
+    t = m.get("topology", {})
+    b = m.get("batch_sizes", {})
+    lines.append(f"topology: {t.get('num_chips')} chips x {t.get('num_sc_per_chip')} SparseCores, "
+                 f"{t.get('num_hosts')} host(s); global batch {b.get('global')} "
+                 f"(per host {b.get('per_host')}, per chip {b.get('per_chip')})")
+    vocabs = m.get("vocabularies", {})
+    if vocabs:
+        sizes = ", ".join(f"{k}={v['size']}" for k, v in sorted(vocabs.items())[:8])
+        more = f" (+{len(vocabs) - 8} more)" if len(vocabs) > 8 else ""
+        lines.append(f"vocabularies ({len(vocabs)}): {sizes}{more}")
+    c = m.get("counts")
+    if c:
+        lines.append(f"records read {c['records_read']}, invalid {c['records_invalid']} "
+                     f"(dead letters: {c['dead_letters'] or 'none'}), examples written {c['examples_written']} "
+                     f"in {c['steps']} steps, tail dropped {c['examples_dropped']['tail']}, "
+                     f"padding {c['examples_padding']}")
+        oov = {k: v.get("oov", 0) for k, v in c.get("ids", {}).items() if v.get("oov")}
+        if oov:
+            lines.append(f"out-of-vocabulary values: {sum(oov.values())} over {len(oov)} features")
+        if c.get("ids_dropped_by_limits"):
+            lines.append(f"ids dropped by SparseCore limits: {c['ids_dropped_by_limits']}")
+    lim = m.get("limits")
+    if lim:
+        lines.append(f"limits ({lim['source']}): max_ids_per_chip_per_sample={lim['max_ids_per_chip_per_sample']}, "
+                     f"max_ids_per_table={lim['max_ids_per_table']}, "
+                     f"max_unique_ids_per_table={lim['max_unique_ids_per_table']}")
+    if m.get("stacks"):
+        lines.append(f"stacks ({len(m['stacks'])}): " + ", ".join(
+            f"{k[:40]}[{len(v['tables'])} tables]" for k, v in list(m["stacks"].items())[:6]))
+    if m.get("profile"):
+        lines.append(f"profile: {m['profile']['files_written']} files in {m['profile']['directory']}")
+    kinds = {}
+    for f in m.get("files", []):
+        kinds[f.get("kind", "?")] = kinds.get(f.get("kind", "?"), 0) + 1
+    lines.append("files: " + ", ".join(f"{k} {v}" for k, v in sorted(kinds.items())))
+    return "\n".join(lines)
+
+
+def cmd_inspect(args, beam_args):
+    from tpu_embed import shards
+    m = shards.load_manifest(args.artifact)
+    if args.json:
+        print(json.dumps(m, indent=1, sort_keys=True))
+        return 0
+    print(summary(m, args.artifact))
+    if m.get("shards"):
+        fmt = shards.ShardFormat.from_json(m["shards"]["format"])
+        files = shards.shard_files(args.artifact, args.host, m)
+        shown = 0
+        for path in files:
+            for rec in shards.read_records(path):
+                if shown >= args.steps:
+                    break
+                r = shards.decode_record(rec, fmt)
+                print(f"host {r['host']} step {r['step']}: {int(r['mask'].sum())} examples, "
+                      f"label mean {float(r['label'].mean()) if r['label'].size else 0:.3f}")
+                for c, chip in enumerate(r["sparse_core"]):
+                    for stack, d in chip.items():
+                        print(f"  chip {c} {stack[:48]}: ids {d['ids_unpadded_size']}, row pointers "
+                              f"{d['row_pointers_unpadded_size']}, dropped {d['dropped_ids']}")
+                shown += 1
+    return 0
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser()
+    args, beam_args = parser.parse_known_args(argv)
+    if not getattr(args, "command", None):
+        parser.print_help()
+        return 2
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
+                        format="%(levelname)s %(name)s: %(message)s")
+    takes_beam = args.command in ("vocab", "shard", "profile", "run", "demo")
+    if beam_args and not takes_beam:
+        parser.error(f"unrecognized arguments: {' '.join(beam_args)}")
+    from tpu_embed.spec import SpecError
+    try:
+        if _one_arg(args.func):
+            return int(args.func(args) or 0)
+        return int(args.func(args, beam_args) or 0)
+    except SpecError as e:
+        print(f"tpu-embed: {e}", file=sys.stderr)
+        return 2
+    except Exception as e:  # noqa: BLE001 - Beam wraps worker errors; show the cause plainly
+        msg = _root_message(e) or _root_message_text(str(e))
+        if msg is None:
+            raise
+        print(f"tpu-embed: {msg}", file=sys.stderr)
+        return 1
+
+
+def _one_arg(func) -> bool:
+    import inspect
+    try:
+        return len(inspect.signature(func).parameters) == 1
+    except (TypeError, ValueError):
+        return False
+
+
+_KNOWN_ERRORS = ("StrictModeError", "PolicyError", "LimitExceededError", "FileNotFoundError", "SpecError")
+
+
+def _root_message(e: BaseException) -> Optional[str]:
+    """The message of a known error, found in Beam's wrapping (worker errors arrive as text)."""
+    seen = set()
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        if type(e).__name__ in _KNOWN_ERRORS:
+            return str(e)
+        e = e.__cause__ or e.__context__
+    return None
+
+
+def _root_message_text(text: str) -> Optional[str]:
+    for name in _KNOWN_ERRORS:
+        i = text.rfind(name + ":")
+        if i >= 0:
+            return text[i:].split("\n")[0]
+    return None
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,547 @@
+"""The Beam pipelines behind `tpu-embed vocab | profile | shard | run`.
+
+Composite transforms (each testable alone with TestPipeline + assert_that):
+
+    ReadExamples       files -> ParsedChunk, + dead letters, + counters
+    ComputeVocabulary  ParsedChunk -> vocabulary files (combine or tft engine)
+    MapToIds           ParsedChunk -> ((file, chunk), ExampleBlock) through the vocabularies
+    FormGlobalBatches  keyed blocks -> (step, global batch), ordered by (file, record)
+    BuildShards        (step, batch) -> shard files (+ the inputs of the profile)
+    CollectProfile     (step, global ids, oov) -> profile files (profiles.ProfileCollector as a CombineFn)
+    WriteDeadLetters   dead letters -> dead_letter/<input file>.jsonl
+
+`run_vocab_job` / `run_shard_job` wire them and write manifest.json last.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import typing
+import json
+import os
+from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
+
+import numpy as np
+import pyarrow as pa
+
+import apache_beam as beam
+from apache_beam.metrics import Metrics
+
+from pipelines import batching, io as pio, manifest as pmanifest, mapping, parse, shard as pshard, vocab as pvocab
+
+NAMESPACE = "tpu_embed"
+
+
+# ---------------------------------------------------------------- config
+
+@dataclasses.dataclass
+class JobConfig:
+    spec: Any  # tpu_embed.spec.Spec
+    output: str
+    vocab_dir: Optional[str] = None  # artifact dir holding vocab/ + manifest.json; default: output
+    profile_dir: Optional[str] = None  # default: spec.profile_data_directory, relative to output
+    strict: bool = False
+    tail: Optional[str] = None  # overrides spec.policies.tail
+    plan: Optional[str] = None
+    chunk_rows: int = pio.DEFAULT_CHUNK_ROWS
+    steps_per_file: int = 1000
+    vocab_engine: str = "combine"
+    write_shards: bool = True
+    write_profile: bool = True
+    candidate_chip_counts: Optional[Sequence[int]] = None
+    dead_letter_limit: int = 0  # 0: all; else at most this many per input file are written (all counted)
+
+    @property
+    def tail_policy(self) -> str:
+        return self.tail or self.spec.policies.tail
+
+    def resolved_profile_dir(self) -> Optional[str]:
+        d = self.profile_dir or self.spec.profile_data_directory
+        if d is None:
+            return None
+        if os.path.isabs(d) or "://" in d:
+            return d
+        return pio.join(self.output, d)
+
+
+def _counter(counts: Dict[str, int], prefix: str = ""):
+    for k, v in counts.items():
+        if v:
+            Metrics.counter(NAMESPACE, prefix + k).inc(int(v))
+
+
+class SumCounters(beam.CombineFn):
+    def create_accumulator(self):
+        return collections.Counter()
+
+    def add_input(self, acc, x):
+        acc.update({k: int(v) for k, v in x.items()})
+        return acc
+
+    def merge_accumulators(self, accs):
+        out = collections.Counter()
+        for a in accs:
+            out.update(a)
+        return out
+
+    def extract_output(self, acc):
+        return dict(sorted(acc.items()))
+
+
+# ---------------------------------------------------------------- read
+
+@beam.typehints.with_output_types(typing.Any)
+class _ReadAndParse(beam.DoFn):
+    def __init__(self, spec, strict: bool, chunk_rows: int):
+        self.spec = spec
+        self.strict = strict
+        self.chunk_rows = chunk_rows
+
+    def process(self, f: pio.InputFile):
+        spec = self.spec
+        counts = collections.Counter(files_read=1)
+        chunk_index = 0
+        held: List[pio.DeadLetter] = []  # --strict: reader letters wait for the batch they precede
+
+        def stop(letters):
+            first = min(letters, key=lambda d: d.record)
+            raise pio.StrictModeError(f"--strict: {first.file} record {first.record}: {first.reason}: "
+                                      f"{first.detail}")
+
+        for item in pio.read_file(spec.inputs.format, f, spec.required_columns(),
+                                  csv_delimiter=spec.inputs.csv_delimiter, chunk_rows=self.chunk_rows,
+                                  strict=self.strict):
+            if isinstance(item, pio.DeadLetter):
+                if self.strict:
+                    held.append(item)
+                    continue
+                counts[f"dead_letter/{item.reason}"] += 1
+                if item.record >= 0:
+                    counts["records_read"] += 1
+                yield beam.pvalue.TaggedOutput("dead", item)
+                continue
+            chunk, letters = parse.parse_batch(item, spec, chunk_index)
+            if self.strict and (letters or held):
+                stop(letters + held)
+            counts["records_read"] += item.num_rows
+            for dl in letters:
+                counts[f"dead_letter/{dl.reason}"] += 1
+                yield beam.pvalue.TaggedOutput("dead", dl)
+            counts["records_valid"] += chunk.num_rows
+            chunk_index += 1
+            yield chunk
+        if held:
+            stop(held)
+        _counter(counts)
+        yield beam.pvalue.TaggedOutput("stats", dict(counts))
+
+
+class ReadExamples(beam.PTransform):
+    """PBegin -> {"chunks": ParsedChunk, "dead": DeadLetter, "stats": counter dicts}."""
+
+    def __init__(self, spec, files: Sequence[pio.InputFile], strict: bool = False,
+                 chunk_rows: int = pio.DEFAULT_CHUNK_ROWS):
+        super().__init__()
+        self.spec, self.files, self.strict, self.chunk_rows = spec, list(files), strict, chunk_rows
+
+    def expand(self, pbegin):
+        files = (pbegin | "Files" >> beam.Create(self.files)
+                 | "Spread" >> beam.Reshuffle())
+        out = files | "ReadParse" >> beam.ParDo(_ReadAndParse(self.spec, self.strict, self.chunk_rows)
+                                                ).with_outputs("dead", "stats", main="chunks")
+        return {"chunks": out.chunks, "dead": out.dead, "stats": out.stats}
+
+
+# ---------------------------------------------------------------- dead letters
+
+@beam.typehints.with_output_types(typing.Any)
+class _WriteDeadLetterFile(beam.DoFn):
+    def __init__(self, output: str, files: Sequence[pio.InputFile], limit: int):
+        self.output, self.limit = output, limit
+        self.names = {f.index: f.path for f in files}
+
+    def process(self, kv):
+        index, letters = kv
+        letters = sorted(letters, key=lambda d: (d.record, d.reason, d.detail))
+        written = letters if not self.limit else letters[:self.limit]
+        lines = [json.dumps(d.to_json(), sort_keys=True).encode("utf-8") + b"\n" for d in written]
+        name = os.path.basename(self.names.get(index, f"file{index}"))
+        info = pio.write_atomic(self.output, f"dead_letter/{index:05d}-{name}.jsonl", lines, records=len(written),
+                                extra={"kind": "dead_letter", "input": self.names.get(index), "total": len(letters)})
+        yield info
+
+
+class WriteDeadLetters(beam.PTransform):
+    def __init__(self, output: str, files, limit: int = 0):
+        super().__init__()
+        self.output, self.files, self.limit = output, files, limit
+
+    def expand(self, dead):
+        return (dead | "ByFile" >> beam.Map(lambda d: (d.file_index, d))
+                | "Group" >> beam.GroupByKey()
+                | "Write" >> beam.ParDo(_WriteDeadLetterFile(self.output, self.files, self.limit)))
+
+
+# ---------------------------------------------------------------- vocabulary
+
+@beam.typehints.with_output_types(typing.Any)
+class _WriteVocabulary(beam.DoFn):
+    def __init__(self, spec, output: str):
+        self.spec, self.output = spec, output
+
+    def process(self, kv):
+        key, counts = kv
+        groups = self.spec.vocabulary_groups()
+        feats = groups[key]
+        v = feats[0].vocabulary
+        tokens, token_counts, distinct = pvocab.finalize(counts, v.top_k, v.frequency_threshold)
+        yield from _vocab_outputs(self.spec, self.output, key, tokens, token_counts, distinct,
+                                  int(pa.compute.sum(counts.column("count")).as_py() or 0))
+
+
+def _vocab_outputs(spec, output, key, tokens, token_counts, distinct, total):
+    feats = spec.vocabulary_groups()[key]
+    v = feats[0].vocabulary
+    data = pvocab.vocabulary_file_bytes(tokens)
+    infos = []
+    for f in feats:
+        infos.append(pio.write_atomic(output, "vocab/" + _vocab_filename(f.name), data, records=max(1, len(tokens)),
+                                      extra={"kind": "vocabulary", "feature": f.name}))
+    kept = int(sum(token_counts))
+    info = {"key": key, "features": [f.name for f in feats], "size": max(1, len(tokens)),
+            "empty_vocabulary_dummy": not tokens, "num_oov_buckets": v.num_oov_buckets,
+            "top_k": v.top_k, "frequency_threshold": v.frequency_threshold,
+            "tokens_counted": total, "distinct_tokens": distinct,
+            "tokens_covered": kept, "coverage": (kept / total) if total else 1.0,
+            "files": ["vocab/" + _vocab_filename(f.name) for f in feats]}
+    for fi in infos:
+        yield beam.pvalue.TaggedOutput("files", fi)
+    yield info
+
+
+def _vocab_filename(feature: str) -> str:
+    from tpu_embed.spec import vocabulary_filename
+    return vocabulary_filename(feature)
+
+
+class ComputeVocabulary(beam.PTransform):
+    """ParsedChunk -> {"vocabularies": per-key info dicts, "files": FileInfo} (files written under output/vocab)."""
+
+    def __init__(self, spec, output: str, engine: str = "combine"):
+        super().__init__()
+        if engine not in ("combine", "tft"):
+            raise ValueError(f"vocabulary engine must be 'combine' or 'tft', got {engine!r}")
+        self.spec, self.output, self.engine = spec, output, engine
+
+    def expand(self, chunks):
+        spec = self.spec
+        if self.engine == "combine":
+            counts = (chunks | "CountTokens" >> beam.FlatMap(pvocab.chunk_token_counts, spec)
+                      | "SumCounts" >> beam.CombinePerKey(pvocab.TokenCountCombineFn()))
+            out = counts | "Write" >> beam.ParDo(_WriteVocabulary(spec, self.output)).with_outputs("files",
+                                                                                                  main="info")
+            return {"vocabularies": out.info, "files": out.files}
+        return self._expand_tft(chunks)
+
+    def _expand_tft(self, chunks):
+        import tensorflow_transform.beam as tft_beam
+        spec = self.spec
+        tmp = pio.join(self.output, ".tft_tmp")
+        batches = chunks | "ToRecordBatches" >> beam.Map(pvocab.tft_record_batch, spec)
+        totals = (chunks | "CountForInfo" >> beam.FlatMap(pvocab.chunk_token_counts, spec)
+                  | "SumForInfo" >> beam.CombinePerKey(pvocab.TokenCountCombineFn()))
+        with tft_beam.Context(temp_dir=tmp):
+            transform_fn = ((batches, pvocab.tft_tensor_adapter_config(spec))
+                            | "AnalyzeDataset" >> tft_beam.AnalyzeDataset(pvocab.tft_preprocessing_fn(spec)))
+            written = transform_fn | "WriteTransformFn" >> tft_beam.WriteTransformFn(
+                pio.join(self.output, "transform_fn"))
+        names = pvocab.tft_vocabulary_names(spec)
+        output = self.output
+
+        def from_tft(kv, _written):
+            key, counts = kv
+            path = pio.join(output, "transform_fn", "transform_fn", "assets", names[key])
+            tokens = pvocab.read_vocabulary_file(pio.read_bytes(path))
+            if tokens == [pvocab.TFT_EMPTY_VOCABULARY_TOKEN]:
+                tokens = []
+            lookup = dict(zip(counts.column("token").to_pylist(), counts.column("count").to_pylist()))
+            token_counts = [lookup.get(t, 0) for t in tokens]
+            total = int(pa.compute.sum(counts.column("count")).as_py() or 0)
+            yield from _vocab_outputs(spec, output, key, tokens, token_counts, counts.num_rows, total)
+
+        out = totals | "CopyTftVocabularies" >> beam.FlatMap(
+            from_tft, beam.pvalue.AsList(written)).with_outputs("files", main="info")
+        return {"vocabularies": out.info, "files": out.files}
+
+
+# ---------------------------------------------------------------- ids
+
+@beam.typehints.with_output_types(typing.Any)
+class _MapToIds(beam.DoFn):
+    def __init__(self, spec, vocab_dir: str):
+        self.spec, self.vocab_dir = spec, vocab_dir
+        self.vocabs = None
+
+    def setup(self):
+        self.vocabs = load_vocabularies(self.spec, self.vocab_dir)
+
+    def process(self, chunk: parse.ParsedChunk):
+        counts = collections.Counter()
+        block = mapping.map_chunk(chunk, self.spec, self.vocabs, counts)
+        _counter(counts)
+        yield beam.pvalue.TaggedOutput("stats", dict(counts))
+        yield (chunk.file_index, chunk.chunk_index), block
+
+
+def load_vocabularies(spec, vocab_dir: str) -> Dict[str, pa.Array]:
+    out = {}
+    for key, feats in spec.vocabulary_groups().items():
+        path = pio.join(vocab_dir, "vocab", _vocab_filename(feats[0].name))
+        try:
+            data = pio.read_bytes(path)
+        except Exception as e:  # noqa: BLE001
+            raise FileNotFoundError(f"vocabulary {path} is missing ({e}); run `tpu-embed vocab` for this spec "
+                                    "first, or pass --vocab DIR.") from None
+        tokens = pvocab.read_vocabulary_file(data)
+        out[key] = pa.array(tokens, pa.large_binary())
+    return out
+
+
+class MapToIds(beam.PTransform):
+    def __init__(self, spec, vocab_dir: str):
+        super().__init__()
+        self.spec, self.vocab_dir = spec, vocab_dir
+
+    def expand(self, chunks):
+        out = chunks | "Map" >> beam.ParDo(_MapToIds(self.spec, self.vocab_dir)).with_outputs("stats", main="blocks")
+        return {"blocks": out.blocks, "stats": out.stats}
+
+
+# ---------------------------------------------------------------- global batches
+
+class FormGlobalBatches(beam.PTransform):
+    """((file, chunk), ExampleBlock) -> {"steps": (step, ExampleBlock), "info": dict}."""
+
+    def __init__(self, batch_size: int, num_dense: int, tail: str):
+        super().__init__()
+        self.batch, self.num_dense, self.tail = batch_size, num_dense, tail
+
+    def expand(self, blocks):
+        batch, tail, nd = self.batch, self.tail, self.num_dense
+        sizes = (blocks | "Sizes" >> beam.Map(lambda kv: (kv[0], kv[1].num_examples))
+                 | "AllSizes" >> beam.combiners.ToList())
+
+        def info_of(sizes):
+            total = sum(n for _, n in sizes)
+            steps, dropped, padded = batching.step_count(total, batch, tail)
+            return {"examples": total, "steps": steps, "tail_dropped": dropped, "tail_padding": padded,
+                    "offsets": batching.chunk_offsets(sizes)}
+
+        info = sizes | "Info" >> beam.Map(info_of)
+
+        def split(kv, info):
+            key, block = kv
+            start = info["offsets"][tuple(key)]
+            yield from batching.split_into_steps(block, start, batch, info["steps"])
+
+        steps = (blocks | "Split" >> beam.FlatMap(split, beam.pvalue.AsSingleton(info))
+                 | "ByStep" >> beam.GroupByKey()
+                 | "Assemble" >> beam.MapTuple(lambda step, pieces: (step, batching.assemble_step(
+                     list(pieces), batch, nd))))
+        return {"steps": steps, "info": info}
+
+
+# ---------------------------------------------------------------- shards
+
+@beam.typehints.with_output_types(typing.Any)
+class _BuildStep(beam.DoFn):
+    def __init__(self, spec, vocab_sizes, limits, steps_per_file: int, encode: bool, profile: bool):
+        self.spec, self.vocab_sizes, self.limits = spec, vocab_sizes, limits
+        self.steps_per_file, self.encode, self.profile = steps_per_file, encode, profile
+        self.layout = None
+
+    def setup(self):
+        self.layout = self.spec.layout(self.vocab_sizes)
+
+    def process(self, kv):
+        step, block = kv
+        records, gids, oov, counts = pshard.build_step(step, block, self.spec, self.layout, self.limits,
+                                                       encode=self.encode)
+        _counter(counts)
+        yield beam.pvalue.TaggedOutput("stats", dict(counts))
+        for host, rec in records:
+            yield (host, step // self.steps_per_file), (step, rec)
+        if self.profile:
+            yield beam.pvalue.TaggedOutput("profile", (step, gids, oov))
+
+
+@beam.typehints.with_output_types(typing.Any)
+class _WriteShardFile(beam.DoFn):
+    def __init__(self, output: str, steps_per_file: int):
+        self.output, self.steps_per_file = output, steps_per_file
+
+    def process(self, kv, info):
+        (host, file_no), records = kv
+        records = sorted(records, key=lambda r: r[0])
+        num_files = max(1, -(-info["steps"] // self.steps_per_file))
+        rel = pshard.shard_file_name(host, file_no, num_files)
+        frames = [pio.tfrecord_frame(rec) for _, rec in records]
+        yield pio.write_atomic(self.output, rel, frames, records=len(records),
+                               extra={"kind": "shard", "host": host, "first_step": records[0][0],
+                                      "last_step": records[-1][0]})
+
+
+class BuildShards(beam.PTransform):
+    """(step, ExampleBlock) -> {"files": FileInfo, "profile": (step, global ids, oov), "stats": dicts}."""
+
+    def __init__(self, spec, vocab_sizes, limits, output: str, steps_per_file: int = 1000,
+                 write_shards: bool = True, profile: bool = True):
+        super().__init__()
+        self.spec, self.vocab_sizes, self.limits, self.output = spec, vocab_sizes, limits, output
+        self.steps_per_file, self.write_shards, self.profile = steps_per_file, write_shards, profile
+
+    def expand(self, steps_and_info):
+        steps, info = steps_and_info
+        out = steps | "BuildStep" >> beam.ParDo(_BuildStep(
+            self.spec, self.vocab_sizes, self.limits, self.steps_per_file, self.write_shards, self.profile)
+        ).with_outputs("stats", "profile", main="records")
+        files = (out.records | "ByFile" >> beam.GroupByKey()
+                 | "WriteFile" >> beam.ParDo(_WriteShardFile(self.output, self.steps_per_file),
+                                             beam.pvalue.AsSingleton(info)))
+        return {"files": files, "profile": out.profile, "stats": out.stats}
+
+
+# ---------------------------------------------------------------- profile
+
+class ProfileCombineFn(beam.CombineFn):
+    """profiles.ProfileCollector as a beam.CombineFn over (step, global ids, oov counts)."""
+
+    def __init__(self, collector):
+        self.collector = collector
+
+    def create_accumulator(self):
+        return self.collector.create_accumulator()
+
+    def add_input(self, acc, element):
+        step, gids, oov = element
+        return self.collector.add_step(acc, gids, oov, step=step)
+
+    def merge_accumulators(self, accs):
+        return self.collector.merge_accumulators(list(accs))
+
+    def extract_output(self, acc):
+        return self.collector.extract_output(acc)
+
+
+class CollectProfile(beam.PTransform):
+    """(step, global ids, oov) -> paths written by profiles.ProfileStore(directory)."""
+
+    def __init__(self, spec, vocab_sizes, directory: str, candidate_chip_counts=None):
+        super().__init__()
+        self.spec, self.vocab_sizes, self.directory = spec, vocab_sizes, directory
+        self.candidates = candidate_chip_counts
+
+    def expand(self, steps):
+        import profiles
+        fc = self.spec.to_feature_config(self.vocab_sizes, lightweight=True)
+        kwargs = {}
+        if self.candidates is not None:
+            kwargs["candidate_chip_counts"] = tuple(self.candidates)
+        collector = profiles.ProfileCollector(fc, self.spec.topology, **kwargs)
+        directory = self.directory
+
+        def write(profile):
+            paths = profiles.ProfileStore(directory).write(profile)
+            return sorted(paths)
+
+        return (steps | "Collect" >> beam.CombineGlobally(ProfileCombineFn(collector)).without_defaults()
+                | "Write" >> beam.Map(write))
+
+
+# ---------------------------------------------------------------- manifests
+
+class _WriteManifest(beam.DoFn):
+    def __init__(self, cfg_json: dict, output: str, job: str):
+        self.cfg_json, self.output, self.job = cfg_json, output, job
+
+    def process(self, _, stats, files, extra):
+        merged = {}
+        for e in extra:
+            merged.update(e)
+        pmanifest.update_manifest(self.output, self.job, self.cfg_json, stats=stats, files=files, extra=merged)
+        yield "manifest.json"
+
+
+def write_manifest(p, output: str, job: str, cfg_json: dict, stats, files, extra):
+    """Write/merge output/manifest.json after every other output of the pipeline exists."""
+    return (p | f"ManifestTrigger{job}" >> beam.Create([None])
+            | f"WriteManifest{job}" >> beam.ParDo(_WriteManifest(cfg_json, output, job),
+                                                   beam.pvalue.AsSingleton(stats), beam.pvalue.AsList(files),
+                                                   beam.pvalue.AsList(extra)))
+
+
+def _stats_of(p, label, pcolls):
+    flat = tuple(pcolls) | f"Flatten{label}" >> beam.Flatten()
+    return flat | f"Sum{label}" >> beam.CombineGlobally(SumCounters())
+
+
+def _file_json(info: pio.FileInfo) -> dict:
+    return info.to_json()
+
+
+def build_vocab_pipeline(p, cfg: JobConfig, files: Sequence[pio.InputFile]):
+    spec = cfg.spec
+    read = p | "Read" >> ReadExamples(spec, files, cfg.strict, cfg.chunk_rows)
+    vocab = read["chunks"] | "Vocabulary" >> ComputeVocabulary(spec, cfg.output, cfg.vocab_engine)
+    stats = _stats_of(p, "VocabStats", [read["stats"]])
+    vocab_info = (vocab["vocabularies"] | "VocabInfoList" >> beam.combiners.ToList()
+                  | "VocabInfoDict" >> beam.Map(lambda l: {"vocabularies": {d["key"]: d for d in l}}))
+    file_json = vocab["files"] | "VocabFileJson" >> beam.Map(_file_json)
+    # Dead letters of the vocabulary pass are counted here and written by the shard job.
+    return write_manifest(p, cfg.output, "vocab", pmanifest.job_json(cfg, files, "vocab"), stats, file_json,
+                          vocab_info)
+
+
+def build_shard_pipeline(p, cfg: JobConfig, files: Sequence[pio.InputFile], vocab_sizes: Dict[str, int]):
+    spec = cfg.spec
+    layout = spec.layout(vocab_sizes)
+    limits = pshard.resolve_limits(spec, layout, cfg.plan)
+    fmt = pshard.shard_format_for(spec, layout, limits)
+    read = p | "Read" >> ReadExamples(spec, files, cfg.strict, cfg.chunk_rows)
+    dead_files = read["dead"] | "DeadLetters" >> WriteDeadLetters(cfg.output, files, cfg.dead_letter_limit)
+    mapped = read["chunks"] | "Ids" >> MapToIds(spec, cfg.vocab_dir or cfg.output)
+    batches = mapped["blocks"] | "Batches" >> FormGlobalBatches(spec.global_batch_size, len(spec.dense),
+                                                                cfg.tail_policy)
+    built = (batches["steps"], batches["info"]) | "Shards" >> BuildShards(
+        spec, vocab_sizes, limits, cfg.output, cfg.steps_per_file, cfg.write_shards, cfg.write_profile)
+    extras = [batches["info"] | "BatchInfo" >> beam.Map(lambda i: {"batching": {
+        k: v for k, v in i.items() if k != "offsets"}})]
+    file_pcolls = [dead_files, built["files"]]
+    job = "shard" if cfg.write_shards else "profile"
+    if cfg.write_profile:
+        pdir = cfg.resolved_profile_dir()
+        if pdir is None:
+            raise ValueError("no profile directory: set profile_data_directory in the spec or pass --profile-dir.")
+        paths = built["profile"] | "Profile" >> CollectProfile(spec, vocab_sizes, pdir, cfg.candidate_chip_counts)
+
+        def profile_files(paths):
+            out = []
+            for path in paths:
+                data = pio.read_bytes(path)
+                rel = os.path.relpath(path, cfg.output) if "://" not in path else path
+                out.append(pio.FileInfo(rel, pmanifest.sha256(data), len(data), None,
+                                        {"kind": "profile"}))
+            return out
+
+        file_pcolls.append(paths | "ProfileFileInfo" >> beam.FlatMap(profile_files))
+        extras.append(paths | "ProfileInfo" >> beam.Map(lambda ps: {"profile": {"directory": pdir,
+                                                                                   "files_written": len(ps)}}))
+    files_flat = tuple(file_pcolls) | "AllFiles" >> beam.Flatten()
+    file_json = files_flat | "FileJson" >> beam.Map(_file_json)
+    extra_flat = tuple(extras) | "AllExtras" >> beam.Flatten()
+    stats = _stats_of(p, "ShardStats", [read["stats"], mapped["stats"], built["stats"]])
+    job_json = pmanifest.job_json(cfg, files, job)
+    job_json.update({"layout": layout.to_dict(), "limits": limits.to_json(), "format": fmt.to_json(),
+                     "vocab_sizes": vocab_sizes})
+    return write_manifest(p, cfg.output, job, job_json, stats, file_json, extra_flat)

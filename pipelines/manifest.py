@@ -1,0 +1,176 @@
+"""manifest.json: what an artifact directory holds, how it was made, and what was counted.
+
+One manifest per artifact directory; each job (vocab, shard, profile)
+updates its own sections and the file list, then the whole manifest is
+replaced atomically.  No timestamps: the same inputs and spec give the same
+manifest bytes.
+"""
+
+from __future__ import annotations
+
+import collections
+import hashlib
+import json
+from typing import Any, Dict, List, Optional, Sequence
+
+from pipelines import io as pio
+
+SCHEMA_VERSION = 1
+KIND = "tpu_embed.artifact"
+
+
+def sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def job_json(cfg, files: Sequence[pio.InputFile], job: str) -> dict:
+    spec = cfg.spec
+    d = {
+        "job": job,
+        "spec": spec.to_dict(),
+        "spec_fingerprint": spec.fingerprint,
+        "inputs": [{"path": f.path, "bytes": f.size} for f in files],
+        "strict": cfg.strict,
+    }
+    if job == "vocab":
+        d["engine"] = cfg.vocab_engine
+    else:
+        d["tail_policy"] = cfg.tail_policy
+        d["steps_per_file"] = cfg.steps_per_file
+        d["vocab_dir"] = _rel(cfg.vocab_dir or cfg.output, cfg.output)
+        d["plan"] = cfg.plan
+    return d
+
+
+def _rel(path: str, base: str) -> str:
+    """`path` relative to the artifact directory when inside it (manifests do not depend on where DIR is)."""
+    import os
+    if "://" in path or "://" in base:
+        return path
+    rel = os.path.relpath(os.path.abspath(path), os.path.abspath(base))
+    return path if rel.startswith("..") else rel
+
+
+def read_manifest(output: str) -> Optional[dict]:
+    try:
+        return json.loads(pio.read_bytes(pio.join(output, "manifest.json")).decode("utf-8"))
+    except Exception:  # noqa: BLE001 - no manifest yet
+        return None
+
+
+def _nest_counts(stats: Dict[str, int]) -> dict:
+    """Flat counter keys ('feature/C1/oov') -> nested dicts."""
+    out: Dict[str, Any] = {}
+    for k, v in sorted(stats.items()):
+        parts = k.split("/")
+        d = out
+        for p in parts[:-1]:
+            d = d.setdefault(p, {})
+        d[parts[-1]] = int(v)
+    return out
+
+
+def update_manifest(output: str, job: str, job_cfg: dict, *, stats: Dict[str, int], files: List[dict],
+                    extra: dict) -> dict:
+    m = read_manifest(output)
+    fp = job_cfg["spec_fingerprint"]
+    if m is None or m.get("spec_fingerprint") != fp or m.get("schema_version") != SCHEMA_VERSION:
+        m = {"schema_version": SCHEMA_VERSION, "kind": KIND, "spec_fingerprint": fp, "jobs": {}, "files": []}
+    spec = job_cfg["spec"]
+    m["spec_name"] = spec["name"]
+    m["topology"] = spec["topology"]
+    topo = spec["topology"]
+    gbs = spec["global_batch_size"]
+    m["batch_sizes"] = {"global": gbs, "per_host": gbs // topo["num_hosts"], "per_chip": gbs // topo["num_chips"],
+                        "chips_per_host": topo["num_chips"] // topo["num_hosts"]}
+    spec_info = pio.write_atomic(output, "spec.yaml", _yaml(spec), extra={"kind": "spec"})
+    files = list(files) + [spec_info.to_json()]
+
+    counts = _nest_counts(stats)
+    jobinfo = {k: v for k, v in job_cfg.items() if k not in ("spec", "spec_fingerprint", "layout", "format")}
+    jobinfo["counts"] = counts
+    m["jobs"][job] = jobinfo
+
+    if job == "vocab":
+        m["vocabularies"] = extra.get("vocabularies", {})
+        kinds = {"vocabulary", "spec"}
+    else:
+        m["layout"] = job_cfg["layout"]
+        m["stacks"] = {name: {"tables": s["tables"], "features": s["features"], "sample_count": s["sample_count"],
+                              "padded_dim": s["padded_dim"]} for name, s in job_cfg["layout"]["stacks"].items()}
+        m["limits"] = job_cfg["limits"]
+        m["vocab_sizes"] = job_cfg["vocab_sizes"]
+        batching = extra.get("batching", {"examples": 0, "steps": 0, "tail_dropped": 0, "tail_padding": 0})
+        m["counts"] = _summary_counts(stats, batching, job_cfg)
+        if job == "shard":
+            m["shards"] = {"format": job_cfg["format"], "steps": batching["steps"],
+                           "tail_policy": job_cfg["tail_policy"], "steps_per_file": job_cfg["steps_per_file"]}
+            kinds = {"shard", "dead_letter", "spec", "profile"}
+        else:
+            kinds = {"dead_letter", "spec", "profile"}
+        if "profile" in extra:
+            m["profile"] = dict(extra["profile"], directory=_rel(extra["profile"]["directory"], output))
+    kept = [f for f in m.get("files", []) if f.get("kind") not in kinds]
+    m["files"] = sorted(kept + files, key=lambda f: f["path"])
+    m["features"] = _features(spec, m)
+    data = json.dumps(m, indent=1, sort_keys=True).encode("utf-8") + b"\n"
+    pio.write_atomic(output, "manifest.json", data)
+    return m
+
+
+def _summary_counts(stats: Dict[str, int], batching: dict, job_cfg: dict) -> dict:
+    invalid = {k.split("/", 1)[1]: v for k, v in stats.items() if k.startswith("dead_letter/")}
+    read = stats.get("records_read", 0)
+    valid = stats.get("records_valid", 0)
+    padding = stats.get("examples_padding", 0)
+    written = stats.get("examples_in_steps", 0) - padding
+    features = collections.defaultdict(dict)
+    for k, v in stats.items():
+        if k.startswith("feature/"):
+            _, name, what = k.split("/", 2)
+            features[name][what] = v
+    dropped_ids = {k.split("/")[1]: v for k, v in stats.items() if k.startswith("stack/") and k.endswith("dropped_ids")}
+    return {
+        "records_read": read,
+        "records_invalid": read - valid,
+        "files_read": stats.get("files_read", 0),
+        "dead_letters": dict(sorted(invalid.items())),
+        "examples_valid": valid,
+        "examples_written": written,
+        "examples_dropped": {"tail": batching.get("tail_dropped", 0),
+                             "invalid_records": read - valid},
+        "examples_padding": padding,
+        "steps": batching.get("steps", 0),
+        "ids": dict(sorted(features.items())),
+        "ids_dropped_by_limits": dict(sorted(dropped_ids.items())),
+    }
+
+
+def _features(spec: dict, m: dict) -> dict:
+    out = {}
+    vocabs = m.get("vocabularies", {})
+    tables = {t["name"]: t for t in spec["tables"]}
+    shared = collections.Counter(f["table"] for f in spec["categorical"])
+    for f in spec["categorical"]:
+        key = f["table"] if shared[f["table"]] > 1 else f["name"]
+        v = f["vocabulary"]
+        d = {"table": f["table"], "vocabulary_type": v["type"], "device": f["embedding_lookup_device"],
+             "sequence_length": f["sequence_length"], "dim": tables[f["table"]]["dim"]}
+        if v["type"] == "frequency":
+            d["vocabulary_key"] = key
+            d["vocabulary_file"] = f"vocab/{f['name']}.txt"
+            if key in vocabs:
+                d["vocabulary_size"] = vocabs[key]["size"]
+                d["table_vocabulary_size"] = max(1, vocabs[key]["size"] + v["num_oov_buckets"])
+        else:
+            d["table_vocabulary_size"] = v["num_buckets"]
+        ids = m.get("counts", {}).get("ids", {}).get(f["name"])
+        if ids:
+            d["counts"] = ids
+        out[f["name"]] = d
+    return out
+
+
+def _yaml(spec: dict) -> bytes:
+    import yaml
+    return yaml.safe_dump(spec, sort_keys=False, default_flow_style=None, width=110).encode("utf-8")

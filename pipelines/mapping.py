@@ -1,0 +1,176 @@
+"""Tokens -> ids through the vocabularies, with every policy counted (pure Arrow / numpy).
+
+* frequency vocabulary: id = line of the token in the vocabulary file; an
+  out-of-vocabulary token goes to bucket `V + Fingerprint64(token) % num_oov_buckets`
+  (what `tf.lookup.StaticVocabularyTable`, `tft.apply_vocabulary` and
+  `categorical_column_with_vocabulary_file` compute), or with 0 OOV buckets is
+  dropped; both are counted per feature.
+* identity: the value itself; unparsable, negative or >= num_buckets values
+  get `default_value`, or follow `policies.invalid_ids` (drop and count, or error).
+* hashing: `Fingerprint64(token) % num_buckets`, as `categorical_column_with_hash_bucket`.
+* sequence features keep their first `sequence_length` values, tensor-core
+  features their first `tensor_core_width` (the rest is counted as truncated).
+* NaN / blank weights follow `policies.nan_weights` (drop the value, zero it, or error).
+"""
+
+from __future__ import annotations
+
+import collections
+from typing import Dict, Mapping, Optional, Tuple
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from pipelines.batching import ExampleBlock, FeatureBlock
+from pipelines.parse import FeatureValues, ParsedChunk
+
+
+class PolicyError(RuntimeError):
+    """A value that the spec's policies say must stop the job."""
+
+
+def fingerprint64_buckets(tokens: pa.Array, num_buckets: int) -> np.ndarray:
+    """Fingerprint64(token) % num_buckets, exactly as tf.strings.to_hash_bucket_fast."""
+    if len(tokens) == 0:
+        return np.zeros(0, np.int64)
+    from tensorflow.python.ops import gen_string_ops  # imported only when hashing is needed
+    from tensorflow.python.framework import ops  # noqa: F401
+    arr = np.asarray(tokens.to_pylist(), dtype=object)
+    return gen_string_ops.string_to_hash_bucket_fast(arr, num_buckets).numpy().astype(np.int64)
+
+
+def parse_ints(tokens: pa.Array) -> Tuple[np.ndarray, np.ndarray]:
+    """(int64 values, ok mask) for byte-string integers."""
+    n = len(tokens)
+    if n == 0:
+        return np.zeros(0, np.int64), np.zeros(0, bool)
+    s = tokens.cast(pa.large_string()) if not pa.types.is_large_string(tokens.type) else tokens
+    try:
+        return pc.cast(s, pa.int64()).to_numpy(zero_copy_only=False).astype(np.int64), np.ones(n, bool)
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+        out = np.zeros(n, np.int64)
+        ok = np.zeros(n, bool)
+        for i, v in enumerate(s.to_pylist()):
+            try:
+                out[i] = int(v)
+                ok[i] = True
+            except (TypeError, ValueError):
+                pass
+        return out, ok
+
+
+def _truncate(lengths: np.ndarray, limit: int) -> Tuple[np.ndarray, np.ndarray]:
+    """(keep mask over values, new lengths) keeping the first `limit` values of each example."""
+    starts = np.zeros(lengths.size + 1, np.int64)
+    np.cumsum(lengths, out=starts[1:])
+    ex = np.repeat(np.arange(lengths.size), lengths)
+    pos = np.arange(int(starts[-1]), dtype=np.int64) - starts[ex]
+    keep = pos < limit
+    return keep, np.minimum(lengths, limit)
+
+
+def map_feature(f, fv: FeatureValues, spec, vocab: Optional[pa.Array], counts: collections.Counter,
+                where: str = "") -> FeatureBlock:
+    n = fv.lengths.size
+    lengths = fv.lengths.copy()
+    ex = np.repeat(np.arange(n, dtype=np.int64), lengths)
+    v = f.vocabulary
+    key = f"feature/{f.name}/"
+    counts[key + "values"] += int(lengths.sum())
+    oov_per_value = None
+    keep = None  # values kept, over fv's values
+    if v.type == "frequency":
+        tokens = fv.tokens if fv.tokens is not None else pa.array(fv.ints.astype(str), pa.large_binary())
+        if len(tokens):
+            idx = pc.index_in(tokens, value_set=vocab)
+            found = np.asarray(pc.is_valid(idx).to_numpy(zero_copy_only=False), dtype=bool)
+            ids = pc.fill_null(idx, -1).to_numpy(zero_copy_only=False).astype(np.int64)
+        else:
+            found = np.zeros(0, bool)
+            ids = np.zeros(0, np.int64)
+        oov_per_value = ~found
+        n_oov = int(oov_per_value.sum())
+        counts[key + "oov"] += n_oov
+        if n_oov:
+            V = len(vocab)
+            if v.num_oov_buckets == 0:
+                keep = found
+                counts[key + "oov_dropped"] += n_oov
+            elif v.num_oov_buckets == 1:
+                ids[~found] = V
+            else:
+                ids[~found] = V + fingerprint64_buckets(tokens.filter(pa.array(~found)), v.num_oov_buckets)
+    elif v.type == "hashing":
+        tokens = fv.tokens if fv.tokens is not None else pa.array(fv.ints.astype(str), pa.large_binary())
+        ids = fingerprint64_buckets(tokens, int(v.num_buckets))
+    else:  # identity
+        if fv.ints is not None:
+            ids, ok = fv.ints.astype(np.int64), np.ones(fv.ints.size, bool)
+        else:
+            ids, ok = parse_ints(fv.tokens)
+        ok &= (ids >= 0) & (ids < int(v.num_buckets))
+        bad = int((~ok).sum())
+        if bad:
+            if v.default_value is not None:
+                ids = np.where(ok, ids, int(v.default_value))
+                counts[key + "invalid_ids_defaulted"] += bad
+            elif spec.policies.invalid_ids == "error":
+                first = int(np.flatnonzero(~ok)[0])
+                raise PolicyError(f"feature {f.name!r}{where}: value at example {int(ex[first])} is not an id in "
+                                  f"[0, {v.num_buckets}) (policies.invalid_ids: error). Fix the data, set "
+                                  "policies.invalid_ids: drop, or give the vocabulary a default_value.")
+            else:
+                keep = ok
+                counts[key + "invalid_ids_dropped"] += bad
+
+    weights = fv.weights
+    if weights is not None:
+        nan = ~np.isfinite(weights)
+        if keep is not None:
+            nan &= keep
+        n_nan = int(nan.sum())
+        if n_nan:
+            pol = spec.policies.nan_weights
+            if pol == "error":
+                first = int(np.flatnonzero(nan)[0])
+                raise PolicyError(f"feature {f.name!r}{where}: weight of example {int(ex[first])} is NaN or blank "
+                                  "(policies.nan_weights: error). Fix the data or set policies.nan_weights: "
+                                  "drop | zero.")
+            if pol == "zero":
+                weights = np.where(nan, np.float32(0), weights).astype(np.float32)
+                counts[key + "nan_weights_zeroed"] += n_nan
+            else:
+                keep = ~nan if keep is None else (keep & ~nan)
+                counts[key + "nan_weights_dropped"] += n_nan
+
+    if keep is not None and not keep.all():
+        lengths = lengths - np.bincount(ex[~keep], minlength=n).astype(np.int64)
+        ids = ids[keep]
+        weights = None if weights is None else weights[keep]
+        oov_per_value = None if oov_per_value is None else oov_per_value[keep]
+        ex = ex[keep]
+    limit = f.sequence_length if f.sequence_length > 0 else (f.tensor_core_width or 0)
+    if limit and lengths.size and int(lengths.max()) > limit:
+        tkeep, lengths = _truncate(lengths, limit)
+        counts[key + ("truncated_sequence" if f.sequence_length else "truncated_tensor_core")] += int((~tkeep).sum())
+        ids = ids[tkeep]
+        weights = None if weights is None else weights[tkeep]
+        oov_per_value = None if oov_per_value is None else oov_per_value[tkeep]
+        ex = ex[tkeep]
+    oov = (np.bincount(ex[oov_per_value], minlength=n).astype(np.int32) if oov_per_value is not None
+           else np.zeros(n, np.int32))
+    counts[key + "ids"] += int(ids.size)
+    return FeatureBlock(lengths.astype(np.int64), ids.astype(np.int64),
+                        None if weights is None else weights.astype(np.float32), oov)
+
+
+def map_chunk(chunk: ParsedChunk, spec, vocabs: Mapping[str, pa.Array], counts: collections.Counter
+              ) -> ExampleBlock:
+    feats = {}
+    where = f" (input file #{chunk.file_index})"
+    for f in spec.categorical:
+        vocab = vocabs.get(spec.vocabulary_key(f)) if f.vocabulary.type == "frequency" else None
+        feats[f.name] = map_feature(f, chunk.features[f.name], spec, vocab, counts, where)
+    n = chunk.num_rows
+    return ExampleBlock(chunk.label, chunk.dense, np.ones(n, np.float32), feats)

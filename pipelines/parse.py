@@ -1,0 +1,286 @@
+"""Arrow batches -> labels, dense floats and per-feature values (pure Arrow / numpy).
+
+`parse_batch(raw, spec)` validates every row of a `RawBatch`: a row that has
+an unparsable number, a blank label (without `label.fill`), a value of the
+wrong type or a weight list that does not match its values goes to the dead
+letters with the reason, and is counted; the other rows come out as a
+`ParsedChunk`.  Blank categorical values mean "no value"; blank dense values
+take the spec's `fill`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Dict, List, Optional, Tuple
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from pipelines.io import DeadLetter, RawBatch
+
+
+@dataclasses.dataclass
+class FeatureValues:
+    """One feature's values for n examples: example i has values[offsets[i]:offsets[i+1]]."""
+    lengths: np.ndarray  # int64 [n]
+    tokens: Optional[pa.Array] = None  # large_binary values (strings), or
+    ints: Optional[np.ndarray] = None  # int64 values (integer columns)
+    weights: Optional[np.ndarray] = None  # float32 per value, NaN where blank/unparsable-as-NaN
+
+    @property
+    def size(self) -> int:
+        return int(self.lengths.sum())
+
+    def take_rows(self, keep: np.ndarray) -> "FeatureValues":
+        vkeep = np.repeat(keep, self.lengths)
+        return FeatureValues(
+            lengths=self.lengths[keep],
+            tokens=None if self.tokens is None else self.tokens.filter(pa.array(vkeep)),
+            ints=None if self.ints is None else self.ints[vkeep],
+            weights=None if self.weights is None else self.weights[vkeep])
+
+
+@dataclasses.dataclass
+class ParsedChunk:
+    file_index: int
+    chunk_index: int
+    record_numbers: np.ndarray  # int64 [n]
+    label: np.ndarray  # float32 [n]
+    dense: np.ndarray  # float32 [n, D]
+    features: Dict[str, FeatureValues]
+
+    @property
+    def num_rows(self) -> int:
+        return int(self.record_numbers.size)
+
+
+class _Problems:
+    def __init__(self, raw: RawBatch):
+        self.raw = raw
+        self.bad = np.zeros(raw.num_rows, dtype=bool)
+        self.letters: Dict[int, Tuple[str, str]] = {}
+
+    def flag(self, rows: np.ndarray, reason: str, detail_fn):
+        for r in np.flatnonzero(rows):
+            if r not in self.letters:
+                self.letters[int(r)] = (reason, detail_fn(int(r)))
+        self.bad |= rows
+
+    def dead_letters(self) -> List[DeadLetter]:
+        return [DeadLetter(self.raw.path, int(self.raw.record_numbers[r]), reason, detail, self.raw.file_index)
+                for r, (reason, detail) in sorted(self.letters.items())]
+
+
+# ---------------------------------------------------------------- Arrow helpers
+
+def _as_array(col) -> pa.Array:
+    if isinstance(col, pa.ChunkedArray):
+        col = col.combine_chunks()
+    if pa.types.is_dictionary(col.type):
+        col = col.dictionary_decode()
+    return col
+
+
+def list_form(col) -> Tuple[np.ndarray, pa.Array]:
+    """(lengths [n], flat values) of a scalar or list column; nulls are empty."""
+    col = _as_array(col)
+    t = col.type
+    if pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t):
+        lengths = pc.fill_null(pc.list_value_length(col), 0).to_numpy(zero_copy_only=False).astype(np.int64)
+        values = _as_array(pc.list_flatten(col))
+        return lengths, values
+    lengths = np.ones(len(col), dtype=np.int64)
+    if col.null_count:
+        lengths[np.asarray(pc.is_null(col).to_numpy(zero_copy_only=False), dtype=bool)] = 0
+        col = col.drop_null()
+    return lengths, col
+
+
+def _is_stringlike(t) -> bool:
+    return (pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_binary(t)
+            or pa.types.is_large_binary(t))
+
+
+def _value_rows(lengths: np.ndarray) -> np.ndarray:
+    return np.repeat(np.arange(lengths.size, dtype=np.int64), lengths)
+
+
+def parse_floats(values: pa.Array) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(float64 values, blank mask, bad mask) for a flat Arrow array of strings or numbers."""
+    n = len(values)
+    t = values.type
+    if n == 0:
+        return np.zeros(0), np.zeros(0, bool), np.zeros(0, bool)
+    if _is_stringlike(t):
+        if pa.types.is_binary(t) or pa.types.is_large_binary(t):
+            try:
+                values = values.cast(pa.large_string())
+            except pa.ArrowInvalid:
+                strs = [None if v is None else v.decode("utf-8", "replace") for v in values.to_pylist()]
+                values = pa.array(strs, pa.large_string())
+        trimmed = pc.utf8_trim_whitespace(values)
+        blank = np.asarray(pc.equal(pc.utf8_length(trimmed), 0).to_numpy(zero_copy_only=False), dtype=bool)
+        filled = pc.if_else(pa.array(blank), pa.scalar("0", pa.large_string()), trimmed)
+        try:
+            out = pc.cast(filled, pa.float64()).to_numpy(zero_copy_only=False)
+            bad = ~np.isfinite(out)
+        except pa.ArrowInvalid:
+            py = filled.to_pylist()
+            out = np.empty(n, dtype=np.float64)
+            bad = np.zeros(n, dtype=bool)
+            for i, s in enumerate(py):
+                try:
+                    out[i] = float(s)
+                    bad[i] = not math.isfinite(out[i])
+                except (TypeError, ValueError):
+                    out[i] = 0.0
+                    bad[i] = True
+        out = np.where(blank | bad, 0.0, out)
+        return out, blank, bad
+    if pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_boolean(t) or pa.types.is_decimal(t):
+        out = pc.cast(values, pa.float64()).to_numpy(zero_copy_only=False).astype(np.float64)
+        bad = ~np.isfinite(out)
+        return np.where(bad, 0.0, out), np.zeros(n, bool), bad
+    return np.zeros(n), np.zeros(n, bool), np.ones(n, bool)
+
+
+def _type_name(t) -> str:
+    return str(t)
+
+
+# ---------------------------------------------------------------- numbers
+
+def _scalar_float(raw: RawBatch, column: str, fill: Optional[float], what: str, probs: _Problems) -> np.ndarray:
+    n = raw.num_rows
+    lengths, values = list_form(raw.columns[column])
+    t = values.type
+    if not (_is_stringlike(t) or pa.types.is_integer(t) or pa.types.is_floating(t)
+            or pa.types.is_boolean(t) or pa.types.is_decimal(t)):
+        probs.flag(np.ones(n, bool), "wrong_type", lambda r: f"{what} column {column!r} has type {t}, "
+                   "expected numbers or strings of numbers")
+        return np.zeros(n, np.float32)
+    multi = lengths > 1
+    if multi.any():
+        probs.flag(multi, "wrong_type",
+                   lambda r: f"{what} column {column!r} has {int(lengths[r])} values, expected one")
+    parsed, blank, bad = parse_floats(values)
+    rows = _value_rows(lengths)
+    out = np.zeros(n, np.float64)
+    present = np.zeros(n, bool)
+    first = np.ones(rows.size, bool)
+    if rows.size > 1:
+        first[1:] = rows[1:] != rows[:-1]
+    use = first & ~blank
+    out[rows[use]] = parsed[use]
+    present[rows[use]] = True
+    bad_rows = np.zeros(n, bool)
+    bad_rows[rows[first & bad]] = True
+    if bad_rows.any():
+        py = values.to_pylist() if _is_stringlike(t) else None
+        starts = np.concatenate([[0], np.cumsum(lengths)])
+
+        def detail(r, py=py, starts=starts):
+            v = py[starts[r]] if py is not None else "non-finite"
+            return f"{what} column {column!r}: cannot parse {v!r} as a finite number"
+        probs.flag(bad_rows, "unparsable_number", detail)
+    missing = ~present & ~bad_rows & ~multi
+    if fill is None:
+        if missing.any():
+            probs.flag(missing, "missing_value", lambda r: f"{what} column {column!r} is blank and has no fill")
+    else:
+        out[missing] = fill
+    return out.astype(np.float32)
+
+
+# ---------------------------------------------------------------- categorical
+
+def _categorical(raw: RawBatch, f, probs: _Problems) -> FeatureValues:
+    n = raw.num_rows
+    lengths, values = list_form(raw.columns[f.column])
+    t = values.type
+    ints = None
+    tokens = None
+    if _is_stringlike(t):
+        tokens = values.cast(pa.large_binary()) if not pa.types.is_large_binary(t) else values
+        if f.delimiter is not None and len(tokens):
+            split = pc.split_pattern(tokens, f.delimiter)
+            per_value = pc.list_value_length(split).to_numpy(zero_copy_only=False).astype(np.int64)
+            rows = _value_rows(lengths)
+            lengths = np.bincount(rows, weights=per_value, minlength=n).astype(np.int64)
+            tokens = _as_array(pc.list_flatten(split))
+    elif pa.types.is_integer(t):
+        ints = values.to_numpy(zero_copy_only=False).astype(np.int64)
+    elif pa.types.is_floating(t):
+        fl = values.to_numpy(zero_copy_only=False)
+        ok = np.isfinite(fl) & (fl == np.round(fl))
+        if not ok.all():
+            rows = _value_rows(lengths)
+            badr = np.zeros(n, bool)
+            badr[rows[~ok]] = True
+            probs.flag(badr, "wrong_type", lambda r: f"categorical column {f.column!r} holds a non-integer float")
+        ints = np.where(ok, fl, 0).astype(np.int64)
+    else:
+        probs.flag(np.ones(n, bool), "wrong_type",
+                   lambda r: f"categorical column {f.column!r} has type {t}, expected strings or integers")
+        return FeatureValues(lengths=np.zeros(n, np.int64), tokens=pa.array([], pa.large_binary()))
+
+    weights = None
+    if f.weight_column:
+        wl, wv = list_form(raw.columns[f.weight_column])
+        if _is_stringlike(wv.type) and f.delimiter is not None and len(wv):
+            split = pc.split_pattern(wv.cast(pa.large_string()) if not pa.types.is_large_string(wv.type) else wv,
+                                     f.delimiter)
+            per_value = pc.list_value_length(split).to_numpy(zero_copy_only=False).astype(np.int64)
+            wl = np.bincount(_value_rows(wl), weights=per_value, minlength=n).astype(np.int64)
+            wv = _as_array(pc.list_flatten(split))
+        parsed, blank, bad = parse_floats(wv)
+        w = parsed.astype(np.float32)
+        w[blank | bad] = np.nan
+        mismatch = wl != lengths
+        if mismatch.any():
+            probs.flag(mismatch, "weight_mismatch",
+                       lambda r: f"feature {f.name!r}: {int(lengths[r])} values in {f.column!r} but "
+                                 f"{int(wl[r])} weights in {f.weight_column!r}")
+            # keep arrays aligned for the other rows: give bad rows zero values
+            vkeep = np.repeat(~mismatch, lengths)
+            wkeep = np.repeat(~mismatch, wl)
+            lengths = np.where(mismatch, 0, lengths)
+            if tokens is not None:
+                tokens = tokens.filter(pa.array(vkeep))
+            else:
+                ints = ints[vkeep]
+            w = w[wkeep]
+        weights = w
+
+    # Blank values mean "no value" (Criteo's empty cells, 'a||b').
+    if tokens is not None and len(tokens):
+        nonempty = np.asarray(pc.greater(pc.binary_length(tokens), 0).to_numpy(zero_copy_only=False), dtype=bool)
+        if not nonempty.all():
+            rows = _value_rows(lengths)
+            lengths = lengths - np.bincount(rows[~nonempty], minlength=n).astype(np.int64)
+            tokens = tokens.filter(pa.array(nonempty))
+            if weights is not None:
+                weights = weights[nonempty]
+    return FeatureValues(lengths=lengths, tokens=tokens, ints=ints, weights=weights)
+
+
+def parse_batch(raw: RawBatch, spec, chunk_index: Optional[int] = None) -> Tuple[ParsedChunk, List[DeadLetter]]:
+    probs = _Problems(raw)
+    n = raw.num_rows
+    if spec.label is not None:
+        label = _scalar_float(raw, spec.label.column, spec.label.fill, "label", probs)
+    else:
+        label = np.zeros(n, np.float32)
+    dense = np.zeros((n, len(spec.dense)), np.float32)
+    for j, d in enumerate(spec.dense):
+        dense[:, j] = _scalar_float(raw, d.column, d.fill, "dense", probs)
+    feats = {f.name: _categorical(raw, f, probs) for f in spec.categorical}
+    keep = ~probs.bad
+    if not keep.all():
+        label, dense = label[keep], dense[keep]
+        feats = {k: v.take_rows(keep) for k, v in feats.items()}
+    chunk = ParsedChunk(raw.file_index, raw.batch_index if chunk_index is None else chunk_index,
+                        raw.record_numbers[keep], label, dense, feats)
+    return chunk, probs.dead_letters()

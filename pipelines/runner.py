@@ -1,0 +1,93 @@
+"""Run the jobs: Beam options (with an in-process runner pinned locally), vocab, shard, profile, run."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from typing import Dict, List, Optional, Sequence
+
+import apache_beam as beam
+from apache_beam.options.pipeline_options import PipelineOptions
+
+from pipelines import io as pio
+from pipelines import jobs
+from pipelines import manifest as pmanifest
+
+log = logging.getLogger("tpu_embed.pipelines")
+
+
+def pipeline_options(beam_args: Sequence[str] = ()) -> PipelineOptions:
+    """PipelineOptions from pass-through flags; without --runner, DirectRunner in process.
+
+    Beam >= 2.68 would otherwise try the Prism runner, which downloads a binary.
+    `--direct_num_workers=N` (N > 1) without a running mode selects
+    `multi_processing`.  Flags for other runners (Dataflow, Flink, Spark) pass through.
+    """
+    args = list(beam_args)
+    flags = {a.split("=", 1)[0] for a in args if a.startswith("--")}
+    if "--runner" not in flags:
+        args.append("--runner=DirectRunner")
+    opts = PipelineOptions(args)
+    all_opts = opts.get_all_options(drop_default=False)
+    runner = str(all_opts.get("runner") or "")
+    if runner in ("DirectRunner", "BundleBasedDirectRunner", "") and "--direct_running_mode" not in flags:
+        workers = int(all_opts.get("direct_num_workers") or 1)
+        args.append("--direct_running_mode=" + ("multi_processing" if workers > 1 else "in_memory"))
+        opts = PipelineOptions(args)
+    return opts
+
+
+def _run(build, beam_args: Sequence[str]):
+    opts = pipeline_options(beam_args)
+    p = beam.Pipeline(options=opts)
+    build(p)
+    result = p.run()
+    result.wait_until_finish()
+    return result
+
+
+def run_vocab(cfg: jobs.JobConfig, beam_args: Sequence[str] = ()) -> dict:
+    files = pio.list_input_files(cfg.spec.input_patterns())
+    if not cfg.spec.vocabulary_groups():
+        # Nothing to count: still write a manifest with the spec.
+        pmanifest.update_manifest(cfg.output, "vocab", pmanifest.job_json(cfg, files, "vocab"), stats={},
+                                  files=[], extra={"vocabularies": {}})
+    else:
+        _run(lambda p: jobs.build_vocab_pipeline(p, cfg, files), beam_args)
+    return pmanifest.read_manifest(cfg.output)
+
+
+def vocab_sizes_for(cfg: jobs.JobConfig) -> Dict[str, int]:
+    vdir = cfg.vocab_dir or cfg.output
+    m = pmanifest.read_manifest(vdir)
+    groups = cfg.spec.vocabulary_groups()
+    if not groups:
+        return {}
+    if m is None or "vocabularies" not in m:
+        raise FileNotFoundError(f"{vdir} has no vocabulary manifest: run `tpu-embed vocab --spec ... --output "
+                                f"{vdir}` first (or `tpu-embed run`).")
+    if m.get("spec_fingerprint") != cfg.spec.fingerprint:
+        raise ValueError(f"the vocabularies in {vdir} were made for spec {m.get('spec_fingerprint')[:12]}…, not "
+                         f"this spec ({cfg.spec.fingerprint[:12]}…). Re-run `tpu-embed vocab` with this spec.")
+    missing = sorted(set(groups) - set(m["vocabularies"]))
+    if missing:
+        raise ValueError(f"{vdir}/manifest.json has no vocabularies for {missing}; re-run `tpu-embed vocab`.")
+    return {k: int(m["vocabularies"][k]["size"]) for k in groups}
+
+
+def run_shard(cfg: jobs.JobConfig, beam_args: Sequence[str] = ()) -> dict:
+    files = pio.list_input_files(cfg.spec.input_patterns())
+    sizes = vocab_sizes_for(cfg)
+    _run(lambda p: jobs.build_shard_pipeline(p, cfg, files, sizes), beam_args)
+    return pmanifest.read_manifest(cfg.output)
+
+
+def run_profile(cfg: jobs.JobConfig, beam_args: Sequence[str] = ()) -> dict:
+    cfg = dataclasses.replace(cfg, write_shards=False, write_profile=True)
+    return run_shard(cfg, beam_args)
+
+
+def run_all(cfg: jobs.JobConfig, beam_args: Sequence[str] = ()) -> dict:
+    """Vocabulary job, then shards + profile in one read of the data."""
+    run_vocab(dataclasses.replace(cfg, vocab_dir=None), beam_args)
+    return run_shard(cfg, beam_args)

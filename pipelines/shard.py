@@ -1,0 +1,134 @@
+"""One global batch -> per-host records of per-chip SparseCore CSR (pure numpy).
+
+`build_step` is everything the shard job does per training step: split the
+global batch per host then per chip (contiguous blocks), run
+`tpu_embed.sparsecore.preprocess_with_layout` for every chip with the
+resolved limits, and encode one record per host (`tpu_embed.shards`).
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+from typing import Dict, List, Mapping, Optional, Tuple
+
+import numpy as np
+
+from pipelines.batching import ExampleBlock, global_feature_ids
+from tpu_embed import shards as shard_format
+from tpu_embed.sparsecore import (DEFAULT_MAX_IDS_PER_CHIP_PER_SAMPLE, DEFAULT_MAX_IDS_PER_TABLE,
+                                  DEFAULT_MAX_UNIQUE_IDS_PER_TABLE, LimitExceededError, buffer_sizes,
+                                  preprocess_with_layout, split_global_batch)
+
+
+@dataclasses.dataclass(frozen=True)
+class Limits:
+    """The SparseCore limits the shards are built with (always recorded in the manifest)."""
+    max_ids_per_chip_per_sample: int
+    max_ids_per_table: Mapping[str, int]
+    max_unique_ids_per_table: Mapping[str, int]
+    allow_id_dropping: bool
+    source: str  # "tf-defaults" | "spec" | "plan:<path>" | "cli"
+
+    def to_json(self) -> dict:
+        return {"source": self.source, "max_ids_per_chip_per_sample": self.max_ids_per_chip_per_sample,
+                "max_ids_per_table": dict(sorted(self.max_ids_per_table.items())),
+                "max_unique_ids_per_table": dict(sorted(self.max_unique_ids_per_table.items())),
+                "allow_id_dropping": self.allow_id_dropping}
+
+
+def resolve_limits(spec, layout, plan_path: Optional[str] = None) -> Limits:
+    """Limits from a plan file (profiles.load_plan), else the spec's `limits`, else TF's defaults."""
+    stacks = list(layout.stacks)
+    if plan_path:
+        from profiles import load_plan
+        plan = load_plan(plan_path)
+        d = plan.to_json() if hasattr(plan, "to_json") else {}
+        sc = d.get("sparse_core_config") or d.get("sparse_core") or {}
+        mids = getattr(plan, "max_ids_per_table", None) or sc.get("max_ids_per_table") or {}
+        muids = getattr(plan, "max_unique_ids_per_table", None) or sc.get("max_unique_ids_per_table") or {}
+        mpcs = (getattr(plan, "max_ids_per_chip_per_sample", None) or sc.get("max_ids_per_chip_per_sample")
+                or DEFAULT_MAX_IDS_PER_CHIP_PER_SAMPLE)
+        drop = bool(getattr(plan, "allow_id_dropping", False) or sc.get("allow_id_dropping", False))
+        unknown = sorted(set(mids) - set(stacks))
+        if unknown:
+            raise ValueError(f"plan {plan_path} has limits for stacks {unknown}, but this spec's stacks are "
+                             f"{stacks}: the plan was made for another spec or topology. Re-run `tpu-embed plan`.")
+        return Limits(int(mpcs), {s: int(mids.get(s, DEFAULT_MAX_IDS_PER_TABLE)) for s in stacks},
+                      {s: int(muids.get(s, DEFAULT_MAX_UNIQUE_IDS_PER_TABLE)) for s in stacks}, drop,
+                      f"plan:{plan_path}")
+    lim = spec.limits
+    unknown = sorted((set(lim.max_ids_per_table) | set(lim.max_unique_ids_per_table)) - set(stacks))
+    if unknown:
+        raise ValueError(f"spec key 'limits': entries for {unknown} are not stacked tables; this spec's stacks are "
+                         f"{stacks}. Fix: key the limits by stack name (`tpu-embed inspect` lists them).")
+    return Limits(lim.max_ids_per_chip_per_sample,
+                  {s: int(lim.max_ids_per_table.get(s, DEFAULT_MAX_IDS_PER_TABLE)) for s in stacks},
+                  {s: int(lim.max_unique_ids_per_table.get(s, DEFAULT_MAX_UNIQUE_IDS_PER_TABLE)) for s in stacks},
+                  lim.allow_id_dropping, "spec" if lim.given else "tf-defaults")
+
+
+def shard_format_for(spec, layout, limits: Limits) -> shard_format.ShardFormat:
+    stacks = []
+    for name, st in layout.stacks.items():
+        sizes = buffer_sizes(st, layout.topology, limits.max_ids_per_chip_per_sample)
+        stacks.append((name, sizes.row_pointers, sizes.ids))
+    return shard_format.ShardFormat(
+        num_hosts=spec.topology.num_hosts, chips_per_host=spec.topology.chips_per_host,
+        host_batch_size=spec.per_host_batch_size, dense_features=tuple(d.name for d in spec.dense),
+        tensor_core_features=tuple((f.name, f.weight_column is not None, int(f.tensor_core_width))
+                                   for f in spec.tensor_core_features),
+        stacks=tuple(stacks))
+
+
+def global_ids_of(block: ExampleBlock, spec) -> Dict[str, object]:
+    return {f.name: global_feature_ids(block, f.name, f.sequence_length) for f in spec.sparse_core_features}
+
+
+def build_step(step: int, block: ExampleBlock, spec, layout, limits: Limits, *, encode: bool = True
+               ) -> Tuple[List[Tuple[int, bytes]], Dict[str, object], Dict[str, int], collections.Counter]:
+    """(records [(host, bytes)], global ids, OOV counts per feature, counters) of one step."""
+    topo = spec.topology
+    counts: collections.Counter = collections.Counter()
+    gids = global_ids_of(block, spec)
+    oov = {f.name: int(block.features[f.name].oov.sum()) for f in spec.sparse_core_features}
+    records = []
+    if encode:
+        cph = topo.chips_per_host
+        hb = spec.per_host_batch_size
+        for h in range(topo.num_hosts):
+            chips = list(range(h * cph, (h + 1) * cph))
+            per_chip = split_global_batch(gids, layout, chips=chips)
+            csr = []
+            for c, chip_ids in zip(chips, per_chip):
+                try:
+                    batches = preprocess_with_layout(
+                        chip_ids, layout, max_ids_per_chip_per_sample=limits.max_ids_per_chip_per_sample,
+                        max_ids_per_table=dict(limits.max_ids_per_table),
+                        max_unique_ids_per_table=dict(limits.max_unique_ids_per_table),
+                        allow_id_dropping=limits.allow_id_dropping)
+                except LimitExceededError as e:
+                    raise LimitExceededError(
+                        f"step {step}, chip {c} (limits from {limits.source}): {e} Run `tpu-embed profile` then "
+                        "`tpu-embed plan` and pass --plan, raise the spec's `limits`, or set "
+                        "limits.allow_id_dropping: true (every dropped id is counted).") from None
+                for stack, b in batches.items():
+                    if b.dropped_ids:
+                        counts[f"stack/{stack}/dropped_ids"] += int(b.dropped_ids)
+                csr.append(batches)
+            sl = slice(h * hb, (h + 1) * hb)
+            tc = {}
+            for f in spec.tensor_core_features:
+                fb = block.features[f.name].slice(sl.start, sl.stop)
+                tc[f.name] = (fb.lengths, fb.ids, fb.weights)
+            rec = shard_format.encode_step_record(step=step, host=h, label=block.label[sl], mask=block.mask[sl],
+                                                  dense=block.dense[sl], tensor_core=tc, chips=csr)
+            records.append((h, rec))
+    counts["steps"] += 1
+    counts["examples_in_steps"] += block.num_examples
+    counts["examples_padding"] += int((block.mask == 0).sum())
+    return records, gids, oov, counts
+
+
+def shard_file_name(host: int, file_no: int, num_files: int) -> str:
+    return f"shards/host-{host:05d}/part-{file_no:05d}-of-{num_files:05d}.tfrecord"

@@ -1,0 +1,241 @@
+"""Each transform alone with TestPipeline + assert_that, plus bad input, policies and --strict."""
+
+from __future__ import annotations
+
+import collections
+import json
+import os
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+import apache_beam as beam
+from apache_beam.testing.test_pipeline import TestPipeline as BeamTestPipeline
+from apache_beam.testing.util import assert_that, equal_to
+
+from pipelines import batching, io as pio, jobs, mapping, parse, runner, vocab as pvocab
+from pipelines.cli import main as cli_main
+from tpu_embed.shards import tfrecord_frame
+from tpu_embed.spec import parse_spec
+
+RUNNER = ["--runner=DirectRunner", "--direct_running_mode=in_memory"]
+
+
+def tp():
+    return BeamTestPipeline(argv=RUNNER, blocking=True)
+
+
+def small_spec(tmp_path, fmt="csv", patterns=("*.csv",), **over):
+    raw = {
+        "inputs": {"format": fmt, "patterns": list(patterns)},
+        "label": {"column": "label"},
+        "dense": [{"name": "x", "fill": -1.0}],
+        "categorical": [
+            {"name": "c", "delimiter": "|", "weight_column": "w", "vocabulary": {"num_oov_buckets": 1}},
+            {"name": "d", "vocabulary": {"type": "identity", "num_buckets": 10}},
+        ],
+        "defaults": {"table": {"dim": 8}},
+        "optimizer": {"type": "sgd", "learning_rate": 0.1},
+        "topology": {"num_chips": 1},
+        "global_batch_size": 4,
+    }
+    raw.update(over)
+    return parse_spec(raw, base_dir=str(tmp_path))
+
+
+def write(tmp_path, name, text):
+    p = tmp_path / name
+    p.write_bytes(text.encode() if isinstance(text, str) else text)
+    return str(p)
+
+
+GOOD = "label,x,c,w,d\n1,0.5,a|b,1|2,3\n0,,b,0.5,4\n1,2,,,\n0,3,a|a|c,1|1|1,9\n1,4,b,1,1\n"
+BAD = ("label,x,c,w,d\n"
+       "1,0.5,a,1,3\n"          # line 2 ok
+       "1,abc,a,1,3\n"          # line 3 unparsable number
+       ",1,a,1,3\n"             # line 4 blank label (no fill)
+       "1,1,a|b,1,3\n"          # line 5 weight mismatch
+       "1,1,a,1,3,extra\n"      # line 6 malformed (too many columns)
+       "0,1,b,nan,12\n")        # line 7 ok: NaN weight and out-of-range id are policies, not dead letters
+
+
+def test_read_examples_and_dead_letters(tmp_path):
+    write(tmp_path, "a_good.csv", GOOD)
+    write(tmp_path, "b_bad.csv", BAD)
+    write(tmp_path, "c_missing.csv", "label,x,c\n1,2,a\n")
+    write(tmp_path, "d_empty.csv", "")
+    spec = small_spec(tmp_path)
+    files = pio.list_input_files(spec.input_patterns())
+    assert [os.path.basename(f.path) for f in files] == ["a_good.csv", "b_bad.csv", "c_missing.csv", "d_empty.csv"]
+    with tp() as p:
+        out = p | jobs.ReadExamples(spec, files)
+        assert_that(out["chunks"] | beam.Map(lambda c: (c.file_index, c.num_rows)), equal_to([(0, 5), (1, 2)]),
+                    label="chunks")
+        assert_that(out["dead"] | beam.Map(lambda d: (os.path.basename(d.file), d.record, d.reason)), equal_to([
+            ("b_bad.csv", 3, "unparsable_number"), ("b_bad.csv", 4, "missing_value"),
+            ("b_bad.csv", 5, "weight_mismatch"), ("b_bad.csv", 6, "malformed_record"),
+            ("c_missing.csv", -1, "missing_columns"), ("d_empty.csv", -1, "empty_file")]), label="dead")
+        stats = out["stats"] | beam.CombineGlobally(jobs.SumCounters())
+        assert_that(stats | beam.Map(lambda s: (s["records_read"], s["records_valid"], s["files_read"])),
+                    equal_to([(11, 7, 4)]), label="stats")
+
+
+def test_strict_stops_with_file_and_record(tmp_path, capsys):
+    write(tmp_path, "b_bad.csv", BAD)
+    spec = small_spec(tmp_path)
+    files = pio.list_input_files(spec.input_patterns())
+    with pytest.raises(Exception, match=r"b_bad.csv record 3: unparsable_number"):
+        with tp() as p:
+            _ = p | jobs.ReadExamples(spec, files, strict=True)
+
+
+def test_policies_counted_and_dead_letter_files(tmp_path):
+    write(tmp_path, "b_bad.csv", BAD)
+    spec = small_spec(tmp_path)
+    out = str(tmp_path / "out")
+    m = runner.run_all(jobs.JobConfig(spec=spec, output=out, write_profile=False, tail="pad"))
+    c = m["counts"]
+    assert c["records_read"] == 6 and c["records_invalid"] == 4
+    assert c["dead_letters"] == {"malformed_record": 1, "missing_value": 1, "unparsable_number": 1,
+                                 "weight_mismatch": 1}
+    assert c["ids"]["c"]["nan_weights_dropped"] == 1
+    assert c["ids"]["d"]["invalid_ids_dropped"] == 1
+    assert c["examples_written"] == 2 and c["examples_padding"] == 2
+    dl = [f for f in m["files"] if f["kind"] == "dead_letter"]
+    assert len(dl) == 1 and dl[0]["records"] == 4
+    lines = [json.loads(x) for x in open(os.path.join(out, dl[0]["path"]))]
+    assert [x["record"] for x in lines] == [3, 4, 5, 6]
+    assert "abc" in lines[0]["detail"]
+    # error policies stop the job with a message naming the feature and the fix
+    spec_err = small_spec(tmp_path, policies={"invalid_ids": "error"})
+    with pytest.raises(Exception, match=r"feature 'd'.*policies.invalid_ids"):
+        runner.run_all(jobs.JobConfig(spec=spec_err, output=str(tmp_path / "out2"), write_profile=False))
+
+
+def test_cli_strict_message(tmp_path, capsys):
+    write(tmp_path, "b_bad.csv", BAD)
+    spec_path = write(tmp_path, "spec.yaml", json.dumps({
+        "inputs": {"format": "csv", "patterns": ["*.csv"]}, "label": "label",
+        "categorical": [{"name": "c", "delimiter": "|"}], "defaults": {"table": {"dim": 8}},
+        "optimizer": {"type": "sgd", "learning_rate": 0.1}, "global_batch_size": 4}))
+    rc = cli_main(["vocab", "--spec", spec_path, "--output", str(tmp_path / "o"), "--strict"])
+    assert rc == 1
+    err = capsys.readouterr().err
+    assert "b_bad.csv record 4: missing_value" in err
+
+
+def test_tfrecord_and_parquet_readers(tmp_path):
+    import tensorflow as tf
+
+    def example(label, c, d):
+        return tf.train.Example(features=tf.train.Features(feature={
+            "label": tf.train.Feature(float_list=tf.train.FloatList(value=[label])),
+            "x": tf.train.Feature(float_list=tf.train.FloatList(value=[1.5])),
+            "c": tf.train.Feature(bytes_list=tf.train.BytesList(value=c)),
+            "w": tf.train.Feature(float_list=tf.train.FloatList(value=[1.0] * len(c))),
+            "d": tf.train.Feature(int64_list=tf.train.Int64List(value=[d])),
+        })).SerializeToString()
+
+    recs = [example(1, [b"a", b"b"], 3), b"\x08\x01garbage", example(0, [b"b"], 4),
+            tf.train.Example().SerializeToString()]  # the last one has no label -> missing_value
+    write(tmp_path, "part.tfrecord", b"".join(tfrecord_frame(r) for r in recs))
+    spec = small_spec(tmp_path, fmt="tfrecord", patterns=["*.tfrecord"])
+    files = pio.list_input_files(spec.input_patterns())
+    with tp() as p:
+        out = p | jobs.ReadExamples(spec, files)
+        assert_that(out["chunks"] | beam.FlatMap(lambda c: c.features["c"].tokens.to_pylist()),
+                    equal_to([b"a", b"b", b"b"]), label="tokens")
+        assert_that(out["dead"] | beam.Map(lambda d: (d.record, d.reason)),
+                    equal_to([(1, "malformed_record"), (3, "missing_value")]), label="dead")
+
+    table = pa.table({"label": pa.array([1.0, 0.0]), "x": pa.array([None, 2.0]),
+                      "c": pa.array([["a", "b"], ["c"]]), "w": pa.array([[1.0, 2.0], [1.0]]),
+                      "d": pa.array(["3", "x"])})
+    pq.write_table(table, str(tmp_path / "p.parquet"))
+    spec = small_spec(tmp_path, fmt="parquet", patterns=["*.parquet"])
+    raw = next(it for it in pio.read_file("parquet", pio.list_input_files(spec.input_patterns())[0],
+                                          spec.required_columns()) if isinstance(it, pio.RawBatch))
+    chunk, dead = parse.parse_batch(raw, spec)
+    assert dead == [] and chunk.dense[:, 0].tolist() == [-1.0, 2.0]
+    counts = collections.Counter()
+    block = mapping.map_chunk(chunk, spec, {"c": pa.array([b"b", b"a"], pa.large_binary())}, counts)
+    assert block.features["c"].ids.tolist() == [1, 0, 2]  # c is OOV -> bucket 2
+    assert block.features["d"].ids.tolist() == [3] and counts["feature/d/invalid_ids_dropped"] == 1
+
+
+def test_compute_vocabulary_combine(tmp_path):
+    write(tmp_path, "a.csv", GOOD)
+    spec = small_spec(tmp_path)
+    files = pio.list_input_files(spec.input_patterns())
+    out = str(tmp_path / "o")
+    with tp() as p:
+        chunks = (p | jobs.ReadExamples(spec, files))["chunks"]
+        v = chunks | jobs.ComputeVocabulary(spec, out)
+        assert_that(v["vocabularies"] | beam.Map(lambda d: (d["key"], d["size"], d["tokens_counted"])),
+                    equal_to([("c", 3, 7)]), label="info")
+    # a: 3, b: 3, c: 1 -> ties by token bytes descending
+    assert open(os.path.join(out, "vocab", "c.txt"), "rb").read() == b"b\na\nc\n"
+
+
+def test_token_count_combine_fn_matches_counter():
+    rng = np.random.default_rng(0)
+    tables, expect = [], collections.Counter()
+    for _ in range(20):
+        toks = [b"t%d" % x for x in rng.zipf(1.5, 300) % 50] + [b"", b"x\ny"]
+        expect.update(t for t in toks if t and b"\n" not in t)
+        tables.append(pvocab.value_counts(pa.array(toks, pa.large_binary())))
+    with tp() as p:
+        got = (p | beam.Create([("k", t) for t in tables]) | beam.CombinePerKey(pvocab.TokenCountCombineFn())
+               | beam.Map(lambda kv: sorted(zip(kv[1].column("token").to_pylist(), kv[1].column("count").to_pylist()))))
+        assert_that(got, equal_to([sorted(expect.items())]))
+    tokens, counts, distinct = pvocab.finalize(pvocab.merge_counts(tables), top_k=5, frequency_threshold=3)
+    ref = sorted(((t, c) for t, c in expect.items() if c >= 3), key=lambda tc: (tc[1], tc[0]), reverse=True)[:5]
+    assert list(zip(tokens, counts)) == ref and distinct == len(expect)
+
+
+def _block(n, start, nf=1):
+    lengths = np.arange(start, start + n) % 3
+    ids = np.arange(int(lengths.sum()), dtype=np.int64) + 100 * start
+    return batching.ExampleBlock(np.arange(start, start + n, dtype=np.float32), np.zeros((n, 0), np.float32),
+                                 np.ones(n, np.float32),
+                                 {"f": batching.FeatureBlock(lengths, ids, None, np.zeros(n, np.int32))})
+
+
+@pytest.mark.parametrize("tail,steps", [("drop", 2), ("pad", 3)])
+def test_form_global_batches(tail, steps):
+    blocks = [((0, 0), _block(3, 0)), ((0, 1), _block(4, 3)), ((1, 0), _block(4, 7))]  # 11 examples, B=4
+    with tp() as p:
+        out = p | beam.Create(blocks) | jobs.FormGlobalBatches(4, 0, tail)
+        assert_that(out["steps"] | beam.Map(lambda kv: (kv[0], kv[1].label.tolist(), kv[1].mask.tolist())),
+                    equal_to([(s, [float(x) if x < 11 else 0.0 for x in range(4 * s, 4 * s + 4)],
+                               [1.0 if x < 11 else 0.0 for x in range(4 * s, 4 * s + 4)]) for s in range(steps)]),
+                    label="steps")
+        assert_that(out["info"] | beam.Map(lambda i: (i["examples"], i["steps"], i["tail_dropped"],
+                                                      i["tail_padding"])),
+                    equal_to([(11, steps, 3 if tail == "drop" else 0, 1 if tail == "pad" else 0)]), label="info")
+
+
+def test_build_shards_and_profile_combine(tmp_path):
+    write(tmp_path, "a.csv", GOOD)
+    spec = small_spec(tmp_path)
+    out = str(tmp_path / "o")
+    runner.run_vocab(jobs.JobConfig(spec=spec, output=out))
+    sizes = runner.vocab_sizes_for(jobs.JobConfig(spec=spec, output=out))
+    from pipelines import shard as pshard
+    layout = spec.layout(sizes)
+    limits = pshard.resolve_limits(spec, layout)
+    vocabs = jobs.load_vocabularies(spec, out)
+    files = pio.list_input_files(spec.input_patterns())
+    raw = next(it for it in pio.read_file("csv", files[0], spec.required_columns()) if isinstance(it, pio.RawBatch))
+    chunk, _ = parse.parse_batch(raw, spec)
+    block = mapping.map_chunk(chunk, spec, vocabs, collections.Counter()).slice(0, 4)
+    with tp() as p:
+        steps = p | "Steps" >> beam.Create([(0, block)])
+        info = p | "Info" >> beam.Create([{"steps": 1}])
+        built = (steps, info) | jobs.BuildShards(spec, sizes, limits, out, profile=True)
+        assert_that(built["files"] | beam.Map(lambda f: (f.path, f.records)),
+                    equal_to([("shards/host-00000/part-00000-of-00001.tfrecord", 1)]), label="files")
+        prof = built["profile"] | jobs.CollectProfile(spec, sizes, str(tmp_path / "prof"), candidate_chip_counts=[1])
+        assert_that(prof | beam.Map(lambda ps: len(ps) > 0), equal_to([True]), label="profile")
