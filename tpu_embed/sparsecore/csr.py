@@ -117,7 +117,7 @@ def _stack_tables(stack: StackLayout, layout: SparseCoreLayout) -> _StackTables:
 class _Sorted:
     """A stack's ids for one chip after combiner, rotation, sort and dedup."""
 
-    __slots__ = ("hi", "srow", "gain", "tbits", "ids_pp", "uniq_pp", "native")
+    __slots__ = ("hi", "srow", "gain", "tbits", "ids_pp", "uniq_pp")
 
 
 try:  # the optional C kernel (tpu_embed/sparsecore/native); numpy below is the fallback
@@ -146,39 +146,35 @@ def native_threads() -> int:
         return max(1, os.cpu_count() or 1)
 
 
-def sort_stack(stack: StackLayout, layout: SparseCoreLayout, feature_ids: Dict[str, FeatureIds],
-               native: Optional[bool] = None) -> _Sorted:
-    if native is None:
-        native = _csr_native is not None
-    if native:
-        return _sort_stack_native(stack, layout, feature_ids)
-    return _sort_stack_numpy(stack, layout, feature_ids)
-
-
-def _sort_stack_native(stack: StackLayout, layout: SparseCoreLayout,
-                       feature_ids: Dict[str, FeatureIds]) -> _Sorted:
+def _native_call(stack: StackLayout, layout: SparseCoreLayout, feature_ids: Dict[str, FeatureIds],
+                 counts_only: bool, limits: Optional[StackLimits] = None):
     if _csr_native is None:
         raise RuntimeError("the native CSR kernel is not built (no C compiler at install time?); "
                            "use implementation='numpy'")
     topo = layout.topology
-    nsc, S = topo.num_sc_per_chip, topo.num_sparse_cores
     tab = _stack_tables(stack, layout)
     parts = [feature_ids[p] for p in tab.paths]
-    res = _csr_native.sort_stack(
+    if limits is None:
+        max_ids = max_uniq = cap = 1 << 62
+        allow = 1
+    else:
+        max_ids, max_uniq = limits.max_ids_per_partition, limits.max_unique_ids_per_partition
+        cap = buffer_sizes(stack, topo, limits.max_ids_per_chip_per_sample).ids
+        allow = int(limits.allow_id_dropping)
+    res = _csr_native.pack_stack(
         [(_i64(p.rows), _i64(p.ids), None if p.weights is None else _f32(p.weights)) for p in parts],
         tab.offsets, tab.shift, tab.col_token_offset, tab.vocab, tab.srow_of, tab.row_code_i8,
-        nsc, tab.log2s, tab.tbits, native_threads())
-    if res[0] != 0:
+        topo.num_sc_per_chip, tab.log2s, tab.tbits, native_threads(), int(counts_only),
+        max_ids, max_uniq, cap, allow, PAD_VALUE)
+    if res[0] in (1, 2, 3):
         _raise_bad_value(res, tab, parts)
-    out = _Sorted()
-    out.hi = np.frombuffer(res[1], dtype=np.int64)
-    out.srow = np.frombuffer(res[2], dtype=np.int32)
-    out.gain = np.frombuffer(res[3], dtype=np.float32)
-    out.tbits = tab.tbits
-    out.ids_pp = np.frombuffer(res[4], dtype=np.int64).reshape(nsc, S)
-    out.uniq_pp = np.frombuffer(res[5], dtype=np.int64).reshape(nsc, S)
-    out.native = True
-    return out
+    return res
+
+
+def _counts(res, topo):
+    shape = (topo.num_sc_per_chip, topo.num_sparse_cores)
+    return (np.frombuffer(res[1], dtype=np.int64).reshape(shape),
+            np.frombuffer(res[2], dtype=np.int64).reshape(shape))
 
 
 def _i64(a):
@@ -206,8 +202,8 @@ def _raise_bad_value(res, tab, parts):
                      "Clean NaN/inf weights upstream (e.g. replace with 0 or drop the id).")
 
 
-def _sort_stack_numpy(stack: StackLayout, layout: SparseCoreLayout,
-                      feature_ids: Dict[str, FeatureIds]) -> _Sorted:
+def sort_stack(stack: StackLayout, layout: SparseCoreLayout, feature_ids: Dict[str, FeatureIds]) -> _Sorted:
+    """numpy: the stack's ids for one chip after combiner, rotation, sort and dedup."""
     topo = layout.topology
     nsc, S = topo.num_sc_per_chip, topo.num_sparse_cores
     tab = _stack_tables(stack, layout)
@@ -302,7 +298,6 @@ def _sort_stack_numpy(stack: StackLayout, layout: SparseCoreLayout,
         new_col[0] = True
         np.not_equal(hi[1:], hi[:-1], out=new_col[1:])
     out = _Sorted()
-    out.native = False
     out.hi, out.srow, out.gain, out.tbits = hi, tab.srow_of[g_s], gain_s, tbits
     out.ids_pp = np.bincount(seg, minlength=nsc * S).reshape(nsc, S)
     out.uniq_pp = np.bincount(seg[new_col], minlength=nsc * S).reshape(nsc, S)
@@ -312,15 +307,47 @@ def _sort_stack_numpy(stack: StackLayout, layout: SparseCoreLayout,
 def count_partitions(stack: StackLayout, layout: SparseCoreLayout, feature_ids: Dict[str, FeatureIds],
                      native: Optional[bool] = None):
     """(ids, unique ids) per (local SC, destination SC) after dedup: [num_sc_per_chip, S] each."""
-    srt = sort_stack(stack, layout, feature_ids, native)
+    if native is None:
+        native = _csr_native is not None
+    if native:
+        return _counts(_native_call(stack, layout, feature_ids, counts_only=True), layout.topology)
+    srt = sort_stack(stack, layout, feature_ids)
     return srt.ids_pp, srt.uniq_pp
+
+
+def _preprocess_stack_native(stack: StackLayout, layout: SparseCoreLayout, feature_ids: Dict[str, FeatureIds],
+                             limits: StackLimits) -> CsrBatch:
+    topo = layout.topology
+    res = _native_call(stack, layout, feature_ids, counts_only=False, limits=limits)
+    if res[0] in (4, 5):
+        ids_pp, uniq_pp = _counts((None, res[4], res[5]), topo)
+        limits.check(stack.name, res[1], ids_pp[res[1]], uniq_pp[res[1]])
+        raise AssertionError("native limit check disagrees with StackLimits.check")  # pragma: no cover
+    if res[0] == 6:
+        limits.check_buffer(stack.name, buffer_sizes(stack, topo, limits.max_ids_per_chip_per_sample).ids,
+                            total_after=res[1])
+        raise AssertionError("native buffer check disagrees with StackLimits")  # pragma: no cover
+    ids_pp, uniq_pp = _counts(res, topo)
+    sizes = buffer_sizes(stack, topo, limits.max_ids_per_chip_per_sample)
+    rp = np.frombuffer(res[3], np.int32)
+    return CsrBatch(
+        stack=stack.name, row_pointers=rp, sorted_sample_ids=np.frombuffer(res[4], np.int32),
+        sorted_token_ids=np.frombuffer(res[5], np.int32), sorted_gains=np.frombuffer(res[6], np.float32),
+        sample_count=stack.sample_count, num_minibatches_per_physical_sparse_core=1,
+        row_pointers_unpadded_size=rp.size, ids_unpadded_size=int(res[7]),
+        row_pointers_buffer_size=sizes.row_pointers, ids_buffer_size=sizes.ids, dropped_ids=int(res[8]),
+        ids_per_partition=ids_pp, unique_ids_per_partition=uniq_pp)
 
 
 def preprocess_stack(stack: StackLayout, layout: SparseCoreLayout, feature_ids: Dict[str, FeatureIds],
                      limits: StackLimits, native: Optional[bool] = None) -> CsrBatch:
+    if native is None:
+        native = _csr_native is not None
+    if native:
+        return _preprocess_stack_native(stack, layout, feature_ids, limits)
     topo = layout.topology
     nsc, S = topo.num_sc_per_chip, topo.num_sparse_cores
-    srt = sort_stack(stack, layout, feature_ids, native)
+    srt = sort_stack(stack, layout, feature_ids)
     hi, srow_s, gain_s, tbits, ids_pp, uniq_pp = srt.hi, srt.srow, srt.gain, srt.tbits, srt.ids_pp, srt.uniq_pp
     k = hi.size
     if ids_pp.max(initial=0) > limits.max_ids_per_partition or \
@@ -349,25 +376,19 @@ def preprocess_stack(stack: StackLayout, layout: SparseCoreLayout, feature_ids: 
     rp_view[:, :S] = rp_eff.reshape(nsc, S)
     rp_view[:, S:] = ends.reshape(nsc, S)[:, -1:]
 
-    if srt.native:
-        s_b, t_b, g_b = _csr_native.fill_csr(hi, srow_s, gain_s, start_eff, kept, ids_unpadded, tbits, PAD_VALUE)
-        sample_ids = np.frombuffer(s_b, np.int32)
-        token_ids = np.frombuffer(t_b, np.int32)
-        out_gains = np.frombuffer(g_b, np.float32)
-    else:
-        seg = hi >> tbits
-        sample_ids = np.full(ids_unpadded, PAD_VALUE, np.int32)
-        token_ids = np.full(ids_unpadded, PAD_VALUE, np.int32)
-        out_gains = np.full(ids_unpadded, _PAD_GAIN, np.float32)
-        seg_first = np.cumsum(c) - c
-        rank = _arange(k) - seg_first[seg]
-        dst = start_eff[seg] + rank
-        if dropped:
-            keep = rank < kept[seg]
-            dst, srow_s, hi, gain_s = dst[keep], srow_s[keep], hi[keep], gain_s[keep]
-        sample_ids[dst] = srow_s
-        token_ids[dst] = hi & ((1 << tbits) - 1)
-        out_gains[dst] = gain_s
+    seg = hi >> tbits
+    sample_ids = np.full(ids_unpadded, PAD_VALUE, np.int32)
+    token_ids = np.full(ids_unpadded, PAD_VALUE, np.int32)
+    out_gains = np.full(ids_unpadded, _PAD_GAIN, np.float32)
+    seg_first = np.cumsum(c) - c
+    rank = _arange(k) - seg_first[seg]
+    dst = start_eff[seg] + rank
+    if dropped:
+        keep = rank < kept[seg]
+        dst, srow_s, hi, gain_s = dst[keep], srow_s[keep], hi[keep], gain_s[keep]
+    sample_ids[dst] = srow_s
+    token_ids[dst] = hi & ((1 << tbits) - 1)
+    out_gains[dst] = gain_s
     return CsrBatch(
         stack=stack.name, row_pointers=row_pointers, sorted_sample_ids=sample_ids,
         sorted_token_ids=token_ids, sorted_gains=out_gains, sample_count=stack.sample_count,
