@@ -14,7 +14,7 @@ from tpu_embed.sparsecore.csr_types import (
     DEFAULT_MAX_IDS_PER_CHIP_PER_SAMPLE, DEFAULT_MAX_IDS_PER_TABLE, DEFAULT_MAX_UNIQUE_IDS_PER_TABLE,
     PAD_VALUE, CsrBatch, LimitExceededError, StackLimits, buffer_sizes, resolve_limits)
 from tpu_embed.sparsecore.batching import partition_counts, split_global_batch
-from tpu_embed.sparsecore.inputs import FeatureIds, RaggedIds, SparseIds, to_feature_ids
+from tpu_embed.sparsecore.inputs import FeatureIds, RaggedIds, SparseIds, to_feature_ids, to_native_entry
 from tpu_embed.sparsecore.layout import (
     FeaturePlacement, SparseCoreLayout, StackLayout, TablePlacement, flatten, flatten_with_paths,
     same_structure_flatten, stack_tables)
@@ -82,22 +82,38 @@ def preprocess_with_layout(
     """`preprocess` for a precomputed layout (the shard job stacks once, packs many batches)."""
     limits = resolve_limits(layout, max_ids_per_table, max_unique_ids_per_table,
                             max_ids_per_chip_per_sample, allow_id_dropping)
-    if isinstance(features, dict) and features and all(isinstance(v, FeatureIds) for v in features.values()):
-        fids = features  # already validated, e.g. by the shard job
-    else:
-        from tpu_embed.sparsecore.csr import native_available
-        native_checks = implementation == "native" or (implementation == "auto" and native_available())
-        fids = feature_ids_for(features, layout, feature_config, weights, check_ids=not native_checks)
+    from tpu_embed.sparsecore import csr
+    native = implementation == "native" or (implementation == "auto" and csr.native_available())
+    prevalidated = (isinstance(features, dict) and features
+                    and all(isinstance(v, FeatureIds) for v in features.values()))
+    if native and not prevalidated and implementation in ("auto", "native"):
+        # Dense and ragged inputs go to the C kernel as they are; it checks every id and weight.
+        entries = native_entries_for(features, layout, weights)
+        return {name: csr.preprocess_stack_native(stack, layout, entries, limits[name])
+                for name, stack in layout.stacks.items()}
+    fids = features if prevalidated else feature_ids_for(features, layout, feature_config, weights,
+                                                         check_ids=not native)
     if implementation == "reference":
         from tpu_embed.sparsecore.csr_reference import preprocess_stack_reference
         return {name: preprocess_stack_reference(stack, layout, fids, limits[name])
                 for name, stack in layout.stacks.items()}
     if implementation not in IMPLEMENTATIONS:
         raise ValueError(f"implementation must be one of {IMPLEMENTATIONS}, got {implementation!r}")
-    from tpu_embed.sparsecore.csr import preprocess_stack
-    native = {"auto": None, "native": True, "numpy": False}[implementation]
-    return {name: preprocess_stack(stack, layout, fids, limits[name], native)
+    return {name: csr.preprocess_stack(stack, layout, fids, limits[name], native)
             for name, stack in layout.stacks.items()}
+
+
+def native_entries_for(features: Any, layout: SparseCoreLayout, weights: Any = None) -> Dict[str, tuple]:
+    paths = [f.path for f in layout.features]
+    flat_inputs = _flat_like(features, paths, "features")
+    flat_weights = _flat_like(weights, paths, "weights") if weights is not None else [None] * len(paths)
+    out = {}
+    for feat, value, weight in zip(layout.features, flat_inputs, flat_weights):
+        if value is None:
+            raise ValueError(f"Feature {feat.path!r} is missing from the batch (got None).")
+        out[feat.path] = to_native_entry(value, weight, path=feat.path, sample_count=feat.sample_count,
+                                         vocabulary_size=feat.vocabulary_size)
+    return out
 
 
 # "auto" uses the C kernel when it was built at install time, else numpy; all three give

@@ -146,14 +146,20 @@ def native_threads() -> int:
         return max(1, os.cpu_count() or 1)
 
 
-def _native_call(stack: StackLayout, layout: SparseCoreLayout, feature_ids: Dict[str, FeatureIds],
+def native_entries_from_ids(feature_ids: Dict[str, FeatureIds]) -> Dict[str, tuple]:
+    return {p: (_i64(f.rows), _i64(f.ids), None if f.weights is None else _f32(f.weights), None)
+            for p, f in feature_ids.items()}
+
+
+def _native_call(stack: StackLayout, layout: SparseCoreLayout, entries: Dict[str, tuple],
                  counts_only: bool, limits: Optional[StackLimits] = None):
+    """`entries`: {feature path: (rows | None, ids, weights | None, row_splits | None)}."""
     if _csr_native is None:
         raise RuntimeError("the native CSR kernel is not built (no C compiler at install time?); "
                            "use implementation='numpy'")
     topo = layout.topology
     tab = _stack_tables(stack, layout)
-    parts = [feature_ids[p] for p in tab.paths]
+    parts = [entries[p] for p in tab.paths]
     if limits is None:
         max_ids = max_uniq = cap = 1 << 62
         allow = 1
@@ -162,11 +168,10 @@ def _native_call(stack: StackLayout, layout: SparseCoreLayout, feature_ids: Dict
         cap = buffer_sizes(stack, topo, limits.max_ids_per_chip_per_sample).ids
         allow = int(limits.allow_id_dropping)
     res = _csr_native.pack_stack(
-        [(_i64(p.rows), _i64(p.ids), None if p.weights is None else _f32(p.weights)) for p in parts],
-        tab.offsets, tab.shift, tab.col_token_offset, tab.vocab, tab.srow_of, tab.row_code_i8,
+        parts, tab.offsets, tab.shift, tab.col_token_offset, tab.vocab, tab.srow_of, tab.row_code_i8,
         topo.num_sc_per_chip, tab.log2s, tab.tbits, native_threads(), int(counts_only),
         max_ids, max_uniq, cap, allow, PAD_VALUE)
-    if res[0] in (1, 2, 3):
+    if res[0] in (1, 2, 3, 7):
         _raise_bad_value(res, tab, parts)
     return res
 
@@ -188,17 +193,25 @@ def _f32(a):
 def _raise_bad_value(res, tab, parts):
     kind, f, pos = res
     feat = tab.feats[f]
+    rows, ids, weights, splits = parts[f]
+    if kind == 7:
+        if pos == 0:
+            raise ValueError(f"Feature {feat.path!r}: RaggedTensor row_splits must start at 0, be non-decreasing "
+                             f"and end at the number of values ({ids.size}).")
+        raise ValueError(f"Feature {feat.path!r}: a dense input has {ids.size} ids but the feature has "
+                         f"{feat.sample_count} samples per chip (prod(output_shape)).")
     if kind == 3:
-        raise ValueError(f"Feature {feat.path!r}: row {int(parts[f].rows[pos])} (position {pos}) is outside "
+        row = int(rows[pos]) if rows is not None else pos
+        raise ValueError(f"Feature {feat.path!r}: row {row} (position {pos}) is outside "
                          f"its {feat.sample_count} samples per chip or out of order; rows must be sorted.")
     if kind == 1:
-        bad = int(parts[f].ids[pos])
+        bad = int(ids[pos])
         raise ValueError(
             f"Feature {feat.path!r}: id {bad} (position {pos}) is outside its table's vocabulary "
             f"[0, {feat.vocabulary_size}). "
             + ("Negative ids usually mean padding or a failed lookup: drop them or map them to an OOV bucket."
                if bad < 0 else "Raise the table's vocabulary_size or map out-of-vocabulary ids to an OOV bucket."))
-    raise ValueError(f"Feature {feat.path!r}: weight {parts[f].weights[pos]} at position {pos} is not finite. "
+    raise ValueError(f"Feature {feat.path!r}: weight {weights[pos]} at position {pos} is not finite. "
                      "Clean NaN/inf weights upstream (e.g. replace with 0 or drop the id).")
 
 
@@ -310,15 +323,17 @@ def count_partitions(stack: StackLayout, layout: SparseCoreLayout, feature_ids: 
     if native is None:
         native = _csr_native is not None
     if native:
-        return _counts(_native_call(stack, layout, feature_ids, counts_only=True), layout.topology)
+        entries = native_entries_from_ids(feature_ids)
+        return _counts(_native_call(stack, layout, entries, counts_only=True), layout.topology)
     srt = sort_stack(stack, layout, feature_ids)
     return srt.ids_pp, srt.uniq_pp
 
 
-def _preprocess_stack_native(stack: StackLayout, layout: SparseCoreLayout, feature_ids: Dict[str, FeatureIds],
-                             limits: StackLimits) -> CsrBatch:
+def preprocess_stack_native(stack: StackLayout, layout: SparseCoreLayout, entries: Dict[str, tuple],
+                            limits: StackLimits) -> CsrBatch:
+    """The native packer on `entries` ({path: (rows | None, ids, weights | None, row_splits | None)})."""
     topo = layout.topology
-    res = _native_call(stack, layout, feature_ids, counts_only=False, limits=limits)
+    res = _native_call(stack, layout, entries, counts_only=False, limits=limits)
     if res[0] in (4, 5):
         ids_pp, uniq_pp = _counts((None, res[4], res[5]), topo)
         limits.check(stack.name, res[1], ids_pp[res[1]], uniq_pp[res[1]])
@@ -344,7 +359,7 @@ def preprocess_stack(stack: StackLayout, layout: SparseCoreLayout, feature_ids: 
     if native is None:
         native = _csr_native is not None
     if native:
-        return _preprocess_stack_native(stack, layout, feature_ids, limits)
+        return preprocess_stack_native(stack, layout, native_entries_from_ids(feature_ids), limits)
     topo = layout.topology
     nsc, S = topo.num_sc_per_chip, topo.num_sparse_cores
     srt = sort_stack(stack, layout, feature_ids)

@@ -165,3 +165,34 @@ def _weights(weight, kind: str, n: int, path: str) -> np.ndarray:
         raise ValueError(f"Feature {path!r}: weight {w[bad]} at position {bad} is not finite. "
                          "Clean NaN/inf weights upstream (e.g. replace with 0 or drop the id).")
     return w
+
+
+def to_native_entry(value, weight, *, path: str, sample_count: int, vocabulary_size: int):
+    """(rows | None, ids, weights | None, row_splits | None) for the native packer.
+
+    Dense and ragged inputs go through without materialising per-id rows (the
+    native kernel derives them, and checks ids, weights and row_splits itself);
+    anything else, or anything that looks wrong, takes `to_feature_ids`, which
+    raises the descriptive errors.
+    """
+    if isinstance(value, np.ndarray) and value.dtype.kind in "iu":
+        ids = value.reshape(-1)
+        if ids.size == sample_count and (weight is None or isinstance(weight, np.ndarray)):
+            w = None
+            if weight is not None:
+                w = np.ascontiguousarray(weight.reshape(-1), dtype=np.float32)
+                if w.size != ids.size:
+                    w = _weights(weight, "dense", ids.size, path)  # raises
+            return None, np.ascontiguousarray(ids, dtype=np.int64), w, None
+    elif isinstance(value, RaggedIds) or (hasattr(value, "row_splits") and getattr(value, "ragged_rank", 1) == 1):
+        ids = _np(value.values).reshape(-1)
+        splits = _np(value.row_splits)
+        if ids.dtype.kind in "iu" and splits.size == sample_count + 1:
+            w = None
+            if weight is not None:
+                w = _weights(weight, "ragged", ids.size, path)
+            return (None, np.ascontiguousarray(ids, dtype=np.int64), w,
+                    np.ascontiguousarray(splits, dtype=np.int64))
+    f = to_feature_ids(value, weight, path=path, sample_count=sample_count, vocabulary_size=vocabulary_size,
+                       check_ids=False)
+    return f.rows, f.ids, f.weights, None

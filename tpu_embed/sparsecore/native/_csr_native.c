@@ -224,7 +224,7 @@ static uint64_t *radix_sort(Radix *r, uint64_t *keys, uint64_t *tmp, Py_ssize_t 
 
 typedef struct {
   Py_ssize_t F, R;
-  const int64_t **rows, **ids;
+  const int64_t **rows, **ids, **splits; /* rows NULL: dense (row = position) or ragged (splits) */
   const float **weights;
   const int64_t *offsets, *shift, *ctok, *vocab;
   const int32_t *srow_of;
@@ -284,15 +284,24 @@ static void sc_task(Job *J, int s) {
   Py_ssize_t m = 0;
   int64_t pg = -1, pid = -1;
   for (Py_ssize_t f = 0; f < F; f++) {
-    const int64_t *rows = J->rows[f], *ids = J->ids[f];
+    const int64_t *rows = J->rows[f], *ids = J->ids[f], *splits = J->splits[f];
     const float *weights = J->weights[f];
     const int64_t off = J->offsets[f], sh = J->shift[f], ct = J->ctok[f], v = J->vocab[f];
     const int64_t per_sc = ((f + 1 < F ? J->offsets[f + 1] : J->R) - off) / J->nsc;
     const int64_t rhi_row = (s + 1) * per_sc;
     const int code = J->row_code[off];
-    int64_t prev_r = s * per_sc;
+    int64_t prev_r = s * per_sc, cur = s * per_sc;
     for (Py_ssize_t i = J->bounds[f * nb + s], end = J->bounds[f * nb + s + 1]; i < end; i++) {
-      const int64_t id = ids[i], r = rows[i];
+      int64_t r;
+      if (rows) {
+        r = rows[i];
+      } else if (splits) {
+        while (i >= splits[cur + 1]) cur++;
+        r = cur;
+      } else {
+        r = i;
+      }
+      const int64_t id = ids[i];
       if (id < 0 || id >= v) { J->err_kind[s] = 1; J->err_f[s] = f; J->err_i[s] = i; return; }
       if (r < prev_r || r >= rhi_row) { J->err_kind[s] = 3; J->err_f[s] = f; J->err_i[s] = i; return; }
       prev_r = r;
@@ -469,8 +478,9 @@ static void run_job(Job *J) {
 /* pack_stack(features, offsets, shift, col_token_offset, vocab, srow_of, row_code,
  *            num_sc_per_chip, log2s, tbits, num_threads, counts_only,
  *            max_ids, max_unique_ids, id_buffer, allow_id_dropping, pad)
- *   features  list of (rows int64[n_f], ids int64[n_f], weights float32[n_f] or None), in
- *             stack order; rows non-decreasing in [0, samples of the feature)
+ *   features  list of (rows int64[n_f] or None, ids int64[n_f], weights float32[n_f] or None,
+ *             row_splits int64[samples + 1] or None), in stack order; rows non-decreasing in
+ *             [0, samples of the feature); no rows and no splits: dense, one id per sample
  *   offsets, shift, col_token_offset, vocab: int64[F] per feature
  *   srow_of int32[R], row_code int8[R] (0 sum, 1 mean, 2 sqrtn) per stack sample
  * Returns one of
@@ -482,7 +492,8 @@ static void run_job(Job *J) {
  *   (3, feature, position)  row out of range or out of order
  *   (4, sc, dest, count, ids_pp, uniq_pp)  ids over max_ids (TF checks SC by SC, ids first)
  *   (5, sc, dest, count, ids_pp, uniq_pp)  unique ids over max_unique_ids
- *   (6, needed)             the id buffer overflows and dropping is off */
+ *   (6, needed)             the id buffer overflows and dropping is off
+ *   (7, feature, 0 | 1)     bad row_splits (0) / dense input without one id per sample (1) */
 static PyObject *pack_stack(PyObject *self, PyObject *args) {
   PyObject *features, *o[6];
   int nsc, log2s, tbits, nthreads, counts_only, allow_dropping;
@@ -501,7 +512,7 @@ static PyObject *pack_stack(PyObject *self, PyObject *args) {
   for (int i = 0; i < 6; i++) b[i].held = 0;
   const Py_ssize_t F = PyList_GET_SIZE(features);
   const int64_t S = (int64_t)1 << log2s;
-  Buf *fb = calloc(3 * (F + 1), sizeof(Buf));
+  Buf *fb = calloc(4 * (F + 1), sizeof(Buf));
   Job J;
   memset(&J, 0, sizeof(J));
   PyObject *result = NULL;
@@ -523,6 +534,7 @@ static PyObject *pack_stack(PyObject *self, PyObject *args) {
   J.rows = calloc(F + 1, sizeof(int64_t *));
   J.ids = calloc(F + 1, sizeof(int64_t *));
   J.weights = calloc(F + 1, sizeof(float *));
+  J.splits = calloc(F + 1, sizeof(int64_t *));
   bounds = calloc((F + 1) * (nsc + 1), sizeof(Py_ssize_t));
   J.bounds = bounds;
   J.scale = calloc(J.R + 1, sizeof(float));
@@ -535,7 +547,7 @@ static PyObject *pack_stack(PyObject *self, PyObject *args) {
   J.err_kind = calloc(nsc, sizeof(int));
   J.err_f = calloc(nsc, sizeof(Py_ssize_t));
   J.err_i = calloc(nsc, sizeof(Py_ssize_t));
-  if (!J.rows || !J.ids || !J.weights || !bounds || !J.scale || !J.out_hi || !J.out_srow || !J.out_gain ||
+  if (!J.rows || !J.ids || !J.weights || !J.splits || !bounds || !J.scale || !J.out_hi || !J.out_srow || !J.out_gain ||
       !J.out_k || !J.ids_pp || !J.uniq_pp || !J.err_kind || !J.err_f || !J.err_i) {
     PyErr_NoMemory();
     goto done;
@@ -543,26 +555,44 @@ static PyObject *pack_stack(PyObject *self, PyObject *args) {
   for (Py_ssize_t r = 0; r < J.R; r++) if (J.row_code[r]) { J.any_combiner = 1; break; }
   for (Py_ssize_t f = 0; f < F; f++) {
     PyObject *t = PyList_GET_ITEM(features, f);
-    if (!PyTuple_Check(t) || PyTuple_GET_SIZE(t) != 3) {
-      PyErr_SetString(PyExc_TypeError, "features must be (rows, ids, weights) tuples");
+    if (!PyTuple_Check(t) || PyTuple_GET_SIZE(t) != 4) {
+      PyErr_SetString(PyExc_TypeError, "features must be (rows, ids, weights, row_splits) tuples");
       goto done;
     }
-    if (get_buf(PyTuple_GET_ITEM(t, 0), &fb[3 * f], 8, "rows") < 0 ||
-        get_buf(PyTuple_GET_ITEM(t, 1), &fb[3 * f + 1], 8, "ids") < 0 ||
-        get_buf(PyTuple_GET_ITEM(t, 2), &fb[3 * f + 2], 4, "weights") < 0)
+    if (get_buf(PyTuple_GET_ITEM(t, 0), &fb[4 * f], 8, "rows") < 0 ||
+        get_buf(PyTuple_GET_ITEM(t, 1), &fb[4 * f + 1], 8, "ids") < 0 ||
+        get_buf(PyTuple_GET_ITEM(t, 2), &fb[4 * f + 2], 4, "weights") < 0 ||
+        get_buf(PyTuple_GET_ITEM(t, 3), &fb[4 * f + 3], 8, "row_splits") < 0)
       goto done;
-    const Py_ssize_t nf = fb[3 * f + 1].b.len / 8;
-    if (fb[3 * f].b.len / 8 != nf || (fb[3 * f + 2].held && fb[3 * f + 2].b.len / 4 != nf)) {
+    const Py_ssize_t nf = fb[4 * f + 1].b.len / 8;
+    const int64_t per_sc = ((f + 1 < F ? J.offsets[f + 1] : J.R) - J.offsets[f]) / nsc;
+    const int64_t samples = (int64_t)nsc * per_sc;
+    if ((fb[4 * f].held && fb[4 * f].b.len / 8 != nf) || (fb[4 * f + 2].held && fb[4 * f + 2].b.len / 4 != nf)) {
       PyErr_SetString(PyExc_ValueError, "rows, ids and weights of a feature differ in length");
       goto done;
     }
-    J.rows[f] = fb[3 * f].b.buf;
-    J.ids[f] = fb[3 * f + 1].b.buf;
-    J.weights[f] = fb[3 * f + 2].held ? fb[3 * f + 2].b.buf : NULL;
+    J.rows[f] = fb[4 * f].held ? fb[4 * f].b.buf : NULL;
+    J.ids[f] = fb[4 * f + 1].b.buf;
+    J.weights[f] = fb[4 * f + 2].held ? fb[4 * f + 2].b.buf : NULL;
+    J.splits[f] = fb[4 * f + 3].held ? fb[4 * f + 3].b.buf : NULL;
+    if (J.splits[f]) {
+      /* Ragged: row_splits must start at 0, never decrease and end at the number of ids. */
+      const int64_t *sp = J.splits[f];
+      int bad = fb[4 * f + 3].b.len / 8 != samples + 1 || sp[0] != 0 || sp[samples] != nf;
+      for (int64_t r = 0; !bad && r < samples; r++) bad = sp[r + 1] < sp[r];
+      if (bad) { result = Py_BuildValue("(inn)", 7, f, (Py_ssize_t)0); goto done; }
+      for (int sc = 0; sc <= nsc; sc++) bounds[f * (nsc + 1) + sc] = sp[(int64_t)sc * per_sc];
+      continue;
+    }
+    if (!J.rows[f]) {
+      /* Dense: one id per sample, row = position. */
+      if (nf != samples) { result = Py_BuildValue("(inn)", 7, f, (Py_ssize_t)1); goto done; }
+      for (int sc = 0; sc <= nsc; sc++) bounds[f * (nsc + 1) + sc] = (Py_ssize_t)sc * per_sc;
+      continue;
+    }
     /* Where each local SC's block starts (rows are sorted; the tasks re-check the order). */
-    const int64_t per_sc = ((f + 1 < F ? J.offsets[f + 1] : J.R) - J.offsets[f]) / nsc;
     const int64_t *rows = J.rows[f];
-    if (nf && (rows[0] < 0 || rows[nf - 1] >= (int64_t)nsc * per_sc)) {
+    if (nf && (rows[0] < 0 || rows[nf - 1] >= samples)) {
       result = Py_BuildValue("(inn)", 3, f, rows[0] < 0 ? (Py_ssize_t)0 : nf - 1);
       goto done;
     }
@@ -687,10 +717,10 @@ done:
   if (locked) pthread_mutex_unlock(&call_mu);
   if (own_scratch && J.scratch) { for (int sc = 0; sc < nsc; sc++) scratch_free(&J.scratch[sc]); free(J.scratch); }
   for (int q = 0; q < 6; q++) release(&b[q]);
-  for (Py_ssize_t q = 0; q < 3 * F; q++) release(&fb[q]);
+  for (Py_ssize_t q = 0; q < 4 * F; q++) release(&fb[q]);
   free(fb);
   free(J.out_hi); free(J.out_srow); free(J.out_gain); free(J.out_k);
-  free(J.rows); free(J.ids); free(J.weights); free(bounds); free(J.scale);
+  free(J.rows); free(J.ids); free(J.weights); free(J.splits); free(bounds); free(J.scale);
   free(J.ids_pp); free(J.uniq_pp); free(J.err_kind); free(J.err_f); free(J.err_i);
   return result;
 }
