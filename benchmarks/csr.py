@@ -52,10 +52,26 @@ def ours(spec):
     return RaggedIds(spec["values"], spec["row_splits"])
 
 
+def time_ours(layout, fc, batches, repeats, implementation="auto"):
+    big = {s: 1 << 20 for s in layout.stacks}
+    kwargs = dict(max_ids_per_table=big, max_unique_ids_per_table=big, max_ids_per_chip_per_sample=64,
+                  implementation=implementation)
+    for b in batches[:2]:
+        preprocess_with_layout(b, layout, feature_config=fc, **kwargs)
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        for b in batches:
+            preprocess_with_layout(b, layout, feature_config=fc, **kwargs)
+        best = min(best, (time.perf_counter() - t0) / len(batches))
+    return best
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--steps", type=int, default=8, help="distinct per-chip batches timed")
-    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--repeats", type=int, default=5, help="timed passes per round (the best is kept)")
+    ap.add_argument("--rounds", type=int, default=5, help="alternating rounds of ours and TF's")
     ap.add_argument("--no-tf", action="store_true", help="skip the TensorFlow baseline")
     args = ap.parse_args(argv)
 
@@ -64,41 +80,43 @@ def main(argv=None):
     tabs = {t["name"]: types.SimpleNamespace(optimizer=None, **t) for t in tables}
     fc = {f["name"]: types.SimpleNamespace(table=tabs[f["table"]], output_shape=f["output_shape"])
           for f in features}
-    topo = Topology(num_chips, 4)
-    layout = stack_tables(fc, topo)
+    layout = stack_tables(fc, Topology(num_chips, 4))
     big = {s: 1 << 20 for s in layout.stacks}
-    kwargs = dict(max_ids_per_table=big, max_unique_ids_per_table=big, max_ids_per_chip_per_sample=64)
     our_batches = [{k: ours(v) for k, v in b.items()} for b in batches]
-    n_ids = np.mean([sum(v["values"].size for v in b.values()) for b in batches])
-
-    for b in our_batches[:2]:
-        preprocess_with_layout(b, layout, feature_config=fc, **kwargs)
-    best = float("inf")
-    for _ in range(args.repeats):
-        t0 = time.perf_counter()
-        for b in our_batches:
-            preprocess_with_layout(b, layout, feature_config=fc, **kwargs)
-        best = min(best, (time.perf_counter() - t0) / len(our_batches))
+    n_ids = float(np.mean([sum(v["values"].size for v in b.values()) for b in batches]))
+    from tpu_embed.sparsecore.csr import native_available, native_threads
     print(f"workload: 26 univalent + 4 multivalent features, per-chip batch 1024, {num_chips} chips x 4 SCs, "
-          f"Zipf(1.2); {n_ids:.0f} ids per chip batch; stacks: {list(layout.stacks)[:3]}... ({len(layout.stacks)})")
-    print(f"tpu_embed.sparsecore.preprocess: {best * 1e3:.2f} ms/batch  {n_ids / best / 1e6:.2f} M ids/s")
-    if args.no_tf:
-        return
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "conformance"))
-    from oracle import Oracle
-    oracle = Oracle()
-    req = {"op": "bench", "tables": tables, "features": features, "num_chips": num_chips, "num_sc_per_chip": 4,
-           "inputs": batches[0], "weights": None, "batches": batches, "repeats": args.repeats,
-           "max_ids_per_table": big, "max_unique_ids_per_table": big, "max_ids_per_chip_per_sample": 64,
-           "allow_id_dropping": False}
-    res = oracle(req)
-    oracle.close()
-    if "error" in res:
-        raise SystemExit(f"TF baseline failed: {res['error']}")
-    for mode, sec in res.items():
-        print(f"TensorFlow kernels ({mode}): {sec * 1e3:.2f} ms/batch  {n_ids / sec / 1e6:.2f} M ids/s")
-    tf_best = min(res.values())
-    print(f"speed-up over TF's best: {tf_best / best:.2f}x")
+          f"Zipf(1.2); {n_ids:.0f} ids per chip batch; {len(layout.stacks)} stack(s); "
+          f"native kernel: {native_available()}, threads: {native_threads()}")
+
+    oracle = None
+    if not args.no_tf:
+        sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "conformance"))
+        from oracle import Oracle
+        oracle = Oracle()
+        req = {"op": "bench", "tables": tables, "features": features, "num_chips": num_chips,
+               "num_sc_per_chip": 4, "inputs": batches[0], "weights": None, "batches": batches,
+               "repeats": args.repeats, "max_ids_per_table": big, "max_unique_ids_per_table": big,
+               "max_ids_per_chip_per_sample": 64, "allow_id_dropping": False}
+    ratios = []
+    for r in range(args.rounds):
+        mine = time_ours(layout, fc, our_batches, args.repeats)
+        line = f"round {r + 1}: tpu_embed {mine * 1e3:.2f} ms/batch ({n_ids / mine / 1e6:.1f} M ids/s)"
+        if oracle is not None:
+            res = oracle(req)
+            if "error" in res:
+                raise SystemExit(f"TF baseline failed: {res['error']}")
+            tf_best = min(res.values())
+            ratios.append(tf_best / mine)
+            line += (f"; TF tf.function {res['tf_function'] * 1e3:.2f} ms ({n_ids / res['tf_function'] / 1e6:.1f} "
+                     f"M ids/s), eager {res['eager'] * 1e3:.1f} ms; ratio {tf_best / mine:.2f}x")
+        print(line, flush=True)
+    if oracle is not None:
+        oracle.close()
+        print(f"median speed-up over TF's best mode: {float(np.median(ratios)):.2f}x "
+              f"(min {min(ratios):.2f}x, max {max(ratios):.2f}x)")
+    numpy_t = time_ours(layout, fc, our_batches, max(1, args.repeats // 2), implementation="numpy")
+    print(f"numpy implementation (no C kernel): {numpy_t * 1e3:.2f} ms/batch ({n_ids / numpy_t / 1e6:.1f} M ids/s)")
 
 
 if __name__ == "__main__":
