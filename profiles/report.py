@@ -12,6 +12,7 @@ from __future__ import annotations
 import html
 import math
 import os
+import textwrap
 from typing import List, Optional, Union
 
 import numpy as np
@@ -37,6 +38,12 @@ def _figure(n_panels: int, *, cols: int = 3, panel=(4.2, 3.0)):
 
 
 def _save(fig, out_dir: str, name: str) -> str:
+    # Titles are wrapped to the figure's width (narrow one-stack figures clipped them).
+    width_in = fig.get_figwidth()
+    if fig._suptitle is not None:
+        size = fig._suptitle.get_fontsize()
+        chars = max(30, int(width_in * 72 / (0.55 * size)))
+        fig._suptitle.set_text(textwrap.fill(fig._suptitle.get_text().replace("\n", " "), chars))
     path = os.path.join(out_dir, name)
     fig.savefig(path, format="png", dpi=DPI)
     return name
@@ -49,6 +56,7 @@ def _short(name: str, n: int = 34) -> str:
 # ---------------------------------------------------------------- plots
 
 def plot_ids_per_example(profile: Profile, out_dir: str) -> str:
+    from matplotlib.ticker import MaxNLocator
     tables = profile.tables
     fig, axes = _figure(len(tables), cols=4, panel=(3.4, 2.5))
     for ax, (name, tp) in zip(axes, tables.items()):
@@ -61,6 +69,7 @@ def plot_ids_per_example(profile: Profile, out_dir: str) -> str:
             ax.axvline(h.mean, color=_COLORS["limit"], lw=1, ls="--")
         ax.set_title(f"{_short(name, 26)}  (mean {h.mean:.2f}, max {h.max})", fontsize=9)
         ax.set_xlabel("ids per example", fontsize=8)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # counts: no 0.6, 0.8 ... ticks
         ax.set_ylabel("share of examples", fontsize=8)
         ax.tick_params(labelsize=7)
     fig.suptitle("Ids per example (per feature, all of the table's features; dashed: mean)", fontsize=11)
@@ -139,7 +148,8 @@ def plot_limits_over_steps(profile: Profile, plan: Plan, out_dir: str) -> str:
         ax.tick_params(labelsize=7)
         handles = ax.get_legend_handles_labels()
     if handles and handles[0]:
-        fig.legend(*handles, loc="outside lower center", ncol=4, fontsize=8, frameon=False)
+        fig.legend(*handles, loc="outside lower center", ncol=4 if fig.get_figwidth() >= 8 else 2, fontsize=8,
+                   frameon=False)
     fig.suptitle("Planned limits against each step's busiest (local SC, destination SC) partition; partition "
                  f"limits at {plan.policy.get('partition_quantile', 'max')} x{plan.policy.get('headroom', 1.0):g}",
                  fontsize=10)

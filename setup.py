@@ -1,0 +1,18 @@
+"""Builds the optional native CSR kernel; everything else is in pyproject.toml.
+
+Also what Beam's --setup_file needs to package the project for Dataflow,
+Flink and Spark workers.
+"""
+from setuptools import Extension, setup
+
+setup(
+    ext_modules=[
+        # Optional: without a C compiler the build goes on and the numpy implementation is used.
+        Extension(
+            "tpu_embed.sparsecore._csr_native",
+            sources=["tpu_embed/sparsecore/native/_csr_native.c"],
+            extra_compile_args=["-O3", "-fno-fast-math"],
+            optional=True,
+        )
+    ],
+)
