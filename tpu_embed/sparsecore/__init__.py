@@ -17,7 +17,7 @@ from tpu_embed.sparsecore.batching import partition_counts, split_global_batch
 from tpu_embed.sparsecore.inputs import FeatureIds, RaggedIds, SparseIds, to_feature_ids, to_native_entry
 from tpu_embed.sparsecore.layout import (
     FeaturePlacement, SparseCoreLayout, StackLayout, TablePlacement, flatten, flatten_with_paths,
-    same_structure_flatten, stack_tables)
+    stack_tables)
 from tpu_embed.topology import Topology
 
 __all__ = [
@@ -31,6 +31,18 @@ __all__ = [
 def feature_ids_for(features: Any, layout: SparseCoreLayout, feature_config: Any = None,
                     weights: Any = None, check_ids: bool = True) -> Dict[str, FeatureIds]:
     """Validate and normalise every feature of a batch to (rows, ids, weights)."""
+    return _per_feature(features, layout, weights, lambda value, weight, feat: to_feature_ids(
+        value, weight, path=feat.path, sample_count=feat.sample_count,
+        vocabulary_size=feat.vocabulary_size, check_ids=check_ids))
+
+
+def native_entries_for(features: Any, layout: SparseCoreLayout, weights: Any = None) -> Dict[str, tuple]:
+    """Every feature of a batch as the native packer takes it (dense and ragged passed as they are)."""
+    return _per_feature(features, layout, weights, lambda value, weight, feat: to_native_entry(
+        value, weight, path=feat.path, sample_count=feat.sample_count, vocabulary_size=feat.vocabulary_size))
+
+
+def _per_feature(features: Any, layout: SparseCoreLayout, weights: Any, convert) -> Dict[str, Any]:
     paths = [f.path for f in layout.features]
     flat_inputs = _flat_like(features, paths, "features")
     flat_weights = _flat_like(weights, paths, "weights") if weights is not None else [None] * len(paths)
@@ -38,8 +50,7 @@ def feature_ids_for(features: Any, layout: SparseCoreLayout, feature_config: Any
     for feat, value, weight in zip(layout.features, flat_inputs, flat_weights):
         if value is None:
             raise ValueError(f"Feature {feat.path!r} is missing from the batch (got None).")
-        out[feat.path] = to_feature_ids(value, weight, path=feat.path, sample_count=feat.sample_count,
-                                        vocabulary_size=feat.vocabulary_size, check_ids=check_ids)
+        out[feat.path] = convert(value, weight, feat)
     return out
 
 
@@ -61,10 +72,6 @@ def _flat_like(structure: Any, paths, what: str):
             f"{what} do not have the structure of feature_config: missing features {missing}, "
             f"unexpected features {extra}. Pass one entry per configured feature, nested the same way.")
     return [leaf for _, leaf in got]
-
-
-def _flatten_leaves(structure):
-    return flatten_with_paths(structure)
 
 
 def preprocess_with_layout(
@@ -101,19 +108,6 @@ def preprocess_with_layout(
         raise ValueError(f"implementation must be one of {IMPLEMENTATIONS}, got {implementation!r}")
     return {name: csr.preprocess_stack(stack, layout, fids, limits[name], native)
             for name, stack in layout.stacks.items()}
-
-
-def native_entries_for(features: Any, layout: SparseCoreLayout, weights: Any = None) -> Dict[str, tuple]:
-    paths = [f.path for f in layout.features]
-    flat_inputs = _flat_like(features, paths, "features")
-    flat_weights = _flat_like(weights, paths, "weights") if weights is not None else [None] * len(paths)
-    out = {}
-    for feat, value, weight in zip(layout.features, flat_inputs, flat_weights):
-        if value is None:
-            raise ValueError(f"Feature {feat.path!r} is missing from the batch (got None).")
-        out[feat.path] = to_native_entry(value, weight, path=feat.path, sample_count=feat.sample_count,
-                                         vocabulary_size=feat.vocabulary_size)
-    return out
 
 
 # "auto" uses the C kernel when it was built at install time, else numpy; all three give

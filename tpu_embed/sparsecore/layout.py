@@ -155,22 +155,6 @@ def flatten(structure: Any) -> List[Any]:
     return [leaf for _, leaf in flatten_with_paths(structure)]
 
 
-def same_structure_flatten(reference: Any, structure: Any, what: str) -> List[Any]:
-    """Flatten `structure` along `reference`'s paths, with a clear error on mismatch."""
-    ref_paths = [p for p, _ in flatten_with_paths(reference)]
-    if not isinstance(reference, (Mapping, list, tuple)) or _is_leaf_tuple(reference):
-        return [structure]
-    got = flatten_with_paths(structure)
-    got_paths = [p for p, _ in got]
-    if got_paths != ref_paths:
-        missing = sorted(set(ref_paths) - set(got_paths))
-        extra = sorted(set(got_paths) - set(ref_paths))
-        raise ValueError(
-            f"{what} do not have the structure of feature_config: missing features {missing}, "
-            f"unexpected features {extra}. Pass one entry per configured feature, nested the same way.")
-    return [leaf for _, leaf in got]
-
-
 # ---------------------------------------------------------------- stacking
 
 def optimizer_group(table) -> int:
