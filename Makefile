@@ -10,7 +10,7 @@ ORACLE_STAMP := $(ORACLE_VENV)/.installed-stamp
 
 install: $(STAMP)
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml setup.py tpu_embed/sparsecore/native/_csr_native.c
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -e '.[test]'

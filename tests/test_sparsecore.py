@@ -305,3 +305,22 @@ def test_split_global_batch_matches_per_chip_preprocess(case, chips):
         for s, b in ref.items():
             np.testing.assert_array_equal(counts[s][0], b.ids_per_partition)
             np.testing.assert_array_equal(counts[s][1], b.unique_ids_per_partition)
+
+
+def test_native_packer_works_in_a_forked_child():
+    # The native kernel keeps a thread pool; a fork (multiprocessing's default on Linux) must not
+    # inherit a pool whose threads do not exist in the child.
+    import multiprocessing
+    if not native_available():
+        pytest.skip("native kernel not built")
+    fc = {"f": F(T("t", 100, combiner="mean"), [16])}
+    batch = {"f": RaggedIds(np.arange(40) % 100, np.linspace(0, 40, 17).astype(np.int64))}
+    want = preprocess(batch, fc, Topology(2), implementation="native")  # starts the pool here
+    ctx = multiprocessing.get_context("fork")
+    with ctx.Pool(1) as pool:
+        got = pool.apply_async(_pack_in_child, (batch, fc)).get(timeout=60)
+    _same(want, got)
+
+
+def _pack_in_child(batch, fc):
+    return preprocess(batch, fc, Topology(2), implementation="native")

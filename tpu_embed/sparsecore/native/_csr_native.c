@@ -419,6 +419,18 @@ static int pool_pending = 0;
 static Job *pool_job = NULL;
 static Scratch pool_scratch[MAX_THREADS * 4];
 
+/* A forked child has none of the parent's worker threads: start over (and re-create the locks,
+ * which another thread may have held at the moment of the fork). */
+static void pool_after_fork_in_child(void) {
+  pthread_mutex_t m = PTHREAD_MUTEX_INITIALIZER;
+  pthread_cond_t c = PTHREAD_COND_INITIALIZER;
+  call_mu = m; pool_mu = m; cache_mu = m;
+  pool_go = c; pool_done = c;
+  pool_size = 0;
+  pool_pending = 0;
+  pool_job = NULL;
+}
+
 static void run_share(Job *J, int t) {
   for (int s = t; s < J->nsc; s += J->nthreads) {
     if (J->phase == 2) sc_fill(J, s); else sc_task(J, s);
@@ -733,6 +745,7 @@ static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_csr_native", NULL, 
 
 PyMODINIT_FUNC PyInit__csr_native(void) {
   if (PyType_Ready(&NativeBufferType) < 0) return NULL;
+  pthread_atfork(NULL, NULL, pool_after_fork_in_child);
   PyObject *m = PyModule_Create(&module);
   if (!m) return NULL;
   Py_INCREF(&NativeBufferType);
