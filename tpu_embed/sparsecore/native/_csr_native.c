@@ -173,7 +173,7 @@ static void scratch_free(Scratch *sc) {
 /* ------------------------------------------------------------------ radix sort */
 
 /* Stable LSD radix sort on bits [lo, lo + width) in `passes` digits; one histogram per pass,
- * built by the caller while it wrote the keys (saves a read of the keys). */
+ * all built by the caller in one read of the keys. */
 typedef struct {
   int lo, passes, digit;
   Py_ssize_t buckets;
@@ -315,20 +315,23 @@ static void sc_task(Job *J, int s) {
       const uint64_t key =
           ((((uint64_t)((id + sh) & mask)) << tbits | (uint64_t)((id >> log2s) + ct)) << ibits) | (uint64_t)m;
       keys[m] = key;
-      if (rpasses == 3) {
-        hist0[(key >> rlo) & rmask]++;
-        hist1[(key >> (rlo + rdig)) & rmask]++;
-        hist2[(key >> (rlo + 2 * rdig)) & rmask]++;
-      } else if (rpasses == 2) {
-        hist0[(key >> rlo) & rmask]++;
-        hist1[(key >> (rlo + rdig)) & rmask]++;
-      } else {
-        radix_count(&radix, key);
-      }
       W[m] = w;
       m++;
       pg = g; pid = id;
     }
+  }
+
+  /* Radix histograms in one sequential read of the keys (measured cheaper than counting inside
+   * the loop above, which runs short of registers). */
+  if (rpasses == 3) {
+    for (Py_ssize_t e = 0; e < m; e++) {
+      const uint64_t key = keys[e];
+      hist0[(key >> rlo) & rmask]++;
+      hist1[(key >> (rlo + rdig)) & rmask]++;
+      hist2[(key >> (rlo + 2 * rdig)) & rmask]++;
+    }
+  } else {
+    for (Py_ssize_t e = 0; e < m; e++) radix_count(&radix, keys[e]);
   }
 
   /* 2. Combiner scale per sample, applied per entry in step 4 before merges add (TF's order).
