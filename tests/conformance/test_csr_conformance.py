@@ -140,3 +140,28 @@ def test_stats_match_compute_sparse_core_stats(case, oracle):
                       max_ids_per_chip_per_sample=1024)
     assert {k: b.max_ids_per_partition for k, b in ours.items()} == tf_stats["max_ids"]
     assert {k: b.max_unique_ids_per_partition for k, b in ours.items()} == tf_stats["max_unique_ids"]
+
+
+@settings(max_examples=30)
+@given(case=C.cases(max_features=4, limit_modes=("default",)))
+def test_limits_exactly_at_and_one_past_the_maximum(case, oracle):
+    """A limit equal to the observed maximum fits (in TF and here); one less overflows in both."""
+    inputs, fc, topo, kwargs = C.to_ours(case)
+    big = {s: 1 << 20 for s in stack_tables(fc, topo).stacks}
+    kwargs.update(max_ids_per_table=big, max_unique_ids_per_table=big, max_ids_per_chip_per_sample=256,
+                  allow_id_dropping=False)
+    base = preprocess(inputs, fc, topo, **kwargs)
+    at_ids = {s: max(1, b.max_ids_per_partition) for s, b in base.items()}
+    at_uniq = {s: max(1, b.max_unique_ids_per_partition) for s, b in base.items()}
+    case.update(max_ids_per_chip_per_sample=256, allow_id_dropping=False)
+    case["max_ids_per_table"], case["max_unique_ids_per_table"] = at_ids, at_uniq
+    assert _compare(case, oracle) == "ok"
+    over = [s for s, b in base.items() if b.max_ids_per_partition > 1]
+    if over:
+        case["max_ids_per_table"] = dict(at_ids, **{over[0]: at_ids[over[0]] - 1})
+        assert _compare(case, oracle) == "error"
+    case["max_ids_per_table"] = at_ids
+    over = [s for s, b in base.items() if b.max_unique_ids_per_partition > 1]
+    if over:
+        case["max_unique_ids_per_table"] = dict(at_uniq, **{over[0]: at_uniq[over[0]] - 1})
+        assert _compare(case, oracle) == "error"
