@@ -132,32 +132,21 @@ def _config(args, **kw):
     return JobConfig(**c)
 
 
-def cmd_vocab(args, beam_args):
-    from pipelines import runner
-    m = runner.run_vocab(_config(args), beam_args)
-    print(summary(m, args.output))
-    return 0
+def _job_command(job: str):
+    """A subcommand that runs `pipelines.runner.<job>` and prints the artifact summary."""
+    def command(args, beam_args):
+        from pipelines import runner
+        manifest = getattr(runner, job)(_config(args), beam_args)
+        print(summary(manifest, args.output))
+        return 0
+    command.__name__ = f"cmd_{job}"
+    return command
 
 
-def cmd_shard(args, beam_args):
-    from pipelines import runner
-    m = runner.run_shard(_config(args), beam_args)
-    print(summary(m, args.output))
-    return 0
-
-
-def cmd_profile(args, beam_args):
-    from pipelines import runner
-    m = runner.run_profile(_config(args), beam_args)
-    print(summary(m, args.output))
-    return 0
-
-
-def cmd_run(args, beam_args):
-    from pipelines import runner
-    m = runner.run_all(_config(args), beam_args)
-    print(summary(m, args.output))
-    return 0
+cmd_vocab = _job_command("run_vocab")
+cmd_shard = _job_command("run_shard")
+cmd_profile = _job_command("run_profile")
+cmd_run = _job_command("run_all")
 
 
 def demo_spec_path() -> str:
