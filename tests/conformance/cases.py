@@ -103,10 +103,10 @@ def ids_for(draw, rng_seed, vocab, n, skew):
 
 @st.composite
 def cases(draw, max_chips=16, allow_sequence=True, weighted=None, max_features=5, max_tables=4,
-          limit_modes=("default", "default", "tight", "buffer")):
+          limit_modes=("default", "default", "tight", "buffer"), batch_mult=(1, 6)):
     num_chips = draw(st.sampled_from([c for c in (1, 2, 4, 8, 16) if c <= max_chips]))
     nsc = draw(st.sampled_from([4, 4, 4, 2, 1]))
-    batch = nsc * draw(st.integers(1, 6))
+    batch = nsc * draw(st.integers(*batch_mult))
     seed = draw(st.integers(0, 2**31 - 1))
     rng = np.random.default_rng(seed)
     n_tables = draw(st.integers(1, max_tables))

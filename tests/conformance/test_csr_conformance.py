@@ -165,3 +165,13 @@ def test_limits_exactly_at_and_one_past_the_maximum(case, oracle):
     if over:
         case["max_unique_ids_per_table"] = dict(at_uniq, **{over[0]: at_uniq[over[0]] - 1})
         assert _compare(case, oracle) == "error"
+
+
+@settings(max_examples=25)
+@given(case=C.cases(batch_mult=(16, 300), limit_modes=("default", "buffer"), max_features=6, max_tables=5))
+def test_large_batches_match_tensorflow(case, oracle):
+    """Per-chip batches up to 1200 samples: multi-pass radix sorts, long rows, many duplicates."""
+    _, fc, topo, _ = C.to_ours(case)
+    big = {s: 1 << 20 for s in stack_tables(fc, topo).stacks}
+    case["max_ids_per_table"] = case["max_unique_ids_per_table"] = big
+    _compare(case, oracle)
