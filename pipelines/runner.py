@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import dataclasses
 import logging
 from typing import Dict, List, Optional, Sequence
@@ -41,8 +43,18 @@ def _run(build, beam_args: Sequence[str]):
     opts = pipeline_options(beam_args)
     p = beam.Pipeline(options=opts)
     build(p)
-    result = p.run()
-    result.wait_until_finish()
+    # Worker processes already use the cores; the packer's own threads would oversubscribe them.
+    # Workers inherit the environment at start; an explicit TPU_EMBED_THREADS wins.
+    multi = opts.get_all_options().get("direct_running_mode") == "multi_processing"
+    set_threads = multi and "TPU_EMBED_THREADS" not in os.environ
+    if set_threads:
+        os.environ["TPU_EMBED_THREADS"] = "1"
+    try:
+        result = p.run()
+        result.wait_until_finish()
+    finally:
+        if set_threads:
+            os.environ.pop("TPU_EMBED_THREADS", None)
     return result
 
 
