@@ -52,17 +52,17 @@ def ours(spec):
     return RaggedIds(spec["values"], spec["row_splits"])
 
 
-def time_ours(layout, fc, batches, repeats, implementation="auto"):
+def time_ours(layout, batches, repeats, implementation="auto"):
     big = {s: 1 << 20 for s in layout.stacks}
     kwargs = dict(max_ids_per_table=big, max_unique_ids_per_table=big, max_ids_per_chip_per_sample=64,
                   implementation=implementation)
     for b in batches[:2]:
-        preprocess_with_layout(b, layout, feature_config=fc, **kwargs)
+        preprocess_with_layout(b, layout, **kwargs)
     best = float("inf")
     for _ in range(repeats):
         t0 = time.perf_counter()
         for b in batches:
-            preprocess_with_layout(b, layout, feature_config=fc, **kwargs)
+            preprocess_with_layout(b, layout, **kwargs)
         best = min(best, (time.perf_counter() - t0) / len(batches))
     return best
 
@@ -100,7 +100,7 @@ def main(argv=None):
                "max_ids_per_chip_per_sample": 64, "allow_id_dropping": False}
     ratios = []
     for r in range(args.rounds):
-        mine = time_ours(layout, fc, our_batches, args.repeats)
+        mine = time_ours(layout, our_batches, args.repeats)
         line = f"round {r + 1}: tpu_embed {mine * 1e3:.2f} ms/batch ({n_ids / mine / 1e6:.1f} M ids/s)"
         if oracle is not None:
             res = oracle(req)
@@ -115,7 +115,7 @@ def main(argv=None):
         oracle.close()
         print(f"median speed-up over TF's best mode: {float(np.median(ratios)):.2f}x "
               f"(min {min(ratios):.2f}x, max {max(ratios):.2f}x)")
-    numpy_t = time_ours(layout, fc, our_batches, max(1, args.repeats // 2), implementation="numpy")
+    numpy_t = time_ours(layout, our_batches, max(1, args.repeats // 2), implementation="numpy")
     print(f"numpy implementation (no C kernel): {numpy_t * 1e3:.2f} ms/batch ({n_ids / numpy_t / 1e6:.1f} M ids/s)")
 
 

@@ -28,8 +28,8 @@ __all__ = [
 ]
 
 
-def feature_ids_for(features: Any, layout: SparseCoreLayout, feature_config: Any = None,
-                    weights: Any = None, check_ids: bool = True) -> Dict[str, FeatureIds]:
+def feature_ids_for(features: Any, layout: SparseCoreLayout, weights: Any = None,
+                    check_ids: bool = True) -> Dict[str, FeatureIds]:
     """Validate and normalise every feature of a batch to (rows, ids, weights)."""
     return _per_feature(features, layout, weights, lambda value, weight, feat: to_feature_ids(
         value, weight, path=feat.path, sample_count=feat.sample_count,
@@ -78,7 +78,6 @@ def preprocess_with_layout(
     features: Any,
     layout: SparseCoreLayout,
     *,
-    feature_config: Any = None,
     weights: Any = None,
     max_ids_per_chip_per_sample: int = DEFAULT_MAX_IDS_PER_CHIP_PER_SAMPLE,
     max_ids_per_table: Optional[Dict[str, int]] = None,
@@ -86,32 +85,34 @@ def preprocess_with_layout(
     allow_id_dropping: bool = False,
     implementation: str = "auto",
 ) -> Dict[str, CsrBatch]:
-    """`preprocess` for a precomputed layout (the shard job stacks once, packs many batches)."""
+    """`preprocess` for a precomputed layout (the shard job stacks once, packs many batches).
+
+    `features` may also be `{path: FeatureIds}` already made by `feature_ids_for` /
+    `split_global_batch` (the shard job's batches)."""
+    if implementation not in IMPLEMENTATIONS:
+        raise ValueError(f"implementation must be one of {IMPLEMENTATIONS}, got {implementation!r}")
     limits = resolve_limits(layout, max_ids_per_table, max_unique_ids_per_table,
                             max_ids_per_chip_per_sample, allow_id_dropping)
     from tpu_embed.sparsecore import csr
     native = implementation == "native" or (implementation == "auto" and csr.native_available())
     prevalidated = (isinstance(features, dict) and features
                     and all(isinstance(v, FeatureIds) for v in features.values()))
-    if native and not prevalidated and implementation in ("auto", "native"):
+    if native and not prevalidated:
         # Dense and ragged inputs go to the C kernel as they are; it checks every id and weight.
         entries = native_entries_for(features, layout, weights)
         return {name: csr.preprocess_stack_native(stack, layout, entries, limits[name])
                 for name, stack in layout.stacks.items()}
-    fids = features if prevalidated else feature_ids_for(features, layout, feature_config, weights,
-                                                         check_ids=not native)
+    fids = features if prevalidated else feature_ids_for(features, layout, weights, check_ids=not native)
     if implementation == "reference":
         from tpu_embed.sparsecore.csr_reference import preprocess_stack_reference
         return {name: preprocess_stack_reference(stack, layout, fids, limits[name])
                 for name, stack in layout.stacks.items()}
-    if implementation not in IMPLEMENTATIONS:
-        raise ValueError(f"implementation must be one of {IMPLEMENTATIONS}, got {implementation!r}")
     return {name: csr.preprocess_stack(stack, layout, fids, limits[name], native)
             for name, stack in layout.stacks.items()}
 
 
 # "auto" uses the C kernel when it was built at install time, else numpy; all three give
-# identical bytes (tests/test_csr_implementations.py) and match TF (tests/conformance).
+# identical bytes (tests/test_sparsecore.py) and match TF (tests/conformance).
 IMPLEMENTATIONS = ("auto", "native", "numpy", "reference")
 
 
@@ -140,7 +141,7 @@ def preprocess(
     """
     layout = stack_tables(feature_config, topology)
     return preprocess_with_layout(
-        features, layout, feature_config=feature_config, weights=weights,
+        features, layout, weights=weights,
         max_ids_per_chip_per_sample=max_ids_per_chip_per_sample, max_ids_per_table=max_ids_per_table,
         max_unique_ids_per_table=max_unique_ids_per_table, allow_id_dropping=allow_id_dropping,
         implementation=implementation)

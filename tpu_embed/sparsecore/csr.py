@@ -1,12 +1,14 @@
-"""Fast SparseCore CSR packing: the same output as `csr_reference`, vectorised.
+"""Fast SparseCore CSR packing: the same output as `csr_reference`, two ways.
 
-Every feature of a stack is concatenated first, so the work per stack is a
-fixed number of numpy calls whatever the number of features.  The one sort
-is an `np.sort` of packed int64 keys (local SC | destination SC | token |
-position), which is several times faster than `np.argsort`.  float32 sums
-that TF does sequentially (combiner weights, merged duplicates) are done
-sequentially too, one position-within-segment at a time, because numpy's
-pairwise reductions round differently.
+* native: the C kernel in `native/_csr_native.c` (built at install time when a
+  compiler is present) does the per-id work, one thread per local SparseCore.
+* numpy (the fallback): every feature of a stack is concatenated first, so the
+  work per stack is a fixed number of numpy calls whatever the number of
+  features.  The one sort is an `np.sort` of packed int64 keys (local SC |
+  destination SC | token | position), several times faster than `np.argsort`.
+  float32 sums that TF does sequentially (combiner weights, merged duplicates)
+  are done sequentially too, because numpy's pairwise reductions round
+  differently.
 """
 
 from __future__ import annotations
@@ -17,7 +19,8 @@ from typing import Dict, Optional
 import numpy as np
 
 from tpu_embed.sparsecore.csr_types import PAD_VALUE, XLA_PAD, CsrBatch, StackLimits, buffer_sizes
-from tpu_embed.sparsecore.inputs import FeatureIds
+from tpu_embed.sparsecore.inputs import (
+    FeatureIds, bad_row_splits, dense_count_mismatch, id_out_of_range, weight_not_finite)
 from tpu_embed.sparsecore.layout import SparseCoreLayout, StackLayout, round_up
 
 _COMBINER_CODE = {"sum": 0, "mean": 1, "sqrtn": 2}
@@ -88,18 +91,16 @@ class _StackTables:
         # Tokens are below the stack's rows per SparseCore shard: a static key width.
         self.tbits = max(int(stack.total_padded_vocabulary >> self.log2s).bit_length(), 1)
         self.scbits = max((nsc - 1).bit_length(), 1)
-        self.counts_shift = self.shift
         self.vocab = np.array([f.vocabulary_size for f in feats], dtype=np.int64)
         sizes = np.array([f.sample_count for f in feats], dtype=np.int64)
         codes = np.array([_COMBINER_CODE[f.combiner] for f in feats], dtype=np.int8)
         self.all_sum = not codes.any()
-        self.row_code = np.repeat(codes, sizes)
+        self.row_code = np.repeat(codes, sizes)  # int8, contiguous: also what the C kernel reads
         # For every sample g of the stack: its local SparseCore and its sample id there.
         local = np.arange(stack.sample_count, dtype=np.int64) - np.repeat(self.offsets, sizes)
         per_sc = np.repeat(sizes // nsc, sizes)
         self.sc_of = local // per_sc
         self.srow_of = (local - self.sc_of * per_sc + np.repeat(self.offsets // nsc, sizes)).astype(np.int32)
-        self.row_code_i8 = np.ascontiguousarray(self.row_code, dtype=np.int8)
 
 
 def _stack_tables(stack: StackLayout, layout: SparseCoreLayout) -> _StackTables:
@@ -152,8 +153,10 @@ def native_entries_from_ids(feature_ids: Dict[str, FeatureIds]) -> Dict[str, tup
 
 
 def _native_call(stack: StackLayout, layout: SparseCoreLayout, entries: Dict[str, tuple],
-                 counts_only: bool, limits: Optional[StackLimits] = None):
-    """`entries`: {feature path: (rows | None, ids, weights | None, row_splits | None)}."""
+                 limits: Optional[StackLimits] = None, id_buffer: int = 0):
+    """`entries`: {feature path: (rows | None, ids, weights | None, row_splits | None)}.
+
+    Without `limits` only the per-partition counts are computed."""
     if _csr_native is None:
         raise RuntimeError("the native CSR kernel is not built (no C compiler at install time?); "
                            "use implementation='numpy'")
@@ -161,16 +164,15 @@ def _native_call(stack: StackLayout, layout: SparseCoreLayout, entries: Dict[str
     tab = _stack_tables(stack, layout)
     parts = [entries[p] for p in tab.paths]
     if limits is None:
-        max_ids = max_uniq = cap = 1 << 62
+        max_ids = max_uniq = id_buffer = 1 << 62
         allow = 1
     else:
         max_ids, max_uniq = limits.max_ids_per_partition, limits.max_unique_ids_per_partition
-        cap = buffer_sizes(stack, topo, limits.max_ids_per_chip_per_sample).ids
         allow = int(limits.allow_id_dropping)
     res = _csr_native.pack_stack(
-        parts, tab.offsets, tab.shift, tab.col_token_offset, tab.vocab, tab.srow_of, tab.row_code_i8,
-        topo.num_sc_per_chip, tab.log2s, tab.tbits, native_threads(), int(counts_only),
-        max_ids, max_uniq, cap, allow, PAD_VALUE)
+        parts, tab.offsets, tab.shift, tab.col_token_offset, tab.vocab, tab.srow_of, tab.row_code,
+        topo.num_sc_per_chip, tab.log2s, tab.tbits, native_threads(), int(limits is None),
+        max_ids, max_uniq, id_buffer, allow, PAD_VALUE)
     if res[0] in (1, 2, 3, 7):
         _raise_bad_value(res, tab, parts)
     return res
@@ -196,23 +198,15 @@ def _raise_bad_value(res, tab, parts):
     rows, ids, weights, splits = parts[f]
     if kind == 7:
         if pos == 0:
-            raise ValueError(f"Feature {feat.path!r}: RaggedTensor row_splits must start at 0, be non-decreasing "
-                             f"and end at the number of values ({ids.size}).")
-        raise ValueError(f"Feature {feat.path!r}: a dense input has {ids.size} ids but the feature has "
-                         f"{feat.sample_count} samples per chip (prod(output_shape)).")
+            raise bad_row_splits(feat.path, ids.size)
+        raise dense_count_mismatch(feat.path, ids.size, feat.sample_count)
     if kind == 3:
         row = int(rows[pos]) if rows is not None else pos
         raise ValueError(f"Feature {feat.path!r}: row {row} (position {pos}) is outside "
                          f"its {feat.sample_count} samples per chip or out of order; rows must be sorted.")
     if kind == 1:
-        bad = int(ids[pos])
-        raise ValueError(
-            f"Feature {feat.path!r}: id {bad} (position {pos}) is outside its table's vocabulary "
-            f"[0, {feat.vocabulary_size}). "
-            + ("Negative ids usually mean padding or a failed lookup: drop them or map them to an OOV bucket."
-               if bad < 0 else "Raise the table's vocabulary_size or map out-of-vocabulary ids to an OOV bucket."))
-    raise ValueError(f"Feature {feat.path!r}: weight {weights[pos]} at position {pos} is not finite. "
-                     "Clean NaN/inf weights upstream (e.g. replace with 0 or drop the id).")
+        raise id_out_of_range(feat.path, int(ids[pos]), feat.vocabulary_size, pos)
+    raise weight_not_finite(feat.path, weights[pos], pos)
 
 
 def sort_stack(stack: StackLayout, layout: SparseCoreLayout, feature_ids: Dict[str, FeatureIds]) -> _Sorted:
@@ -324,7 +318,7 @@ def count_partitions(stack: StackLayout, layout: SparseCoreLayout, feature_ids: 
         native = _csr_native is not None
     if native:
         entries = native_entries_from_ids(feature_ids)
-        return _counts(_native_call(stack, layout, entries, counts_only=True), layout.topology)
+        return _counts(_native_call(stack, layout, entries), layout.topology)
     srt = sort_stack(stack, layout, feature_ids)
     return srt.ids_pp, srt.uniq_pp
 
@@ -333,17 +327,16 @@ def preprocess_stack_native(stack: StackLayout, layout: SparseCoreLayout, entrie
                             limits: StackLimits) -> CsrBatch:
     """The native packer on `entries` ({path: (rows | None, ids, weights | None, row_splits | None)})."""
     topo = layout.topology
-    res = _native_call(stack, layout, entries, counts_only=False, limits=limits)
+    sizes = buffer_sizes(stack, topo, limits.max_ids_per_chip_per_sample)
+    res = _native_call(stack, layout, entries, limits, sizes.ids)
     if res[0] in (4, 5):
         ids_pp, uniq_pp = _counts((None, res[4], res[5]), topo)
         limits.check(stack.name, res[1], ids_pp[res[1]], uniq_pp[res[1]])
         raise AssertionError("native limit check disagrees with StackLimits.check")  # pragma: no cover
     if res[0] == 6:
-        limits.check_buffer(stack.name, buffer_sizes(stack, topo, limits.max_ids_per_chip_per_sample).ids,
-                            total_after=res[1])
+        limits.check_buffer(stack.name, sizes.ids, total_after=res[1])
         raise AssertionError("native buffer check disagrees with StackLimits")  # pragma: no cover
     ids_pp, uniq_pp = _counts(res, topo)
-    sizes = buffer_sizes(stack, topo, limits.max_ids_per_chip_per_sample)
     rp = np.frombuffer(res[3], np.int32)
     return CsrBatch(
         stack=stack.name, row_pointers=rp, sorted_sample_ids=np.frombuffer(res[4], np.int32),
@@ -370,7 +363,7 @@ def preprocess_stack(stack: StackLayout, layout: SparseCoreLayout, feature_ids: 
         for s in range(nsc):  # TF checks SparseCore by SparseCore; report the first over the limit
             limits.check(stack.name, s, ids_pp[s], uniq_pp[s])
 
-    # 6. CSR: per local SC, per destination SC, ids then padding to 8.
+    # 5. CSR: per local SC, per destination SC, ids then padding to 8.
     sizes = buffer_sizes(stack, topo, limits.max_ids_per_chip_per_sample)
     cap = sizes.ids
     c = ids_pp.reshape(-1).astype(np.int64)

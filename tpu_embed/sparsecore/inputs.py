@@ -37,6 +37,32 @@ class FeatureIds(NamedTuple):
     weights: Optional[np.ndarray]  # float32, or None meaning all ones
 
 
+def id_out_of_range(path: str, bad: int, vocabulary_size: int, position=None) -> ValueError:
+    where = "" if position is None else f" (position {position})"
+    return ValueError(
+        f"Feature {path!r}: id {bad}{where} is outside its table's vocabulary [0, {vocabulary_size}). "
+        + ("Negative ids usually mean padding or a failed lookup: drop them (tf.sparse.retain) or "
+           "map them to an OOV bucket." if bad < 0 else
+           "Raise the table's vocabulary_size or map out-of-vocabulary ids to an OOV bucket."))
+
+
+def weight_not_finite(path: str, value, position: int) -> ValueError:
+    return ValueError(f"Feature {path!r}: weight {value} at position {position} is not finite. "
+                      "Clean NaN/inf weights upstream (e.g. replace with 0 or drop the id).")
+
+
+def dense_count_mismatch(path: str, n: int, sample_count: int) -> ValueError:
+    return ValueError(
+        f"Feature {path!r}: a dense input has {n} ids but the feature has {sample_count} "
+        "samples per chip (prod(output_shape)). Dense inputs carry exactly one id per sample; "
+        "use a SparseTensor or RaggedTensor for multivalent features.")
+
+
+def bad_row_splits(path: str, n: int) -> ValueError:
+    return ValueError(f"Feature {path!r}: RaggedTensor row_splits must start at 0, be non-decreasing "
+                      f"and end at the number of values ({n}).")
+
+
 def _np(x) -> np.ndarray:
     if hasattr(x, "numpy") and not isinstance(x, np.ndarray):
         x = x.numpy()
@@ -76,10 +102,7 @@ def to_feature_ids(value, weight, *, path: str, sample_count: int, vocabulary_si
     if kind == "dense":
         ids = _np(value).reshape(-1)
         if ids.size not in (0, sample_count):
-            raise ValueError(
-                f"Feature {path!r}: a dense input has {ids.size} ids but the feature has {sample_count} "
-                "samples per chip (prod(output_shape)). Dense inputs carry exactly one id per sample; "
-                "use a SparseTensor or RaggedTensor for multivalent features.")
+            raise dense_count_mismatch(path, ids.size, sample_count)
         rows = _rows_for_dense(ids.size)
         w = None if weight is None else _weights(weight, "dense", ids.size, path)
     elif kind == "sparse":
@@ -124,8 +147,7 @@ def to_feature_ids(value, weight, *, path: str, sample_count: int, vocabulary_si
                 f"{sample_count} samples per chip (prod(output_shape)).")
         lengths = np.diff(splits)
         if splits[0] != 0 or splits[-1] != ids.size or (lengths.size and lengths.min() < 0):
-            raise ValueError(f"Feature {path!r}: RaggedTensor row_splits must start at 0, be non-decreasing "
-                             f"and end at the number of values ({ids.size}).")
+            raise bad_row_splits(path, ids.size)
         rows = np.repeat(_rows_for_dense(sample_count), lengths)
         w = None if weight is None else _weights(weight, "ragged", ids.size, path)
 
@@ -140,12 +162,7 @@ def to_feature_ids(value, weight, *, path: str, sample_count: int, vocabulary_si
     if check_ids and ids.size:
         lo, hi = ids.min(), ids.max()
         if lo < 0 or hi >= vocabulary_size:
-            bad = int(lo) if lo < 0 else int(hi)
-            raise ValueError(
-                f"Feature {path!r}: id {bad} is outside its table's vocabulary [0, {vocabulary_size}). "
-                + ("Negative ids usually mean padding or a failed lookup: drop them (tf.sparse.retain) or "
-                   "map them to an OOV bucket." if bad < 0 else
-                   "Raise the table's vocabulary_size or map out-of-vocabulary ids to an OOV bucket."))
+            raise id_out_of_range(path, int(lo) if lo < 0 else int(hi), vocabulary_size)
     return FeatureIds(rows=rows, ids=ids, weights=w)
 
 
@@ -162,8 +179,7 @@ def _weights(weight, kind: str, n: int, path: str) -> np.ndarray:
                          "structure as the ids (same SparseTensor indices / ragged row_splits / dense shape).")
     if n and not np.all(np.isfinite(w)):
         bad = int(np.flatnonzero(~np.isfinite(w))[0])
-        raise ValueError(f"Feature {path!r}: weight {w[bad]} at position {bad} is not finite. "
-                         "Clean NaN/inf weights upstream (e.g. replace with 0 or drop the id).")
+        raise weight_not_finite(path, w[bad], bad)
     return w
 
 

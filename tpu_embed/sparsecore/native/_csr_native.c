@@ -14,8 +14,8 @@
  * this size are mmap'd and page-fault on every call).
  *
  * Only the buffer protocol is used (no numpy headers): the Python side passes
- * C-contiguous arrays of the documented dtypes and wraps the returned
- * bytearrays with numpy.frombuffer.
+ * C-contiguous arrays of the documented dtypes and wraps the returned buffers
+ * (bytearrays and NativeBuffer blocks) with numpy.frombuffer.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
