@@ -40,7 +40,7 @@ def feature_config(num_tables: int = 4, *, per_chip_batch: int = 16, vocab_sizes
 
 
 def _flat(feature_config) -> Dict[str, object]:
-    from tpu_embed.sparsecore.layout import flatten_with_paths
+    from tpu_embed.nest import flatten_with_paths
     return dict(flatten_with_paths(feature_config))
 
 

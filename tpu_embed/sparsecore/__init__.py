@@ -15,9 +15,8 @@ from tpu_embed.sparsecore.csr_types import (
     PAD_VALUE, CsrBatch, LimitExceededError, StackLimits, buffer_sizes, resolve_limits)
 from tpu_embed.sparsecore.batching import partition_counts, split_global_batch
 from tpu_embed.sparsecore.inputs import FeatureIds, RaggedIds, SparseIds, to_feature_ids, to_native_entry
-from tpu_embed.sparsecore.layout import (
-    FeaturePlacement, SparseCoreLayout, StackLayout, TablePlacement, flatten, flatten_with_paths,
-    stack_tables)
+from tpu_embed.sparsecore.layout import FeaturePlacement, SparseCoreLayout, StackLayout, TablePlacement, stack_tables
+from tpu_embed.nest import flatten, flatten_with_paths
 from tpu_embed.topology import Topology
 
 __all__ = [

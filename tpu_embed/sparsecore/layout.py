@@ -4,7 +4,8 @@ TF (`tpu_embedding_v3._stack_tables_with_same_table_dim_and_optimizer` and
 `tensorflow/core/tpu/kernels/sparse_core_layout.cc`):
 
 * tables are visited sorted by name;
-* they are grouped by (width rounded up to 8, optimizer);
+* they are grouped by (width rounded up to 8, optimizer group: canonical JSON
+  of the optimizer where TF uses `hash(optimizer)`);
 * a table joins the first stack of its group whose activation memory
   (4 bytes * padded width * samples per SparseCore) and variable shard memory
   (4 bytes * padded width * padded height / chips) stay strictly under the
@@ -28,11 +29,9 @@ tf_first_feature_only=True)` reproduces TF's behaviour for conformance tests.
 from __future__ import annotations
 
 import dataclasses
-import functools
-import math
-import operator
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
+from tpu_embed.model import from_tf_feature_config
 from tpu_embed.topology import Topology
 
 ACTIVATION_MEM_LIMIT_BYTES = 2 * 1024 * 1024
@@ -122,51 +121,7 @@ class SparseCoreLayout:
         }
 
 
-# ---------------------------------------------------------------- flattening
-
-def flatten_with_paths(structure: Any) -> List[Tuple[str, Any]]:
-    """`tf.nest.flatten_with_joined_string_paths` for dict/list/tuple nests.
-
-    Dict keys are visited sorted, sequences in order, paths joined with '/'.
-    A bare (non-nested) leaf gets the empty path, as in TF.
-    """
-    out: List[Tuple[str, Any]] = []
-
-    def visit(prefix: Tuple[str, ...], node: Any):
-        if isinstance(node, Mapping):
-            for key in sorted(node):
-                visit(prefix + (str(key),), node[key])
-        elif isinstance(node, (list, tuple)) and not _is_leaf_tuple(node):
-            for i, item in enumerate(node):
-                visit(prefix + (str(i),), item)
-        else:
-            out.append(("/".join(prefix), node))
-
-    visit((), structure)
-    return out
-
-
-def _is_leaf_tuple(node) -> bool:
-    # namedtuples of our own (e.g. SparseIds) are leaves, as tf.SparseTensor is.
-    return hasattr(node, "_fields") and getattr(node, "_tpu_embed_leaf", False)
-
-
-def flatten(structure: Any) -> List[Any]:
-    return [leaf for _, leaf in flatten_with_paths(structure)]
-
-
 # ---------------------------------------------------------------- stacking
-
-def optimizer_group(table) -> int:
-    """The stacking group of a table's optimizer: TF keys groups by hash(optimizer)
-    (TF's optimizers hash their __dict__ items, so equal hyperparameters stack)."""
-    return hash(getattr(table, "optimizer", None))
-
-
-def quantization_repr(table) -> str:
-    """TF also separates stacks by repr(quantization_config)."""
-    return repr(getattr(table, "quantization_config", None))
-
 
 @dataclasses.dataclass
 class _Stack:
@@ -181,81 +136,41 @@ class _Stack:
 
 def stack_tables(
     feature_config: Any,
-    topology: Topology,
+    topology: Optional[Topology] = None,
     *,
     disable_table_stacking: bool = False,
     activation_mem_limit_bytes: int = ACTIVATION_MEM_LIMIT_BYTES,
     variable_shard_limit_bytes: int = VARIABLE_SHARD_LIMIT_BYTES,
     tf_first_feature_only: bool = False,
 ) -> SparseCoreLayout:
-    """Stack the tables of `feature_config` for `topology`, as TPUEmbeddingV2 does.
+    """Stack the tables of a model for its topology, as TPUEmbeddingV2 does.
 
-    `feature_config` is the nested structure of
-    `tf.tpu.experimental.embedding.FeatureConfig` that TPUEmbeddingV2 takes (or
-    any objects with the same attributes: `.table`, `.output_shape`; tables
-    with `.name`, `.vocabulary_size`, `.dim`, `.combiner`, `.optimizer`).
-    Features whose `output_shape` is unset need it: SparseCore preprocessing
-    is per chip, so pass the per-chip batch shape, e.g. `[batch // chips]`.
+    `feature_config` is a `tpu_embed.model.ModelConfig` (which carries its
+    topology), or the nested structure of `tf.tpu.experimental.embedding.
+    FeatureConfig` that TPUEmbeddingV2 takes together with `topology`
+    (converted by `tpu_embed.model.from_tf_feature_config`).  Features need a
+    per-chip `output_shape`, e.g. `[batch // chips]`: SparseCore preprocessing
+    is per chip.
     """
-    if not isinstance(topology, Topology):
-        raise TypeError(f"topology must be a tpu_embed.Topology, got {type(topology).__name__}")
-    flat = flatten_with_paths(feature_config)
-    if not flat:
-        raise ValueError("feature_config has no features.")
+    model = from_tf_feature_config(feature_config, topology)
+    topology = model.topology
     num_sc = topology.num_sparse_cores
-    tables: Dict[str, Any] = {}
-    table_objs: Dict[int, str] = {}
-    feature_shapes: List[Tuple[int, ...]] = []
-    for path, feature in flat:
-        table = getattr(feature, "table", None)
-        if table is None:
-            raise TypeError(f"Feature {path!r}: expected a FeatureConfig with a .table, got {type(feature).__name__}.")
-        name = table.name
-        if not name:
-            raise ValueError(f"Feature {path!r}: its table has no name; give every TableConfig a unique name.")
-        if name in tables and tables[name] is not table and _table_signature(tables[name]) != _table_signature(table):
-            raise ValueError(
-                f"Two different tables are both named {name!r} (features sharing a table must share "
-                "the same TableConfig). Rename one of them.")
-        tables.setdefault(name, table)
-        if int(table.vocabulary_size) < 1 or int(table.dim) < 1:
-            raise ValueError(f"Table {name!r}: vocabulary_size and dim must be >= 1, got "
-                             f"{table.vocabulary_size} and {table.dim}.")
-        combiner = getattr(table, "combiner", "mean")
-        if combiner not in ("sum", "mean", "sqrtn"):
-            raise ValueError(f"Table {name!r}: combiner {combiner!r} is not one of 'sum', 'mean', 'sqrtn'.")
-        shape = getattr(feature, "output_shape", None)
-        if shape is None or len(list(shape)) == 0:
-            raise ValueError(
-                f"Feature {path!r} has no output_shape. SparseCore preprocessing is per chip: set "
-                "output_shape to the per-chip batch shape, e.g. [global_batch // num_chips].")
-        shape = tuple(int(d) for d in shape)
-        if any(d < 1 for d in shape):
-            raise ValueError(f"Feature {path!r}: output_shape {list(shape)} must be fully defined and positive.")
-        n = functools.reduce(operator.mul, shape)
-        if n % topology.num_sc_per_chip:
-            raise ValueError(
-                f"Feature {path!r}: {n} samples per chip (output_shape {list(shape)}) is not divisible by "
-                f"{topology.num_sc_per_chip} SparseCores per chip. Use a per-chip batch that is a multiple "
-                f"of {topology.num_sc_per_chip}.")
-        feature_shapes.append(shape)
 
-    samples = {name: 0 for name in tables}
-    for i, (path, feature) in enumerate(flat):
+    samples = {t.name: 0 for t in model.tables}
+    for i, feature in enumerate(model.features):
         if tf_first_feature_only and i > 0:
             break
-        samples[feature.table.name] += functools.reduce(operator.mul, feature_shapes[i])
+        samples[feature.table.name] += feature.samples
 
-    groups: Dict[Tuple[int, int, str], List[_Stack]] = {}
+    groups: Dict[Tuple[int, str], List[_Stack]] = {}
     table_stack: Dict[str, _Stack] = {}
-    for name in sorted(tables):
-        table = tables[name]
-        padded_width = round_up(int(table.dim), 8)
-        padded_height = round_up(int(table.vocabulary_size), num_sc * 8)
+    for table in model.tables:
+        name = table.name
+        padded_width = round_up(table.dim, 8)
+        padded_height = round_up(table.vocabulary_size, num_sc * 8)
         activation = 4 * padded_width * (samples[name] // topology.num_sc_per_chip)
         shard = 4 * padded_width * padded_height // topology.num_chips
-        key = (padded_width, optimizer_group(table), quantization_repr(table))
-        candidates = groups.setdefault(key, [])
+        candidates = groups.setdefault((padded_width, table.optimizer_group), [])
         chosen = None
         if not disable_table_stacking:
             for st in candidates:
@@ -281,31 +196,29 @@ def stack_tables(
     placements: Dict[str, TablePlacement] = {}
     stack_order: List[str] = []
     stack_objs: Dict[str, _Stack] = {}
-    for name in sorted(tables):  # TF orders stacks by their first member in name order
+    for table in model.tables:  # TF orders stacks by their first member in name order
+        name = table.name
         st = table_stack[name]
         stack_name = "_".join(st.tables)
         if stack_name not in stack_objs:
             stack_objs[stack_name] = st
             stack_order.append(stack_name)
         i = st.tables.index(name)
-        table = tables[name]
         placements[name] = TablePlacement(
-            name=name, stack=stack_name,
-            vocabulary_size=int(table.vocabulary_size), dim=int(table.dim),
-            padded_vocabulary_size=round_up(int(table.vocabulary_size), num_sc * 8),
-            padded_dim=st.padded_width, combiner=getattr(table, "combiner", "mean"),
+            name=name, stack=stack_name, vocabulary_size=table.vocabulary_size, dim=table.dim,
+            padded_vocabulary_size=round_up(table.vocabulary_size, num_sc * 8),
+            padded_dim=st.padded_width, combiner=table.combiner,
             shard_row_offset=st.offsets[i], rotation=st.rotations[i], num_sparse_cores=num_sc)
 
     sample_counts = {s: 0 for s in stack_order}
     features: List[FeaturePlacement] = []
-    for i, (path, feature) in enumerate(flat):
+    for i, feature in enumerate(model.features):
         tp = placements[feature.table.name]
-        n = functools.reduce(operator.mul, feature_shapes[i])
         features.append(FeaturePlacement(
-            path=path, index=i, table=tp.name, stack=tp.stack, output_shape=feature_shapes[i],
-            sample_count=n, sample_offset=sample_counts[tp.stack], combiner=tp.combiner,
+            path=feature.name, index=i, table=tp.name, stack=tp.stack, output_shape=feature.output_shape,
+            sample_count=feature.samples, sample_offset=sample_counts[tp.stack], combiner=tp.combiner,
             col_offset=tp.col_offset, col_shift=tp.rotation, vocabulary_size=tp.vocabulary_size))
-        sample_counts[tp.stack] += n
+        sample_counts[tp.stack] += feature.samples
 
     stacks = {}
     for s in stack_order:
@@ -316,7 +229,3 @@ def stack_tables(
             padded_dim=st.padded_width, total_padded_vocabulary=st.unsharded_height,
             sample_count=sample_counts[s])
     return SparseCoreLayout(topology=topology, stacks=stacks, tables=placements, features=tuple(features))
-
-
-def _table_signature(table):
-    return (table.name, int(table.vocabulary_size), int(table.dim), getattr(table, "combiner", None))

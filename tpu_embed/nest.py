@@ -1,0 +1,36 @@
+"""Flattening nested structures the way `tf.nest` does, without importing TensorFlow."""
+
+from __future__ import annotations
+
+from typing import Any, List, Mapping, Tuple
+
+
+def flatten_with_paths(structure: Any) -> List[Tuple[str, Any]]:
+    """`tf.nest.flatten_with_joined_string_paths` for dict/list/tuple nests.
+
+    Dict keys are visited sorted, sequences in order, paths joined with '/'.
+    A bare (non-nested) leaf gets the empty path, as in TF.
+    """
+    out: List[Tuple[str, Any]] = []
+
+    def visit(prefix: Tuple[str, ...], node: Any) -> None:
+        if isinstance(node, Mapping):
+            for key in sorted(node):
+                visit(prefix + (str(key),), node[key])
+        elif isinstance(node, (list, tuple)) and not _is_leaf_tuple(node):
+            for i, item in enumerate(node):
+                visit(prefix + (str(i),), item)
+        else:
+            out.append(("/".join(prefix), node))
+
+    visit((), structure)
+    return out
+
+
+def _is_leaf_tuple(node: Any) -> bool:
+    # namedtuples of our own (e.g. SparseIds) are leaves, as tf.SparseTensor is.
+    return hasattr(node, "_fields") and getattr(node, "_tpu_embed_leaf", False)
+
+
+def flatten(structure: Any) -> List[Any]:
+    return [leaf for _, leaf in flatten_with_paths(structure)]
