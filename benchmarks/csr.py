@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-import types
 from pathlib import Path
 
 import numpy as np
@@ -21,6 +20,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from tpu_embed import Topology  # noqa: E402
+from tpu_embed.model import FeatureConfig, ModelConfig, TableConfig  # noqa: E402
 from tpu_embed.sparsecore import RaggedIds, preprocess_with_layout, stack_tables  # noqa: E402
 
 
@@ -77,10 +77,10 @@ def main(argv=None):
 
     num_chips = 4
     tables, features, batches = make_workload(num_chips=num_chips, num_steps=args.steps)
-    tabs = {t["name"]: types.SimpleNamespace(optimizer=None, **t) for t in tables}
-    fc = {f["name"]: types.SimpleNamespace(table=tabs[f["table"]], output_shape=f["output_shape"])
-          for f in features}
-    layout = stack_tables(fc, Topology(num_chips, 4))
+    tabs = {t["name"]: TableConfig(t["name"], t["vocabulary_size"], t["dim"], t["combiner"]) for t in tables}
+    model = ModelConfig(tuple(FeatureConfig(f["name"], tabs[f["table"]], tuple(f["output_shape"]))
+                              for f in sorted(features, key=lambda f: f["name"])), Topology(num_chips, 4))
+    layout = stack_tables(model)
     big = {s: 1 << 20 for s in layout.stacks}
     our_batches = [{k: ours(v) for k, v in b.items()} for b in batches]
     n_ids = float(np.mean([sum(v["values"].size for v in b.values()) for b in batches]))

@@ -20,7 +20,7 @@ Dependencies point one way: profiles -> tpu_embed (core), never back.
 """
 
 from profiles.collector import DEFAULT_CANDIDATE_CHIP_COUNTS, ProfileCollector
-from profiles.config import FeatureSpec, GlobalConfig, ModelConfig, StackSpec, TableSpec
+from profiles.config import GlobalConfig, StackUnit, TableUnit
 from profiles.errors import (ConfigurationMismatchWarning, ConservativeBoundWarning, CorruptProfileError,
                              InsufficientDataWarning, MissingProfileError, ProfileError, ProfileMismatchError,
                              LimitOverflowWarning, ProfileWarning, SchemaVersionError, StaleProfileWarning)
@@ -39,9 +39,9 @@ def merge(*profiles_: Profile) -> Profile:
 
 __all__ = [
     "ConfigurationMismatchWarning", "ConservativeBoundWarning", "CorruptProfileError",
-    "DEFAULT_CANDIDATE_CHIP_COUNTS", "FeatureSpec", "GlobalConfig", "Histogram", "InsufficientDataWarning",
-    "LimitOverflowWarning", "MissingProfileError", "ModelConfig", "Plan", "Profile", "ProfileAccumulator",
+    "DEFAULT_CANDIDATE_CHIP_COUNTS", "GlobalConfig", "Histogram", "InsufficientDataWarning",
+    "LimitOverflowWarning", "MissingProfileError", "Plan", "Profile", "ProfileAccumulator",
     "ProfileCollector", "ProfileError", "ProfileMismatchError", "ProfileStore", "ProfileWarning", "SCHEMA_VERSION",
-    "SchemaVersionError", "StackPlan", "StackProfile", "StackSpec", "StaleProfileWarning", "TableProfile",
-    "TableSpec", "load_plan", "merge", "merge_profiles", "plan"
+    "SchemaVersionError", "StackPlan", "StackProfile", "StackUnit", "StaleProfileWarning", "TableProfile",
+    "TableUnit", "load_plan", "merge", "merge_profiles", "plan"
 ]

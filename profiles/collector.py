@@ -21,7 +21,9 @@ import numpy as np
 from tpu_embed.sparsecore import FeatureIds
 from tpu_embed.topology import Topology
 
-from profiles.config import CandidateUnavailable, ModelConfig
+from tpu_embed.model import ModelConfig, from_tf_feature_config
+
+from profiles.config import CandidateUnavailable, GlobalConfig, rescaled
 from profiles.counting import candidate_table_counts, core_table_counts, dedup_table, stack_counts
 from profiles.idcounts import IdCounts
 from profiles.profile import CandidateStatus, Profile, ProfileAccumulator
@@ -31,25 +33,21 @@ DEFAULT_CANDIDATE_CHIP_COUNTS = tuple(2 ** k for k in range(9))  # 1, 2, 4, ...,
 
 
 class ProfileCollector:
-    def __init__(self, feature_config: Any = None, topology: Optional[Topology] = None, *,
+    def __init__(self, feature_config: Any, topology: Optional[Topology] = None, *,
                  candidate_chip_counts: Sequence[int] = DEFAULT_CANDIDATE_CHIP_COUNTS,
-                 sharding_strategy: str = "mod", model: Optional[ModelConfig] = None,
                  series_steps: int = DEFAULT_SERIES_STEPS, oov_ids_in_batch: bool = True):
-        """`feature_config` + `topology` as for `tpu_embed.sparsecore.stack_tables` (output_shape = the
-        per-chip batch shape), or a recorded `model`.  `candidate_chip_counts`: other chip counts (same
+        """`feature_config`: a `tpu_embed.model.ModelConfig`, or TF feature configs + `topology` as for
+        `tpu_embed.sparsecore.stack_tables` (output_shape = the per-chip batch shape).  `candidate_chip_counts`: other chip counts (same
         SCs per chip, same global batch) to compute per-partition figures for in the same pass; those
         that cannot run the batch are recorded as skipped, with the reason.  `series_steps`: how many
         per-step maxima to keep for plots (quantiles always use every step).
         `oov_ids_in_batch`: True if the out-of-vocabulary lookups counted in `oov_counts` are in the batch
         (mapped to OOV buckets), False if they were dropped upstream; it sets the OOV rate's denominator."""
-        if model is None:
-            if feature_config is None or topology is None:
-                raise ValueError("ProfileCollector needs feature_config and topology (or model=).")
-            model = ModelConfig.from_feature_config(feature_config, topology, sharding_strategy)
+        model = from_tf_feature_config(feature_config, topology)
         self.model = model
         self.series_steps = int(series_steps)
         self.oov_ids_in_batch = bool(oov_ids_in_batch)
-        main = model.global_config.num_chips
+        main = model.topology.num_chips
         self.candidates: Dict[int, CandidateStatus] = {}
         self._candidate_models: Dict[int, ModelConfig] = {}
         for c in sorted(set(int(c) for c in candidate_chip_counts) | {main}):
@@ -59,7 +57,7 @@ class ProfileCollector:
             if c < 1:
                 raise ValueError(f"candidate chip count {c} must be >= 1")
             try:
-                cm = model.rescaled(c)
+                cm = rescaled(model, c)
                 cm.layout()  # stacking must work too
             except (CandidateUnavailable, ValueError) as e:
                 self.candidates[c] = CandidateStatus(c, "skipped", str(e))
@@ -71,14 +69,15 @@ class ProfileCollector:
 
     def create_accumulator(self) -> ProfileAccumulator:
         m = self.model
-        g = m.global_config
+        g = GlobalConfig.of(m)
         tables = {}
         for t in m.tables:
             loads = {g.num_sparse_cores: ShardLoad.empty(g.num_sparse_cores)}
             for cm in self._candidate_models.values():
-                loads.setdefault(cm.global_config.num_sparse_cores, ShardLoad.empty(cm.global_config.num_sparse_cores))
+                s = cm.topology.num_sparse_cores
+                loads.setdefault(s, ShardLoad.empty(s))
             tables[t.name] = TableStats(
-                steps=0, features={f.path: FeatureStats() for f in t.features}, id_counts=IdCounts(),
+                steps=0, features={f.name: FeatureStats() for f in m.table_features(t.name)}, id_counts=IdCounts(),
                 shard_load=loads,
                 # Per-table series are not kept: plots show stacks, and files stay small.
                 partitions=PartitionStats.empty(g.num_chips, g.num_sc_per_chip, heat_map=True),
@@ -101,7 +100,7 @@ class ProfileCollector:
         pass it when several workers profile one stream (it keys the per-step series used for plots).
         """
         m = self.model
-        g = m.global_config
+        g = m.topology
         self._validate(global_ids, oov_counts)
         step = acc.steps if step is None else int(step)
 
@@ -110,17 +109,17 @@ class ProfileCollector:
             ts = acc.tables[t.name]
             ts.steps += 1
             all_ids = []
-            for f in t.features:
-                fid = global_ids[f.path]
-                fs = ts.features[f.path]
+            for f in m.table_features(t.name):
+                fid = global_ids[f.name]
+                fs = ts.features[f.name]
                 examples = f.examples * g.num_chips
                 fs.examples += examples
                 fs.ids += int(fid.ids.size)
                 per_example = np.bincount(fid.rows // f.samples_per_example, minlength=examples)
                 fs.ids_per_example.add_array(per_example)
-                if oov_counts is not None and f.path in oov_counts:
-                    fs.oov_ids += int(oov_counts[f.path])
-                    fs.oov_reported_ids += int(fid.ids.size) + (0 if self.oov_ids_in_batch else int(oov_counts[f.path]))
+                if oov_counts is not None and f.name in oov_counts:
+                    fs.oov_ids += int(oov_counts[f.name])
+                    fs.oov_reported_ids += int(fid.ids.size) + (0 if self.oov_ids_in_batch else int(oov_counts[f.name]))
                 all_ids.append(fid.ids)
             ids = np.concatenate(all_ids) if all_ids else np.zeros(0, np.int64)
             ts.id_counts.add(ids)
@@ -160,33 +159,33 @@ class ProfileCollector:
 
     def _validate(self, global_ids: Mapping[str, FeatureIds], oov_counts) -> None:
         m = self.model
-        g = m.global_config
-        paths = [f.path for f in m.features]
+        g = m.topology
+        paths = [f.name for f in m.features]
         missing = [p for p in paths if p not in global_ids]
         extra = [p for p in global_ids if p not in set(paths)]
         if missing or extra:
             raise ValueError(f"global batch: missing features {missing}, unexpected features {extra}; "
                              f"pass {{feature path: FeatureIds}} for exactly {paths}.")
         for f in m.features:
-            fid = global_ids[f.path]
+            fid = global_ids[f.name]
             if not isinstance(fid, FeatureIds):
-                raise TypeError(f"feature {f.path!r}: expected tpu_embed.sparsecore.FeatureIds, got "
+                raise TypeError(f"feature {f.name!r}: expected tpu_embed.sparsecore.FeatureIds, got "
                                 f"{type(fid).__name__}.")
             if fid.rows.shape != fid.ids.shape:
-                raise ValueError(f"feature {f.path!r}: rows and ids differ in length.")
+                raise ValueError(f"feature {f.name!r}: rows and ids differ in length.")
             if not fid.ids.size:
                 continue
             n = f.samples * g.num_chips
             if np.any(fid.rows[1:] < fid.rows[:-1]):
-                raise ValueError(f"feature {f.path!r}: global rows must be sorted (non-decreasing).")
+                raise ValueError(f"feature {f.name!r}: global rows must be sorted (non-decreasing).")
             if fid.rows[0] < 0 or fid.rows[-1] >= n:
-                raise ValueError(f"feature {f.path!r}: global rows must be in [0, {n}) ({g.num_chips} chips x "
+                raise ValueError(f"feature {f.name!r}: global rows must be in [0, {n}) ({g.num_chips} chips x "
                                  f"{f.samples} samples per chip); got {int(fid.rows[0])}..{int(fid.rows[-1])}.")
-            vocab = m.table(f.table).vocabulary_size
+            vocab = f.table.vocabulary_size
             lo, hi = int(fid.ids.min()), int(fid.ids.max())
             if lo < 0 or hi >= vocab:
-                raise ValueError(f"feature {f.path!r}: id {lo if lo < 0 else hi} is outside the vocabulary "
-                                 f"[0, {vocab}) of table {f.table!r}. Map ids through the vocabulary first "
+                raise ValueError(f"feature {f.name!r}: id {lo if lo < 0 else hi} is outside the vocabulary "
+                                 f"[0, {vocab}) of table {f.table.name!r}. Map ids through the vocabulary first "
                                  "(out-of-vocabulary ids to an OOV bucket) and report them in oov_counts.")
         if oov_counts is not None:
             unknown = sorted(set(oov_counts) - set(paths))

@@ -32,7 +32,7 @@ import numpy as np
 
 from tpu_embed.sparsecore import FeatureIds, SparseCoreLayout, partition_counts, split_global_batch
 
-from profiles.config import ModelConfig
+from tpu_embed.model import ModelConfig
 
 
 @dataclasses.dataclass(frozen=True)
@@ -114,10 +114,9 @@ class DedupedTable:
 
 
 def dedup_table(model: ModelConfig, table: str, global_ids: Mapping[str, FeatureIds]) -> DedupedTable:
-    t = model.table(table)
     fs, rs, ids = [], [], []
-    for i, f in enumerate(t.features):
-        fid = global_ids[f.path]
+    for i, f in enumerate(model.table_features(table)):
+        fid = global_ids[f.name]
         if not fid.ids.size:
             continue
         key = _pack2(fid.rows, fid.ids)
@@ -142,12 +141,12 @@ def dedup_table(model: ModelConfig, table: str, global_ids: Mapping[str, Feature
 
 def candidate_table_counts(candidate: ModelConfig, table: str, dd: DedupedTable) -> CellCounts:
     """Counts of one table laid out alone (rotation 0) on `candidate`'s chips, from deduped triples."""
-    g = candidate.global_config
+    g = candidate.topology
     nsc, S, chips = g.num_sc_per_chip, g.num_sparse_cores, g.num_chips
     if not dd.id.size:
         return _empty(chips, nsc, S)
     t = candidate.table(table)
-    block = np.array([f.samples // nsc for f in t.features], np.int64)  # samples per SC of each feature
+    block = np.array([f.samples // nsc for f in candidate.table_features(table)], np.int64)  # samples per SC of each feature
     sc_global = dd.row // block[dd.feature]  # chip * nsc + local SC: samples split in contiguous blocks
     cell = sc_global * S + (dd.id & (S - 1))  # destination: id mod S (mod sharding, rotation 0)
     # One sort of (cell, id) pairs gives both counts: a cell's ids are its pairs' multiplicities

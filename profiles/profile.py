@@ -13,9 +13,12 @@ from __future__ import annotations
 import dataclasses
 from typing import Dict, Iterable, Mapping
 
-from profiles.config import GlobalConfig, ModelConfig, StackSpec, TableSpec, stack_key, table_key
+from tpu_embed.model import ModelConfig
+
+from profiles.config import (GlobalConfig, StackUnit, TableUnit, rescaled, stack_key, stack_units, table_key,
+                             table_units)
 from profiles.errors import ProfileMismatchError
-from profiles.hashing import canonical_json
+from tpu_embed.canonical import canonical_json
 from profiles.stats import PartitionStats, TableStats, _deep_copy, merge_candidate_stacks
 
 
@@ -74,7 +77,7 @@ class CandidateStatus:
 
 @dataclasses.dataclass(eq=False)
 class TableProfile:
-    table: TableSpec
+    table: TableUnit
     global_config: GlobalConfig
     stats: TableStats
 
@@ -93,7 +96,7 @@ class TableProfile:
 
 @dataclasses.dataclass(eq=False)
 class StackProfile:
-    stack: StackSpec
+    stack: StackUnit
     global_config: GlobalConfig
     stats: PartitionStats
 
@@ -125,31 +128,31 @@ class Profile:
 
     @property
     def global_config(self) -> GlobalConfig:
-        return self.model.global_config
+        return GlobalConfig.of(self.model)
 
     @property
     def tables(self) -> Dict[str, TableProfile]:
-        g = self.model.global_config
-        return {t.name: TableProfile(t, g, self.accumulator.tables[t.name]) for t in self.model.tables}
+        g = self.global_config
+        return {t.name: TableProfile(t, g, self.accumulator.tables[t.name]) for t in table_units(self.model)}
 
     @property
     def stacks(self) -> Dict[str, StackProfile]:
-        g = self.model.global_config
+        g = self.global_config
         return {name: StackProfile(spec, g, self.accumulator.stacks[name])
-                for name, spec in self.model.stack_specs().items()}
+                for name, spec in stack_units(self.model).items()}
 
     def candidate_stacks(self, num_chips: int) -> Dict[str, StackProfile]:
         """The stacks of this model rescaled to `num_chips` (same global batch), with their statistics."""
-        if num_chips == self.model.global_config.num_chips:
+        if num_chips == self.model.topology.num_chips:
             return self.stacks
         stats = self.accumulator.candidate_stacks.get(num_chips)
         if stats is None:
             status = self.candidates.get(num_chips)
             why = f": {status.reason}" if status and status.reason else ""
             raise KeyError(f"{num_chips} chips was not profiled as a candidate{why}")
-        model = self.model.rescaled(num_chips)
-        g = model.global_config
-        return {name: StackProfile(spec, g, stats[name]) for name, spec in model.stack_specs().items()}
+        model = rescaled(self.model, num_chips)
+        g = GlobalConfig.of(model)
+        return {name: StackProfile(spec, g, stats[name]) for name, spec in stack_units(model).items()}
 
     def merge(self, other: "Profile") -> "Profile":
         """A new profile with the statistics of both (associative, commutative)."""

@@ -17,7 +17,7 @@ from typing import Dict, Mapping, Optional, Tuple
 import numpy as np
 
 from profiles.counting import CellCounts
-from profiles.hashing import canonical_json
+from tpu_embed.canonical import canonical_json
 from profiles.histogram import Histogram
 from profiles.idcounts import ENCODING, IdCounts, _pack, _unpack
 

@@ -21,14 +21,16 @@ import os
 import warnings
 from typing import List, Optional, Tuple
 
-from profiles.config import GlobalConfig, ModelConfig, StackSpec, TableSpec, stack_key, table_key
+from tpu_embed.model import ModelConfig, from_tf_feature_config
+
+from profiles.config import GlobalConfig, StackUnit, TableUnit, stack_key, stack_units, table_key, table_unit
 from profiles.errors import (CorruptProfileError, MissingProfileError, ProfileError, ProfileMismatchError,
                              SchemaVersionError, StaleProfileWarning)
 from profiles.jsonio import atomic_write_text, dumps_readable, read_json
 from profiles.profile import CandidateStatus, Profile, ProfileAccumulator, StackProfile, TableProfile
 from profiles.stats import PartitionStats, TableStats, _deep_copy
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 WRITTEN_BY = "tpu_embed profiles"
 _FIX = ("Delete it and re-run the profile job (`tpu-embed profile`), or point --profiles at another "
         "directory.")
@@ -141,8 +143,8 @@ class ProfileStore:
                 entry["stacks"] = {k: v.to_json() for k, v in sorted(p.accumulator.candidate_stacks[c].items())}
             cands[str(c)] = entry
         d.update(model=m.to_json(), steps=p.steps,
-                 tables={t.name: m.table_key(t.name) for t in m.tables},
-                 stacks={name: stack_key(spec, m.global_config) for name, spec in m.stack_specs().items()},
+                 tables={t.name: table_key(table_unit(m, t.name), p.global_config) for t in m.tables},
+                 stacks={name: stack_key(spec, p.global_config) for name, spec in stack_units(m).items()},
                  candidates=cands)
         path = self.model_path(m.key)
         atomic_write_text(path, dumps_readable(d))
@@ -155,7 +157,8 @@ class ProfileStore:
         for path in sorted(glob.glob(os.path.join(self.directory, "model-*.json"))):
             d = self._load(path, "model")
             m = ModelConfig.from_json(d["model"])
-            out.append(ModelEntry(d["key"], path, int(d["steps"]), tuple(t.name for t in m.tables), m.global_config))
+            out.append(ModelEntry(d["key"], path, int(d["steps"]), tuple(t.name for t in m.tables),
+                                  GlobalConfig.of(m)))
         return out
 
     def read(self, model: Optional[str] = None) -> Profile:
@@ -183,17 +186,16 @@ class ProfileStore:
             entry = matches[0]
         return self._read_model(entry.path)
 
-    def read_for(self, model, topology=None, sharding_strategy: str = "mod") -> Profile:
-        """The profile of exactly this configuration: a ModelConfig, or feature_config + Topology."""
-        if not isinstance(model, ModelConfig):
-            if topology is None:
-                raise TypeError("read_for(feature_config, topology): the topology is needed to find the profile.")
-            model = ModelConfig.from_feature_config(model, topology, sharding_strategy)
+    def read_for(self, model, topology=None) -> Profile:
+        """The profile of exactly this configuration: a ModelConfig, or TF feature_config + Topology."""
+        if not isinstance(model, ModelConfig) and topology is None:
+            raise TypeError("read_for(feature_config, topology): the topology is needed to find the profile.")
+        model = from_tf_feature_config(model, topology)
         path = self.model_path(model.key)
         if not os.path.exists(path):
             raise MissingProfileError(
                 f"{path} does not exist: no profile of this exact configuration ({len(model.tables)} tables, "
-                f"{model.global_config.num_chips} chips) in {self.directory}. Run the profile job for it, "
+                f"{model.topology.num_chips} chips) in {self.directory}. Run the profile job for it, "
                 "or plan from another configuration's candidate figures (`profiles.plan(..., spec=...)`).")
         return self._read_model(path)
 
@@ -202,20 +204,21 @@ class ProfileStore:
         model = ModelConfig.from_json(d["model"])
         self._check_key(path, d, model.key, "model configuration")
         tables, stacks = {}, {}
+        g = GlobalConfig.of(model)
         for t in model.tables:
-            tp = self.read_table(t, model.global_config)
+            unit = table_unit(model, t.name)
+            tp = self.read_table(unit, g)
             if tp is None:
                 raise MissingProfileError(
-                    f"{path} lists table {t.name!r}, but its file {self.table_path(table_key(t, model.global_config))} "
+                    f"{path} lists table {t.name!r}, but its file {self.table_path(table_key(unit, g))} "
                     f"is missing. {_FIX}")
             tables[t.name] = tp.stats
-        specs = model.stack_specs()
-        for name, spec in specs.items():
-            sp = self.read_stack(spec, model.global_config)
+        for name, spec in stack_units(model).items():
+            sp = self.read_stack(spec, g)
             if sp is None:
                 raise MissingProfileError(
                     f"{path} lists stack {name!r}, but its file "
-                    f"{self.stack_path(stack_key(spec, model.global_config))} "
+                    f"{self.stack_path(stack_key(spec, g))} "
                     f"is missing. {_FIX}")
             stacks[name] = sp.stats
         steps = int(d["steps"])
@@ -234,26 +237,26 @@ class ProfileStore:
         acc = ProfileAccumulator(model.key, steps, tables, stacks, cstacks)
         return Profile(model, dict(sorted(candidates.items())), acc)
 
-    def read_table(self, table: TableSpec, global_config: GlobalConfig) -> Optional[TableProfile]:
+    def read_table(self, table: TableUnit, global_config: GlobalConfig) -> Optional[TableProfile]:
         """This table's statistics under this global configuration, or None if never profiled."""
         key = table_key(table, global_config)
         path = self.table_path(key)
         if not os.path.exists(path):
             return None
         d = self._load(path, "table")
-        spec, g = TableSpec.from_json(d["table"]), GlobalConfig.from_json(d["global"])
+        spec, g = TableUnit.from_json(d["table"]), GlobalConfig.from_json(d["global"])
         self._check_key(path, d, table_key(spec, g), "table parameters and global configuration")
         if d["key"] != key:
             raise ProfileMismatchError(f"{path} holds table key {d['key']}, not {key}. {_FIX}")
         return TableProfile(table, global_config, TableStats.from_json(d["statistics"]))
 
-    def read_stack(self, stack: StackSpec, global_config: GlobalConfig) -> Optional[StackProfile]:
+    def read_stack(self, stack: StackUnit, global_config: GlobalConfig) -> Optional[StackProfile]:
         key = stack_key(stack, global_config)
         path = self.stack_path(key)
         if not os.path.exists(path):
             return None
         d = self._load(path, "stack")
-        spec, g = StackSpec.from_json(d["stack"]), GlobalConfig.from_json(d["global"])
+        spec, g = StackUnit.from_json(d["stack"]), GlobalConfig.from_json(d["global"])
         self._check_key(path, d, stack_key(spec, g), "stack parameters and global configuration")
         if d["key"] != key:
             raise ProfileMismatchError(f"{path} holds stack key {d['key']}, not {key}. {_FIX}")
@@ -263,7 +266,7 @@ class ProfileStore:
         out = []
         for path in sorted(glob.glob(os.path.join(self.directory, "table-*.json"))):
             d = self._load(path, "table")
-            spec, g = TableSpec.from_json(d["table"]), GlobalConfig.from_json(d["global"])
+            spec, g = TableUnit.from_json(d["table"]), GlobalConfig.from_json(d["global"])
             self._check_key(path, d, table_key(spec, g), "table parameters and global configuration")
             out.append(TableProfile(spec, g, TableStats.from_json(d["statistics"])))
         return out
@@ -272,7 +275,7 @@ class ProfileStore:
         out = []
         for path in sorted(glob.glob(os.path.join(self.directory, "stack-*.json"))):
             d = self._load(path, "stack")
-            spec, g = StackSpec.from_json(d["stack"]), GlobalConfig.from_json(d["global"])
+            spec, g = StackUnit.from_json(d["stack"]), GlobalConfig.from_json(d["global"])
             self._check_key(path, d, stack_key(spec, g), "stack parameters and global configuration")
             out.append(StackProfile(spec, g, PartitionStats.from_json(d["statistics"])))
         return out

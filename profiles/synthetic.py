@@ -7,35 +7,33 @@ vocabulary job writes it), so 'div' partitioning piles hot ids onto shard 0.
 
 from __future__ import annotations
 
-import types
 from typing import Dict, Iterator, Mapping, Optional, Sequence
 
 import numpy as np
 
+from tpu_embed.model import FeatureConfig, TableConfig
 from tpu_embed.sparsecore import FeatureIds
 
 
 def feature_config(num_tables: int = 4, *, per_chip_batch: int = 16, vocab_sizes: Optional[Sequence[int]] = None,
                    dims: Optional[Sequence[int]] = None, combiners: Sequence[str] = ("sum", "mean", "sqrtn"),
                    shared: int = 0, sequence: Optional[Mapping[int, int]] = None, optimizer="sgd") -> dict:
-    """{feature name: SimpleNamespace FeatureConfig}.  `shared`: that many extra features look up
+    """{feature name: tpu_embed.model.FeatureConfig}.  `shared`: that many extra features look up
     table 0 (shared embedding); `sequence`: {table index: seq_len} for sequence features;
-    `optimizer`: a label, or one per table (tables stack only with equal optimizers)."""
+    `optimizer`: an optimizer group label, or one per table (tables stack only within a group)."""
     vocab_sizes = list(vocab_sizes or [1000 * (i + 1) for i in range(num_tables)])
     dims = list(dims or [8 * (1 + i % 3) for i in range(num_tables)])
     optimizers = list(optimizer) if isinstance(optimizer, (list, tuple)) else [optimizer]
-    tables = [types.SimpleNamespace(name=f"table_{i:02d}", vocabulary_size=int(vocab_sizes[i % len(vocab_sizes)]),
-                                    dim=int(dims[i % len(dims)]), combiner=combiners[i % len(combiners)],
-                                    optimizer=optimizers[i % len(optimizers)])
+    tables = [TableConfig(f"table_{i:02d}", int(vocab_sizes[i % len(vocab_sizes)]), int(dims[i % len(dims)]),
+                          combiners[i % len(combiners)], optimizer_group=str(optimizers[i % len(optimizers)]))
               for i in range(num_tables)]
     fc = {}
     for i, t in enumerate(tables):
         seq = (sequence or {}).get(i)
         shape = [per_chip_batch, seq] if seq else [per_chip_batch]
-        fc[f"feature_{i:02d}"] = types.SimpleNamespace(table=t, output_shape=shape, name=f"feature_{i:02d}")
+        fc[f"feature_{i:02d}"] = FeatureConfig(f"feature_{i:02d}", t, tuple(shape), seq or 0)
     for j in range(shared):
-        fc[f"shared_{j:02d}"] = types.SimpleNamespace(table=tables[0], output_shape=[per_chip_batch],
-                                                      name=f"shared_{j:02d}")
+        fc[f"shared_{j:02d}"] = FeatureConfig(f"shared_{j:02d}", tables[0], (per_chip_batch,))
     return fc
 
 
@@ -113,9 +111,10 @@ def synthetic_profile(feature_config, topology, steps: int, *, seed: int = 0,
     for t in model.tables:
         ts = acc.tables[t.name]
         ts.steps = steps
-        samples = sum(f.samples for f in t.features)
-        for f in t.features:
-            fs = ts.features[f.path]
+        feats = model.table_features(t.name)
+        samples = sum(f.samples for f in feats)
+        for f in feats:
+            fs = ts.features[f.name]
             fs.examples = f.examples * topology.num_chips * steps
             fs.ids_per_example.add_array(rng.integers(0, 5, size=10_000))
             fs.ids = int(fs.examples * 2)

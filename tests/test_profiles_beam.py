@@ -9,17 +9,18 @@ from apache_beam.testing.util import assert_that  # noqa: E402
 
 import profiles  # noqa: E402
 from profiles import synthetic  # noqa: E402
+from tpu_embed.model import ModelConfig, from_tf_feature_config  # noqa: E402
 from tpu_embed.topology import Topology  # noqa: E402
 
 
 class ProfileCombineFn(beam.CombineFn):
     """What pipelines/ wraps: the four CombineFn methods are the collector's."""
 
-    def __init__(self, model: profiles.ModelConfig, candidate_chip_counts):
+    def __init__(self, model: ModelConfig, candidate_chip_counts):
         self._model, self._cands = model, tuple(candidate_chip_counts)  # plain data: pickles to workers
 
     def setup(self):
-        self._collector = profiles.ProfileCollector(model=self._model, candidate_chip_counts=self._cands)
+        self._collector = profiles.ProfileCollector(self._model, candidate_chip_counts=self._cands)
 
     def create_accumulator(self):
         return self._collector.create_accumulator()
@@ -38,7 +39,7 @@ class ProfileCombineFn(beam.CombineFn):
 def test_beam_combine_equals_direct_collection(tmp_path):
     fc = synthetic.feature_config(3, per_chip_batch=8, vocab_sizes=[50, 700, 9], shared=1)
     topo = Topology(2, 4)
-    model = profiles.ModelConfig.from_feature_config(fc, topo)
+    model = from_tf_feature_config(fc, topo)
     steps = [(i, b, {"feature_00": i}) for i, b in enumerate(synthetic.global_batches(fc, 2, 8, seed=1))]
 
     direct = profiles.ProfileCollector(fc, topo, candidate_chip_counts=(1, 4))

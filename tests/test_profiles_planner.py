@@ -11,7 +11,8 @@ import pytest
 import profiles
 from profiles import (ConfigurationMismatchWarning, ConservativeBoundWarning, InsufficientDataWarning,
                       LimitOverflowWarning, MissingProfileError, ProfileCollector, ProfileStore, synthetic)
-from profiles.config import ModelConfig
+from profiles.config import rescaled, stack_units
+from tpu_embed.model import from_tf_feature_config
 from tpu_embed.sparsecore import LimitExceededError, preprocess_with_layout, split_global_batch
 from tpu_embed.topology import Topology
 
@@ -157,13 +158,12 @@ def test_plan_reports_memory_balance_stacking_and_topologies(profile):
 
 def test_plan_for_another_chip_count_uses_candidate_figures(tmp_path, profile):
     ProfileStore(tmp_path).write(profile)
-    target = profile.model.rescaled(2)
+    target = rescaled(profile.model, 2)
     with pytest.warns(ConfigurationMismatchWarning, match="another chip count"):
         plan = profiles.plan(tmp_path, target, min_steps=1)
     assert all(s.origin == "candidate:2" for s in plan.stacks.values())
     # Exactly what profiling on 2 chips directly gives.
-    fc2 = target.feature_config()
-    col = ProfileCollector(fc2, Topology(2, 4), candidate_chip_counts=())
+    col = ProfileCollector(target, candidate_chip_counts=())
     acc = col.create_accumulator()
     for i, b in enumerate(BATCHES):
         col.add_step(acc, b, step=i)
@@ -175,7 +175,7 @@ def test_plan_for_another_chip_count_uses_candidate_figures(tmp_path, profile):
     assert all(d == 0 for step in _preprocess_all(plan, target, BATCHES) for d in step.values())
     # A chip count the profile did not cover is refused, naming what to do.
     with pytest.raises(MissingProfileError, match="candidate chip counts include 16"):
-        profiles.plan(tmp_path, profile.model.rescaled(16), min_steps=1)
+        profiles.plan(tmp_path, rescaled(profile.model, 16), min_steps=1)
 
 
 def test_plan_for_another_stacking_bounds_from_tables(tmp_path, profile):
@@ -183,8 +183,8 @@ def test_plan_for_another_stacking_bounds_from_tables(tmp_path, profile):
     ProfileStore(tmp_path).write(profile)
     fc = synthetic.feature_config(5, per_chip_batch=16, vocab_sizes=[30, 2000, 500, 70000, 9], shared=1,
                                   sequence={2: 3}, optimizer=[f"o{i}" for i in range(5)])
-    target = ModelConfig.from_feature_config(fc, TOPO)
-    assert len(target.stack_specs()) == 5 != len(profile.stacks)
+    target = from_tf_feature_config(fc, TOPO)
+    assert len(stack_units(target)) == 5 != len(profile.stacks)
     with pytest.warns(ConservativeBoundWarning):
         plan = profiles.plan(tmp_path, target, min_steps=1)
     assert {s.origin for s in plan.stacks.values()} <= {"bound-from-tables", "profiled"}
@@ -198,7 +198,7 @@ def test_plan_from_spec_files(tmp_path, profile):
     spec = {"topology": {"num_chips": 4, "num_sc_per_chip": 4},
             "tables": [{"name": t.name, "vocabulary_size": t.vocabulary_size, "dim": t.dim,
                         "combiner": t.combiner, "optimizer": "sgd"} for t in profile.model.tables],
-            "features": [{"name": f.path, "table": f.table, "output_shape": list(f.output_shape)}
+            "features": [{"name": f.name, "table": f.table.name, "output_shape": list(f.output_shape)}
                          for f in profile.model.features]}
     (tmp_path / "spec.json").write_text(json.dumps(spec))
     b = profiles.plan(tmp_path, str(tmp_path / "spec.json"), min_steps=1)
@@ -229,10 +229,8 @@ def test_planning_26_tables_from_10k_steps_is_fast():
 def test_plan_for_other_hosts_uses_the_profile_with_a_warning(tmp_path, profile):
     """Hosts do not change any statistic: the same figures, but the plan says where they came from."""
     ProfileStore(tmp_path).write(profile)
-    g = profile.model.global_config
-    import dataclasses
-    target = dataclasses.replace(profile.model, global_config=dataclasses.replace(g, num_hosts=2))
-    with pytest.warns(ConfigurationMismatchWarning, match="hosts/sharding label differ"):
+    target = profile.model.with_topology(Topology(TOPO.num_chips, TOPO.num_sc_per_chip, 2))
+    with pytest.warns(ConfigurationMismatchWarning, match="hosts differ"):
         plan = profiles.plan(tmp_path, target, min_steps=1)
     assert {s.origin for s in plan.stacks.values()} == {"equivalent"}
     assert plan.max_ids_per_table == profiles.plan(profile, min_steps=1).max_ids_per_table

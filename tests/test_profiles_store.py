@@ -9,8 +9,9 @@ import pytest
 import profiles
 from profiles import (CorruptProfileError, MissingProfileError, ProfileCollector, ProfileError, ProfileMismatchError,
                       ProfileStore, SchemaVersionError, synthetic)
-from profiles.config import ModelConfig, table_key
-from profiles.hashing import stable_key
+from profiles.config import GlobalConfig, table_key, table_unit
+from tpu_embed.canonical import fingerprint
+from tpu_embed.model import from_tf_feature_config
 from tpu_embed.topology import Topology
 
 FC = synthetic.feature_config(3, per_chip_batch=8, vocab_sizes=[40, 500, 70], shared=1)
@@ -50,17 +51,17 @@ def test_round_trip_and_file_names(tmp_path, profile):
 
 
 def test_keys_are_stable_and_depend_on_what_they_should(profile):
-    t = profile.model.table("table_00")
-    g = profile.model.global_config
+    t = table_unit(profile.model, "table_00")
+    g = profile.global_config
     # A fixed digest: the hashing is part of the on-disk contract (see SCHEMA.md).
-    assert stable_key({"a": [1, 2], "b": "x"}) == stable_key({"b": "x", "a": [1, 2]})
+    assert fingerprint({"a": [1, 2], "b": "x"}) == fingerprint({"b": "x", "a": [1, 2]})
     assert len(table_key(t, g)) == 20
     import dataclasses
-    assert table_key(dataclasses.replace(t, optimizer="other", optimizer_group="g9"), g) == table_key(t, g)
+    assert table_key(dataclasses.replace(t, table=dataclasses.replace(t.table, optimizer_group="g9")), g) == \
+        table_key(t, g)
     for change in (dict(vocabulary_size=41), dict(dim=16), dict(combiner="sqrtn"), dict(name="renamed")):
-        assert table_key(dataclasses.replace(t, **change), g) != table_key(t, g)
-    for change in (dict(num_chips=4), dict(num_hosts=2), dict(sharding_strategy="div"), dict(per_chip_batch=16),
-                   dict(num_sc_per_chip=2)):
+        assert table_key(dataclasses.replace(t, table=dataclasses.replace(t.table, **change)), g) != table_key(t, g)
+    for change in (dict(num_chips=4), dict(num_hosts=2), dict(per_chip_batch=16), dict(num_sc_per_chip=2)):
         assert table_key(t, dataclasses.replace(g, **change)) != table_key(t, g)
 
 
@@ -95,7 +96,7 @@ def test_schema_version_mismatch_is_refused(tmp_path, profile):
     d = json.loads(f.read_text())
     d["schema_version"] = 99
     f.write_text(json.dumps(d))
-    with pytest.raises(SchemaVersionError, match=r"schema_version 99.*reads profile schema 1") as e:
+    with pytest.raises(SchemaVersionError, match=rf"schema_version 99.*reads profile schema {profiles.SCHEMA_VERSION}") as e:
         ProfileStore(tmp_path).read()
     assert str(f) in str(e.value)
 
@@ -162,10 +163,10 @@ def test_shared_directory_reuses_matching_tables_only(tmp_path, profile):
     assert back.tables["table_00"].stats == other.tables["table_00"].stats
     assert any(issubclass(x.category, profiles.StaleProfileWarning) for x in w)  # 3 vs 4 steps, said so
     # A different topology never picks up these files.
-    moved = ModelConfig.from_feature_config(FC, Topology(4, 4))
+    moved = from_tf_feature_config(FC, Topology(4, 4))
     with pytest.raises(MissingProfileError, match="no profile of this exact configuration"):
         store.read_for(moved)
-    assert store.read_table(moved.table("table_00"), moved.global_config) is None
+    assert store.read_table(table_unit(moved, "table_00"), GlobalConfig.of(moved)) is None
 
 
 def test_merge_existing_accumulates_runs(tmp_path):

@@ -364,7 +364,7 @@ def from_tf_feature_config(feature_config: Any, topology: Topology) -> ModelConf
         if table is None:
             raise TypeError(f"Feature {path!r}: expected a FeatureConfig with a .table, got {type(feature).__name__}.")
         if id(table) not in converted:
-            converted[id(table)] = _table_from_tf(table)
+            converted[id(table)] = table if isinstance(table, TableConfig) else _table_from_tf(table)
         shape = getattr(feature, "output_shape", None)
         if shape is not None and not isinstance(shape, (list, tuple)):
             shape = list(shape)  # a tf.TensorShape

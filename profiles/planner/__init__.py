@@ -16,7 +16,9 @@ import os
 import warnings
 from typing import Any, Optional, Sequence, Union
 
-from profiles.config import ModelConfig
+from tpu_embed.model import ModelConfig, from_tf_feature_config
+
+from profiles.config import GlobalConfig
 from profiles.errors import InsufficientDataWarning, LimitOverflowWarning
 from profiles.histogram import parse_quantile, quantile_label
 from profiles.plan_file import Plan, StackPlan
@@ -37,7 +39,7 @@ def _target_from_spec(spec: Any) -> Optional[ModelConfig]:
     if spec is None or isinstance(spec, ModelConfig):
         return spec
     if isinstance(spec, (tuple, list)) and len(spec) == 2:  # (feature_config, topology)
-        return ModelConfig.from_feature_config(spec[0], spec[1])
+        return from_tf_feature_config(spec[0], spec[1])
     if isinstance(spec, (str, os.PathLike)):
         from profiles.spec import load_model_config
         return load_model_config(os.fspath(spec))
@@ -166,7 +168,7 @@ def _assemble(target: ModelConfig, figures, proposal, policy, balance, stacking,
                     "saving_bytes_per_sc": default - planned},
             destination_balance=f.destination_balance,
             options=[_estimate_json(o) for o in proposal.options[name]])
-    g = target.global_config
+    g = GlobalConfig.of(target)
     ids_total = sum(f.ids for f in figures.values())
     return Plan(
         model_key=target.key, global_config=g.to_json(),

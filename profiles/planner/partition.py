@@ -15,7 +15,9 @@ from __future__ import annotations
 import math
 from typing import Dict, List, Optional
 
-from profiles.config import ModelConfig, StackSpec
+from tpu_embed.model import ModelConfig
+
+from profiles.config import GlobalConfig, StackUnit, rescaled, table_unit, table_units
 from profiles.planner.enumerate import limit_value
 from profiles.planner.estimate import csr_buffer_bytes_per_sc, partition_bytes_per_sc
 from profiles.planner.propose import buffer_multiple
@@ -72,11 +74,11 @@ def stacking_comparison(target: ModelConfig, figures: Dict[str, StackFigures], t
         out["unstacked"] = None
         out["note"] = "some tables have no per-table statistics for this configuration; no unstacked comparison"
         return out
-    g = target.global_config
+    g = GlobalConfig.of(target)
     figs = []
-    for t in target.tables:
+    for t in table_units(target):
         pst = tables[t.name].partitions
-        spec = StackSpec(t.name, (t,), (0,), round_up(t.dim, 8), sum(f.samples for f in t.features))
+        spec = StackUnit(t.name, (t,), (0,), round_up(t.dim, 8), sum(f.samples for f in t.features))
         figs.append(StackFigures.from_stats(spec, g, pst, "table"))
     limits = {f.spec.name: _quantile_limits(f, policy) for f in figs}
     value = _chip_value(figs, {n: l[2] for n, l in limits.items()})
@@ -118,19 +120,19 @@ def topology_comparison(target: ModelConfig, models: List[Profile]) -> List[dict
                    max_ids_per_chip_per_sample=value,
                    bytes_per_sc=_stack_memory(figs, {n: l[:2] for n, l in limits.items()}, value),
                    worst_destination_balance=max((f.destination_balance or 1.0) for f in figs),
-                   is_target=(c == target.global_config.num_chips))
+                   is_target=(c == target.topology.num_chips))
         out.append(row)
     return out
 
 
 def _matching_profile(target: ModelConfig, models: List[Profile]) -> Optional[Profile]:
     def sig(m: ModelConfig):
-        return ([t.hash_params() for t in m.tables], [f.to_json() for f in m.features])
+        return [t.hash_params() for t in table_units(m)], [(f.name, f.output_shape) for f in m.features]
     for p in models:
         try:
-            rescaled = p.model.rescaled(target.global_config.num_chips)
+            candidate = rescaled(p.model, target.topology.num_chips)
         except ValueError:
             continue
-        if sig(rescaled) == sig(target) and rescaled.global_config.same_statistics_as(target.global_config):
+        if sig(candidate) == sig(target) and GlobalConfig.of(candidate).same_statistics_as(GlobalConfig.of(target)):
             return p
     return None

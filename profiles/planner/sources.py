@@ -21,10 +21,13 @@ import dataclasses
 import warnings
 from typing import Dict, List, Optional, Tuple
 
-from profiles.config import GlobalConfig, ModelConfig, StackSpec, TableSpec, rescaled_global, rescaled_table
+from tpu_embed.model import ModelConfig
+
+from profiles.config import (GlobalConfig, StackUnit, TableUnit, rescaled_global, rescaled_table, stack_units,
+                             table_unit)
 from profiles.errors import (ConfigurationMismatchWarning, ConservativeBoundWarning, MissingProfileError,
                              StaleProfileWarning)
-from profiles.hashing import canonical_json
+from tpu_embed.canonical import canonical_json
 from profiles.histogram import Histogram
 from profiles.planner.types import StackFigures, TableFigures
 from profiles.profile import Profile
@@ -76,7 +79,7 @@ class StatisticsIndex:
 
     def _add_profile(self, p: Profile) -> None:
         self.models.append(p)
-        g = p.model.global_config
+        g = p.global_config
         for sp in p.stacks.values():
             self.stacks.append(_Entry(_h(sp.stack), g, sp.stats, "profiled", sp.stack))
         for tp in p.tables.values():
@@ -89,7 +92,7 @@ class StatisticsIndex:
             for sp in cstacks.values():
                 self.stacks.append(_Entry(_h(sp.stack), sp.global_config, sp.stats, f"candidate:{c}", sp.stack))
 
-    def _add_table(self, table: TableSpec, g: GlobalConfig, stats) -> None:
+    def _add_table(self, table: TableUnit, g: GlobalConfig, stats) -> None:
         self.tables.append(_Entry(_h(table), g, stats.partitions, "profiled", table,
                                   stats.shard_load.get(g.num_sparse_cores)))
         for c, pst in stats.candidates.items():
@@ -120,10 +123,10 @@ class StatisticsIndex:
             return e, e.origin
         return None
 
-    def find_stack(self, spec: StackSpec, g: GlobalConfig):
+    def find_stack(self, spec: StackUnit, g: GlobalConfig):
         return self._best(self.stacks, _h(spec), g)
 
-    def find_table(self, spec: TableSpec, g: GlobalConfig):
+    def find_table(self, spec: TableUnit, g: GlobalConfig):
         return self._best(self.tables, _h(spec), g)
 
 
@@ -132,26 +135,27 @@ def _h(spec) -> str:
 
 
 def resolve(target: ModelConfig, index: StatisticsIndex) -> Tuple[Dict[str, StackFigures], Dict[str, TableFigures]]:
-    g = target.global_config
+    g = GlobalConfig.of(target)
     stacks: Dict[str, StackFigures] = {}
     missing: List[str] = []
     table_fig: Dict[str, TableFigures] = {}
+    layout = target.layout()
     for t in target.tables:
-        found = index.find_table(t, g)
-        stack_name = next(s.name for s in target.stack_specs().values() if t.name in s.table_names)
+        found = index.find_table(table_unit(target, t.name), g)
+        stack_name = layout.tables[t.name].stack
         if found is None:
             table_fig[t.name] = TableFigures(t.name, stack_name, 0, None, None, "missing")
         else:
             e, origin = found
             table_fig[t.name] = TableFigures(t.name, stack_name, e.stats.steps, e.stats, e.shard_load, origin)
-    for name, spec in target.stack_specs().items():
+    for name, spec in stack_units(target).items():
         found = index.find_stack(spec, g)
         if found is not None:
             e, origin = found
             if origin != "profiled":
                 why = (f"the {e.global_config.num_chips}-chip figures a profile of another chip count computed "
                        "for this topology from the same data" if origin.startswith("candidate") else
-                       f"a profile under {e.global_config} (hosts/sharding label differ; statistics do not)")
+                       f"a profile under {e.global_config} (hosts differ; statistics do not)")
                 warnings.warn(ConfigurationMismatchWarning(
                     f"stack {name!r}: no profile of this exact configuration ({g}); using {why}."), stacklevel=3)
             stacks[name] = StackFigures.from_stats(spec, g, e.stats, origin)
@@ -174,7 +178,7 @@ def resolve(target: ModelConfig, index: StatisticsIndex) -> Tuple[Dict[str, Stac
     return stacks, table_fig
 
 
-def _bound(spec: StackSpec, g: GlobalConfig, parts: List[PartitionStats]) -> StackFigures:
+def _bound(spec: StackUnit, g: GlobalConfig, parts: List[PartitionStats]) -> StackFigures:
     steps = min(p.steps for p in parts)
     one = lambda v: Histogram({int(v): steps} if steps else {})
     return StackFigures(

@@ -5,14 +5,15 @@ from __future__ import annotations
 import dataclasses
 from typing import Dict, List, Optional
 
-from profiles.config import GlobalConfig, StackSpec
+from profiles.config import GlobalConfig, StackUnit
 from profiles.histogram import Histogram
 from profiles.stats import PartitionStats, ShardLoad, StepSeries
 
-# TF's defaults (TPUEmbeddingV2.DEFAULT_MAX_IDS_PER_TABLE & co, SparseCoreEmbeddingConfig).
-TF_DEFAULT_MAX_IDS_PER_TABLE = 256
-TF_DEFAULT_MAX_UNIQUE_IDS_PER_TABLE = 256
-TF_DEFAULT_MAX_IDS_PER_CHIP_PER_SAMPLE = 64
+# TF's defaults (TPUEmbeddingV2.DEFAULT_MAX_IDS_PER_TABLE & co, SparseCoreEmbeddingConfig), defined once in the core.
+from tpu_embed.sparsecore.csr_types import (  # noqa: E402
+    DEFAULT_MAX_IDS_PER_CHIP_PER_SAMPLE as TF_DEFAULT_MAX_IDS_PER_CHIP_PER_SAMPLE,
+    DEFAULT_MAX_IDS_PER_TABLE as TF_DEFAULT_MAX_IDS_PER_TABLE,
+    DEFAULT_MAX_UNIQUE_IDS_PER_TABLE as TF_DEFAULT_MAX_UNIQUE_IDS_PER_TABLE)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -41,7 +42,7 @@ class StackFigures:
     means anything (quantiles of a bound are not quantiles of the data).
     """
 
-    spec: StackSpec
+    spec: StackUnit
     global_config: GlobalConfig
     origin: str  # 'profiled' | 'equivalent' | 'candidate:<chips>' | 'bound-from-tables'
     exact: bool
@@ -59,7 +60,7 @@ class StackFigures:
     sc_dest_ids: Optional[object] = None  # [nsc, S] heat map, main topology only
 
     @classmethod
-    def from_stats(cls, spec: StackSpec, g: GlobalConfig, stats: PartitionStats, origin: str) -> "StackFigures":
+    def from_stats(cls, spec: StackUnit, g: GlobalConfig, stats: PartitionStats, origin: str) -> "StackFigures":
         return cls(spec, g, origin, True, stats.steps, stats.ids, stats.unique_ids, stats.step_max_ids,
                    stats.step_max_unique_ids, stats.step_max_chip_buffer, stats.chip_buffer, stats.cell_ids,
                    stats.cell_unique_ids, stats.destination_balance(), stats.series, stats.sc_dest_ids)
