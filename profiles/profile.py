@@ -89,10 +89,6 @@ class TableProfile:
     def steps(self) -> int:
         return self.stats.steps
 
-    def summary(self, top_k: int = 20) -> dict:
-        from profiles.summary import table_summary
-        return table_summary(self, top_k=top_k)
-
 
 @dataclasses.dataclass(eq=False)
 class StackProfile:

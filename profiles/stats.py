@@ -16,12 +16,13 @@ from typing import Dict, Mapping, Optional, Tuple
 
 import numpy as np
 
+from tpu_embed.sparsecore.csr_types import XLA_PAD  # every (local SC, dest SC) id segment pads to it
+
 from profiles.counting import CellCounts
 from tpu_embed.canonical import canonical_json
 from profiles.histogram import Histogram
 from profiles.idcounts import ENCODING, IdCounts, _pack, _unpack
 
-XLA_PAD = 8  # every (local SC, destination SC) id segment is padded to a multiple of 8
 DEFAULT_SERIES_STEPS = 10_000
 
 

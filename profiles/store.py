@@ -29,6 +29,7 @@ from profiles.errors import (CorruptProfileError, MissingProfileError, ProfileEr
 from profiles.jsonio import atomic_write_text, dumps_readable, read_json
 from profiles.profile import CandidateStatus, Profile, ProfileAccumulator, StackProfile, TableProfile
 from profiles.stats import PartitionStats, TableStats, _deep_copy
+from profiles.summary import table_summary
 
 SCHEMA_VERSION = 2
 WRITTEN_BY = "tpu_embed profiles"
@@ -120,7 +121,7 @@ class ProfileStore:
     def _write_table(self, tp: TableProfile) -> str:
         d = self._header("table", tp.key)
         d.update(table=tp.table.to_json(), **{"global": tp.global_config.to_json()}, steps=tp.steps,
-                 summary=_jsonable(tp.summary()), statistics=tp.stats.to_json())
+                 summary=_jsonable(table_summary(tp)), statistics=tp.stats.to_json())
         path = self.table_path(tp.key)
         atomic_write_text(path, dumps_readable(d))
         return path

@@ -23,11 +23,10 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-import hashlib
-import json
 import numbers
 from typing import Any, Dict, List, Optional, Tuple
 
+from tpu_embed import canonical
 from tpu_embed import feature_column as _fc
 from tpu_embed import optimizers as _opt
 
@@ -415,9 +414,7 @@ class EmbeddingConfigSpec(
 
     def fingerprint(self) -> str:
         """sha256 hex of `describe()` (canonical JSON), stable across processes."""
-        text = json.dumps(self.describe(), sort_keys=True, separators=(',', ':'),
-                          default=_json_default, allow_nan=True)
-        return hashlib.sha256(text.encode('utf-8')).hexdigest()
+        return canonical.fingerprint(self.describe(), default=_json_default)
 
 
 def _check_columns(columns: List[Any]) -> None:

@@ -17,10 +17,11 @@ from __future__ import annotations
 import math
 from typing import Dict, List
 
+from tpu_embed.sparsecore.csr_types import XLA_PAD
+
 from profiles.planner.estimate import estimate
 from profiles.planner.types import LimitOption, Proposal, StackFigures
 
-XLA_PAD = 8
 
 
 def buffer_multiple(sample_counts) -> int:

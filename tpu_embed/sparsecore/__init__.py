@@ -13,7 +13,9 @@ from typing import Any, Dict, Optional
 from tpu_embed.sparsecore.csr_types import (
     DEFAULT_MAX_IDS_PER_CHIP_PER_SAMPLE, DEFAULT_MAX_IDS_PER_TABLE, DEFAULT_MAX_UNIQUE_IDS_PER_TABLE,
     PAD_VALUE, CsrBatch, LimitExceededError, StackLimits, buffer_sizes, resolve_limits)
+from tpu_embed.sparsecore import csr
 from tpu_embed.sparsecore.batching import partition_counts, split_global_batch
+from tpu_embed.sparsecore.csr_reference import preprocess_stack_reference
 from tpu_embed.sparsecore.inputs import FeatureIds, RaggedIds, SparseIds, to_feature_ids, to_native_entry
 from tpu_embed.sparsecore.layout import FeaturePlacement, SparseCoreLayout, StackLayout, TablePlacement, stack_tables
 from tpu_embed.nest import flatten, flatten_with_paths
@@ -92,7 +94,6 @@ def preprocess_with_layout(
         raise ValueError(f"implementation must be one of {IMPLEMENTATIONS}, got {implementation!r}")
     limits = resolve_limits(layout, max_ids_per_table, max_unique_ids_per_table,
                             max_ids_per_chip_per_sample, allow_id_dropping)
-    from tpu_embed.sparsecore import csr
     native = implementation == "native" or (implementation == "auto" and csr.native_available())
     prevalidated = (isinstance(features, dict) and features
                     and all(isinstance(v, FeatureIds) for v in features.values()))
@@ -103,7 +104,6 @@ def preprocess_with_layout(
                 for name, stack in layout.stacks.items()}
     fids = features if prevalidated else feature_ids_for(features, layout, weights, check_ids=not native)
     if implementation == "reference":
-        from tpu_embed.sparsecore.csr_reference import preprocess_stack_reference
         return {name: preprocess_stack_reference(stack, layout, fids, limits[name])
                 for name, stack in layout.stacks.items()}
     return {name: csr.preprocess_stack(stack, layout, fids, limits[name], native)

@@ -13,6 +13,7 @@ from typing import Dict, List
 
 import numpy as np
 
+from tpu_embed.sparsecore.csr import count_partitions
 from tpu_embed.sparsecore.inputs import FeatureIds
 from tpu_embed.sparsecore.layout import SparseCoreLayout
 
@@ -46,5 +47,4 @@ def partition_counts(chip_ids: Dict[str, FeatureIds], layout: SparseCoreLayout) 
     whose maxima TF's `GetStatsFromListOfSparseCoreCooTensors` returns, without
     building the CSR buffers.
     """
-    from tpu_embed.sparsecore.csr import count_partitions
     return {name: count_partitions(stack, layout, chip_ids) for name, stack in layout.stacks.items()}
