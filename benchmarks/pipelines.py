@@ -112,7 +112,7 @@ def single_process(spec, out: str, candidates) -> int:
     blocks = [mapping.map_chunk(c, spec, vocabs, counts) for c in chunks]
     allb = batching.ExampleBlock.concat(blocks)
     steps = allb.num_examples // spec.global_batch_size
-    collector = profiles.ProfileCollector(spec.to_feature_config(sizes, lightweight=True), spec.topology,
+    collector = profiles.ProfileCollector(spec.model(sizes), spec.topology,
                                           candidate_chip_counts=candidates)
     acc = collector.create_accumulator()
     os.makedirs(os.path.join(out, "shards"), exist_ok=True)

@@ -444,7 +444,7 @@ class CollectProfile(beam.PTransform):
 
     def expand(self, steps):
         import profiles
-        fc = self.spec.to_feature_config(self.vocab_sizes, lightweight=True)
+        fc = self.spec.model(self.vocab_sizes)
         kwargs = {}
         if self.candidates is not None:
             kwargs["candidate_chip_counts"] = tuple(self.candidates)

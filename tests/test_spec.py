@@ -93,16 +93,37 @@ def test_examples_load_and_fingerprint_is_stable(tmp_path):
     assert [f.name for f in m.tensor_core_features] == ["gender"]
 
 
-def test_feature_config_tf_and_lightweight_stack_the_same():
+def test_model_and_tf_feature_config_stack_the_same():
+    from tpu_embed.model import ModelConfig
     from tpu_embed.sparsecore import stack_tables
-    spec = parse_spec(BASE)
+    raw = copy.deepcopy(BASE)
+    raw["categorical"] += [{"name": "e", "sequence_length": 2, "vocabulary": {"type": "identity", "num_buckets": 30}},
+                           {"name": "d", "vocabulary": {"type": "hashing", "num_buckets": 40}}]
+    # TF stacks tables by optimizer: a's and d's learning rates put them in stacks of their own.
+    raw["tables"] = [{"name": "a", "learning_rate": 0.5}, {"name": "d", "learning_rate": 0.25}]
+    spec = parse_spec(raw)
     sizes = {"a": 10, "shared": 20}
+    model = spec.model(sizes)
+    assert isinstance(model, ModelConfig) and model.topology == spec.topology
+    assert [f.name for f in model.features] == ["a", "b", "c", "d", "e"]  # sorted: tf.nest order of the dict
+    assert model.feature("b").table is model.feature("c").table and model.table("shared").vocabulary_size == 21
+    assert model.feature("a").output_shape == (8,) and model.feature("e").output_shape == (8, 2)
+    assert dict(model.table("a").optimizer.params)["learning_rate"] == 0.5
     tf_fc = spec.to_feature_config(sizes)
-    light = spec.to_feature_config(sizes, lightweight=True)
-    assert list(tf_fc) == ["a", "b", "c"]
+    assert list(tf_fc) == ["a", "b", "c", "d", "e"]
     assert tf_fc["b"].table is tf_fc["c"].table and tf_fc["b"].table.vocabulary_size == 21
-    assert list(tf_fc["a"].output_shape) == [8]
-    la, lb = stack_tables(tf_fc, spec.topology), stack_tables(light, spec.topology)
+    assert list(tf_fc["a"].output_shape) == [8] and tf_fc["d"].table.optimizer.learning_rate == 0.25
+    la, lb = spec.layout(sizes), stack_tables(tf_fc, spec.topology)
+    for layout in (la, lb):
+        stack_of = {t: p.stack for t, p in layout.tables.items()}
+        assert stack_of["shared"] == stack_of["e"]  # equal optimizers stack together
+        assert len({stack_of["a"], stack_of["d"], stack_of["shared"]}) == 3
+    assert {n: (s.tables, s.features) for n, s in la.stacks.items()} == \
+        {n: (s.tables, s.features) for n, s in lb.stacks.items()}
+    assert {t: (p.stack, p.rotation, p.shard_row_offset) for t, p in la.tables.items()} == \
+        {t: (p.stack, p.rotation, p.shard_row_offset) for t, p in lb.tables.items()}
+    assert [(f.path, f.stack, f.sample_offset) for f in la.features] == \
+        [(f.path, f.stack, f.sample_offset) for f in lb.features]
     assert la.to_dict() == lb.to_dict()
 
 

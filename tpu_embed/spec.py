@@ -2,6 +2,7 @@
 
     spec = tpu_embed.spec.load_spec("examples/criteo/spec.yaml")
     spec.fingerprint                      # sha256 of the normalized spec (goes in manifests)
+    model = spec.model(vocab_sizes)       # tpu_embed.model.ModelConfig (no TensorFlow)
     fc = spec.to_feature_config(vocab_sizes)   # nested tf.tpu.experimental.embedding.FeatureConfig
     ecs = spec.to_embedding_config_spec(vocab_dir)  # seed API: columns + EmbeddingConfigSpec
 
@@ -33,160 +34,457 @@ A spec file looks like this (every key is documented in docs/pipelines.md)::
              allow_id_dropping: false}
     policies: {invalid_ids: drop, nan_weights: drop, tail: drop}
 
-Validation errors are `SpecError`s whose message names the key (e.g.
-``categorical[3].vocabulary.top_k``) and says how to fix it.
+The format is a set of pydantic models: every default is the default of its
+field, unknown keys are refused.  Validation errors are `SpecError`s whose
+message names the key (e.g. ``categorical[3].vocabulary.top_k``) and says how
+to fix it (the field's ``fix``).
 
-This module needs only numpy and pyyaml; TensorFlow is imported by the
-methods that build TensorFlow objects.
+This module needs pydantic and pyyaml; TensorFlow is imported by the methods
+that build TensorFlow objects.
 """
 
 from __future__ import annotations
 
-import copy
-import dataclasses
-import hashlib
 import json
 import math
 import os
-import re
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import (Annotated, Any, ClassVar, Dict, List, Literal, Mapping, Optional, Sequence, Tuple, Union,
+                    get_args)
 
+from pydantic import (AfterValidator, AliasChoices, BaseModel, BeforeValidator, ConfigDict, Discriminator, Field,
+                      PrivateAttr, Tag, ValidationError, model_validator)
+from pydantic_core import PydanticUndefined, PydanticUseDefault
+
+from tpu_embed.canonical import canonical_json
+from tpu_embed.model import COMBINERS, FeatureConfig, ModelConfig, OptimizerConfig, TableConfig
 from tpu_embed.topology import Topology
 
 SPEC_VERSION = 1
-FORMATS = ("csv", "tfrecord", "parquet")
-VOCAB_TYPES = ("frequency", "identity", "hashing")
-DEVICES = ("tpu_embedding_core", "tpu_tensor_core")
-COMBINERS = ("mean", "sum", "sqrtn")
 OPTIMIZERS = {"sgd": "StochasticGradientDescentParameters", "adagrad": "AdagradParameters",
               "adam": "AdamParameters", "ftrl": "FtrlParameters"}
-INVALID_ID_POLICIES = ("drop", "error")
-NAN_WEIGHT_POLICIES = ("drop", "zero", "error")
-TAIL_POLICIES = ("drop", "pad")
-_NAME_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.\-]*$")
 
 
 class SpecError(ValueError):
     """A spec is invalid. The message names the key and the fix."""
 
     def __init__(self, key: str, problem: str, fix: str = ""):
-        self.key = key
-        msg = f"spec key '{key}': {problem}"
-        if fix:
-            msg += f" Fix: {fix}"
-        super().__init__(msg)
+        self.key, self.problem, self.fix = key, problem, fix
+        super().__init__(f"spec key '{key}': {problem}" + (f" Fix: {fix}" if fix else ""))
 
 
-# ---------------------------------------------------------------- typed spec
+# ---------------------------------------------------------------- field types
 
-@dataclasses.dataclass(frozen=True)
-class VocabularySpec:
-    type: str = "frequency"
-    top_k: Optional[int] = None
-    frequency_threshold: Optional[int] = None
-    num_oov_buckets: int = 1
-    num_buckets: Optional[int] = None  # identity / hashing
-    default_value: Optional[int] = None  # identity: id used for invalid values (None: policy)
-
-    def to_dict(self) -> dict:
-        if self.type == "frequency":
-            return {"type": self.type, "top_k": self.top_k, "frequency_threshold": self.frequency_threshold,
-                    "num_oov_buckets": self.num_oov_buckets}
-        if self.type == "identity":
-            return {"type": self.type, "num_buckets": self.num_buckets, "default_value": self.default_value}
-        return {"type": self.type, "num_buckets": self.num_buckets}
+def F(default: Any = PydanticUndefined, fix: str = "", **kw) -> Any:
+    """A field whose validation errors carry the hint `fix`."""
+    return Field(default, json_schema_extra={"fix": fix}, **kw)
 
 
-@dataclasses.dataclass(frozen=True)
-class CategoricalSpec:
-    name: str
-    column: str
-    table: str
-    vocabulary: VocabularySpec
-    delimiter: Optional[str] = None
-    weight_column: Optional[str] = None
-    sequence_length: int = 0
-    embedding_lookup_device: str = "tpu_embedding_core"
-    tensor_core_width: Optional[int] = None
+def _null_is_default(v: Any) -> Any:
+    if v is None:
+        raise PydanticUseDefault()
+    return v
+
+
+NullIsDefault = BeforeValidator(_null_is_default)  # `key: null` means the field's default
+PosInt = Annotated[int, Field(strict=True, ge=1)]
+Float = Annotated[float, Field(strict=True, allow_inf_nan=False)]
+Bool = Annotated[bool, Field(strict=True)]
+Str = Annotated[str, Field(strict=True, min_length=1)]
+Name = Annotated[str, Field(strict=True, pattern=r"^[A-Za-z0-9_][A-Za-z0-9_.\-]*$"), Field(json_schema_extra={
+    "fix": "use letters, digits, '_', '.', '-' (it becomes a file name and a TF name)."})]
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    _shorthand: ClassVar[str] = ""  # a bare string `s` means {_shorthand: s}
+    _same_as: ClassVar[Mapping[str, str]] = {}  # field -> the field whose value it defaults to
+
+    @model_validator(mode="before")
+    @classmethod
+    def _expand(cls, data: Any) -> Any:
+        if cls._shorthand and isinstance(data, str):
+            data = {cls._shorthand: data}
+        if cls._same_as and isinstance(data, Mapping):
+            data = dict(data)
+            for k, src in cls._same_as.items():
+                if k not in data and src in data:
+                    data[k] = data[src]
+        return data
+
+
+# ---------------------------------------------------------------- the spec sections
+
+DEFAULT_VOCABULARY_TYPE = "frequency"
+
+
+class FrequencyVocabulary(_Model):
+    type: Literal["frequency"] = DEFAULT_VOCABULARY_TYPE
+    top_k: Optional[PosInt] = F(None, fix="a positive integer, or null for every token.")
+    frequency_threshold: Optional[Annotated[int, Field(strict=True, ge=0)]] = F(
+        None, fix="the minimum count (>= 0) a token needs, or null.")
+    num_oov_buckets: Annotated[int, Field(strict=True, ge=0)] = F(
+        1, fix="0 drops out-of-vocabulary values (counted), N > 0 hashes them into N buckets.")
+    num_buckets: ClassVar[None] = None
+    default_value: ClassVar[None] = None
+
+
+class IdentityVocabulary(_Model):
+    type: Literal["identity"]
+    num_buckets: PosInt = F(fix="an identity vocabulary needs num_buckets (the table's row count).")
+    default_value: Optional[Annotated[int, Field(strict=True, ge=0)]] = F(
+        None, fix="an id below num_buckets used for invalid values, or null (policies.invalid_ids applies).")
+    top_k: ClassVar[None] = None
+    frequency_threshold: ClassVar[None] = None
+    num_oov_buckets: ClassVar[int] = 0
+
+    @model_validator(mode="after")
+    def _default_in_range(self) -> "IdentityVocabulary":
+        if self.default_value is not None and self.default_value >= self.num_buckets:
+            raise SpecError("default_value", f"{self.default_value} is not below num_buckets={self.num_buckets}.",
+                            f"use an id in [0, {self.num_buckets}).")
+        return self
+
+
+class HashingVocabulary(_Model):
+    type: Literal["hashing"]
+    num_buckets: PosInt = F(fix="a hashing vocabulary needs num_buckets (the table's row count).")
+    top_k: ClassVar[None] = None
+    frequency_threshold: ClassVar[None] = None
+    num_oov_buckets: ClassVar[int] = 0
+    default_value: ClassVar[None] = None
+
+
+VOCABULARIES = {"frequency": FrequencyVocabulary, "identity": IdentityVocabulary, "hashing": HashingVocabulary}
+
+
+def _vocabulary_type(v: Any) -> Optional[str]:
+    if isinstance(v, Mapping):
+        t = v.get("type", DEFAULT_VOCABULARY_TYPE)
+        return t if isinstance(t, str) else repr(t)
+    return getattr(v, "type", None)
+
+
+VocabularySpec = Annotated[Union[tuple(Annotated[c, Tag(t)] for t, c in VOCABULARIES.items())],
+                           Discriminator(_vocabulary_type), NullIsDefault]
+
+
+class CategoricalSpec(_Model):
+    _shorthand: ClassVar[str] = "name"
+    _same_as: ClassVar[Mapping[str, str]] = {"column": "name", "table": "name"}
+    name: Name
+    column: Str = F(fix="the column to read (default: the feature name).")
+    table: Name
+    vocabulary: VocabularySpec = F(default_factory=FrequencyVocabulary)
+    delimiter: Optional[Str] = F(None, fix="e.g. delimiter: '|'.")
+    weight_column: Optional[Str] = F(None, fix="a column name, or null.")
+    sequence_length: Annotated[int, Field(strict=True, ge=0)] = F(
+        0, fix="0 for a bag of values, > 0 for a sequence feature.")
+    embedding_lookup_device: Literal["tpu_embedding_core", "tpu_tensor_core"] = "tpu_embedding_core"
+    tensor_core_width: Optional[PosInt] = F(None, fix="the maximum number of values per example.")
 
     @property
     def on_sparse_core(self) -> bool:
         return self.embedding_lookup_device == "tpu_embedding_core"
 
-    def to_dict(self) -> dict:
-        d = dataclasses.asdict(self)
-        d["vocabulary"] = self.vocabulary.to_dict()
-        return d
-
-
-@dataclasses.dataclass(frozen=True)
-class DenseSpec:
-    name: str
-    column: str
-    fill: float = 0.0
-
-
-@dataclasses.dataclass(frozen=True)
-class LabelSpec:
-    column: str
-    fill: Optional[float] = None  # None: a blank label sends the record to the dead letters
-
-
-@dataclasses.dataclass(frozen=True)
-class TableSpec:
-    name: str
-    dim: int
-    combiner: str = "mean"
-    optimizer: Optional[Mapping[str, Any]] = None  # {"type": "adagrad", ...}; None: the spec's optimizer
-    learning_rate: Optional[float] = None
+    @model_validator(mode="after")
+    def _device_rules(self) -> "CategoricalSpec":
+        if not self.on_sparse_core:
+            if self.tensor_core_width is None:
+                raise SpecError("tensor_core_width", "expected an integer, got None.",
+                                "tensor-core features need the maximum number of values per example.")
+            if self.sequence_length:
+                raise SpecError("sequence_length", "tensor-core lookups do not support sequence features.",
+                                "set sequence_length: 0 or embedding_lookup_device: tpu_embedding_core.")
+        elif self.tensor_core_width is not None:
+            raise SpecError("tensor_core_width", "only applies to embedding_lookup_device: tpu_tensor_core.",
+                            "remove it.")
+        return self
 
     def to_dict(self) -> dict:
-        return {"name": self.name, "dim": self.dim, "combiner": self.combiner,
-                "optimizer": dict(self.optimizer) if self.optimizer else None,
-                "learning_rate": self.learning_rate}
+        return self.model_dump(mode="json")
 
 
-@dataclasses.dataclass(frozen=True)
-class InputsSpec:
-    format: str
-    patterns: Tuple[str, ...]
-    csv_delimiter: str = ","
+class DenseSpec(_Model):
+    _shorthand: ClassVar[str] = "name"
+    _same_as: ClassVar[Mapping[str, str]] = {"column": "name"}
+    name: Name
+    column: Str
+    fill: Float = F(0.0, fix="the value used for blanks.")
 
 
-@dataclasses.dataclass(frozen=True)
-class LimitsSpec:
-    max_ids_per_chip_per_sample: int = 64
-    max_ids_per_table: Mapping[str, int] = dataclasses.field(default_factory=dict)
-    max_unique_ids_per_table: Mapping[str, int] = dataclasses.field(default_factory=dict)
-    allow_id_dropping: bool = False
-    given: bool = False  # whether the spec had a `limits` section
+class LabelSpec(_Model):
+    _shorthand: ClassVar[str] = "column"
+    column: Str = F(fix="e.g. label: {column: label}.")
+    fill: Optional[Float] = F(None, fix="a number, or null (a blank label sends the record to the dead letters).")
 
 
-@dataclasses.dataclass(frozen=True)
-class PoliciesSpec:
-    invalid_ids: str = "drop"
-    nan_weights: str = "drop"
-    tail: str = "drop"
+def _check_optimizer(d: Any) -> Any:
+    """`{type: kind, **parameters}` (or a bare kind), checked by the seed-API class. Keys are relative."""
+    if d is None:
+        return None
+    if isinstance(d, str):
+        d = {"type": d}
+    if not isinstance(d, Mapping) or "type" not in d:
+        raise SpecError("", f"expected a mapping with a `type`, got {d!r}.",
+                        f"e.g. {{type: adagrad, learning_rate: 0.05}}; types: {sorted(OPTIMIZERS)}.")
+    kind = d["type"]
+    if not isinstance(kind, str) or kind not in OPTIMIZERS:
+        raise SpecError("type", f"unknown optimizer {kind!r}.", f"use one of {sorted(OPTIMIZERS)}.")
+    from tpu_embed import optimizers as _opt
+    cls = getattr(_opt, OPTIMIZERS[kind])
+    params = {k: v for k, v in d.items() if k != "type"}
+    unknown = sorted((k for k in params if k not in cls._PARAMS), key=str)
+    if unknown:
+        raise SpecError(str(unknown[0]), f"not a parameter of {cls.__name__}.", f"allowed: {list(cls._PARAMS)}.")
+    for k, v in params.items():
+        if isinstance(v, float) and not math.isfinite(v):
+            raise SpecError(k, f"expected a finite number, got {v!r}.", "")
+    try:
+        cls(**params)
+    except (TypeError, ValueError, ArithmeticError) as e:
+        raise SpecError("", f"{cls.__name__} rejects these parameters: {e}",
+                        "check the values (learning_rate is required).") from None
+    return {"type": kind, **params}
 
 
-@dataclasses.dataclass(frozen=True)
-class Spec:
-    inputs: InputsSpec
-    label: Optional[LabelSpec]
-    dense: Tuple[DenseSpec, ...]
-    categorical: Tuple[CategoricalSpec, ...]
-    tables: Tuple[TableSpec, ...]
-    optimizer: Optional[Mapping[str, Any]]
-    topology: Topology
-    global_batch_size: int
-    profile_data_directory: Optional[str]
-    limits: LimitsSpec
-    policies: PoliciesSpec
-    name: str = "spec"
-    base_dir: str = "."  # directory relative input patterns are resolved against
-    source_path: Optional[str] = None
+OptimizerSpec = Annotated[Optional[Dict[str, Any]], BeforeValidator(_check_optimizer)]
+
+
+class TableSpec(_Model):
+    name: Name
+    dim: PosInt = F(fix="set the table's dim (or defaults.table.dim).")
+    combiner: Literal[COMBINERS] = "mean"
+    optimizer: OptimizerSpec = None  # None: the spec's optimizer
+    learning_rate: Optional[Annotated[float, Field(strict=True, allow_inf_nan=False, gt=0)]] = F(
+        None, fix="a positive number overriding the optimizer's learning_rate, or null.")
+
+    def to_dict(self) -> dict:
+        return self.model_dump(mode="json")
+
+
+class _Csv(_Model):
+    delimiter: Annotated[str, Field(strict=True, min_length=1, max_length=1)] = F(",", fix="e.g. ',' or '\\t'.")
+
+
+class InputsSpec(_Model):
+    format: Literal["csv", "tfrecord", "parquet"]
+    patterns: Annotated[Tuple[Str, ...], BeforeValidator(lambda v: [v] if isinstance(v, str) else v)] = F(
+        min_length=1, fix="e.g. patterns: [data/train-*.csv] (relative to the spec file), or pass --input.")
+    csv: Annotated[_Csv, NullIsDefault] = F(default_factory=_Csv)
+
+    @property
+    def csv_delimiter(self) -> str:
+        return self.csv.delimiter
+
+
+StackLimits = Annotated[Dict[Annotated[str, BeforeValidator(str)], PosInt], NullIsDefault]
+
+
+class LimitsSpec(_Model):
+    max_ids_per_chip_per_sample: PosInt = F(64, fix="a positive integer (TF's default is 64).")
+    max_ids_per_table: StackLimits = F(
+        default_factory=dict, fix="positive integers keyed by stacked table name, e.g. {C1_C2: 512}; "
+        "`tpu-embed inspect` lists the stacks.")
+    max_unique_ids_per_table: StackLimits = F(
+        default_factory=dict, fix="positive integers keyed by stacked table name, e.g. {C1_C2: 512}; "
+        "`tpu-embed inspect` lists the stacks.")
+    allow_id_dropping: Bool = False
+    _given: bool = PrivateAttr(True)
+
+    @property
+    def given(self) -> bool:
+        """Whether the spec had a `limits` section."""
+        return self._given
+
+
+def _no_limits() -> LimitsSpec:
+    limits = LimitsSpec()
+    limits._given = False
+    return limits
+
+
+class PoliciesSpec(_Model):
+    invalid_ids: Literal["drop", "error"] = F("drop", fix="use 'drop' (counts every dropped id) or 'error'.")
+    nan_weights: Literal["drop", "zero", "error"] = "drop"
+    tail: Literal["drop", "pad"] = "drop"
+
+
+class _TopologySpec(_Model):
+    num_chips: PosInt = F(1, validation_alias=AliasChoices("num_chips", "chips"))
+    num_sc_per_chip: PosInt = F(4, validation_alias=AliasChoices("num_sc_per_chip", "sc_per_chip"))
+    num_hosts: PosInt = F(1, validation_alias=AliasChoices("num_hosts", "hosts"))
+
+
+TopologySpec = Annotated[_TopologySpec, NullIsDefault,
+                         AfterValidator(lambda t: Topology(t.num_chips, t.num_sc_per_chip, t.num_hosts))]
+
+
+def _keys(cls: type) -> List[str]:
+    """The keys a section accepts (field names and their aliases)."""
+    out = []
+    for name, f in cls.model_fields.items():
+        alias = f.validation_alias
+        out += [str(a) for a in alias.choices] if isinstance(alias, AliasChoices) else [name]
+    return out
+
+
+def _refuse_unknown(d: Mapping, key: str, allowed: Sequence[str]) -> None:
+    unknown = sorted((k for k in d if k not in allowed), key=str)
+    if unknown:
+        raise SpecError(f"{key}.{unknown[0]}", "unknown key.", f"allowed keys are {sorted(allowed)}.")
+
+
+class _Defaults(_Model):
+    categorical: Annotated[Dict[str, Any], NullIsDefault] = F(default_factory=dict)
+    table: Annotated[Dict[str, Any], NullIsDefault] = F(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _known_keys(self) -> "_Defaults":
+        _refuse_unknown(self.categorical, "categorical", [k for k in _keys(CategoricalSpec)
+                                                          if k not in ("name", "column", "table")])
+        vocab = self.categorical.get("vocabulary")
+        if isinstance(vocab, Mapping):
+            _refuse_unknown(vocab, "categorical.vocabulary", sorted({k for c in VOCABULARIES.values()
+                                                                     for k in _keys(c)}))
+        _refuse_unknown(self.table, "table", [k for k in _keys(TableSpec) if k != "name"])
+        return self
+
+
+def _merge(defaults: Mapping, entry: Mapping) -> dict:
+    out = dict(defaults)
+    for k, v in entry.items():
+        out[k] = _merge(out[k], v) if isinstance(v, Mapping) and isinstance(out.get(k), Mapping) else v
+    return out
+
+
+def _with_defaults(defaults: Mapping, entry: Any) -> Any:
+    """`defaults.categorical` under a categorical entry; vocabulary defaults only where they apply to its type."""
+    entry = {"name": entry} if isinstance(entry, str) else entry
+    if not isinstance(entry, Mapping):
+        return entry
+    vocab = defaults.get("vocabulary")
+    if isinstance(vocab, Mapping) and isinstance(entry.get("vocabulary"), Mapping):
+        cls = VOCABULARIES.get(_vocabulary_type(_merge(vocab, entry["vocabulary"])))
+        if cls is not None:
+            defaults = {**defaults, "vocabulary": {k: v for k, v in vocab.items() if k in cls.model_fields}}
+    return _merge(defaults, entry)
+
+
+# ---------------------------------------------------------------- the spec
+
+class Spec(_Model):
+    version: Literal[SPEC_VERSION] = F(SPEC_VERSION, fix=f"use version: {SPEC_VERSION}.")
+    inputs: InputsSpec = F(fix="add `inputs: {format: csv, patterns: [data/*.csv]}`.")
+    label: Optional[LabelSpec] = None
+    dense: Annotated[Tuple[DenseSpec, ...], NullIsDefault] = F((), fix="e.g. dense: [{name: I1, fill: 0.0}].")
+    defaults: Annotated[_Defaults, NullIsDefault] = F(default_factory=_Defaults, repr=False, fix=(
+        "e.g. defaults: {categorical: {vocabulary: {num_oov_buckets: 1}}, table: {dim: 16}}."))
+    optimizer: OptimizerSpec = None
+    categorical: Tuple[CategoricalSpec, ...] = F(
+        min_length=1, fix="e.g. categorical: [{name: C1, vocabulary: {type: frequency}}].")
+    tables: Annotated[Tuple[TableSpec, ...], NullIsDefault] = F((), fix="e.g. tables: [{name: C1, dim: 16}].")
+    topology: TopologySpec = F(default_factory=_TopologySpec, validate_default=True,
+                               fix="adjust num_chips / num_sc_per_chip / num_hosts.")
+    global_batch_size: PosInt = F(fix="set global_batch_size to a positive integer.")
+    profile_data_directory: Optional[Annotated[str, Field(strict=True)]] = F(
+        "profiles", fix="e.g. profile_data_directory: profiles.")
+    limits: Annotated[LimitsSpec, NullIsDefault] = F(default_factory=_no_limits)
+    policies: Annotated[PoliciesSpec, NullIsDefault] = F(default_factory=PoliciesSpec)
+    name: Annotated[str, Field(strict=True)] = F("spec", fix="e.g. name: criteo.")
+    _base_dir: str = PrivateAttr(".")  # directory relative input patterns are resolved against
+    _source_path: Optional[str] = PrivateAttr(None)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _apply_defaults(cls, raw: Any) -> Any:
+        defaults = raw.get("defaults") if isinstance(raw, Mapping) else None
+        if not isinstance(defaults, Mapping):
+            return raw  # nothing to merge (or the `defaults` field reports what is wrong with it)
+        raw = dict(raw)
+        cat, table = defaults.get("categorical"), defaults.get("table")
+        if isinstance(cat, Mapping) and isinstance(raw.get("categorical"), list):
+            raw["categorical"] = [_with_defaults(cat, e) for e in raw["categorical"]]
+        if isinstance(table, Mapping) and isinstance(raw.get("tables"), list):
+            raw["tables"] = [_merge(table, t) if isinstance(t, Mapping) else t for t in raw["tables"]]
+        return raw
+
+    @model_validator(mode="after")
+    def _cross_check(self) -> "Spec":
+        names: Dict[str, str] = {}
+        for section, items, fix in (
+                ("dense", self.dense, "give every feature a unique name."),
+                ("categorical", self.categorical,
+                 "give every feature a unique name (use `column:` to read one column twice).")):
+            for i, f in enumerate(items):
+                if names.get(f.name) == section:
+                    raise SpecError(f"{section}[{i}].name", f"duplicate {section} feature {f.name!r}.", fix)
+                if f.name in names:
+                    raise SpecError(f"{section}[{i}].name", f"{f.name!r} is also a dense feature.",
+                                    "rename one of them.")
+                names[f.name] = section
+        self._complete_tables()
+        chips, scs = self.topology.num_chips, self.topology.num_sc_per_chip
+        if self.global_batch_size % chips:
+            raise SpecError("global_batch_size", f"{self.global_batch_size} is not divisible by topology.num_chips="
+                            f"{chips}.", f"use a multiple of {chips * scs}.")
+        if self.per_chip_batch_size % scs:
+            raise SpecError("global_batch_size",
+                            f"the per-chip batch {self.per_chip_batch_size} is not divisible by num_sc_per_chip="
+                            f"{scs} (SparseCores split a chip's batch evenly).", f"use a multiple of {chips * scs}.")
+        if self.label is not None and self.label.column in {f.column for f in self.categorical}:
+            raise SpecError("label.column", "the label column is also a categorical feature's column.", "")
+        first: Dict[str, CategoricalSpec] = {}
+        for i, f in enumerate(self.categorical):
+            f0 = first.setdefault(f.table, f)
+            if f.vocabulary != f0.vocabulary:
+                raise SpecError(f"categorical[{i}].vocabulary",
+                                f"features {f0.name!r} and {f.name!r} share table {f.table!r} but not their "
+                                "vocabulary settings.",
+                                "give features of one table the same vocabulary block (they share one vocabulary).")
+            if f.embedding_lookup_device != f0.embedding_lookup_device:
+                raise SpecError(f"categorical[{i}].embedding_lookup_device",
+                                f"features of table {f.table!r} disagree on the lookup device.",
+                                "use the same embedding_lookup_device for all features of a table.")
+        if not self.sparse_core_features:
+            raise SpecError("categorical", "no feature is looked up on SparseCore.",
+                            "set embedding_lookup_device: tpu_embedding_core on at least one feature.")
+        return self
+
+    def _complete_tables(self) -> None:
+        """`tables` becomes one entry per used table, in order of first use; undeclared ones from defaults.table."""
+        given: Dict[str, int] = {}
+        for i, t in enumerate(self.tables):
+            if t.name in given:
+                raise SpecError(f"tables[{i}].name", f"duplicate table {t.name!r}.", "declare each table once.")
+            given[t.name] = i
+        used = list(dict.fromkeys(f.table for f in self.categorical))
+        for name, i in given.items():
+            if name not in used:
+                raise SpecError(f"tables[{i}].name", f"table {name!r} is used by no categorical feature.",
+                                "remove it or set `table:` on a feature.")
+        tables = []
+        for name in used:
+            if name in given:
+                key, t = f"tables[{given[name]}]", self.tables[given[name]]
+            else:
+                key = f"defaults.table (for table {name!r})"
+                t = _validate(TableSpec, {"name": name, **self.defaults.table}, key)
+            if t.optimizer is None and self.optimizer is None:
+                raise SpecError(f"{key}.optimizer", f"table {name!r} has no optimizer and the spec has no "
+                                "`optimizer`.", "add a top-level `optimizer: {type: adagrad, learning_rate: 0.05}`.")
+            tables.append(t)
+        object.__setattr__(self, "tables", tuple(tables))  # still inside validation
 
     # -- derived ------------------------------------------------------------
+
+    @property
+    def base_dir(self) -> str:
+        """The directory relative input patterns are resolved against."""
+        return self._base_dir
+
+    @property
+    def source_path(self) -> Optional[str]:
+        return self._source_path
 
     @property
     def per_chip_batch_size(self) -> int:
@@ -246,8 +544,7 @@ class Spec:
 
     def table_vocabulary_size(self, table: str, vocab_sizes: Mapping[str, int]) -> int:
         """Rows of `table`: vocabulary size + OOV buckets, or the bucket count."""
-        feats = [f for f in self.categorical if f.table == table]
-        f = feats[0]
+        f = next(f for f in self.categorical if f.table == table)
         v = f.vocabulary
         if v.type == "frequency":
             key = self.vocabulary_key(f)
@@ -261,26 +558,23 @@ class Spec:
 
     def to_dict(self) -> dict:
         """The normalized spec: every default filled in, lists in spec order."""
+        limits = self.limits.model_dump(mode="json")
+        for k in ("max_ids_per_table", "max_unique_ids_per_table"):
+            limits[k] = dict(sorted(limits[k].items()))
         return {
             "version": SPEC_VERSION,
             "name": self.name,
-            "inputs": {"format": self.inputs.format, "patterns": list(self.inputs.patterns),
-                       "csv": {"delimiter": self.inputs.csv_delimiter}},
-            "label": None if self.label is None else dataclasses.asdict(self.label),
-            "dense": [dataclasses.asdict(d) for d in self.dense],
+            "inputs": self.inputs.model_dump(mode="json"),
+            "label": None if self.label is None else self.label.model_dump(mode="json"),
+            "dense": [d.model_dump(mode="json") for d in self.dense],
             "categorical": [f.to_dict() for f in self.categorical],
             "tables": [t.to_dict() for t in self.tables],
             "optimizer": dict(self.optimizer) if self.optimizer else None,
             "topology": self.topology.to_dict(),
             "global_batch_size": self.global_batch_size,
             "profile_data_directory": self.profile_data_directory,
-            "limits": {
-                "max_ids_per_chip_per_sample": self.limits.max_ids_per_chip_per_sample,
-                "max_ids_per_table": dict(sorted(self.limits.max_ids_per_table.items())),
-                "max_unique_ids_per_table": dict(sorted(self.limits.max_unique_ids_per_table.items())),
-                "allow_id_dropping": self.limits.allow_id_dropping,
-            } if self.limits.given else None,
-            "policies": dataclasses.asdict(self.policies),
+            "limits": limits if self.limits.given else None,
+            "policies": self.policies.model_dump(mode="json"),
         }
 
     def to_yaml(self) -> str:
@@ -295,19 +589,20 @@ class Spec:
         spec run on another copy of the data (or by the training job, which does not
         read raw data) has the same fingerprint.
         """
+        from tpu_embed.canonical import fingerprint
         d = self.to_dict()
         d["inputs"].pop("patterns")
         d.pop("name")
         d.pop("profile_data_directory")
-        text = json.dumps(d, sort_keys=True, separators=(",", ":"))
-        return hashlib.sha256(text.encode("utf-8")).hexdigest()
+        return fingerprint(d)
 
     def with_inputs(self, patterns: Sequence[str], base_dir: Optional[str] = None) -> "Spec":
         """A copy reading other files (e.g. `--input` on the command line)."""
         if isinstance(patterns, str):
             patterns = [patterns]
-        return dataclasses.replace(self, inputs=dataclasses.replace(self.inputs, patterns=tuple(patterns)),
-                                   base_dir=base_dir if base_dir is not None else os.getcwd())
+        spec = self.model_copy(update={"inputs": self.inputs.model_copy(update={"patterns": tuple(patterns)})})
+        spec._base_dir = base_dir if base_dir is not None else os.getcwd()
+        return spec
 
     # -- conversions -----------------------------------------------------------
 
@@ -323,49 +618,39 @@ class Spec:
         b = self.per_chip_batch_size
         return [b, feature.sequence_length] if feature.sequence_length > 0 else [b]
 
-    def to_feature_config(self, vocab_sizes: Mapping[str, int], *, lightweight: bool = False) -> Dict[str, Any]:
-        """{feature: tf.tpu.experimental.embedding.FeatureConfig} for the SparseCore features.
+    def model(self, vocab_sizes: Mapping[str, int]) -> ModelConfig:
+        """The SparseCore features as a `tpu_embed.model.ModelConfig` (no TensorFlow).
 
-        This is what `tpu_embed.sparsecore.stack_tables` and `TPUEmbeddingV2` take:
-        output_shape is per chip, `[global_batch // chips]` or `[.., sequence_length]`.
-        Features of one table share one `TableConfig` object. `vocab_sizes` maps
-        vocabulary keys to their size (from `Spec.vocabulary_sizes(artifact_dir)`).
-        `lightweight=True` returns plain objects with the same attributes and no
-        TensorFlow import (what the Beam workers use; stacking is identical).
+        Features in sorted name order (how TF flattens the dict `to_feature_config`
+        returns); features of one table share one `TableConfig`; a table's
+        `learning_rate` overrides its optimizer's. `vocab_sizes` maps vocabulary
+        keys to their size (from `Spec.vocabulary_sizes(artifact_dir)`).
         """
-        tables = {}
-        out = {}
-        for f in self.sparse_core_features:
+        tables: Dict[str, TableConfig] = {}
+        features = []
+        for f in sorted(self.sparse_core_features, key=lambda f: f.name):
             if f.table not in tables:
                 t = self.table(f.table)
-                vocab = self.table_vocabulary_size(t.name, vocab_sizes)
-                params = self.optimizer_parameters(t)
-                if lightweight:
-                    tables[t.name] = LightTable(name=t.name, vocabulary_size=vocab, dim=t.dim,
-                                                combiner=t.combiner, optimizer=params)
-                else:
-                    import tensorflow as tf
-                    opt = None if params is None else params.to_tf_optimizer(learning_rate=t.learning_rate)
-                    tables[t.name] = tf.tpu.experimental.embedding.TableConfig(
-                        vocabulary_size=vocab, dim=t.dim, combiner=t.combiner, optimizer=opt, name=t.name)
-            shape = self.output_shape(f)
-            if lightweight:
-                out[f.name] = LightFeature(table=tables[f.table], output_shape=tuple(shape), name=f.name,
-                                           max_sequence_length=f.sequence_length)
-            else:
-                import tensorflow as tf
-                out[f.name] = tf.tpu.experimental.embedding.FeatureConfig(
-                    table=tables[f.table], max_sequence_length=f.sequence_length, output_shape=shape,
-                    name=f.name)
-        if not out:
-            raise SpecError("categorical", "no feature is looked up on SparseCore.",
-                            "set embedding_lookup_device: tpu_embedding_core on at least one feature.")
-        return out
+                opt = OptimizerConfig.from_dict(_optimizer_kwargs(t.optimizer or self.optimizer))
+                if t.learning_rate is not None:
+                    opt = opt.with_learning_rate(t.learning_rate)
+                tables[f.table] = TableConfig(t.name, self.table_vocabulary_size(t.name, vocab_sizes), t.dim,
+                                              t.combiner, opt)
+            features.append(FeatureConfig(f.name, tables[f.table], tuple(self.output_shape(f)), f.sequence_length))
+        return ModelConfig(tuple(features), self.topology)
+
+    def to_feature_config(self, vocab_sizes: Mapping[str, int]) -> Dict[str, Any]:
+        """{feature: tf.tpu.experimental.embedding.FeatureConfig} for the SparseCore features.
+
+        What `TPUEmbeddingV2` and `tpu_embed.sparsecore.stack_tables` take:
+        `to_tf_feature_config(self.model(vocab_sizes))`.
+        """
+        from tpu_embed.model import to_tf_feature_config
+        return to_tf_feature_config(self.model(vocab_sizes))
 
     def layout(self, vocab_sizes: Mapping[str, int]):
         """`tpu_embed.sparsecore.stack_tables` of this spec (numpy only)."""
-        from tpu_embed.sparsecore import stack_tables
-        return stack_tables(self.to_feature_config(vocab_sizes, lightweight=True), self.topology)
+        return self.model(vocab_sizes).layout()
 
     def to_feature_columns(self, vocab_dir: Optional[str] = None, vocab_sizes: Optional[Mapping[str, int]] = None):
         """Seed-API columns (`tpu_embed.embedding_column` / `shared_embedding_columns`), in spec order.
@@ -466,24 +751,6 @@ def vocabulary_filename(feature: str) -> str:
     return f"{feature}.txt"
 
 
-@dataclasses.dataclass(frozen=True, eq=False)
-class LightTable:
-    """Attributes of tf.tpu.experimental.embedding.TableConfig that stacking reads (no TF import)."""
-    name: str
-    vocabulary_size: int
-    dim: int
-    combiner: str
-    optimizer: Any = None
-
-
-@dataclasses.dataclass(frozen=True, eq=False)
-class LightFeature:
-    table: LightTable
-    output_shape: Tuple[int, ...]
-    name: str
-    max_sequence_length: int = 0
-
-
 def _is_absolute(p: str) -> bool:
     return os.path.isabs(p) or "://" in p
 
@@ -494,10 +761,91 @@ def _optimizer_kwargs(d: Mapping[str, Any]) -> dict:
     return {"optimizer": kind, **d}
 
 
-# ---------------------------------------------------------------- loading + validation
+# ---------------------------------------------------------------- loading + validation errors
 
-_TOP_KEYS = {"version", "name", "inputs", "label", "dense", "categorical", "tables", "defaults", "optimizer",
-             "topology", "global_batch_size", "profile_data_directory", "limits", "policies"}
+_PROBLEMS = {
+    "missing": "missing.",
+    "extra_forbidden": "unknown key.",
+    "invalid_key": "keys must be strings.",
+    "int_type": "expected an integer, got {input!r}.",
+    "float_type": "expected a finite number, got {input!r}.",
+    "finite_number": "expected a finite number, got {input!r}.",
+    "bool_type": "expected true/false, got {input!r}.",
+    "string_type": "expected a string, got {input!r}.",
+    "string_too_short": "must not be empty.",
+    "string_too_long": "{input!r} must be a single character.",
+    "string_pattern_mismatch": "{input!r} is not a valid name.",
+    "greater_than_equal": "must be >= {ge}, got {input!r}.",
+    "greater_than": "must be > {gt}, got {input!r}.",
+    "literal_error": "{input!r} is not supported.",
+    "too_short": "must not be empty.",
+    "tuple_type": "must be a list, got {input!r}.",
+    "dict_type": "expected a mapping, got {input!r}.",
+    "model_type": "expected a mapping, got {input!r}.",
+    "union_tag_not_found": "expected a mapping, got {input!r}.",
+    "union_tag_invalid": "{tag!r} is not a vocabulary type.",
+}
+
+
+def _models_in(tp: Any) -> List[type]:
+    if isinstance(tp, type) and issubclass(tp, BaseModel):
+        return [tp]
+    return [m for a in get_args(tp) for m in _models_in(a)]
+
+
+def _locate(root: type, loc: Tuple[Any, ...]) -> Tuple[str, type, str]:
+    """pydantic's `loc` as a spec key (`categorical[3].vocabulary.top_k`), the innermost model, the nearest fix."""
+    key, model, fix, tp = "", root, "", root
+    for part in loc:
+        if isinstance(part, int):
+            key += f"[{part}]"
+            continue
+        models = _models_in(tp)
+        if part in VOCABULARIES and VOCABULARIES[part] in models:  # a union tag, not a key
+            model = tp = VOCABULARIES[part]
+            continue
+        key, model, tp = f"{key}.{part}" if key else str(part), models[0] if models else model, None
+        for name, f in model.model_fields.items() if models else ():
+            if part == name or part in getattr(f.validation_alias, "choices", ()):
+                tp, fix = f.annotation, (f.json_schema_extra or {}).get("fix") or fix
+    return key, model, fix
+
+
+def _spec_error(error: ValidationError, root: type, prefix: str = "") -> SpecError:
+    """The first error as a SpecError at `prefix` + its location, with the field's fix hint."""
+    e = error.errors(include_url=False)[0]
+    key, model, fix = _locate(root, e["loc"])
+    key = ".".join(k for k in (prefix, key) if k).replace(".[", "[")
+    ctx = e.get("ctx") or {}
+    inner = ctx.get("error")
+    if isinstance(inner, SpecError):  # raised by a validator, keyed relative to where it ran
+        return SpecError(".".join(k for k in (key, inner.key) if k) or "<root>", inner.problem, inner.fix)
+    if e["type"] == "extra_forbidden":
+        name = key.rsplit(".", 1)[-1]
+        owner = [t for t, c in VOCABULARIES.items() if name in c.model_fields]
+        if model in VOCABULARIES.values() and owner:
+            kind = get_args(model.model_fields["type"].annotation)[0]
+            return SpecError(key, f"does not apply to a {kind} vocabulary.", f"remove it, or set type: {owner[0]}.")
+        fix = f"allowed keys are {sorted(_keys(model))}."
+    elif e["type"] == "literal_error" and not fix:
+        fix = f"use one of {ctx.get('expected')}."
+    elif e["type"].startswith("union_tag"):
+        key, fix = key + ".type" if e["type"] == "union_tag_invalid" else key, f"use one of {list(VOCABULARIES)}."
+    if isinstance(inner, Exception):
+        problem = str(inner)
+    else:
+        try:
+            problem = _PROBLEMS[e["type"]].format(input=e.get("input"), **ctx)
+        except (KeyError, IndexError, ValueError):
+            problem = e["msg"] + "."
+    return SpecError(key or "<root>", problem, fix)
+
+
+def _validate(model: type, data: Any, prefix: str = "") -> Any:
+    try:
+        return model.model_validate(data)
+    except ValidationError as e:
+        raise _spec_error(e, model, prefix) from None
 
 
 def load_spec(path: str) -> Spec:
@@ -518,374 +866,6 @@ def parse_spec(raw: Any, base_dir: str = ".", source_path: Optional[str] = None)
     if not isinstance(raw, Mapping):
         raise SpecError("<root>", f"the spec must be a mapping, got {type(raw).__name__}.",
                         "see docs/pipelines.md for the layout.")
-    raw = copy.deepcopy(dict(raw))
-    unknown = sorted(set(raw) - _TOP_KEYS)
-    if unknown:
-        raise SpecError(unknown[0], "unknown top-level key.", f"use only {sorted(_TOP_KEYS)}.")
-    version = raw.get("version", SPEC_VERSION)
-    if version != SPEC_VERSION:
-        raise SpecError("version", f"unsupported spec version {version!r}.", f"use version: {SPEC_VERSION}.")
-
-    inputs = _parse_inputs(raw.get("inputs"))
-    label = _parse_label(raw.get("label"))
-    dense = _parse_dense(raw.get("dense") or [])
-    defaults = raw.get("defaults") or {}
-    if not isinstance(defaults, Mapping) or set(defaults) - {"categorical", "table"}:
-        raise SpecError("defaults", "must be a mapping with optional keys 'categorical' and 'table'.",
-                        "e.g. defaults: {categorical: {vocabulary: {num_oov_buckets: 1}}, table: {dim: 16}}.")
-    optimizer = _parse_optimizer(raw.get("optimizer"), "optimizer") if raw.get("optimizer") is not None else None
-    categorical = _parse_categorical(raw.get("categorical"), defaults.get("categorical") or {})
-    tables = _parse_tables(raw.get("tables") or [], defaults.get("table") or {}, categorical, optimizer)
-    topology = _parse_topology(raw.get("topology"))
-    gbs = raw.get("global_batch_size")
-    _int(gbs, "global_batch_size", minimum=1, fix="set global_batch_size to a positive integer.")
-    if gbs % topology.num_chips:
-        raise SpecError("global_batch_size", f"{gbs} is not divisible by topology.num_chips={topology.num_chips}.",
-                        f"use a multiple of {topology.num_chips * topology.num_sc_per_chip}.")
-    per_chip = gbs // topology.num_chips
-    if per_chip % topology.num_sc_per_chip:
-        raise SpecError("global_batch_size",
-                        f"the per-chip batch {per_chip} is not divisible by num_sc_per_chip="
-                        f"{topology.num_sc_per_chip} (SparseCores split a chip's batch evenly).",
-                        f"use a multiple of {topology.num_chips * topology.num_sc_per_chip}.")
-    pdd = raw.get("profile_data_directory", "profiles")
-    if pdd is not None and not isinstance(pdd, str):
-        raise SpecError("profile_data_directory", "must be a path string.", "e.g. profile_data_directory: profiles.")
-    limits = _parse_limits(raw.get("limits"))
-    policies = _parse_policies(raw.get("policies"))
-    name = raw.get("name", "spec")
-    if not isinstance(name, str):
-        raise SpecError("name", "must be a string.", "e.g. name: criteo.")
-    spec = Spec(inputs=inputs, label=label, dense=tuple(dense), categorical=tuple(categorical),
-                tables=tuple(tables), optimizer=optimizer, topology=topology, global_batch_size=int(gbs),
-                profile_data_directory=pdd, limits=limits, policies=policies, name=name,
-                base_dir=base_dir, source_path=source_path)
-    _cross_check(spec)
+    spec = _validate(Spec, raw)
+    spec._base_dir, spec._source_path = base_dir, source_path
     return spec
-
-
-def _int(v, key, minimum=None, fix="", allow_none=False):
-    if v is None and allow_none:
-        return None
-    if isinstance(v, bool) or not isinstance(v, int):
-        raise SpecError(key, f"expected an integer, got {v!r}.", fix)
-    if minimum is not None and v < minimum:
-        raise SpecError(key, f"must be >= {minimum}, got {v}.", fix)
-    return v
-
-
-def _float(v, key, fix=""):
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(float(v)):
-        raise SpecError(key, f"expected a finite number, got {v!r}.", fix)
-    return float(v)
-
-
-def _keys(d, key, allowed, fix=""):
-    if not isinstance(d, Mapping):
-        raise SpecError(key, f"expected a mapping, got {type(d).__name__}.", fix)
-    unknown = sorted(set(d) - set(allowed))
-    if unknown:
-        raise SpecError(f"{key}.{unknown[0]}", "unknown key.", f"allowed keys are {sorted(allowed)}.")
-
-
-def _name(v, key):
-    if not isinstance(v, str) or not _NAME_RE.match(v):
-        raise SpecError(key, f"{v!r} is not a valid name.",
-                        "use letters, digits, '_', '.', '-' (it becomes a file name and a TF name).")
-    return v
-
-
-def _parse_inputs(d) -> InputsSpec:
-    if d is None:
-        raise SpecError("inputs", "missing.", "add `inputs: {format: csv, patterns: [data/*.csv]}`.")
-    _keys(d, "inputs", {"format", "patterns", "csv"})
-    fmt = d.get("format")
-    if fmt not in FORMATS:
-        raise SpecError("inputs.format", f"{fmt!r} is not a supported format.", f"use one of {list(FORMATS)}.")
-    pats = d.get("patterns")
-    if isinstance(pats, str):
-        pats = [pats]
-    if not pats or not all(isinstance(p, str) and p for p in pats):
-        raise SpecError("inputs.patterns", "must be a non-empty list of file patterns.",
-                        "e.g. patterns: [data/train-*.csv] (relative to the spec file), or pass --input.")
-    csv = d.get("csv") or {}
-    _keys(csv, "inputs.csv", {"delimiter"})
-    delim = csv.get("delimiter", ",")
-    if not isinstance(delim, str) or len(delim) != 1:
-        raise SpecError("inputs.csv.delimiter", f"{delim!r} must be a single character.", "e.g. ',' or '\\t'.")
-    return InputsSpec(format=fmt, patterns=tuple(pats), csv_delimiter=delim)
-
-
-def _parse_label(d) -> Optional[LabelSpec]:
-    if d is None:
-        return None
-    if isinstance(d, str):
-        d = {"column": d}
-    _keys(d, "label", {"column", "fill"})
-    col = d.get("column")
-    if not isinstance(col, str) or not col:
-        raise SpecError("label.column", "must name the label column.", "e.g. label: {column: label}.")
-    fill = d.get("fill")
-    return LabelSpec(column=col, fill=None if fill is None else _float(fill, "label.fill"))
-
-
-def _parse_dense(items) -> List[DenseSpec]:
-    if not isinstance(items, list):
-        raise SpecError("dense", "must be a list.", "e.g. dense: [{name: I1, fill: 0.0}].")
-    out, seen = [], set()
-    for i, d in enumerate(items):
-        key = f"dense[{i}]"
-        if isinstance(d, str):
-            d = {"name": d}
-        _keys(d, key, {"name", "column", "fill"})
-        name = _name(d.get("name"), f"{key}.name")
-        if name in seen:
-            raise SpecError(f"{key}.name", f"duplicate dense feature {name!r}.", "give every feature a unique name.")
-        seen.add(name)
-        col = d.get("column", name)
-        out.append(DenseSpec(name=name, column=col, fill=_float(d.get("fill", 0.0), f"{key}.fill")))
-    return out
-
-
-def _merge(defaults: Mapping, entry: Mapping) -> dict:
-    out = copy.deepcopy(dict(defaults))
-    for k, v in entry.items():
-        if isinstance(v, Mapping) and isinstance(out.get(k), Mapping):
-            out[k] = _merge(out[k], v)
-        else:
-            out[k] = v
-    return out
-
-
-_CAT_KEYS = {"name", "column", "table", "vocabulary", "delimiter", "weight_column", "sequence_length",
-             "embedding_lookup_device", "tensor_core_width"}
-
-
-def _parse_categorical(items, defaults) -> List[CategoricalSpec]:
-    if not items or not isinstance(items, list):
-        raise SpecError("categorical", "must be a non-empty list of categorical features.",
-                        "e.g. categorical: [{name: C1, vocabulary: {type: frequency}}].")
-    _keys(defaults, "defaults.categorical", _CAT_KEYS - {"name", "column", "table"})
-    out, seen = [], set()
-    for i, d in enumerate(items):
-        key = f"categorical[{i}]"
-        if isinstance(d, str):
-            d = {"name": d}
-        _keys(d, key, _CAT_KEYS)
-        d = _merge(defaults, d)
-        name = _name(d.get("name"), f"{key}.name")
-        if name in seen:
-            raise SpecError(f"{key}.name", f"duplicate categorical feature {name!r}.",
-                            "give every feature a unique name (use `column:` to read one column twice).")
-        seen.add(name)
-        column = d.get("column", name)
-        if not isinstance(column, str) or not column:
-            raise SpecError(f"{key}.column", "must be a column name.", "")
-        table = _name(d.get("table", name), f"{key}.table")
-        delim = d.get("delimiter")
-        if delim is not None and (not isinstance(delim, str) or not delim):
-            raise SpecError(f"{key}.delimiter", f"{delim!r} must be a non-empty string.", "e.g. delimiter: '|'.")
-        wcol = d.get("weight_column")
-        if wcol is not None and (not isinstance(wcol, str) or not wcol):
-            raise SpecError(f"{key}.weight_column", "must be a column name or null.", "")
-        seq = _int(d.get("sequence_length", 0), f"{key}.sequence_length", minimum=0,
-                   fix="0 for a bag of values, > 0 for a sequence feature.")
-        device = d.get("embedding_lookup_device", "tpu_embedding_core")
-        if device not in DEVICES:
-            raise SpecError(f"{key}.embedding_lookup_device", f"{device!r} is not supported.",
-                            f"use one of {list(DEVICES)}.")
-        tcw = d.get("tensor_core_width")
-        if device == "tpu_tensor_core":
-            _int(tcw, f"{key}.tensor_core_width", minimum=1,
-                 fix="tensor-core features need the maximum number of values per example.")
-            if seq:
-                raise SpecError(f"{key}.sequence_length", "tensor-core lookups do not support sequence features.",
-                                "set sequence_length: 0 or embedding_lookup_device: tpu_embedding_core.")
-        elif tcw is not None:
-            raise SpecError(f"{key}.tensor_core_width", "only applies to embedding_lookup_device: tpu_tensor_core.",
-                            "remove it.")
-        vocab = _parse_vocab(d.get("vocabulary") or {}, f"{key}.vocabulary")
-        out.append(CategoricalSpec(name=name, column=column, table=table, vocabulary=vocab, delimiter=delim,
-                                   weight_column=wcol, sequence_length=seq, embedding_lookup_device=device,
-                                   tensor_core_width=tcw))
-    return out
-
-
-def _parse_vocab(d, key) -> VocabularySpec:
-    _keys(d, key, {"type", "top_k", "frequency_threshold", "num_oov_buckets", "num_buckets", "default_value"})
-    t = d.get("type", "frequency")
-    if t not in VOCAB_TYPES:
-        raise SpecError(f"{key}.type", f"{t!r} is not a vocabulary type.", f"use one of {list(VOCAB_TYPES)}.")
-    if t == "frequency":
-        extra = sorted({"num_buckets", "default_value"} & set(d))
-        if extra:
-            raise SpecError(f"{key}.{extra[0]}", "only applies to identity/hashing vocabularies.",
-                            "remove it, or set type: identity.")
-        top_k = _int(d.get("top_k"), f"{key}.top_k", minimum=1, allow_none=True,
-                     fix="a positive integer, or null for every token.")
-        thr = _int(d.get("frequency_threshold"), f"{key}.frequency_threshold", minimum=0, allow_none=True,
-                   fix="the minimum count (>= 0) a token needs, or null.")
-        oov = _int(d.get("num_oov_buckets", 1), f"{key}.num_oov_buckets", minimum=0,
-                   fix="0 drops out-of-vocabulary values (counted), N > 0 hashes them into N buckets.")
-        return VocabularySpec(type=t, top_k=top_k, frequency_threshold=thr, num_oov_buckets=oov)
-    extra = sorted({"top_k", "frequency_threshold", "num_oov_buckets"} & set(d))
-    if extra:
-        raise SpecError(f"{key}.{extra[0]}", f"does not apply to a {t} vocabulary.",
-                        "remove it, or set type: frequency.")
-    nb = _int(d.get("num_buckets"), f"{key}.num_buckets", minimum=1,
-              fix=f"a {t} vocabulary needs num_buckets (the table's row count).")
-    dv = d.get("default_value")
-    if t == "hashing" and dv is not None:
-        raise SpecError(f"{key}.default_value", "does not apply to hashing.", "remove it.")
-    if dv is not None:
-        _int(dv, f"{key}.default_value", minimum=0, fix=f"an id in [0, {nb}).")
-        if dv >= nb:
-            raise SpecError(f"{key}.default_value", f"{dv} is not below num_buckets={nb}.", f"use an id in [0, {nb}).")
-    return VocabularySpec(type=t, num_oov_buckets=0, num_buckets=nb, default_value=dv)
-
-
-def _parse_optimizer(d, key) -> dict:
-    if isinstance(d, str):
-        d = {"type": d}
-    if not isinstance(d, Mapping) or "type" not in d:
-        raise SpecError(key, f"expected a mapping with a `type`, got {d!r}.",
-                        f"e.g. {{type: adagrad, learning_rate: 0.05}}; types: {sorted(OPTIMIZERS)}.")
-    t = d["type"]
-    if t not in OPTIMIZERS:
-        raise SpecError(f"{key}.type", f"unknown optimizer {t!r}.", f"use one of {sorted(OPTIMIZERS)}.")
-    from tpu_embed import optimizers as _opt
-    cls = getattr(_opt, OPTIMIZERS[t])
-    params = {k: v for k, v in d.items() if k != "type"}
-    unknown = sorted(set(params) - set(cls._PARAMS))
-    if unknown:
-        raise SpecError(f"{key}.{unknown[0]}", f"not a parameter of {cls.__name__}.",
-                        f"allowed: {list(cls._PARAMS)}.")
-    try:
-        cls(**params)
-    except (TypeError, ValueError) as e:
-        raise SpecError(key, f"{cls.__name__} rejects these parameters: {e}",
-                        "check the values (learning_rate is required).") from None
-    return {"type": t, **params}
-
-
-def _parse_tables(items, defaults, categorical, optimizer) -> List[TableSpec]:
-    if not isinstance(items, list):
-        raise SpecError("tables", "must be a list.", "e.g. tables: [{name: C1, dim: 16}].")
-    _keys(defaults, "defaults.table", {"dim", "combiner", "optimizer", "learning_rate"})
-    given: Dict[str, Tuple[str, dict]] = {}
-    for i, d in enumerate(items):
-        key = f"tables[{i}]"
-        _keys(d, key, {"name", "dim", "combiner", "optimizer", "learning_rate"})
-        name = _name(d.get("name"), f"{key}.name")
-        if name in given:
-            raise SpecError(f"{key}.name", f"duplicate table {name!r}.", "declare each table once.")
-        given[name] = (key, _merge(defaults, d))
-    used = list(dict.fromkeys(f.table for f in categorical))
-    for name in given:
-        if name not in used:
-            raise SpecError(f"{given[name][0]}.name", f"table {name!r} is used by no categorical feature.",
-                            "remove it or set `table:` on a feature.")
-    out = []
-    for name in used:
-        key, d = given.get(name, (f"defaults.table (for table {name!r})", _merge(defaults, {"name": name})))
-        dim = _int(d.get("dim"), f"{key}.dim", minimum=1,
-                   fix=f"set dim for table {name!r} (or defaults.table.dim).")
-        comb = d.get("combiner", "mean")
-        if comb not in COMBINERS:
-            raise SpecError(f"{key}.combiner", f"{comb!r} is not a combiner.", f"use one of {list(COMBINERS)}.")
-        opt = d.get("optimizer")
-        opt = _parse_optimizer(opt, f"{key}.optimizer") if opt is not None else None
-        lr = d.get("learning_rate")
-        if lr is not None:
-            lr = _float(lr, f"{key}.learning_rate", "a positive number")
-            if lr <= 0:
-                raise SpecError(f"{key}.learning_rate", f"must be > 0, got {lr}.", "")
-        if opt is None and optimizer is None:
-            raise SpecError(f"{key}.optimizer", f"table {name!r} has no optimizer and the spec has no `optimizer`.",
-                            "add a top-level `optimizer: {type: adagrad, learning_rate: 0.05}`.")
-        out.append(TableSpec(name=name, dim=dim, combiner=comb, optimizer=opt, learning_rate=lr))
-    return out
-
-
-def _parse_topology(d) -> Topology:
-    if d is None:
-        d = {"num_chips": 1}
-    _keys(d, "topology", {"num_chips", "num_sc_per_chip", "num_hosts", "chips", "sc_per_chip", "hosts"})
-    chips = d.get("num_chips", d.get("chips", 1))
-    scs = d.get("num_sc_per_chip", d.get("sc_per_chip", 4))
-    hosts = d.get("num_hosts", d.get("hosts", 1))
-    for k, v in (("num_chips", chips), ("num_sc_per_chip", scs), ("num_hosts", hosts)):
-        _int(v, f"topology.{k}", minimum=1, fix="a positive integer.")
-    try:
-        return Topology(chips, scs, hosts)
-    except ValueError as e:
-        raise SpecError("topology", str(e), "adjust num_chips / num_sc_per_chip / num_hosts.") from None
-
-
-def _parse_limits(d) -> LimitsSpec:
-    if d is None:
-        return LimitsSpec()
-    _keys(d, "limits", {"max_ids_per_chip_per_sample", "max_ids_per_table", "max_unique_ids_per_table",
-                        "allow_id_dropping"})
-    m = _int(d.get("max_ids_per_chip_per_sample", 64), "limits.max_ids_per_chip_per_sample", minimum=1,
-             fix="a positive integer (TF's default is 64).")
-    out = {}
-    for k in ("max_ids_per_table", "max_unique_ids_per_table"):
-        v = d.get(k) or {}
-        if not isinstance(v, Mapping):
-            raise SpecError(f"limits.{k}", "must map stacked table names to limits.",
-                            "e.g. {C1_C2: 512}; `tpu-embed inspect` lists the stacks.")
-        for s, n in v.items():
-            _int(n, f"limits.{k}.{s}", minimum=1, fix="a positive integer.")
-        out[k] = {str(s): int(n) for s, n in v.items()}
-    drop = d.get("allow_id_dropping", False)
-    if not isinstance(drop, bool):
-        raise SpecError("limits.allow_id_dropping", f"expected true/false, got {drop!r}.", "")
-    return LimitsSpec(max_ids_per_chip_per_sample=m, max_ids_per_table=out["max_ids_per_table"],
-                      max_unique_ids_per_table=out["max_unique_ids_per_table"], allow_id_dropping=drop, given=True)
-
-
-def _parse_policies(d) -> PoliciesSpec:
-    if d is None:
-        return PoliciesSpec()
-    _keys(d, "policies", {"invalid_ids", "nan_weights", "tail"})
-    inv = d.get("invalid_ids", "drop")
-    if inv not in INVALID_ID_POLICIES:
-        raise SpecError("policies.invalid_ids", f"{inv!r} is not a policy.",
-                        f"use one of {list(INVALID_ID_POLICIES)} (drop counts every dropped id).")
-    nan = d.get("nan_weights", "drop")
-    if nan not in NAN_WEIGHT_POLICIES:
-        raise SpecError("policies.nan_weights", f"{nan!r} is not a policy.", f"use one of {list(NAN_WEIGHT_POLICIES)}.")
-    tail = d.get("tail", "drop")
-    if tail not in TAIL_POLICIES:
-        raise SpecError("policies.tail", f"{tail!r} is not a policy.", f"use one of {list(TAIL_POLICIES)}.")
-    return PoliciesSpec(invalid_ids=inv, nan_weights=nan, tail=tail)
-
-
-def _cross_check(spec: Spec) -> None:
-    names = {}
-    for d in spec.dense:
-        names[d.name] = "dense"
-    for i, f in enumerate(spec.categorical):
-        if f.name in names:
-            raise SpecError(f"categorical[{i}].name", f"{f.name!r} is also a dense feature.", "rename one of them.")
-    if spec.label is not None and spec.label.column in {f.column for f in spec.categorical}:
-        raise SpecError("label.column", "the label column is also a categorical feature's column.", "")
-    by_table: Dict[str, List[Tuple[int, CategoricalSpec]]] = {}
-    for i, f in enumerate(spec.categorical):
-        by_table.setdefault(f.table, []).append((i, f))
-    for table, feats in by_table.items():
-        i0, f0 = feats[0]
-        for i, f in feats[1:]:
-            if f.vocabulary != f0.vocabulary:
-                raise SpecError(f"categorical[{i}].vocabulary",
-                                f"features {f0.name!r} and {f.name!r} share table {table!r} but not their "
-                                "vocabulary settings.",
-                                "give features of one table the same vocabulary block (they share one vocabulary).")
-            if f.embedding_lookup_device != f0.embedding_lookup_device:
-                raise SpecError(f"categorical[{i}].embedding_lookup_device",
-                                f"features of table {table!r} disagree on the lookup device.",
-                                "use the same embedding_lookup_device for all features of a table.")
-    if not spec.sparse_core_features:
-        raise SpecError("categorical", "no feature is looked up on SparseCore.",
-                        "set embedding_lookup_device: tpu_embedding_core on at least one feature.")
