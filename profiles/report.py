@@ -27,7 +27,11 @@ _COLORS = {"ids": "#1f77b4", "unique": "#ff7f0e", "limit": "#d62728", "default":
 
 
 def _figure(n_panels: int, *, cols: int = 3, panel=(4.2, 3.0)):
-    from matplotlib.figure import Figure
+    try:
+        from matplotlib.figure import Figure
+    except ImportError:  # an optional dependency: only the report draws
+        raise ImportError("the profile report draws with matplotlib, which is not installed. Fix: "
+                          "pip install 'tpu-embed[report]'") from None
     cols = max(1, min(cols, n_panels))
     rows = max(1, math.ceil(n_panels / cols))
     fig = Figure(figsize=(panel[0] * cols, panel[1] * rows), dpi=DPI, layout="constrained")

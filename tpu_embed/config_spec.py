@@ -367,9 +367,10 @@ class EmbeddingConfigSpec(
         The two per-table dicts are keyed by *stacked* table name, as TF's are.
         """
         import tensorflow as tf  # pylint: disable=import-outside-toplevel
-        config_cls = getattr(tf.tpu.experimental.embedding, 'SparseCoreEmbeddingConfig', None)
-        if config_cls is None:  # not exported by every TF build
-            from tensorflow.python.tpu.tpu_embedding_v3 import SparseCoreEmbeddingConfig as config_cls  # pylint: disable=import-outside-toplevel
+        from tensorflow.python.tpu import tpu_embedding_v3  # pylint: disable=import-outside-toplevel
+        # Not exported under tf.tpu.experimental.embedding by every TF build.
+        config_cls = getattr(tf.tpu.experimental.embedding, 'SparseCoreEmbeddingConfig',
+                             tpu_embedding_v3.SparseCoreEmbeddingConfig)
         return config_cls(
             max_ids_per_chip_per_sample=_positive_int(
                 max_ids_per_chip_per_sample, 'max_ids_per_chip_per_sample'),

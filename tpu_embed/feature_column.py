@@ -22,6 +22,7 @@ from __future__ import annotations
 import copy
 import math
 import numbers
+from typing import Any, Callable
 
 from tensorflow.python.feature_column import feature_column_v2 as fc_lib
 from tensorflow.python.feature_column import serialization
@@ -139,6 +140,13 @@ class _TPUColumnMixin:
     Holds the TPU-only settings and exposes both TF's getter methods (for
     code written against TF's classes) and plain properties (for ours).
     """
+
+    # Provided by the TF embedding column class each concrete column also derives from.
+    categorical_column: Any
+    combiner: Any
+    dimension: Any
+    initializer: Any
+    get_embedding_var_name: Callable[[], str]
 
     def _init_tpu(self, categorical_column, max_sequence_length, learning_rate_fn,
                   embedding_lookup_device, tensor_core_shape):

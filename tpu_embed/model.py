@@ -340,7 +340,7 @@ def _layout(model: ModelConfig, disable_table_stacking: bool):
 
 # ---------------------------------------------------------------- the TF boundary
 
-def from_tf_feature_config(feature_config: Any, topology: Topology) -> ModelConfig:
+def from_tf_feature_config(feature_config: Any, topology: Optional[Topology]) -> ModelConfig:
     """A `ModelConfig` from the nested `tf.tpu.experimental.embedding.FeatureConfig`s TPUEmbeddingV2 takes.
 
     Objects with the same attributes are accepted (`.table`, `.output_shape`;

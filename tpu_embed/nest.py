@@ -2,7 +2,16 @@
 
 from __future__ import annotations
 
-from typing import Any, List, Mapping, Tuple
+from typing import Any, List, Mapping, Set, Tuple, Type, TypeVar
+
+_LEAF_TYPES: Set[type] = set()
+T = TypeVar("T", bound=type)
+
+
+def leaf_type(cls: T) -> T:
+    """Class decorator: tuples of this type are leaves (as tf.SparseTensor is), not nests."""
+    _LEAF_TYPES.add(cls)
+    return cls
 
 
 def flatten_with_paths(structure: Any) -> List[Tuple[str, Any]]:
@@ -28,8 +37,7 @@ def flatten_with_paths(structure: Any) -> List[Tuple[str, Any]]:
 
 
 def _is_leaf_tuple(node: Any) -> bool:
-    # namedtuples of our own (e.g. SparseIds) are leaves, as tf.SparseTensor is.
-    return hasattr(node, "_fields") and getattr(node, "_tpu_embed_leaf", False)
+    return type(node) in _LEAF_TYPES
 
 
 def flatten(structure: Any) -> List[Any]:

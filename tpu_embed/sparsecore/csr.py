@@ -13,8 +13,9 @@
 
 from __future__ import annotations
 
+import importlib
 import os
-from typing import Dict, Optional
+from typing import Any, Dict, Optional
 
 import numpy as np
 
@@ -119,10 +120,16 @@ class _Sorted:
     """A stack's ids for one chip after combiner, rotation, sort and dedup."""
 
     __slots__ = ("hi", "srow", "gain", "tbits", "ids_pp", "uniq_pp")
+    hi: np.ndarray
+    srow: np.ndarray
+    gain: np.ndarray
+    tbits: int
+    ids_pp: np.ndarray
+    uniq_pp: np.ndarray
 
 
-try:  # the optional C kernel (tpu_embed/sparsecore/native); numpy below is the fallback
-    from tpu_embed.sparsecore import _csr_native
+try:  # the optional C kernel (tpu_embed/sparsecore/native), built in place; numpy below is the fallback
+    _csr_native: Any = importlib.import_module("tpu_embed.sparsecore._csr_native")
 except ImportError:  # pragma: no cover - exercised on machines without a compiler
     _csr_native = None
 

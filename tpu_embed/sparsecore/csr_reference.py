@@ -10,7 +10,7 @@ operation at a time with numpy float32 scalars, in TF's order.
 
 from __future__ import annotations
 
-from typing import Dict, List
+from typing import Any, Dict, List, Optional
 
 import numpy as np
 
@@ -28,8 +28,8 @@ def feature_to_coo(fid: FeatureIds, feat: FeaturePlacement, stack: StackLayout, 
     per_sc = feat.sample_count // num_sc_per_chip
     row_offset_per_sc = feat.sample_offset // num_sc_per_chip
     mask = num_sparse_cores - 1
-    rescale = [f32(0)] * feat.sample_count
-    merged = []  # (row, id, gain) after merging *adjacent* duplicates
+    rescale: List[Any] = [f32(0)] * feat.sample_count
+    merged: List[list] = []  # (row, id, gain) after merging *adjacent* duplicates
     for i in range(fid.ids.size):
         row, col = int(fid.rows[i]), int(fid.ids[i])
         w = f32(1) if fid.weights is None else f32(fid.weights[i])
@@ -73,8 +73,9 @@ def sort_and_dedup(coos_in_feature_order: List[List[tuple]], num_sparse_cores: i
     per_dest: List[list] = [[] for _ in range(num_sparse_cores)]
     ids = [0] * num_sparse_cores
     uniques = [0] * num_sparse_cores
-    prev_row = prev_col = None
-    last = None
+    prev_row: Optional[int] = None
+    prev_col: Optional[int] = None
+    last: List[Any] = []
     for i in order:
         row, col, gain = flat[i]
         dest = col & (num_sparse_cores - 1)

@@ -13,22 +13,24 @@ from typing import NamedTuple, Optional, Tuple
 
 import numpy as np
 
+from tpu_embed.nest import leaf_type
 
+
+@leaf_type
 class SparseIds(NamedTuple):
     """numpy twin of tf.SparseTensor: indices [n, rank], values [n], dense_shape [rank]."""
 
     indices: np.ndarray
     values: np.ndarray
     dense_shape: np.ndarray
-    _tpu_embed_leaf = True
 
 
+@leaf_type
 class RaggedIds(NamedTuple):
     """numpy twin of a ragged_rank-1 tf.RaggedTensor: values [n], row_splits [samples + 1]."""
 
     values: np.ndarray
     row_splits: np.ndarray
-    _tpu_embed_leaf = True
 
 
 class FeatureIds(NamedTuple):
