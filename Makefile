@@ -6,14 +6,14 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 ORACLE_STAMP := $(ORACLE_VENV)/.installed-stamp
 
-.PHONY: demo test install oracle bench clean
+.PHONY: demo test lint install oracle bench clean
 
 install: $(STAMP)
 
 $(STAMP): pyproject.toml setup.py tpu_embed/sparsecore/native/_csr_native.c
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -e '.[test]'
+	$(PY) -m pip install -e '.[test,report,lint]'
 	touch $@
 
 # TensorFlow's own SparseCore kernels, used only as the conformance oracle.
@@ -29,7 +29,13 @@ $(ORACLE_STAMP): tests/conformance/oracle-requirements.txt
 demo: $(STAMP)
 	$(VENV)/bin/tpu-embed demo --output build/demo
 
-test: $(STAMP) $(ORACLE_STAMP)
+# ruff over everything, mypy over the core, and the layering pipelines -> profiles -> tpu_embed.
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy
+	$(VENV)/bin/lint-imports
+
+test: $(STAMP) $(ORACLE_STAMP) lint
 	TPU_EMBED_ORACLE_PYTHON=$(abspath $(ORACLE_VENV))/bin/python $(PY) -m pytest -q
 
 bench: $(STAMP) $(ORACLE_STAMP)
