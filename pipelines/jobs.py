@@ -29,6 +29,7 @@ import apache_beam as beam
 from apache_beam.metrics import Metrics
 
 from pipelines import batching, io as pio, manifest as pmanifest, mapping, parse, shard as pshard, vocab as pvocab
+from tpu_embed import io as tio
 
 NAMESPACE = "tpu_embed"
 
@@ -60,7 +61,7 @@ class JobConfig:
         d = self.profile_dir or self.spec.profile_data_directory
         if d is None:
             return None
-        if os.path.isabs(d) or "://" in d:
+        if tio.is_absolute(d):
             return d
         return pio.join(self.output, d)
 
@@ -166,7 +167,7 @@ class _WriteDeadLetterFile(beam.DoFn):
         letters = sorted(letters, key=lambda d: (d.record, d.reason, d.detail))
         written = letters if not self.limit else letters[:self.limit]
         lines = [json.dumps(d.to_json(), sort_keys=True).encode("utf-8") + b"\n" for d in written]
-        name = os.path.basename(self.names.get(index, f"file{index}"))
+        name = tio.basename(self.names.get(index, f"file{index}"))
         info = pio.write_atomic(self.output, f"dead_letter/{index:05d}-{name}.jsonl", lines, records=len(written),
                                 extra={"kind": "dead_letter", "input": self.names.get(index), "total": len(letters)})
         yield info
@@ -529,7 +530,8 @@ def build_shard_pipeline(p, cfg: JobConfig, files: Sequence[pio.InputFile], voca
             out = []
             for path in paths:
                 data = pio.read_bytes(path)
-                rel = os.path.relpath(path, cfg.output) if "://" not in path else path
+                rel = tio.relpath(path, cfg.output) if tio.is_url(path) else os.path.relpath(path, cfg.output)
+                rel = path if rel is None else rel
                 out.append(pio.FileInfo(rel, pmanifest.sha256(data), len(data), None,
                                         {"kind": "profile"}))
             return out

@@ -137,3 +137,249 @@ def test_embedding_config_spec_from_spec(tmp_path):
     assert [c.feature_name for c in ecs.feature_columns] == ["a", "b", "c"]
     fc = ecs.to_feature_config(spec.per_chip_batch_size)
     assert fc["a"].table.vocabulary_size == 3 and fc["b"].table.name == "shared"
+
+
+# ---------------------------------------------------------------- pydantic models: keys, types, defaults
+
+
+@pytest.mark.parametrize("path,value,key", [
+    ("extra", 1, "extra"),
+    ("inputs", {"format": "csv", "patterns": ["x"], "csv": {"sep": ";"}}, "inputs.csv.sep"),
+    ("label", {"column": "label", "col": 1}, "label.col"),
+    ("dense", [{"name": "d"}, {"name": "e", "colum": "x"}], "dense[1].colum"),
+    ("categorical.2", {"name": "c", "table": "shared", "vocabulary": {"topk": 10}}, "categorical[2].vocabulary.topk"),
+    ("categorical.1", {"name": "b", "table": "shared", "weight": "w"}, "categorical[1].weight"),
+    ("tables", [{"name": "a", "dims": 4}], "tables[0].dims"),
+    ("defaults", {"table": {"dim": 8, "dims": 4}}, "defaults.table.dims"),
+    ("defaults", {"table": {"dim": 8}, "categorical": {"vocabulary": {"topk": 1}}},
+     "defaults.categorical.vocabulary.topk"),
+    ("defaults", {"table": {"dim": 8}, "tables": {}}, "defaults.tables"),
+    ("topology", {"num_chips": 2, "cores": 4}, "topology.cores"),
+    ("limits", {"max_ids": 3}, "limits.max_ids"),
+    ("policies", {"tail": "drop", "nan": "drop"}, "policies.nan"),
+])
+def test_unknown_keys_are_refused_with_their_full_location(path, value, key):
+    with pytest.raises(SpecError) as e:
+        parse_spec(with_(path, value))
+    assert e.value.key == key
+    assert "unknown key" in e.value.problem and "allowed keys are" in e.value.fix
+
+
+@pytest.mark.parametrize("path,value,key,shown,fix", [
+    ("categorical.0", {"name": "a", "vocabulary": {"top_k": "ten"}}, "categorical[0].vocabulary.top_k", "'ten'",
+     "positive integer"),
+    ("categorical.0", {"name": "a", "sequence_length": "2"}, "categorical[0].sequence_length", "'2'", "sequence"),
+    ("categorical.0", {"name": "bad name"}, "categorical[0].name", "'bad name'", "letters, digits"),
+    ("categorical.0", {"name": "a", "vocabulary": 7}, "categorical[0].vocabulary", "7", "frequency"),
+    ("categorical.0", {"name": "a", "vocabulary": {"type": "bloom"}}, "categorical[0].vocabulary.type", "'bloom'",
+     "identity"),
+    ("global_batch_size", 16.0, "global_batch_size", "16.0", "positive integer"),
+    ("tables", [{"name": "a", "dim": True}], "tables[0].dim", "True", "dim"),
+    ("tables", [{"name": "a", "learning_rate": float("nan")}], "tables[0].learning_rate", "nan", "positive"),
+    ("dense", [{"name": "d", "fill": "zero"}], "dense[0].fill", "'zero'", ""),
+    ("limits", {"allow_id_dropping": "yes"}, "limits.allow_id_dropping", "'yes'", ""),
+    ("limits", {"max_unique_ids_per_table": {"s": "many"}}, "limits.max_unique_ids_per_table.s", "'many'",
+     "stacked table"),
+    ("topology", {"chips": "two"}, "topology.chips", "'two'", ""),
+    ("inputs", {"format": "csv", "patterns": ["x"], "csv": {"delimiter": ";;"}}, "inputs.csv.delimiter", "';;'",
+     "e.g."),
+    ("categorical", "a", "categorical", "'a'", "e.g. categorical"),
+])
+def test_wrong_types_name_the_location_the_value_and_the_fix(path, value, key, shown, fix):
+    with pytest.raises(SpecError) as e:
+        parse_spec(with_(path, value))
+    assert e.value.key == key and shown in e.value.problem and fix in e.value.fix
+    assert str(e.value).startswith(f"spec key '{key}': ")
+
+
+def test_each_default_is_stated_once_in_its_field():
+    from tpu_embed.spec import FrequencyVocabulary, LimitsSpec, PoliciesSpec
+    spec = parse_spec(BASE)
+    assert not spec.limits.given and spec.to_dict()["limits"] is None
+    assert spec.limits.max_ids_per_chip_per_sample == LimitsSpec.model_fields["max_ids_per_chip_per_sample"].default
+    for limits in ({}, None):
+        s = parse_spec(with_("limits", limits))
+        assert s.limits.max_ids_per_chip_per_sample == 64 and s.limits.max_ids_per_table == {}
+        assert s.limits.given is (limits is not None)
+    assert parse_spec(with_("limits", {})).to_dict()["limits"] == {
+        "max_ids_per_chip_per_sample": 64, "max_ids_per_table": {}, "max_unique_ids_per_table": {},
+        "allow_id_dropping": False}
+    assert spec.policies == PoliciesSpec() and spec.policies.invalid_ids == "drop"
+    v = spec.feature("a").vocabulary
+    assert v == FrequencyVocabulary() and (v.type, v.top_k, v.num_oov_buckets) == ("frequency", None, 1)
+    assert (spec.name, spec.profile_data_directory, spec.inputs.csv_delimiter) == ("spec", "profiles", ",")
+    f = spec.feature("b")
+    assert (f.column, f.table, f.sequence_length, f.embedding_lookup_device) == ("b", "shared", 0,
+                                                                                  "tpu_embedding_core")
+    assert (spec.table("a").combiner, spec.table("a").learning_rate) == ("mean", None)
+    raw = copy.deepcopy(BASE)
+    del raw["topology"]
+    raw["global_batch_size"] = 4
+    assert parse_spec(raw).topology.to_dict() == {"num_chips": 1, "num_sc_per_chip": 4, "num_hosts": 1}
+    assert parse_spec(with_("topology", None)).topology.num_chips == 1
+    # null means the default wherever a section has one
+    for key in ("dense", "tables", "policies", "label", "optimizer"):
+        raw = with_(key, None)
+        if key == "optimizer":
+            raw["tables"] = [{"name": "a", "optimizer": {"type": "sgd", "learning_rate": 1.0}},
+                             {"name": "shared", "optimizer": {"type": "sgd", "learning_rate": 1.0}}]
+        parse_spec(raw)
+    assert parse_spec(with_("profile_data_directory", None)).profile_data_directory is None
+
+
+def test_shorthands():
+    raw = copy.deepcopy(BASE)
+    raw.update(label="y", dense=["d1", {"name": "d2", "column": "d1"}], topology={"chips": 2, "sc_per_chip": 2,
+                                                                               "hosts": 2})
+    raw["inputs"]["patterns"] = "data/*.csv"
+    raw["categorical"][0] = "a"
+    spec = parse_spec(raw, base_dir="/base")
+    assert spec.label.column == "y" and spec.label.fill is None
+    assert [(d.name, d.column, d.fill) for d in spec.dense] == [("d1", "d1", 0.0), ("d2", "d1", 0.0)]
+    assert spec.topology.to_dict() == {"num_chips": 2, "num_sc_per_chip": 2, "num_hosts": 2}
+    assert spec.inputs.patterns == ("data/*.csv",) and spec.input_patterns() == ["/base/data/*.csv"]
+    assert spec.feature("a").column == "a" and spec.table("a").dim == 8
+    # a bare optimizer name is {type: name}: the seed-API class then asks for the learning rate
+    with pytest.raises(SpecError) as e:
+        parse_spec(with_("optimizer", "sgd"))
+    assert e.value.key == "optimizer" and "learning_rate" in str(e.value)
+    with pytest.raises(SpecError) as e:
+        parse_spec(with_("tables", [{"name": "a", "optimizer": "adagrad"}]))
+    assert e.value.key == "tables[0].optimizer"
+
+
+def test_vocabulary_defaults_merge_per_vocabulary_type():
+    raw = copy.deepcopy(BASE)
+    raw["defaults"]["categorical"] = {"vocabulary": {"top_k": 100, "num_oov_buckets": 2}}
+    raw["categorical"] = [{"name": "a"}, {"name": "b", "vocabulary": {"type": "identity", "num_buckets": 10}},
+                          {"name": "c", "vocabulary": {"type": "hashing", "num_buckets": 7}},
+                          {"name": "d", "vocabulary": {"frequency_threshold": 3}}]
+    spec = parse_spec(raw)
+    assert spec.feature("a").vocabulary.to_dict() == {"type": "frequency", "top_k": 100, "frequency_threshold": None,
+                                                      "num_oov_buckets": 2}
+    assert spec.feature("b").vocabulary.to_dict() == {"type": "identity", "num_buckets": 10, "default_value": None}
+    assert spec.feature("c").vocabulary.to_dict() == {"type": "hashing", "num_buckets": 7}
+    assert (spec.feature("d").vocabulary.top_k, spec.feature("d").vocabulary.frequency_threshold) == (100, 3)
+    # Identity defaults do not leak into frequency entries either; the entry's type wins over the default's.
+    raw["defaults"]["categorical"] = {"vocabulary": {"type": "identity", "num_buckets": 50, "default_value": 0}}
+    raw["categorical"] = [{"name": "a"}, {"name": "b", "vocabulary": {"type": "frequency", "top_k": 5}},
+                          {"name": "c", "vocabulary": {"type": "hashing"}}]
+    spec = parse_spec(raw)
+    assert spec.feature("a").vocabulary.to_dict() == {"type": "identity", "num_buckets": 50, "default_value": 0}
+    assert spec.feature("b").vocabulary.to_dict() == {"type": "frequency", "top_k": 5, "frequency_threshold": None,
+                                                      "num_oov_buckets": 1}
+    assert spec.feature("c").vocabulary.to_dict() == {"type": "hashing", "num_buckets": 50}
+    # A key written on the entry itself that does not apply to its type is still an error.
+    raw["categorical"][1] = {"name": "b", "vocabulary": {"type": "identity", "num_buckets": 10, "num_oov_buckets": 1}}
+    with pytest.raises(SpecError) as e:
+        parse_spec(raw)
+    assert e.value.key == "categorical[1].vocabulary.num_oov_buckets"
+    assert "does not apply to a identity vocabulary" in str(e.value) and "type: frequency" in e.value.fix
+
+
+def test_specs_are_frozen_and_picklable():
+    import pickle
+
+    import pydantic
+    spec = load_spec(MOVIELENS)
+    with pytest.raises(pydantic.ValidationError):
+        spec.global_batch_size = 8
+    with pytest.raises(pydantic.ValidationError):
+        spec.feature("genres").vocabulary.num_oov_buckets = 3
+    again = pickle.loads(pickle.dumps(spec))
+    assert again == spec and again.fingerprint == spec.fingerprint and again.base_dir == spec.base_dir
+    assert again.limits.given is spec.limits.given and again.source_path == spec.source_path
+    moved = spec.with_inputs("/data/*.csv", "/x")
+    assert moved.input_patterns() == ["/data/*.csv"] and moved.base_dir == "/x" and spec.base_dir != "/x"
+    assert spec.inputs.patterns == ("../../data/movielens_sample.csv",)
+
+
+def test_both_examples_load():
+    c, m = load_spec(CRITEO), load_spec(MOVIELENS)
+    assert [d.name for d in c.dense][:2] == ["I1", "I2"] and c.feature("C7").vocabulary.top_k == 100000
+    assert [t.name for t in c.tables] == [f"C{i}" for i in range(1, 27)] and c.optimizer["initial_accumulator"] == 0.1
+    assert c.input_patterns() == [os.path.join(ROOT, "data", "criteo_sample.csv")] and not c.limits.given
+    assert m.table("zip").optimizer == {"type": "sgd", "learning_rate": 0.1} and m.policies.tail == "pad"
+    assert m.feature("user_id").vocabulary.num_buckets == 6041 and m.topology.num_hosts == 2
+    assert m.feature("zip").vocabulary.frequency_threshold == 2 and m.label.column == "rating"
+    for spec in (c, m):
+        assert parse_spec(spec.to_dict()).to_dict() == spec.to_dict()
+
+
+# ---------------------------------------------------------------- fuzz: only SpecError escapes
+
+_WORDS = ["inputs", "format", "patterns", "csv", "delimiter", "label", "column", "fill", "dense", "name",
+          "categorical", "table", "tables", "vocabulary", "type", "frequency", "identity", "hashing", "top_k",
+          "num_buckets", "num_oov_buckets", "default_value", "frequency_threshold", "sequence_length",
+          "embedding_lookup_device", "tpu_tensor_core", "tensor_core_width", "weight_column", "defaults", "dim",
+          "combiner", "optimizer", "adagrad", "sgd", "learning_rate", "topology", "num_chips", "chips",
+          "global_batch_size", "limits", "max_ids_per_table", "policies", "tail", "version", "a", "shared"]
+
+
+def _values():
+    from hypothesis import strategies as st
+    scalars = st.one_of(st.none(), st.booleans(), st.integers(-2, 70), st.floats(), st.sampled_from(_WORDS),
+                        st.text(max_size=4))
+    keys = st.one_of(st.sampled_from(_WORDS), st.text(max_size=3), st.integers(0, 2))
+    return st.recursive(scalars, lambda inner: st.one_of(st.lists(inner, max_size=4),
+                                                         st.dictionaries(keys, inner, max_size=5)), max_leaves=25)
+
+
+def _check_parse(raw):
+    try:
+        spec = parse_spec(raw)
+    except SpecError:
+        return
+    assert parse_spec(spec.to_dict()).fingerprint == spec.fingerprint
+    spec.to_yaml()
+
+
+def test_fuzz_random_documents_raise_only_spec_errors():
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+
+    @settings(max_examples=300, deadline=None, suppress_health_check=list(HealthCheck))
+    @given(st.one_of(_values(), st.dictionaries(st.sampled_from(_WORDS), _values(), max_size=8)))
+    def run(raw):
+        _check_parse(raw)
+
+    run()
+
+
+def _paths(node, prefix=()):
+    yield prefix
+    items = node.items() if isinstance(node, dict) else enumerate(node) if isinstance(node, list) else ()
+    for k, v in items:
+        yield from _paths(v, prefix + (k,))
+
+
+def test_fuzz_mutated_valid_specs_raise_only_spec_errors():
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+    base = copy.deepcopy(BASE)
+    base.update(dense=[{"name": "d", "fill": 1.0}], limits={"max_ids_per_table": {"s": 4}},
+                policies={"tail": "pad"})
+    base["categorical"].append({"name": "e", "vocabulary": {"type": "identity", "num_buckets": 10},
+                                "sequence_length": 2})
+    base["tables"] = [{"name": "e", "dim": 4, "optimizer": {"type": "sgd", "learning_rate": 0.5}}]
+    paths = [p for p in _paths(base) if p]
+
+    @settings(max_examples=400, deadline=None, suppress_health_check=list(HealthCheck))
+    @given(st.lists(st.tuples(st.sampled_from(paths), st.one_of(_values(), st.just(KeyError))), min_size=1,
+                    max_size=3))
+    def run(edits):
+        raw = copy.deepcopy(base)
+        for path, value in edits:
+            node = raw
+            try:
+                for k in path[:-1]:
+                    node = node[k]
+                if value is KeyError:
+                    del node[path[-1]]
+                else:
+                    node[path[-1]] = value
+            except (KeyError, IndexError, TypeError):
+                continue  # an earlier edit removed or replaced this path
+        _check_parse(raw)
+
+    run()

@@ -48,15 +48,15 @@ from __future__ import annotations
 import json
 import math
 import os
-from typing import (Annotated, Any, ClassVar, Dict, List, Literal, Mapping, Optional, Sequence, Tuple, Union,
+from typing import (Annotated, Any, ClassVar, Dict, List, Literal, Mapping, Optional, Sequence, Tuple, Type, Union,
                     get_args)
 
-from pydantic import (AfterValidator, AliasChoices, BaseModel, BeforeValidator, ConfigDict, Discriminator, Field,
+from pydantic import (AliasChoices, BaseModel, BeforeValidator, ConfigDict, Discriminator, Field, PlainValidator,
                       PrivateAttr, Tag, ValidationError, model_validator)
 from pydantic_core import PydanticUndefined, PydanticUseDefault
 
-from tpu_embed.canonical import canonical_json
-from tpu_embed.model import COMBINERS, FeatureConfig, ModelConfig, OptimizerConfig, TableConfig
+from tpu_embed.canonical import fingerprint as _fingerprint
+from tpu_embed.model import FeatureConfig, ModelConfig, OptimizerConfig, TableConfig
 from tpu_embed.topology import Topology
 
 SPEC_VERSION = 1
@@ -74,7 +74,7 @@ class SpecError(ValueError):
 
 # ---------------------------------------------------------------- field types
 
-def F(default: Any = PydanticUndefined, fix: str = "", **kw) -> Any:
+def F(default: Any = PydanticUndefined, fix: str = "", **kw: Any) -> Any:
     """A field whose validation errors carry the hint `fix`."""
     return Field(default, json_schema_extra={"fix": fix}, **kw)
 
@@ -87,17 +87,17 @@ def _null_is_default(v: Any) -> Any:
 
 NullIsDefault = BeforeValidator(_null_is_default)  # `key: null` means the field's default
 PosInt = Annotated[int, Field(strict=True, ge=1)]
+Count = Annotated[int, Field(strict=True, ge=0)]
 Float = Annotated[float, Field(strict=True, allow_inf_nan=False)]
-Bool = Annotated[bool, Field(strict=True)]
 Str = Annotated[str, Field(strict=True, min_length=1)]
-Name = Annotated[str, Field(strict=True, pattern=r"^[A-Za-z0-9_][A-Za-z0-9_.\-]*$"), Field(json_schema_extra={
+Name = Annotated[str, Field(strict=True, pattern=r"^[A-Za-z0-9_][A-Za-z0-9_.\-]*$", json_schema_extra={
     "fix": "use letters, digits, '_', '.', '-' (it becomes a file name and a TF name)."})]
 
 
 class _Model(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
     _shorthand: ClassVar[str] = ""  # a bare string `s` means {_shorthand: s}
-    _same_as: ClassVar[Mapping[str, str]] = {}  # field -> the field whose value it defaults to
+    _same_as: ClassVar[Mapping[str, str]] = {}  # {field: the field whose value it defaults to}
 
     @model_validator(mode="before")
     @classmethod
@@ -105,25 +105,20 @@ class _Model(BaseModel):
         if cls._shorthand and isinstance(data, str):
             data = {cls._shorthand: data}
         if cls._same_as and isinstance(data, Mapping):
-            data = dict(data)
-            for k, src in cls._same_as.items():
-                if k not in data and src in data:
-                    data[k] = data[src]
+            data = {**{k: data[src] for k, src in cls._same_as.items() if src in data}, **data}
         return data
 
+    def to_dict(self) -> dict:
+        return self.model_dump(mode="json")
 
-# ---------------------------------------------------------------- the spec sections
 
-DEFAULT_VOCABULARY_TYPE = "frequency"
-
+# ---------------------------------------------------------------- the sections
 
 class FrequencyVocabulary(_Model):
-    type: Literal["frequency"] = DEFAULT_VOCABULARY_TYPE
+    type: Literal["frequency"] = "frequency"
     top_k: Optional[PosInt] = F(None, fix="a positive integer, or null for every token.")
-    frequency_threshold: Optional[Annotated[int, Field(strict=True, ge=0)]] = F(
-        None, fix="the minimum count (>= 0) a token needs, or null.")
-    num_oov_buckets: Annotated[int, Field(strict=True, ge=0)] = F(
-        1, fix="0 drops out-of-vocabulary values (counted), N > 0 hashes them into N buckets.")
+    frequency_threshold: Optional[Count] = F(None, fix="the minimum count (>= 0) a token needs, or null.")
+    num_oov_buckets: Count = F(1, fix="0 drops out-of-vocabulary values (counted), N > 0 hashes them into N buckets.")
     num_buckets: ClassVar[None] = None
     default_value: ClassVar[None] = None
 
@@ -131,14 +126,13 @@ class FrequencyVocabulary(_Model):
 class IdentityVocabulary(_Model):
     type: Literal["identity"]
     num_buckets: PosInt = F(fix="an identity vocabulary needs num_buckets (the table's row count).")
-    default_value: Optional[Annotated[int, Field(strict=True, ge=0)]] = F(
-        None, fix="an id below num_buckets used for invalid values, or null (policies.invalid_ids applies).")
+    default_value: Optional[Count] = F(None, fix="the id of invalid values, or null (policies.invalid_ids applies).")
     top_k: ClassVar[None] = None
     frequency_threshold: ClassVar[None] = None
     num_oov_buckets: ClassVar[int] = 0
 
     @model_validator(mode="after")
-    def _default_in_range(self) -> "IdentityVocabulary":
+    def _default_below_num_buckets(self) -> "IdentityVocabulary":
         if self.default_value is not None and self.default_value >= self.num_buckets:
             raise SpecError("default_value", f"{self.default_value} is not below num_buckets={self.num_buckets}.",
                             f"use an id in [0, {self.num_buckets}).")
@@ -154,17 +148,20 @@ class HashingVocabulary(_Model):
     default_value: ClassVar[None] = None
 
 
-VOCABULARIES = {"frequency": FrequencyVocabulary, "identity": IdentityVocabulary, "hashing": HashingVocabulary}
+VOCABULARIES: Dict[str, Type[BaseModel]] = {
+    "frequency": FrequencyVocabulary, "identity": IdentityVocabulary, "hashing": HashingVocabulary}
 
 
 def _vocabulary_type(v: Any) -> Optional[str]:
-    if isinstance(v, Mapping):
-        t = v.get("type", DEFAULT_VOCABULARY_TYPE)
-        return t if isinstance(t, str) else repr(t)
-    return getattr(v, "type", None)
+    if not isinstance(v, Mapping):
+        return getattr(v, "type", None)
+    t = v.get("type", FrequencyVocabulary.model_fields["type"].default)
+    return t if isinstance(t, str) else repr(t)
 
 
-VocabularySpec = Annotated[Union[tuple(Annotated[c, Tag(t)] for t, c in VOCABULARIES.items())],
+VocabularySpec = Annotated[Union[Annotated[FrequencyVocabulary, Tag("frequency")],
+                                 Annotated[IdentityVocabulary, Tag("identity")],
+                                 Annotated[HashingVocabulary, Tag("hashing")]],
                            Discriminator(_vocabulary_type), NullIsDefault]
 
 
@@ -172,13 +169,12 @@ class CategoricalSpec(_Model):
     _shorthand: ClassVar[str] = "name"
     _same_as: ClassVar[Mapping[str, str]] = {"column": "name", "table": "name"}
     name: Name
-    column: Str = F(fix="the column to read (default: the feature name).")
+    column: Str
     table: Name
     vocabulary: VocabularySpec = F(default_factory=FrequencyVocabulary)
     delimiter: Optional[Str] = F(None, fix="e.g. delimiter: '|'.")
-    weight_column: Optional[Str] = F(None, fix="a column name, or null.")
-    sequence_length: Annotated[int, Field(strict=True, ge=0)] = F(
-        0, fix="0 for a bag of values, > 0 for a sequence feature.")
+    weight_column: Optional[Str] = None
+    sequence_length: Count = F(0, fix="0 for a bag of values, > 0 for a sequence feature.")
     embedding_lookup_device: Literal["tpu_embedding_core", "tpu_tensor_core"] = "tpu_embedding_core"
     tensor_core_width: Optional[PosInt] = F(None, fix="the maximum number of values per example.")
 
@@ -187,21 +183,17 @@ class CategoricalSpec(_Model):
         return self.embedding_lookup_device == "tpu_embedding_core"
 
     @model_validator(mode="after")
-    def _device_rules(self) -> "CategoricalSpec":
-        if not self.on_sparse_core:
-            if self.tensor_core_width is None:
-                raise SpecError("tensor_core_width", "expected an integer, got None.",
-                                "tensor-core features need the maximum number of values per example.")
-            if self.sequence_length:
-                raise SpecError("sequence_length", "tensor-core lookups do not support sequence features.",
-                                "set sequence_length: 0 or embedding_lookup_device: tpu_embedding_core.")
-        elif self.tensor_core_width is not None:
+    def _tensor_core_rules(self) -> "CategoricalSpec":
+        if self.on_sparse_core and self.tensor_core_width is not None:
             raise SpecError("tensor_core_width", "only applies to embedding_lookup_device: tpu_tensor_core.",
                             "remove it.")
+        if not self.on_sparse_core and self.tensor_core_width is None:
+            raise SpecError("tensor_core_width", "expected an integer, got None.",
+                            "tensor-core features need the maximum number of values per example.")
+        if not self.on_sparse_core and self.sequence_length:
+            raise SpecError("sequence_length", "tensor-core lookups do not support sequence features.",
+                            "set sequence_length: 0 or embedding_lookup_device: tpu_embedding_core.")
         return self
-
-    def to_dict(self) -> dict:
-        return self.model_dump(mode="json")
 
 
 class DenseSpec(_Model):
@@ -209,42 +201,40 @@ class DenseSpec(_Model):
     _same_as: ClassVar[Mapping[str, str]] = {"column": "name"}
     name: Name
     column: Str
-    fill: Float = F(0.0, fix="the value used for blanks.")
+    fill: Float = 0.0
 
 
 class LabelSpec(_Model):
     _shorthand: ClassVar[str] = "column"
     column: Str = F(fix="e.g. label: {column: label}.")
-    fill: Optional[Float] = F(None, fix="a number, or null (a blank label sends the record to the dead letters).")
+    fill: Optional[Float] = None  # None: a blank label sends the record to the dead letters
 
 
 def _check_optimizer(d: Any) -> Any:
-    """`{type: kind, **parameters}` (or a bare kind), checked by the seed-API class. Keys are relative."""
-    if d is None:
-        return None
+    """`{type: kind, **parameters}` (or a bare kind), checked by the seed-API class; keys are relative."""
     if isinstance(d, str):
         d = {"type": d}
-    if not isinstance(d, Mapping) or "type" not in d:
+    if d is not None and (not isinstance(d, Mapping) or "type" not in d):
         raise SpecError("", f"expected a mapping with a `type`, got {d!r}.",
                         f"e.g. {{type: adagrad, learning_rate: 0.05}}; types: {sorted(OPTIMIZERS)}.")
-    kind = d["type"]
-    if not isinstance(kind, str) or kind not in OPTIMIZERS:
-        raise SpecError("type", f"unknown optimizer {kind!r}.", f"use one of {sorted(OPTIMIZERS)}.")
-    from tpu_embed import optimizers as _opt
-    cls = getattr(_opt, OPTIMIZERS[kind])
+    if d is None:
+        return None
+    if not isinstance(d["type"], str) or d["type"] not in OPTIMIZERS:
+        raise SpecError("type", f"unknown optimizer {d['type']!r}.", f"use one of {sorted(OPTIMIZERS)}.")
+    from tpu_embed import optimizers
+    cls = getattr(optimizers, OPTIMIZERS[d["type"]])
     params = {k: v for k, v in d.items() if k != "type"}
-    unknown = sorted((k for k in params if k not in cls._PARAMS), key=str)
-    if unknown:
-        raise SpecError(str(unknown[0]), f"not a parameter of {cls.__name__}.", f"allowed: {list(cls._PARAMS)}.")
     for k, v in params.items():
+        if k not in cls._PARAMS:
+            raise SpecError(str(k), f"not a parameter of {cls.__name__}.", f"allowed: {list(cls._PARAMS)}.")
         if isinstance(v, float) and not math.isfinite(v):
-            raise SpecError(k, f"expected a finite number, got {v!r}.", "")
+            raise SpecError(k, f"expected a finite number, got {v!r}.")
     try:
         cls(**params)
     except (TypeError, ValueError, ArithmeticError) as e:
         raise SpecError("", f"{cls.__name__} rejects these parameters: {e}",
                         "check the values (learning_rate is required).") from None
-    return {"type": kind, **params}
+    return {"type": d["type"], **params}
 
 
 OptimizerSpec = Annotated[Optional[Dict[str, Any]], BeforeValidator(_check_optimizer)]
@@ -253,13 +243,10 @@ OptimizerSpec = Annotated[Optional[Dict[str, Any]], BeforeValidator(_check_optim
 class TableSpec(_Model):
     name: Name
     dim: PosInt = F(fix="set the table's dim (or defaults.table.dim).")
-    combiner: Literal[COMBINERS] = "mean"
+    combiner: Literal["mean", "sum", "sqrtn"] = "mean"
     optimizer: OptimizerSpec = None  # None: the spec's optimizer
     learning_rate: Optional[Annotated[float, Field(strict=True, allow_inf_nan=False, gt=0)]] = F(
-        None, fix="a positive number overriding the optimizer's learning_rate, or null.")
-
-    def to_dict(self) -> dict:
-        return self.model_dump(mode="json")
+        None, fix="a positive number (it overrides the optimizer's), or null.")
 
 
 class _Csv(_Model):
@@ -270,30 +257,28 @@ class InputsSpec(_Model):
     format: Literal["csv", "tfrecord", "parquet"]
     patterns: Annotated[Tuple[Str, ...], BeforeValidator(lambda v: [v] if isinstance(v, str) else v)] = F(
         min_length=1, fix="e.g. patterns: [data/train-*.csv] (relative to the spec file), or pass --input.")
-    csv: Annotated[_Csv, NullIsDefault] = F(default_factory=_Csv)
+    csv: Annotated[_Csv, NullIsDefault] = Field(default_factory=_Csv)
 
     @property
     def csv_delimiter(self) -> str:
         return self.csv.delimiter
 
 
-StackLimits = Annotated[Dict[Annotated[str, BeforeValidator(str)], PosInt], NullIsDefault]
+StackLimits = Annotated[Dict[Annotated[str, BeforeValidator(str)], PosInt], NullIsDefault, Field(
+    json_schema_extra={"fix": "positive integers keyed by stacked table name, e.g. {C1_C2: 512}; "
+                              "`tpu-embed inspect` lists the stacks."})]
 
 
 class LimitsSpec(_Model):
     max_ids_per_chip_per_sample: PosInt = F(64, fix="a positive integer (TF's default is 64).")
-    max_ids_per_table: StackLimits = F(
-        default_factory=dict, fix="positive integers keyed by stacked table name, e.g. {C1_C2: 512}; "
-        "`tpu-embed inspect` lists the stacks.")
-    max_unique_ids_per_table: StackLimits = F(
-        default_factory=dict, fix="positive integers keyed by stacked table name, e.g. {C1_C2: 512}; "
-        "`tpu-embed inspect` lists the stacks.")
-    allow_id_dropping: Bool = False
+    max_ids_per_table: StackLimits = Field(default_factory=dict)
+    max_unique_ids_per_table: StackLimits = Field(default_factory=dict)
+    allow_id_dropping: Annotated[bool, Field(strict=True)] = False
     _given: bool = PrivateAttr(True)
 
     @property
     def given(self) -> bool:
-        """Whether the spec had a `limits` section."""
+        """Whether the spec had a `limits` section (else: TF's defaults apply)."""
         return self._given
 
 
@@ -315,38 +300,34 @@ class _TopologySpec(_Model):
     num_hosts: PosInt = F(1, validation_alias=AliasChoices("num_hosts", "hosts"))
 
 
-TopologySpec = Annotated[_TopologySpec, NullIsDefault,
-                         AfterValidator(lambda t: Topology(t.num_chips, t.num_sc_per_chip, t.num_hosts))]
+def _topology(v: Any) -> Topology:
+    t = _validate(_TopologySpec, {} if v is None else v)
+    try:
+        return Topology(t.num_chips, t.num_sc_per_chip, t.num_hosts)
+    except ValueError as e:
+        raise SpecError("", str(e), "adjust num_chips / num_sc_per_chip / num_hosts.") from None
 
 
-def _keys(cls: type) -> List[str]:
-    """The keys a section accepts (field names and their aliases)."""
-    out = []
-    for name, f in cls.model_fields.items():
-        alias = f.validation_alias
-        out += [str(a) for a in alias.choices] if isinstance(alias, AliasChoices) else [name]
-    return out
-
-
-def _refuse_unknown(d: Mapping, key: str, allowed: Sequence[str]) -> None:
-    unknown = sorted((k for k in d if k not in allowed), key=str)
-    if unknown:
-        raise SpecError(f"{key}.{unknown[0]}", "unknown key.", f"allowed keys are {sorted(allowed)}.")
+def _keys(cls: Type[BaseModel]) -> List[str]:
+    """The keys a section accepts: its field names, or their aliases."""
+    return [str(a) for n, f in cls.model_fields.items() for a in getattr(f.validation_alias, "choices", [n])]
 
 
 class _Defaults(_Model):
-    categorical: Annotated[Dict[str, Any], NullIsDefault] = F(default_factory=dict)
-    table: Annotated[Dict[str, Any], NullIsDefault] = F(default_factory=dict)
+    categorical: Annotated[Dict[str, Any], NullIsDefault] = Field(default_factory=dict)
+    table: Annotated[Dict[str, Any], NullIsDefault] = Field(default_factory=dict)
 
     @model_validator(mode="after")
     def _known_keys(self) -> "_Defaults":
-        _refuse_unknown(self.categorical, "categorical", [k for k in _keys(CategoricalSpec)
-                                                          if k not in ("name", "column", "table")])
         vocab = self.categorical.get("vocabulary")
-        if isinstance(vocab, Mapping):
-            _refuse_unknown(vocab, "categorical.vocabulary", sorted({k for c in VOCABULARIES.values()
-                                                                     for k in _keys(c)}))
-        _refuse_unknown(self.table, "table", [k for k in _keys(TableSpec) if k != "name"])
+        for key, d, allowed in (
+                ("categorical", self.categorical, set(_keys(CategoricalSpec)) - {"name", "column", "table"}),
+                ("categorical.vocabulary", vocab if isinstance(vocab, Mapping) else {},
+                 {k for c in VOCABULARIES.values() for k in _keys(c)}),
+                ("table", self.table, set(_keys(TableSpec)) - {"name"})):
+            for k in d:
+                if k not in allowed:
+                    raise SpecError(f"{key}.{k}", "unknown key.", f"allowed keys are {sorted(allowed)}.")
         return self
 
 
@@ -358,40 +339,37 @@ def _merge(defaults: Mapping, entry: Mapping) -> dict:
 
 
 def _with_defaults(defaults: Mapping, entry: Any) -> Any:
-    """`defaults.categorical` under a categorical entry; vocabulary defaults only where they apply to its type."""
+    """`defaults.categorical` under an entry; vocabulary defaults only where they apply to its vocabulary type."""
     entry = {"name": entry} if isinstance(entry, str) else entry
     if not isinstance(entry, Mapping):
         return entry
     vocab = defaults.get("vocabulary")
     if isinstance(vocab, Mapping) and isinstance(entry.get("vocabulary"), Mapping):
-        cls = VOCABULARIES.get(_vocabulary_type(_merge(vocab, entry["vocabulary"])))
-        if cls is not None:
-            defaults = {**defaults, "vocabulary": {k: v for k, v in vocab.items() if k in cls.model_fields}}
+        kind = VOCABULARIES.get(_vocabulary_type(_merge(vocab, entry["vocabulary"])) or "")
+        if kind is not None:
+            defaults = {**defaults, "vocabulary": {k: v for k, v in vocab.items() if k in kind.model_fields}}
     return _merge(defaults, entry)
 
 
 # ---------------------------------------------------------------- the spec
 
 class Spec(_Model):
-    version: Literal[SPEC_VERSION] = F(SPEC_VERSION, fix=f"use version: {SPEC_VERSION}.")
+    version: Literal[1] = F(SPEC_VERSION, fix=f"use version: {SPEC_VERSION}.")
     inputs: InputsSpec = F(fix="add `inputs: {format: csv, patterns: [data/*.csv]}`.")
     label: Optional[LabelSpec] = None
     dense: Annotated[Tuple[DenseSpec, ...], NullIsDefault] = F((), fix="e.g. dense: [{name: I1, fill: 0.0}].")
-    defaults: Annotated[_Defaults, NullIsDefault] = F(default_factory=_Defaults, repr=False, fix=(
-        "e.g. defaults: {categorical: {vocabulary: {num_oov_buckets: 1}}, table: {dim: 16}}."))
-    optimizer: OptimizerSpec = None
+    defaults: Annotated[_Defaults, NullIsDefault] = Field(default_factory=_Defaults, repr=False)
+    optimizer: OptimizerSpec = None  # for tables without their own
     categorical: Tuple[CategoricalSpec, ...] = F(
         min_length=1, fix="e.g. categorical: [{name: C1, vocabulary: {type: frequency}}].")
     tables: Annotated[Tuple[TableSpec, ...], NullIsDefault] = F((), fix="e.g. tables: [{name: C1, dim: 16}].")
-    topology: TopologySpec = F(default_factory=_TopologySpec, validate_default=True,
-                               fix="adjust num_chips / num_sc_per_chip / num_hosts.")
+    topology: Annotated[Topology, PlainValidator(_topology)] = Field(default_factory=lambda: _topology(None))
     global_batch_size: PosInt = F(fix="set global_batch_size to a positive integer.")
-    profile_data_directory: Optional[Annotated[str, Field(strict=True)]] = F(
-        "profiles", fix="e.g. profile_data_directory: profiles.")
-    limits: Annotated[LimitsSpec, NullIsDefault] = F(default_factory=_no_limits)
-    policies: Annotated[PoliciesSpec, NullIsDefault] = F(default_factory=PoliciesSpec)
-    name: Annotated[str, Field(strict=True)] = F("spec", fix="e.g. name: criteo.")
-    _base_dir: str = PrivateAttr(".")  # directory relative input patterns are resolved against
+    profile_data_directory: Optional[Annotated[str, Field(strict=True)]] = "profiles"
+    limits: Annotated[LimitsSpec, NullIsDefault] = Field(default_factory=_no_limits)
+    policies: Annotated[PoliciesSpec, NullIsDefault] = Field(default_factory=PoliciesSpec)
+    name: Annotated[str, Field(strict=True)] = "spec"
+    _base_dir: str = PrivateAttr(".")
     _source_path: Optional[str] = PrivateAttr(None)
 
     @model_validator(mode="before")
@@ -399,9 +377,9 @@ class Spec(_Model):
     def _apply_defaults(cls, raw: Any) -> Any:
         defaults = raw.get("defaults") if isinstance(raw, Mapping) else None
         if not isinstance(defaults, Mapping):
-            return raw  # nothing to merge (or the `defaults` field reports what is wrong with it)
-        raw = dict(raw)
+            return raw  # nothing to merge, or the `defaults` field reports what is wrong
         cat, table = defaults.get("categorical"), defaults.get("table")
+        raw = dict(raw)
         if isinstance(cat, Mapping) and isinstance(raw.get("categorical"), list):
             raw["categorical"] = [_with_defaults(cat, e) for e in raw["categorical"]]
         if isinstance(table, Mapping) and isinstance(raw.get("tables"), list):
@@ -410,48 +388,46 @@ class Spec(_Model):
 
     @model_validator(mode="after")
     def _cross_check(self) -> "Spec":
-        names: Dict[str, str] = {}
-        for section, items, fix in (
-                ("dense", self.dense, "give every feature a unique name."),
-                ("categorical", self.categorical,
+        seen: Dict[str, str] = {}  # feature name -> section
+        for section, names, fix in (
+                ("dense", [d.name for d in self.dense], "give every feature a unique name."),
+                ("categorical", [f.name for f in self.categorical],
                  "give every feature a unique name (use `column:` to read one column twice).")):
-            for i, f in enumerate(items):
-                if names.get(f.name) == section:
-                    raise SpecError(f"{section}[{i}].name", f"duplicate {section} feature {f.name!r}.", fix)
-                if f.name in names:
-                    raise SpecError(f"{section}[{i}].name", f"{f.name!r} is also a dense feature.",
-                                    "rename one of them.")
-                names[f.name] = section
-        self._complete_tables()
+            for i, name in enumerate(names):
+                if name in seen:
+                    raise SpecError(f"{section}[{i}].name", f"duplicate {section} feature {name!r}." if
+                                    seen[name] == section else f"{name!r} is also a dense feature.",
+                                    fix if seen[name] == section else "rename one of them.")
+                seen[name] = section
+        object.__setattr__(self, "tables", self._used_tables())  # still validating: the only assignment
         chips, scs = self.topology.num_chips, self.topology.num_sc_per_chip
         if self.global_batch_size % chips:
             raise SpecError("global_batch_size", f"{self.global_batch_size} is not divisible by topology.num_chips="
                             f"{chips}.", f"use a multiple of {chips * scs}.")
         if self.per_chip_batch_size % scs:
-            raise SpecError("global_batch_size",
-                            f"the per-chip batch {self.per_chip_batch_size} is not divisible by num_sc_per_chip="
-                            f"{scs} (SparseCores split a chip's batch evenly).", f"use a multiple of {chips * scs}.")
+            raise SpecError("global_batch_size", f"the per-chip batch {self.per_chip_batch_size} is not divisible by "
+                            f"num_sc_per_chip={scs} (SparseCores split a chip's batch evenly).",
+                            f"use a multiple of {chips * scs}.")
         if self.label is not None and self.label.column in {f.column for f in self.categorical}:
-            raise SpecError("label.column", "the label column is also a categorical feature's column.", "")
+            raise SpecError("label.column", "the label column is also a categorical feature's column.")
         first: Dict[str, CategoricalSpec] = {}
         for i, f in enumerate(self.categorical):
             f0 = first.setdefault(f.table, f)
             if f.vocabulary != f0.vocabulary:
-                raise SpecError(f"categorical[{i}].vocabulary",
-                                f"features {f0.name!r} and {f.name!r} share table {f.table!r} but not their "
-                                "vocabulary settings.",
+                raise SpecError(f"categorical[{i}].vocabulary", f"features {f0.name!r} and {f.name!r} share table "
+                                f"{f.table!r} but not their vocabulary settings.",
                                 "give features of one table the same vocabulary block (they share one vocabulary).")
             if f.embedding_lookup_device != f0.embedding_lookup_device:
-                raise SpecError(f"categorical[{i}].embedding_lookup_device",
-                                f"features of table {f.table!r} disagree on the lookup device.",
+                raise SpecError(f"categorical[{i}].embedding_lookup_device", f"features of table {f.table!r} "
+                                "disagree on the lookup device.",
                                 "use the same embedding_lookup_device for all features of a table.")
         if not self.sparse_core_features:
             raise SpecError("categorical", "no feature is looked up on SparseCore.",
                             "set embedding_lookup_device: tpu_embedding_core on at least one feature.")
         return self
 
-    def _complete_tables(self) -> None:
-        """`tables` becomes one entry per used table, in order of first use; undeclared ones from defaults.table."""
+    def _used_tables(self) -> Tuple[TableSpec, ...]:
+        """One table per `table:` name in order of first use; undeclared ones from `defaults.table`."""
         given: Dict[str, int] = {}
         for i, t in enumerate(self.tables):
             if t.name in given:
@@ -462,24 +438,22 @@ class Spec(_Model):
             if name not in used:
                 raise SpecError(f"tables[{i}].name", f"table {name!r} is used by no categorical feature.",
                                 "remove it or set `table:` on a feature.")
-        tables = []
+        out = []
         for name in used:
-            if name in given:
-                key, t = f"tables[{given[name]}]", self.tables[given[name]]
-            else:
-                key = f"defaults.table (for table {name!r})"
-                t = _validate(TableSpec, {"name": name, **self.defaults.table}, key)
+            key = f"tables[{given[name]}]" if name in given else f"defaults.table (for table {name!r})"
+            t = self.tables[given[name]] if name in given else _validate(
+                TableSpec, {"name": name, **self.defaults.table}, key)
             if t.optimizer is None and self.optimizer is None:
                 raise SpecError(f"{key}.optimizer", f"table {name!r} has no optimizer and the spec has no "
                                 "`optimizer`.", "add a top-level `optimizer: {type: adagrad, learning_rate: 0.05}`.")
-            tables.append(t)
-        object.__setattr__(self, "tables", tuple(tables))  # still inside validation
+            out.append(t)
+        return tuple(out)
 
     # -- derived ------------------------------------------------------------
 
     @property
     def base_dir(self) -> str:
-        """The directory relative input patterns are resolved against."""
+        """The directory relative input patterns resolve against."""
         return self._base_dir
 
     @property
@@ -532,50 +506,36 @@ class Spec(_Model):
                 for p in self.inputs.patterns]
 
     def required_columns(self) -> List[str]:
-        cols = []
-        if self.label is not None:
-            cols.append(self.label.column)
+        cols = [self.label.column] if self.label is not None else []
         cols += [d.column for d in self.dense]
         for f in self.categorical:
-            cols.append(f.column)
-            if f.weight_column:
-                cols.append(f.weight_column)
+            cols += [f.column, f.weight_column] if f.weight_column else [f.column]
         return list(dict.fromkeys(cols))
 
     def table_vocabulary_size(self, table: str, vocab_sizes: Mapping[str, int]) -> int:
         """Rows of `table`: vocabulary size + OOV buckets, or the bucket count."""
         f = next(f for f in self.categorical if f.table == table)
-        v = f.vocabulary
-        if v.type == "frequency":
-            key = self.vocabulary_key(f)
-            if key not in vocab_sizes:
-                raise KeyError(f"No vocabulary size for {key!r}: run `tpu-embed vocab` first and pass the sizes "
-                               "from its manifest (Spec.vocabulary_sizes(artifact_dir)).")
-            return max(1, int(vocab_sizes[key]) + v.num_oov_buckets)
-        return int(v.num_buckets)
+        if not isinstance(f.vocabulary, FrequencyVocabulary):
+            return f.vocabulary.num_buckets
+        key = self.vocabulary_key(f)
+        if key not in vocab_sizes:
+            raise KeyError(f"No vocabulary size for {key!r}: run `tpu-embed vocab` first and pass the sizes "
+                           "from its manifest (Spec.vocabulary_sizes(artifact_dir)).")
+        return max(1, int(vocab_sizes[key]) + f.vocabulary.num_oov_buckets)
 
     # -- normalization and fingerprint ---------------------------------------
 
     def to_dict(self) -> dict:
-        """The normalized spec: every default filled in, lists in spec order."""
+        """The normalized spec: every default filled in, lists in spec order (manifests and fingerprints)."""
+        d = self.model_dump(mode="json", exclude={"defaults", "topology", "limits"})
         limits = self.limits.model_dump(mode="json")
         for k in ("max_ids_per_table", "max_unique_ids_per_table"):
             limits[k] = dict(sorted(limits[k].items()))
-        return {
-            "version": SPEC_VERSION,
-            "name": self.name,
-            "inputs": self.inputs.model_dump(mode="json"),
-            "label": None if self.label is None else self.label.model_dump(mode="json"),
-            "dense": [d.model_dump(mode="json") for d in self.dense],
-            "categorical": [f.to_dict() for f in self.categorical],
-            "tables": [t.to_dict() for t in self.tables],
-            "optimizer": dict(self.optimizer) if self.optimizer else None,
-            "topology": self.topology.to_dict(),
-            "global_batch_size": self.global_batch_size,
-            "profile_data_directory": self.profile_data_directory,
-            "limits": limits if self.limits.given else None,
-            "policies": self.policies.model_dump(mode="json"),
-        }
+        return {"version": SPEC_VERSION, "name": self.name, "inputs": d["inputs"], "label": d["label"],
+                "dense": d["dense"], "categorical": d["categorical"], "tables": d["tables"],
+                "optimizer": d["optimizer"], "topology": self.topology.to_dict(),
+                "global_batch_size": self.global_batch_size, "profile_data_directory": self.profile_data_directory,
+                "limits": limits if self.limits.given else None, "policies": d["policies"]}
 
     def to_yaml(self) -> str:
         import yaml
@@ -583,23 +543,21 @@ class Spec(_Model):
 
     @property
     def fingerprint(self) -> str:
-        """sha256 of the canonical JSON of the normalized spec, without where the data lives.
+        """sha256 of the canonical JSON of `to_dict()` without where the data lives.
 
         `inputs.patterns`, `name` and `profile_data_directory` are left out: the same
         spec run on another copy of the data (or by the training job, which does not
         read raw data) has the same fingerprint.
         """
-        from tpu_embed.canonical import fingerprint
         d = self.to_dict()
         d["inputs"].pop("patterns")
         d.pop("name")
         d.pop("profile_data_directory")
-        return fingerprint(d)
+        return _fingerprint(d)
 
     def with_inputs(self, patterns: Sequence[str], base_dir: Optional[str] = None) -> "Spec":
         """A copy reading other files (e.g. `--input` on the command line)."""
-        if isinstance(patterns, str):
-            patterns = [patterns]
+        patterns = [patterns] if isinstance(patterns, str) else patterns
         spec = self.model_copy(update={"inputs": self.inputs.model_copy(update={"patterns": tuple(patterns)})})
         spec._base_dir = base_dir if base_dir is not None else os.getcwd()
         return spec
@@ -610,41 +568,34 @@ class Spec(_Model):
         """The seed API parameter object (tpu_embed.optimizers) of a table."""
         from tpu_embed import optimizers as _opt
         d = table.optimizer or self.optimizer
-        if d is None:
-            return None
-        return _opt.optimizer_from_dict(_optimizer_kwargs(d))
+        return None if d is None else _opt.optimizer_from_dict(_optimizer_kwargs(d))
 
     def output_shape(self, feature: CategoricalSpec) -> List[int]:
         b = self.per_chip_batch_size
         return [b, feature.sequence_length] if feature.sequence_length > 0 else [b]
 
     def model(self, vocab_sizes: Mapping[str, int]) -> ModelConfig:
-        """The SparseCore features as a `tpu_embed.model.ModelConfig` (no TensorFlow).
+        """The SparseCore features as a `tpu_embed.model.ModelConfig` (no TensorFlow import).
 
         Features in sorted name order (how TF flattens the dict `to_feature_config`
-        returns); features of one table share one `TableConfig`; a table's
-        `learning_rate` overrides its optimizer's. `vocab_sizes` maps vocabulary
-        keys to their size (from `Spec.vocabulary_sizes(artifact_dir)`).
+        returns); features of one table share one `TableConfig`, whose optimizer is
+        the table's (or the spec's) with the table's `learning_rate` if it has one.
+        `vocab_sizes` maps vocabulary keys to sizes (`Spec.vocabulary_sizes(artifact_dir)`).
         """
         tables: Dict[str, TableConfig] = {}
         features = []
         for f in sorted(self.sparse_core_features, key=lambda f: f.name):
             if f.table not in tables:
                 t = self.table(f.table)
-                opt = OptimizerConfig.from_dict(_optimizer_kwargs(t.optimizer or self.optimizer))
-                if t.learning_rate is not None:
-                    opt = opt.with_learning_rate(t.learning_rate)
-                tables[f.table] = TableConfig(t.name, self.table_vocabulary_size(t.name, vocab_sizes), t.dim,
-                                              t.combiner, opt)
+                opt = OptimizerConfig.from_dict(_optimizer_kwargs(t.optimizer or self.optimizer or {}))
+                opt = opt if t.learning_rate is None else opt.with_learning_rate(t.learning_rate)
+                tables[t.name] = TableConfig(t.name, self.table_vocabulary_size(t.name, vocab_sizes), t.dim,
+                                             t.combiner, opt)
             features.append(FeatureConfig(f.name, tables[f.table], tuple(self.output_shape(f)), f.sequence_length))
         return ModelConfig(tuple(features), self.topology)
 
     def to_feature_config(self, vocab_sizes: Mapping[str, int]) -> Dict[str, Any]:
-        """{feature: tf.tpu.experimental.embedding.FeatureConfig} for the SparseCore features.
-
-        What `TPUEmbeddingV2` and `tpu_embed.sparsecore.stack_tables` take:
-        `to_tf_feature_config(self.model(vocab_sizes))`.
-        """
+        """{feature: tf.tpu.experimental.embedding.FeatureConfig} of `model(vocab_sizes)`, for TPUEmbeddingV2."""
         from tpu_embed.model import to_tf_feature_config
         return to_tf_feature_config(self.model(vocab_sizes))
 
@@ -690,7 +641,7 @@ class Spec(_Model):
         def kwargs(f: CategoricalSpec):
             if f.embedding_lookup_device == "tpu_tensor_core":
                 return {"embedding_lookup_device": "tpu_tensor_core",
-                        "tensor_core_shape": [None, int(f.tensor_core_width)]}
+                        "tensor_core_shape": [None, f.tensor_core_width]}
             return {"embedding_lookup_device": "tpu_embedding_core"}
 
         columns: Dict[str, Any] = {}
@@ -708,7 +659,7 @@ class Spec(_Model):
                     [categorical(f) for f in feats], t.dim, combiner=t.combiner,
                     shared_embedding_collection_name=tname,
                     max_sequence_lengths=[f.sequence_length for f in feats], **kwargs(feats[0]))
-                for f, c in zip(feats, cols):
+                for f, c in zip(feats, cols, strict=True):
                     columns[f.name] = c
         return [columns[f.name] for f in self.categorical]
 
@@ -757,43 +708,32 @@ def _is_absolute(p: str) -> bool:
 
 def _optimizer_kwargs(d: Mapping[str, Any]) -> dict:
     d = dict(d)
-    kind = d.pop("type")
-    return {"optimizer": kind, **d}
+    return {"optimizer": d.pop("type"), **d}
 
 
-# ---------------------------------------------------------------- loading + validation errors
+# ---------------------------------------------------------------- loading, and pydantic errors as SpecErrors
 
-_PROBLEMS = {
-    "missing": "missing.",
-    "extra_forbidden": "unknown key.",
-    "invalid_key": "keys must be strings.",
-    "int_type": "expected an integer, got {input!r}.",
-    "float_type": "expected a finite number, got {input!r}.",
-    "finite_number": "expected a finite number, got {input!r}.",
-    "bool_type": "expected true/false, got {input!r}.",
-    "string_type": "expected a string, got {input!r}.",
-    "string_too_short": "must not be empty.",
+_PROBLEMS = {  # pydantic error type -> problem (others: pydantic's message)
+    "missing": "missing.", "extra_forbidden": "unknown key.", "too_short": "must not be empty.",
+    "int_type": "expected an integer, got {input!r}.", "float_type": "expected a finite number, got {input!r}.",
+    "finite_number": "expected a finite number, got {input!r}.", "bool_type": "expected true/false, got {input!r}.",
+    "string_type": "expected a string, got {input!r}.", "string_too_short": "must not be empty.",
     "string_too_long": "{input!r} must be a single character.",
     "string_pattern_mismatch": "{input!r} is not a valid name.",
-    "greater_than_equal": "must be >= {ge}, got {input!r}.",
-    "greater_than": "must be > {gt}, got {input!r}.",
-    "literal_error": "{input!r} is not supported.",
-    "too_short": "must not be empty.",
-    "tuple_type": "must be a list, got {input!r}.",
-    "dict_type": "expected a mapping, got {input!r}.",
-    "model_type": "expected a mapping, got {input!r}.",
+    "greater_than_equal": "must be >= {ge}, got {input!r}.", "greater_than": "must be > {gt}, got {input!r}.",
+    "literal_error": "{input!r} is not supported.", "tuple_type": "must be a list, got {input!r}.",
+    "dict_type": "expected a mapping, got {input!r}.", "model_type": "expected a mapping, got {input!r}.",
     "union_tag_not_found": "expected a mapping, got {input!r}.",
-    "union_tag_invalid": "{tag!r} is not a vocabulary type.",
-}
+    "union_tag_invalid": "{tag!r} is not a vocabulary type."}
 
 
-def _models_in(tp: Any) -> List[type]:
+def _models_in(tp: Any) -> List[Any]:
     if isinstance(tp, type) and issubclass(tp, BaseModel):
         return [tp]
     return [m for a in get_args(tp) for m in _models_in(a)]
 
 
-def _locate(root: type, loc: Tuple[Any, ...]) -> Tuple[str, type, str]:
+def _locate(root: Any, loc: Tuple[Any, ...]) -> Tuple[str, Any, str]:
     """pydantic's `loc` as a spec key (`categorical[3].vocabulary.top_k`), the innermost model, the nearest fix."""
     key, model, fix, tp = "", root, "", root
     for part in loc:
@@ -801,7 +741,7 @@ def _locate(root: type, loc: Tuple[Any, ...]) -> Tuple[str, type, str]:
             key += f"[{part}]"
             continue
         models = _models_in(tp)
-        if part in VOCABULARIES and VOCABULARIES[part] in models:  # a union tag, not a key
+        if part in VOCABULARIES and VOCABULARIES[part] in models:  # the tag of the vocabulary union: no key
             model = tp = VOCABULARIES[part]
             continue
         key, model, tp = f"{key}.{part}" if key else str(part), models[0] if models else model, None
@@ -811,37 +751,33 @@ def _locate(root: type, loc: Tuple[Any, ...]) -> Tuple[str, type, str]:
     return key, model, fix
 
 
-def _spec_error(error: ValidationError, root: type, prefix: str = "") -> SpecError:
-    """The first error as a SpecError at `prefix` + its location, with the field's fix hint."""
+def _spec_error(error: ValidationError, root: Any, prefix: str = "") -> SpecError:
+    """The first error of `error` as a SpecError keyed `prefix` + its location, with the field's fix."""
     e = error.errors(include_url=False)[0]
-    key, model, fix = _locate(root, e["loc"])
-    key = ".".join(k for k in (prefix, key) if k).replace(".[", "[")
-    ctx = e.get("ctx") or {}
+    where, model, fix = _locate(root, e["loc"])
+    key = ".".join(k for k in (prefix, where) if k).replace(".[", "[")
+    ctx, kind = e.get("ctx") or {}, e["type"]
     inner = ctx.get("error")
     if isinstance(inner, SpecError):  # raised by a validator, keyed relative to where it ran
         return SpecError(".".join(k for k in (key, inner.key) if k) or "<root>", inner.problem, inner.fix)
-    if e["type"] == "extra_forbidden":
-        name = key.rsplit(".", 1)[-1]
-        owner = [t for t, c in VOCABULARIES.items() if name in c.model_fields]
-        if model in VOCABULARIES.values() and owner:
-            kind = get_args(model.model_fields["type"].annotation)[0]
-            return SpecError(key, f"does not apply to a {kind} vocabulary.", f"remove it, or set type: {owner[0]}.")
+    if kind == "extra_forbidden":
+        owner = [t for t, c in VOCABULARIES.items() if key.rsplit(".", 1)[-1] in c.model_fields]
+        vtype = [t for t, c in VOCABULARIES.items() if c is model]
+        if vtype and owner:
+            return SpecError(key, f"does not apply to a {vtype[0]} vocabulary.", f"remove it, or set type: {owner[0]}.")
         fix = f"allowed keys are {sorted(_keys(model))}."
-    elif e["type"] == "literal_error" and not fix:
+    elif kind.startswith("union_tag"):
+        key, fix = key + ".type" * (kind == "union_tag_invalid"), f"use one of {list(VOCABULARIES)}."
+    elif kind == "literal_error" and not fix:
         fix = f"use one of {ctx.get('expected')}."
-    elif e["type"].startswith("union_tag"):
-        key, fix = key + ".type" if e["type"] == "union_tag_invalid" else key, f"use one of {list(VOCABULARIES)}."
-    if isinstance(inner, Exception):
-        problem = str(inner)
-    else:
-        try:
-            problem = _PROBLEMS[e["type"]].format(input=e.get("input"), **ctx)
-        except (KeyError, IndexError, ValueError):
-            problem = e["msg"] + "."
+    try:
+        problem = str(inner) if inner is not None else _PROBLEMS[kind].format(input=e.get("input"), **ctx)
+    except (KeyError, IndexError, ValueError):
+        problem = e["msg"] + "."
     return SpecError(key or "<root>", problem, fix)
 
 
-def _validate(model: type, data: Any, prefix: str = "") -> Any:
+def _validate(model: Any, data: Any, prefix: str = "") -> Any:
     try:
         return model.model_validate(data)
     except ValidationError as e:
