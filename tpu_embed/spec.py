@@ -74,7 +74,7 @@ class SpecError(ValueError):
 
 # ---------------------------------------------------------------- field types
 
-def F(default: Any = PydanticUndefined, fix: str = "", **kw: Any) -> Any:
+def _field(default: Any = PydanticUndefined, fix: str = "", **kw: Any) -> Any:
     """A field whose validation errors carry the hint `fix`."""
     return Field(default, json_schema_extra={"fix": fix}, **kw)
 
@@ -116,17 +116,18 @@ class _Model(BaseModel):
 
 class FrequencyVocabulary(_Model):
     type: Literal["frequency"] = "frequency"
-    top_k: Optional[PosInt] = F(None, fix="a positive integer, or null for every token.")
-    frequency_threshold: Optional[Count] = F(None, fix="the minimum count (>= 0) a token needs, or null.")
-    num_oov_buckets: Count = F(1, fix="0 drops out-of-vocabulary values (counted), N > 0 hashes them into N buckets.")
+    top_k: Optional[PosInt] = _field(None, fix="a positive integer, or null for every token.")
+    frequency_threshold: Optional[Count] = _field(None, fix="the minimum count (>= 0) a token needs, or null.")
+    num_oov_buckets: Count = _field(
+        1, fix="0 drops out-of-vocabulary values (counted), N > 0 hashes them into N buckets.")
     num_buckets: ClassVar[None] = None
     default_value: ClassVar[None] = None
 
 
 class IdentityVocabulary(_Model):
     type: Literal["identity"]
-    num_buckets: PosInt = F(fix="an identity vocabulary needs num_buckets (the table's row count).")
-    default_value: Optional[Count] = F(None, fix="the id of invalid values, or null (policies.invalid_ids applies).")
+    num_buckets: PosInt = _field(fix="an identity vocabulary needs num_buckets (the table's row count).")
+    default_value: Optional[Count] = _field(None, fix="the id for invalid values, or null (policies.invalid_ids).")
     top_k: ClassVar[None] = None
     frequency_threshold: ClassVar[None] = None
     num_oov_buckets: ClassVar[int] = 0
@@ -141,7 +142,7 @@ class IdentityVocabulary(_Model):
 
 class HashingVocabulary(_Model):
     type: Literal["hashing"]
-    num_buckets: PosInt = F(fix="a hashing vocabulary needs num_buckets (the table's row count).")
+    num_buckets: PosInt = _field(fix="a hashing vocabulary needs num_buckets (the table's row count).")
     top_k: ClassVar[None] = None
     frequency_threshold: ClassVar[None] = None
     num_oov_buckets: ClassVar[int] = 0
@@ -171,12 +172,12 @@ class CategoricalSpec(_Model):
     name: Name
     column: Str
     table: Name
-    vocabulary: VocabularySpec = F(default_factory=FrequencyVocabulary)
-    delimiter: Optional[Str] = F(None, fix="e.g. delimiter: '|'.")
+    vocabulary: VocabularySpec = _field(default_factory=FrequencyVocabulary)
+    delimiter: Optional[Str] = _field(None, fix="e.g. delimiter: '|'.")
     weight_column: Optional[Str] = None
-    sequence_length: Count = F(0, fix="0 for a bag of values, > 0 for a sequence feature.")
+    sequence_length: Count = _field(0, fix="0 for a bag of values, > 0 for a sequence feature.")
     embedding_lookup_device: Literal["tpu_embedding_core", "tpu_tensor_core"] = "tpu_embedding_core"
-    tensor_core_width: Optional[PosInt] = F(None, fix="the maximum number of values per example.")
+    tensor_core_width: Optional[PosInt] = _field(None, fix="the maximum number of values per example.")
 
     @property
     def on_sparse_core(self) -> bool:
@@ -206,7 +207,7 @@ class DenseSpec(_Model):
 
 class LabelSpec(_Model):
     _shorthand: ClassVar[str] = "column"
-    column: Str = F(fix="e.g. label: {column: label}.")
+    column: Str = _field(fix="e.g. label: {column: label}.")
     fill: Optional[Float] = None  # None: a blank label sends the record to the dead letters
 
 
@@ -242,20 +243,20 @@ OptimizerSpec = Annotated[Optional[Dict[str, Any]], BeforeValidator(_check_optim
 
 class TableSpec(_Model):
     name: Name
-    dim: PosInt = F(fix="set the table's dim (or defaults.table.dim).")
+    dim: PosInt = _field(fix="set the table's dim (or defaults.table.dim).")
     combiner: Literal["mean", "sum", "sqrtn"] = "mean"
     optimizer: OptimizerSpec = None  # None: the spec's optimizer
-    learning_rate: Optional[Annotated[float, Field(strict=True, allow_inf_nan=False, gt=0)]] = F(
+    learning_rate: Optional[Annotated[float, Field(strict=True, allow_inf_nan=False, gt=0)]] = _field(
         None, fix="a positive number (it overrides the optimizer's), or null.")
 
 
 class _Csv(_Model):
-    delimiter: Annotated[str, Field(strict=True, min_length=1, max_length=1)] = F(",", fix="e.g. ',' or '\\t'.")
+    delimiter: Annotated[str, Field(strict=True, min_length=1, max_length=1)] = _field(",", fix="e.g. ',' or '\\t'.")
 
 
 class InputsSpec(_Model):
     format: Literal["csv", "tfrecord", "parquet"]
-    patterns: Annotated[Tuple[Str, ...], BeforeValidator(lambda v: [v] if isinstance(v, str) else v)] = F(
+    patterns: Annotated[Tuple[Str, ...], BeforeValidator(lambda v: [v] if isinstance(v, str) else v)] = _field(
         min_length=1, fix="e.g. patterns: [data/train-*.csv] (relative to the spec file), or pass --input.")
     csv: Annotated[_Csv, NullIsDefault] = Field(default_factory=_Csv)
 
@@ -270,7 +271,7 @@ StackLimits = Annotated[Dict[Annotated[str, BeforeValidator(str)], PosInt], Null
 
 
 class LimitsSpec(_Model):
-    max_ids_per_chip_per_sample: PosInt = F(64, fix="a positive integer (TF's default is 64).")
+    max_ids_per_chip_per_sample: PosInt = _field(64, fix="a positive integer (TF's default is 64).")
     max_ids_per_table: StackLimits = Field(default_factory=dict)
     max_unique_ids_per_table: StackLimits = Field(default_factory=dict)
     allow_id_dropping: Annotated[bool, Field(strict=True)] = False
@@ -289,15 +290,15 @@ def _no_limits() -> LimitsSpec:
 
 
 class PoliciesSpec(_Model):
-    invalid_ids: Literal["drop", "error"] = F("drop", fix="use 'drop' (counts every dropped id) or 'error'.")
+    invalid_ids: Literal["drop", "error"] = _field("drop", fix="use 'drop' (counts every dropped id) or 'error'.")
     nan_weights: Literal["drop", "zero", "error"] = "drop"
     tail: Literal["drop", "pad"] = "drop"
 
 
 class _TopologySpec(_Model):
-    num_chips: PosInt = F(1, validation_alias=AliasChoices("num_chips", "chips"))
-    num_sc_per_chip: PosInt = F(4, validation_alias=AliasChoices("num_sc_per_chip", "sc_per_chip"))
-    num_hosts: PosInt = F(1, validation_alias=AliasChoices("num_hosts", "hosts"))
+    num_chips: PosInt = _field(1, validation_alias=AliasChoices("num_chips", "chips"))
+    num_sc_per_chip: PosInt = _field(4, validation_alias=AliasChoices("num_sc_per_chip", "sc_per_chip"))
+    num_hosts: PosInt = _field(1, validation_alias=AliasChoices("num_hosts", "hosts"))
 
 
 def _topology(v: Any) -> Topology:
@@ -354,17 +355,17 @@ def _with_defaults(defaults: Mapping, entry: Any) -> Any:
 # ---------------------------------------------------------------- the spec
 
 class Spec(_Model):
-    version: Literal[1] = F(SPEC_VERSION, fix=f"use version: {SPEC_VERSION}.")
-    inputs: InputsSpec = F(fix="add `inputs: {format: csv, patterns: [data/*.csv]}`.")
+    version: Literal[1] = _field(SPEC_VERSION, fix=f"use version: {SPEC_VERSION}.")
+    inputs: InputsSpec = _field(fix="add `inputs: {format: csv, patterns: [data/*.csv]}`.")
     label: Optional[LabelSpec] = None
-    dense: Annotated[Tuple[DenseSpec, ...], NullIsDefault] = F((), fix="e.g. dense: [{name: I1, fill: 0.0}].")
+    dense: Annotated[Tuple[DenseSpec, ...], NullIsDefault] = _field((), fix="e.g. dense: [{name: I1, fill: 0.0}].")
     defaults: Annotated[_Defaults, NullIsDefault] = Field(default_factory=_Defaults, repr=False)
     optimizer: OptimizerSpec = None  # for tables without their own
-    categorical: Tuple[CategoricalSpec, ...] = F(
+    categorical: Tuple[CategoricalSpec, ...] = _field(
         min_length=1, fix="e.g. categorical: [{name: C1, vocabulary: {type: frequency}}].")
-    tables: Annotated[Tuple[TableSpec, ...], NullIsDefault] = F((), fix="e.g. tables: [{name: C1, dim: 16}].")
+    tables: Annotated[Tuple[TableSpec, ...], NullIsDefault] = _field((), fix="e.g. tables: [{name: C1, dim: 16}].")
     topology: Annotated[Topology, PlainValidator(_topology)] = Field(default_factory=lambda: _topology(None))
-    global_batch_size: PosInt = F(fix="set global_batch_size to a positive integer.")
+    global_batch_size: PosInt = _field(fix="set global_batch_size to a positive integer.")
     profile_data_directory: Optional[Annotated[str, Field(strict=True)]] = "profiles"
     limits: Annotated[LimitsSpec, NullIsDefault] = Field(default_factory=_no_limits)
     policies: Annotated[PoliciesSpec, NullIsDefault] = Field(default_factory=PoliciesSpec)
