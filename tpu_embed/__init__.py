@@ -19,8 +19,9 @@ _EXPORTS = {
     "AdamParameters": "tpu_embed.optimizers",
     "StochasticGradientDescentParameters": "tpu_embed.optimizers",
     "FtrlParameters": "tpu_embed.optimizers",
-    # Training side.  (HostEmbedding, DESIGN.md's CPU/GPU executor, is not written yet.)
+    # Training side.
     "input_fn": "tpu_embed.shards",
+    "HostEmbedding": "tpu_embed.host_embedding",
 }
 
 __all__ = sorted(_EXPORTS) + ["sparsecore"]

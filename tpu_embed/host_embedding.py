@@ -1,0 +1,812 @@
+"""HostEmbedding: the SparseCore embedding of a model, trained on CPU or GPU from the same CSR bytes.
+
+A trainer that feeds `TPUEmbeddingV2.dequeue` from offline shards can run
+the same loop off TPU:
+
+    emb = HostEmbedding.from_artifact(artifact_dir)        # or HostEmbedding(model_config, ...)
+    for record in tpu_embed.input_fn(artifact_dir):        # one element per step (this host)
+        activations, preserved = emb.dequeue(record)       # {feature: [batch, dim] / [batch, L, dim]}
+        with tf.GradientTape() as tape:
+            tape.watch(activations)
+            loss = dense_model(activations, record["dense"], record["label"])
+        emb.apply_gradients(tape.gradient(loss, activations), preserved)
+
+Undoing the layout.  For one chip and one stacked table, the CSR buffers
+hold, for each local SparseCore l and destination SparseCore d (a segment
+of `row_pointers`), entries (sample id s, token id t, gain g).  The forward
+column rewrite is `col = ((id + rot) & (S-1)) + (id & ~(S-1)) + row_offset*S`
+(S = chips * SCs, a power of two), then `d = col & (S-1)` and
+`t = col >> log2 S`, i.e. `d = (id + rot) mod S` and
+`t = id div S + row_offset`.  Hence
+
+    table  = the stack member with row_offset <= t < row_offset + padded_vocabulary / S
+    id     = (t - row_offset) * S + ((d - rot) mod S)
+    feature= the one whose per-SC sample range [offset/nsc, (offset + samples)/nsc) holds s
+    row    = l * (samples / nsc) + (s - offset/nsc)          (the chip's flattened output row)
+
+and a chip's rows are `[per_chip_batch] + output_shape[1:]` row-major, so
+chip c's rows come c-th in the global batch.  The gains already carry the
+combiner (sum: w, mean: w/sum w, sqrtn: w/sqrt(sum w^2)), so an activation
+row is sum(gain * table[id]).  `prepare` computes (output row, table row,
+gain) of every meaningful id of a step once, vectorised in numpy; the
+lookup (`tf.gather` + `unsorted_segment_sum`) and the gradients reuse it.
+
+Chips of one step are replicas of one global batch: activations are
+concatenated in global chip order (host h, local chip c -> h *
+chips_per_host + c, as the labels are), and a table row's gradient is the
+sum over every chip, as on TPU.  Tensor-core features (not in the
+SparseCore model; `tc/<feature>/...` in the shards) are looked up densely
+from their ids with their table's combiner (same gains as SparseCore's).
+
+Training follows TPU embedding's optimizer semantics (see
+`tpu_embed.host_optimizers`).  `experimental_gradient_multiplier_fn` is the
+estimator-era `EmbeddingConfigSpec` argument (TF 2.21's
+`tf.tpu.experimental.embedding` has none): `fn(global_step)` returns
+`{table name: multiplier}` and the table's activation gradients are
+multiplied by it before anything else (TF1's
+`generate_send_gradients_op(gradient_multipliers=...)`).
+
+Pipelining.  TF: with `pipeline_execution_with_tensor_core=True` "the TPU
+embedding computations will overlap with the TensorCore computations (and
+hence will be one step old)".  The MLIR pass
+(tensorflow/compiler/mlir/tensorflow/transforms/sparsecore/
+embedding_pipelining.cc) runs, in loop iteration i: the SparseCore backward
+pass (update) of step i-2, the TensorCore step i-1, then the SparseCore
+forward pass (lookup) of step i; after the loop it finishes the last two
+steps.  So the lookup of step n sees the updates of steps <= n-2, not that
+of step n-1, and every update is applied to the tables as they are when it
+runs.  Here: `apply_gradients` for step n computes step n's update (with
+step n's learning rate and multiplier) and keeps it pending; it first
+applies the pending update of step n-1.  A lookup therefore sees every
+update but the last one; `flush()` applies the pending update (TF's loop
+epilogue) -- call it before saving, exporting or evaluating.
+
+Variables: `tables[name]` ([vocabulary_size, dim], unstacked) and
+`slots[name][slot]` (TF's slot names), `iterations` (steps applied); all
+are saved by `tf.train.Checkpoint(embedding=host_embedding)` under those
+names.  Tables are initialised like TF's TableConfig default
+(truncated normal, mean 0, stddev 1/sqrt(dim)), deterministically from
+`seed` and the table name.
+
+Deliberate differences from TPUEmbeddingV2: `dequeue` runs eagerly (the
+index precompute is numpy); `embedding_tables` is keyed by table name, not
+stacked table; `use_gradient_accumulation=False` behaves as True.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import math
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
+
+import numpy as np
+
+from tpu_embed import host_optimizers
+from tpu_embed.model import FeatureConfig, ModelConfig, OptimizerConfig, TableConfig, from_tf_feature_config
+from tpu_embed.nest import flatten_with_paths
+from tpu_embed.sparsecore.csr_types import XLA_PAD
+from tpu_embed.sparsecore.layout import SparseCoreLayout, round_up
+from tpu_embed.topology import Topology
+
+__all__ = ["HostEmbedding", "StepLookup", "FeatureLookup"]
+
+_tf_module_base: Any
+try:  # tf.Module makes the variables checkpointable; importing TF here is what HostEmbedding needs anyway.
+    import tensorflow as _tf
+    _tf_module_base = _tf.Module
+except ImportError:  # pragma: no cover - TensorFlow is a dependency of the training side
+    _tf_module_base = object
+
+
+# ---------------------------------------------------------------- a step's index
+
+@dataclasses.dataclass(frozen=True)
+class FeatureLookup:
+    """Every meaningful id of one feature in one step: activation row `rows[k]` += `gains[k]` * table[`ids[k]`]."""
+
+    feature: str
+    table: str
+    rows: np.ndarray  # int64, flattened output row in [0, num_rows)
+    ids: np.ndarray  # int64, table row
+    gains: np.ndarray  # float32
+    shape: Tuple[int, ...]  # activation shape without the embedding dimension
+
+    @property
+    def num_rows(self) -> int:
+        return int(np.prod(self.shape))
+
+
+@dataclasses.dataclass(frozen=True)
+class StepLookup:
+    """A step's lookups (what `dequeue` returns beside the activations, TF's "preserved outputs").
+
+    `tables[t] = (unique_rows, inverse)`: the table's rows of this step and,
+    for the concatenated entries of its features (in `table_features[t]`
+    order), the index of each entry's row in `unique_rows`.
+    """
+
+    features: Dict[str, FeatureLookup]
+    table_features: Dict[str, Tuple[str, ...]]
+    tables: Dict[str, Tuple[np.ndarray, np.ndarray]]
+    num_chips: int
+
+
+@dataclasses.dataclass(frozen=True)
+class _StackInfo:
+    """What inverting one stack's CSR needs, as arrays (built once per model)."""
+
+    name: str
+    sample_count: int
+    member_offsets: np.ndarray  # shard_row_offset of each member, ascending
+    member_rows: np.ndarray  # padded_vocabulary_size / S
+    member_rotation: np.ndarray
+    member_vocab: np.ndarray
+    member_table: Tuple[str, ...]
+    feature_lo: np.ndarray  # sample_offset / nsc, ascending
+    feature_per_sc: np.ndarray  # sample_count / nsc
+    feature_member: np.ndarray  # index of the feature's table among the members
+    feature_path: Tuple[str, ...]
+
+
+def _stack_infos(layout: SparseCoreLayout) -> Dict[str, _StackInfo]:
+    nsc, S = layout.topology.num_sc_per_chip, layout.topology.num_sparse_cores
+    out = {}
+    for name, st in layout.stacks.items():
+        members = sorted((layout.tables[t] for t in st.tables), key=lambda p: p.shard_row_offset)
+        index = {m.name: i for i, m in enumerate(members)}
+        feats = sorted(layout.stack_features(name), key=lambda f: f.sample_offset)
+        out[name] = _StackInfo(
+            name=name, sample_count=st.sample_count,
+            member_offsets=np.array([m.shard_row_offset for m in members], np.int64),
+            member_rows=np.array([m.padded_vocabulary_size // S for m in members], np.int64),
+            member_rotation=np.array([m.rotation for m in members], np.int64),
+            member_vocab=np.array([m.vocabulary_size for m in members], np.int64),
+            member_table=tuple(m.name for m in members),
+            feature_lo=np.array([f.sample_offset // nsc for f in feats], np.int64),
+            feature_per_sc=np.array([f.sample_count // nsc for f in feats], np.int64),
+            feature_member=np.array([index[f.table] for f in feats], np.int64),
+            feature_path=tuple(f.path for f in feats))
+    return out
+
+
+def _np(x) -> np.ndarray:
+    if hasattr(x, "numpy") and not isinstance(x, np.ndarray):
+        x = x.numpy()
+    return np.asarray(x)
+
+
+def _csr_prefixes(entry: Any, where: str) -> Tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, Optional[int]]:
+    """(row_pointers, sample ids, token ids, gains, sample_count) of one chip's stack, meaningful prefixes only.
+
+    Accepts a record's dict (`decode_record` / `input_fn`), a `CsrBatch`,
+    or the `(PartitionedCsrFormatTensor, row_pointers_unpadded_size,
+    ids_unpadded_size)` triple `TPUEmbeddingV2.dequeue` takes.
+    """
+    if isinstance(entry, tuple) and len(entry) == 3 and hasattr(entry[0], "row_pointers"):
+        csr, r, n = entry
+        get = lambda k: getattr(csr, k)  # noqa: E731
+        sizes = (int(_np(r)), int(_np(n)))
+    elif isinstance(entry, Mapping):
+        get = entry.__getitem__
+        sizes = (int(_np(entry["row_pointers_unpadded_size"])), int(_np(entry["ids_unpadded_size"])))
+    elif hasattr(entry, "row_pointers"):
+        get = lambda k: getattr(entry, k)  # noqa: E731
+        sizes = (int(entry.row_pointers_unpadded_size), int(entry.ids_unpadded_size))
+    else:
+        raise TypeError(f"{where}: expected a chip's CSR buffers (a record's dict, a CsrBatch or "
+                        f"TPUEmbeddingV2.dequeue's (PartitionedCsrFormatTensor, size, size)), got "
+                        f"{type(entry).__name__}.")
+    r, n = sizes
+    arrays = [_np(get(k)) for k in ("row_pointers", "sorted_sample_ids", "sorted_token_ids", "sorted_gains")]
+    if arrays[0].size < r or any(a.size < n for a in arrays[1:]):
+        raise ValueError(f"{where}: buffers shorter than row_pointers_unpadded_size={r} / ids_unpadded_size={n}.")
+    try:
+        sample_count = int(_np(get("sample_count")))
+    except (KeyError, AttributeError):
+        sample_count = None
+    return (arrays[0][:r].astype(np.int64), arrays[1][:n].astype(np.int64), arrays[2][:n].astype(np.int64),
+            arrays[3][:n].astype(np.float32), sample_count)
+
+
+def _invert_stack(entry: Any, info: _StackInfo, topology: Topology, where: str):
+    """One chip's stack -> (feature index, chip row, table row, gain) of every meaningful id.  Vectorised."""
+    rp, sample_ids, tokens, gains, sample_count = _csr_prefixes(entry, where)
+    nsc, S = topology.num_sc_per_chip, topology.num_sparse_cores
+    block = round_up(S, XLA_PAD)
+    if sample_count is not None and sample_count != info.sample_count:
+        raise ValueError(f"{where}: sample_count {sample_count} is not the layout's {info.sample_count}: the "
+                         "shards were made for another model or topology.")
+    if rp.size != nsc * block:
+        raise ValueError(f"{where}: {rp.size} row pointers, expected {nsc} SparseCores x {block} "
+                         f"(topology {topology}); the shards were made for another topology.")
+    # Segment (l, d) ends at its row pointer and starts at the previous end rounded up to 8 (TF pads
+    # every destination's ids to a multiple of 8; padded pointer slots of a SparseCore repeat its end).
+    ends = rp.reshape(nsc, block)[:, :S].reshape(-1)
+    starts = np.concatenate([[0], -(-ends[:-1] // XLA_PAD) * XLA_PAD])
+    lengths = ends - starts
+    if lengths.size and (lengths.min() < 0 or ends[-1] > sample_ids.size):
+        raise ValueError(f"{where}: row_pointers are not a valid SparseCore CSR layout.")
+    seg = np.repeat(np.arange(nsc * S, dtype=np.int64), lengths)
+    first = np.repeat(np.cumsum(lengths) - lengths, lengths)
+    pos = np.arange(seg.size, dtype=np.int64) - first + np.repeat(starts, lengths)
+    local_sc, dest = seg // S, seg % S
+    t, s, g = tokens[pos], sample_ids[pos], gains[pos]
+
+    m = np.searchsorted(info.member_offsets, t, side="right") - 1
+    local = t - info.member_offsets[np.maximum(m, 0)]
+    bad = (m < 0) | (local >= info.member_rows[np.maximum(m, 0)])
+    if bad.any():
+        k = int(np.flatnonzero(bad)[0])
+        raise ValueError(f"{where}: token id {int(t[k])} is in no table of the stack.")
+    table_row = local * S + (dest - info.member_rotation[m]) % S
+    if (table_row >= info.member_vocab[m]).any():
+        k = int(np.flatnonzero(table_row >= info.member_vocab[m])[0])
+        raise ValueError(f"{where}: an id decodes to row {int(table_row[k])} of table "
+                         f"{info.member_table[m[k]]!r}, past its vocabulary ({int(info.member_vocab[m[k]])}).")
+
+    fi = np.searchsorted(info.feature_lo, s, side="right") - 1
+    off = s - info.feature_lo[np.maximum(fi, 0)]
+    bad = (fi < 0) | (off >= info.feature_per_sc[np.maximum(fi, 0)])
+    if bad.any():
+        k = int(np.flatnonzero(bad)[0])
+        raise ValueError(f"{where}: sample id {int(s[k])} belongs to no feature of the stack.")
+    if (info.feature_member[fi] != m).any():
+        k = int(np.flatnonzero(info.feature_member[fi] != m)[0])
+        raise ValueError(f"{where}: feature {info.feature_path[fi[k]]!r} has an id of table "
+                         f"{info.member_table[m[k]]!r}, not of its own table.")
+    chip_row = local_sc * info.feature_per_sc[fi] + off
+    return fi, chip_row, table_row, g
+
+
+# ---------------------------------------------------------------- tensor-core inputs
+
+def _tc_entry(value: Any, weights: Any, where: str) -> Tuple[np.ndarray, np.ndarray, Optional[np.ndarray]]:
+    """(lengths, ids, weights | None) of a tensor-core feature, from any of the forms a step may carry."""
+    if isinstance(value, Mapping):
+        lengths, ids = _np(value["lengths"]).astype(np.int64), _np(value["ids"]).astype(np.int64)
+        w = value.get("weights")
+        weights = w if weights is None else weights
+    elif hasattr(value, "row_splits"):
+        splits = _np(value.row_splits).astype(np.int64)
+        lengths, ids = np.diff(splits), _np(value.values).astype(np.int64).reshape(-1)
+    elif hasattr(value, "indices") and hasattr(value, "dense_shape"):
+        idx = _np(value.indices).astype(np.int64)
+        ids = _np(value.values).astype(np.int64).reshape(-1)
+        lengths = np.bincount(idx[:, 0], minlength=int(_np(value.dense_shape)[0])) if ids.size else \
+            np.zeros(int(_np(value.dense_shape)[0]), np.int64)
+        if ids.size > 1 and np.any(np.diff(idx[:, 0]) < 0):
+            raise ValueError(f"{where}: SparseTensor indices must be sorted (tf.sparse.reorder).")
+    else:
+        dense = _np(value).astype(np.int64)
+        dense = dense.reshape(dense.shape[0], -1)
+        lengths, ids = np.full(dense.shape[0], dense.shape[1], np.int64), dense.reshape(-1)
+    w = None
+    if weights is not None:
+        w = _np(weights.values if hasattr(weights, "values") and not isinstance(weights, np.ndarray) else weights)
+        w = w.astype(np.float32).reshape(-1)
+        if w.size != ids.size:
+            raise ValueError(f"{where}: {w.size} weights for {ids.size} ids.")
+    return lengths, ids, w
+
+
+def _combiner_gains(rows: np.ndarray, weights: np.ndarray, num_rows: int, combiner: str) -> np.ndarray:
+    """SparseCore's gains: sum w; mean w / sum w; sqrtn w / sqrt(sum w^2) (0 for an empty denominator)."""
+    if combiner == "sum":
+        return weights
+    d = np.bincount(rows, weights=weights if combiner == "mean" else weights * weights, minlength=num_rows)
+    d = d.astype(np.float32)
+    if combiner == "sqrtn":
+        d = np.sqrt(d)
+    scale = np.divide(np.float32(1), d, out=np.zeros_like(d), where=d != 0)
+    return (weights * scale[rows]).astype(np.float32)
+
+
+# ---------------------------------------------------------------- the embedding
+
+def _to_optimizer_config(opt: Any) -> Optional[OptimizerConfig]:
+    if opt is None or isinstance(opt, OptimizerConfig):
+        return opt
+    if isinstance(opt, Mapping):
+        return OptimizerConfig.from_dict(opt)
+    if type(opt).__module__.startswith("tensorflow"):
+        return OptimizerConfig.from_tf(opt)
+    if hasattr(opt, "to_dict"):  # the seed API's parameter classes
+        return OptimizerConfig.from_dict(opt.to_dict())
+    raise TypeError(f"optimizer must be an OptimizerConfig, a seed-API parameter object, a "
+                    f"tf.tpu.experimental.embedding optimizer or a dict, got {type(opt).__name__}.")
+
+
+def _table_seed(seed: int, table: str) -> Tuple[int, int]:
+    h = hashlib.sha256(f"{int(seed)}/{table}".encode()).digest()
+    return int.from_bytes(h[:4], "little") >> 1, int.from_bytes(h[4:8], "little") >> 1
+
+
+def _tf_initializers(feature_config: Any) -> Dict[str, Callable]:
+    """Initializers of TF TableConfigs that are not TF's default (the default gets our seeded twin)."""
+    out: Dict[str, Callable] = {}
+    for _, f in flatten_with_paths(feature_config):
+        table = getattr(f, "table", None)
+        init = getattr(table, "initializer", None)
+        if init is None:
+            continue
+        default = (type(init).__name__ == "TruncatedNormal" and getattr(init, "mean", None) == 0.0
+                   and math.isclose(getattr(init, "stddev", 0.0), 1 / math.sqrt(table.dim))
+                   and getattr(init, "seed", None) is None)
+        if not default:
+            out[table.name] = init
+    return out
+
+
+class HostEmbedding(_tf_module_base):
+    """`TPUEmbeddingV2`'s lookups and updates on CPU/GPU, fed the same SparseCore CSR buffers.
+
+    Args:
+      feature_config: a `tpu_embed.model.ModelConfig`, or the nested
+        `tf.tpu.experimental.embedding.FeatureConfig`s TPUEmbeddingV2 takes
+        (then `topology` is required and activations come back in that nest).
+      topology: the `tpu_embed.Topology` the CSR was made for (a ModelConfig carries it).
+      optimizer: for tables without their own (TPUEmbeddingV2's `optimizer`).
+      tensor_core_features: `tpu_embed.model.FeatureConfig`s looked up densely
+        (spec `embedding_lookup_device: tpu_tensor_core`).
+      pipeline_execution_with_tensor_core: one-step-stale updates (see the module docstring).
+      seed: tables are initialised deterministically from it and their names.
+      initializers: `{table: fn(shape, dtype)}` replacing the default initializer.
+      experimental_gradient_multiplier_fn: `fn(global_step) -> {table: multiplier}`.
+      global_step: a tf.Variable or zero-argument callable passed to the
+        multiplier function; default: this object's `iterations`.
+      optimizer_semantics: "tpu_embedding" (TPU embedding's documented
+        semantics, every option honoured) or "tf221_sparsecore" (what TF
+        2.21's TPUEmbeddingV2 passes to the SparseCore kernels); see
+        `tpu_embed.host_optimizers`.
+    """
+
+    def __init__(self, feature_config: Any, *, topology: Optional[Topology] = None, optimizer: Any = None,
+                 tensor_core_features: Sequence[FeatureConfig] = (),
+                 pipeline_execution_with_tensor_core: bool = False, seed: int = 0,
+                 initializers: Optional[Mapping[str, Callable]] = None,
+                 experimental_gradient_multiplier_fn: Optional[Callable[[Any], Mapping[str, Any]]] = None,
+                 global_step: Any = None, optimizer_semantics: str = "tpu_embedding",
+                 name: str = "host_embedding"):
+        super().__init__(name=name)
+        model = from_tf_feature_config(feature_config, topology)
+        inits = {} if isinstance(feature_config, ModelConfig) else _tf_initializers(feature_config)
+        inits.update(initializers or {})
+        tc = tuple(tensor_core_features)
+        if tc and not isinstance(feature_config, ModelConfig):
+            raise ValueError("Tensor-core features need a tpu_embed.model.ModelConfig (activations are then one "
+                             "flat {feature: tensor} dict); a TF feature-config nest has no place for them.")
+        sc_names = {f.name for f in model.features}
+        clash = sorted({f.name for f in tc} & sc_names)
+        if clash:
+            raise ValueError(f"Tensor-core features {clash} are also SparseCore features.")
+        tables: Dict[str, TableConfig] = {t.name: t for t in model.tables}
+        for f in tc:
+            if tables.setdefault(f.table.name, f.table) != f.table:
+                raise ValueError(f"Table {f.table.name!r} is configured twice, differently.")
+        default_opt = _to_optimizer_config(optimizer)
+        optimizers = {n: t.optimizer if t.optimizer is not None else default_opt for n, t in tables.items()}
+        for n, opt in optimizers.items():
+            if opt is not None:
+                host_optimizers.check_supported(n, opt.kind, dict(opt.params), optimizer_semantics)
+        if optimizer_semantics not in host_optimizers.SEMANTICS:
+            raise ValueError(f"optimizer_semantics must be one of {host_optimizers.SEMANTICS}, "
+                             f"got {optimizer_semantics!r}.")
+        # Plain Python state lives in one untracked object (tf.Module would wrap dicts as dependencies).
+        self._config = _Config(
+            model=model, layout=model.layout(), stacks=_stack_infos(model.layout()), tables=tables,
+            tc_features={f.name: f for f in tc}, optimizers=optimizers, seed=int(seed), initializers=dict(inits),
+            pipelining=bool(pipeline_execution_with_tensor_core), multiplier_fn=experimental_gradient_multiplier_fn,
+            global_step=global_step, semantics=optimizer_semantics,
+            structure=None if isinstance(feature_config, ModelConfig) else feature_config)
+        self._state = _State()
+        self._built = False
+
+    # -- construction from an artifact ----------------------------------------
+
+    @classmethod
+    def from_artifact(cls, artifact_dir: str, **kwargs: Any) -> "HostEmbedding":
+        """From an artifact directory: its spec.yaml and the vocabulary sizes of its manifest.json.
+
+        The model is `Spec.model(vocab_sizes)` (checked against the layout the
+        shard job recorded), plus the spec's tensor-core features.
+        """
+        spec, manifest = _read_artifact(artifact_dir)
+        vocab_sizes = {k: int(v["size"]) for k, v in (manifest.get("vocabularies") or {}).items()}
+        model = spec.model(vocab_sizes)
+        recorded = manifest.get("layout")
+        if recorded is not None and json.loads(json.dumps(model.layout().to_dict())) != recorded:
+            raise ValueError(f"{artifact_dir}: the layout in manifest.json is not the one spec.yaml gives with its "
+                             "vocabulary sizes; the artifact was edited or made by another tpu_embed.")
+        if manifest.get("spec_fingerprint") not in (None, spec.fingerprint):
+            raise ValueError(f"{artifact_dir}: spec.yaml does not match the manifest's spec fingerprint.")
+        tc = []
+        for f in spec.tensor_core_features:
+            t = spec.table(f.table)
+            opt_dict = t.optimizer or spec.optimizer
+            opt = None
+            if opt_dict is not None:
+                opt = OptimizerConfig.from_dict({"optimizer": opt_dict["type"],
+                                                 **{k: v for k, v in opt_dict.items() if k != "type"}})
+                if t.learning_rate is not None:
+                    opt = opt.with_learning_rate(t.learning_rate)
+            table = TableConfig(t.name, spec.table_vocabulary_size(t.name, vocab_sizes), t.dim, t.combiner, opt)
+            tc.append(FeatureConfig(f.name, table, (spec.per_chip_batch_size,)))
+        return cls(model, tensor_core_features=tc, **kwargs)
+
+    # -- properties ------------------------------------------------------------
+
+    @property
+    def model(self) -> ModelConfig:
+        return self._config.model
+
+    @property
+    def layout(self) -> SparseCoreLayout:
+        return self._config.layout
+
+    @property
+    def tensor_core_features(self) -> Dict[str, FeatureConfig]:
+        return dict(self._config.tc_features)
+
+    @property
+    def embedding_tables(self) -> Dict[str, Any]:
+        """{table name: [vocabulary_size, dim] variable} (SparseCore and tensor-core tables)."""
+        self.build()
+        return dict(self.tables)
+
+    @property
+    def variables_by_table(self) -> Dict[str, Dict[str, Any]]:
+        """{table name: {"parameters": table, slot: variable}}, as TPUEmbeddingV2.variables nests them."""
+        self.build()
+        return {n: {"parameters": v, **dict(self.slots.get(n, {}))} for n, v in self.tables.items()}
+
+    # -- variables ---------------------------------------------------------------
+
+    def build(self) -> None:
+        """Create the tables and slot variables (idempotent)."""
+        if self._built:
+            return
+        import tensorflow as tf
+        cfg = self._config
+        tables, slots = {}, {}
+        for name, t in sorted(cfg.tables.items()):
+            init = cfg.initializers.get(name)
+            if init is not None:
+                value = init(shape=(t.vocabulary_size, t.dim), dtype=tf.float32)
+            else:  # TF's TableConfig default, seeded: truncated normal, mean 0, stddev 1/sqrt(dim)
+                value = tf.random.stateless_truncated_normal((t.vocabulary_size, t.dim), seed=_table_seed(cfg.seed, name),
+                                                             stddev=1.0 / math.sqrt(t.dim))
+            tables[name] = tf.Variable(value, name=name, trainable=False, dtype=tf.float32)
+            opt = cfg.optimizers[name]
+            if opt is not None:
+                slots[name] = {s: tf.Variable(tf.fill((t.vocabulary_size, t.dim), v), name=f"{name}/{s}",
+                                              trainable=False)
+                               for s, v in host_optimizers.slot_initial_values(opt.kind, dict(opt.params)).items()}
+        self.tables = tables
+        self.slots = slots
+        self.iterations = tf.Variable(0, dtype=tf.int64, name="iterations", trainable=False)
+        self._built = True
+
+    # -- lookups -------------------------------------------------------------------
+
+    def prepare(self, chips: Any, tensor_core: Any = None) -> StepLookup:
+        """The numpy index of a step: (output row, table row, gain) of every meaningful id.
+
+        `chips`: one step's per-chip CSR in global chip order -- a list of
+        `{stack: buffers}` (a record's `["sparse_core"]`, `CsrBatch`es, or
+        `shards.dequeue_inputs(...)`), or a shard record (`decode_record` /
+        `input_fn` element) or a list of records of all hosts in host order,
+        whose tensor-core features are then used unless `tensor_core` is given.
+        """
+        cfg = self._config
+        chips, tensor_core = _split_step(chips, tensor_core)
+        topo = cfg.layout.topology
+        parts: Dict[str, List[Tuple[np.ndarray, np.ndarray, np.ndarray]]] = {f.path: [] for f in cfg.layout.features}
+        samples = {f.path: f.sample_count for f in cfg.layout.features}
+        for c, chip in enumerate(chips):
+            if set(chip) != set(cfg.stacks):
+                raise ValueError(f"chip {c}: stacks {sorted(chip)} are not the layout's {sorted(cfg.stacks)}.")
+            for stack, info in cfg.stacks.items():
+                fi, row, ids, gains = _invert_stack(chip[stack], info, topo, f"chip {c}, stack {stack!r}")
+                order = np.argsort(fi, kind="stable")
+                bounds = np.searchsorted(fi[order], np.arange(len(info.feature_path) + 1))
+                for j, path in enumerate(info.feature_path):
+                    sel = order[bounds[j]:bounds[j + 1]]
+                    parts[path].append((c * samples[path] + row[sel], ids[sel], gains[sel]))
+        features: Dict[str, FeatureLookup] = {}
+        k = len(chips)
+        for f in cfg.model.features:
+            p = parts[f.name]
+            rows, ids, gains = ((np.concatenate([x[i] for x in p]) if p else np.zeros(0, dt))
+                                for i, dt in enumerate((np.int64, np.int64, np.float32)))
+            features[f.name] = FeatureLookup(f.name, f.table.name, rows, ids, gains,
+                                             (k * f.examples,) + f.output_shape[1:])
+        features.update(self._prepare_tensor_core(tensor_core))
+        return _finish(features, k)
+
+    def _prepare_tensor_core(self, tensor_core: Any) -> Dict[str, FeatureLookup]:
+        tcf = self._config.tc_features
+        if not tcf:
+            return {}
+        if tensor_core is None:
+            raise ValueError(f"This embedding has tensor-core features {sorted(tcf)}: pass `tensor_core` "
+                             "(a record's ['tensor_core']) or whole records.")
+        records = tensor_core if isinstance(tensor_core, (list, tuple)) else [tensor_core]
+        out = {}
+        for name, f in tcf.items():
+            lengths, ids, weights = [], [], []
+            for r in records:
+                if name not in r:
+                    raise ValueError(f"tensor_core has no feature {name!r}; it has {sorted(r)}.")
+                ln, i, w = _tc_entry(r[name], r.get(name + "/weights"), f"tensor-core feature {name!r}")
+                lengths.append(ln)
+                ids.append(i)
+                weights.append(np.ones(i.size, np.float32) if w is None else w)
+            ln, i, w = np.concatenate(lengths), np.concatenate(ids), np.concatenate(weights)
+            if i.size and (i.min() < 0 or i.max() >= f.table.vocabulary_size):
+                raise ValueError(f"tensor-core feature {name!r}: ids outside [0, {f.table.vocabulary_size}).")
+            rows = np.repeat(np.arange(ln.size, dtype=np.int64), ln)
+            out[name] = FeatureLookup(name, f.table.name, rows, i, _combiner_gains(rows, w, ln.size, f.table.combiner),
+                                      (int(ln.size),))
+        return out
+
+    def lookup(self, step: Any, tensor_core: Any = None) -> Any:
+        """Activations of a step (a `StepLookup`, or anything `prepare` takes), nested like the feature config."""
+        import tensorflow as tf
+        self.build()
+        if not isinstance(step, StepLookup):
+            step = self.prepare(step, tensor_core)
+        out = {}
+        for name, fl in step.features.items():
+            table = self.tables[fl.table]
+            dim = int(table.shape[1])
+            emb = tf.gather(table, fl.ids) * fl.gains[:, None]
+            acts = tf.math.unsorted_segment_sum(emb, fl.rows, fl.num_rows)
+            out[name] = tf.stop_gradient(tf.reshape(acts, fl.shape + (dim,)))
+        return self._pack(out)
+
+    def dequeue(self, chips: Any, tensor_core: Any = None) -> Tuple[Any, StepLookup]:
+        """(activations, preserved_outputs), as `TPUEmbeddingV2.dequeue` returns them."""
+        step = chips if isinstance(chips, StepLookup) else self.prepare(chips, tensor_core)
+        self._state.last_step = step
+        return self.lookup(step), step
+
+    __call__ = dequeue
+
+    def _pack(self, flat: Dict[str, Any]) -> Any:
+        structure = self._config.structure
+        if structure is None:
+            return flat
+        import tensorflow as tf
+        return tf.nest.pack_sequence_as(structure, [flat[f.name] for f in self._config.model.features])
+
+    # -- gradients and updates ------------------------------------------------------
+
+    def sparse_gradients(self, gradients: Any, preserved_outputs: Optional[StepLookup] = None) -> Dict[str, Any]:
+        """{table: tf.IndexedSlices} of the step: per-row sums over every chip of gain x activation gradient.
+
+        This is the accumulated gradient TPU embedding's optimizer sees, before
+        the gradient multiplier and clipping.  Tensor-core tables appear when
+        their features are in `gradients`.
+        """
+        import tensorflow as tf
+        self.build()
+        step = self._step(preserved_outputs)
+        flat = self._flat_gradients(gradients, step)
+        out = {}
+        for table, feats in step.table_features.items():
+            if not any(f in flat for f in feats):
+                continue
+            var = self.tables[table]
+            dim = int(var.shape[1])
+            parts = []
+            for name in feats:
+                fl = step.features[name]
+                g = flat.get(name)
+                if g is None:
+                    parts.append(tf.zeros((fl.ids.size, dim), tf.float32))
+                    continue
+                g = tf.convert_to_tensor(g, tf.float32)
+                if tuple(g.shape) != fl.shape + (dim,):
+                    raise ValueError(f"gradient of {name!r} has shape {tuple(g.shape)}, expected {fl.shape + (dim,)}.")
+                parts.append(tf.gather(tf.reshape(g, (-1, dim)), fl.rows) * fl.gains[:, None])
+            unique, inverse = step.tables[table]
+            values = tf.math.unsorted_segment_sum(tf.concat(parts, 0), inverse, unique.size)
+            out[table] = tf.IndexedSlices(values, tf.constant(unique, tf.int64),
+                                          dense_shape=tf.constant(var.shape, tf.int64))
+        return out
+
+    def apply_gradients(self, gradients: Any, preserved_outputs: Optional[StepLookup] = None) -> None:
+        """Update the tables from gradients w.r.t. the activations, as `TPUEmbeddingV2.apply_gradients`.
+
+        `gradients` is nested like the activations; a None gradient applies a
+        zero gradient to that feature's rows (TF's rule).  Tensor-core
+        features may be left out (their tables are then not updated).
+        `preserved_outputs` defaults to the last `dequeue`'s.
+        """
+        import tensorflow as tf
+        cfg = self._config
+        grads = self.sparse_gradients(gradients, preserved_outputs)
+        step_value = self._global_step()
+        multipliers = cfg.multiplier_fn(step_value) if cfg.multiplier_fn is not None else None
+        # The multiplier covers the SparseCore (TPU embedding) tables; tensor-core tables only if named.
+        tc_tables = {f.table.name for f in cfg.tc_features.values()}
+        update = []
+        for table, sl in grads.items():
+            opt = cfg.optimizers[table]
+            if opt is None:
+                raise ValueError(f"Table {table!r} has no optimizer: give its TableConfig one or pass `optimizer`.")
+            values = sl.values
+            if multipliers is not None and table in multipliers:
+                values = values * tf.cast(multipliers[table], tf.float32)
+            elif multipliers is not None and table not in tc_tables:
+                raise KeyError(f"experimental_gradient_multiplier_fn returned no multiplier for table "
+                                   f"{table!r} (it returned {sorted(multipliers)}).")
+            lr = opt.learning_rate_fn() if opt.learning_rate_fn is not None else dict(opt.params)["learning_rate"]
+            update.append((table, sl.indices, values, tf.cast(lr, tf.float32)))
+        if cfg.pipelining:
+            pending, self._state.pending = self._state.pending, update
+            if pending is not None:
+                self._apply(pending)
+        else:
+            self._apply(update)
+        self.iterations.assign_add(1)
+
+    def flush(self) -> None:
+        """Apply the pending (pipelined) update now: TF's loop epilogue. A no-op without pipelining."""
+        pending, self._state.pending = self._state.pending, None
+        if pending is not None:
+            self._apply(pending)
+
+    @property
+    def has_pending_update(self) -> bool:
+        return self._state.pending is not None
+
+    def _apply(self, update) -> None:
+        cfg = self._config
+        for table, rows, values, lr in update:
+            opt = cfg.optimizers[table]
+            host_optimizers.apply_update(opt.kind, dict(opt.params), self.tables[table], self.slots[table], rows,
+                                         values, lr, semantics=cfg.semantics)
+
+    def _global_step(self):
+        gs = self._config.global_step
+        if gs is None:
+            return self.iterations
+        if callable(gs) and not hasattr(gs, "assign"):
+            return gs()
+        return gs
+
+    def _step(self, preserved: Optional[StepLookup]) -> StepLookup:
+        step = preserved if preserved is not None else self._state.last_step
+        if step is None:
+            raise ValueError("apply_gradients needs the step's preserved outputs: call dequeue first or pass them.")
+        if not isinstance(step, StepLookup):
+            raise TypeError(f"preserved_outputs must be what dequeue returned (a StepLookup), got "
+                            f"{type(step).__name__}.")
+        return step
+
+    def _flat_gradients(self, gradients: Any, step: StepLookup) -> Dict[str, Any]:
+        if self._config.structure is not None:
+            leaves = _leaves(gradients)
+            if len(leaves) != len(self._config.model.features):
+                raise ValueError(f"gradients have {len(leaves)} leaves, the feature config "
+                                 f"{len(self._config.model.features)}.")
+            flat = dict(zip((f.name for f in self._config.model.features), leaves))
+        else:
+            if not isinstance(gradients, Mapping):
+                raise TypeError("gradients must be nested like the activations: {feature: tensor}.")
+            flat = dict(gradients)
+        unknown = sorted(set(flat) - set(step.features))
+        if unknown:
+            raise ValueError(f"gradients for unknown features {unknown}.")
+        missing = sorted(f.name for f in self._config.model.features if f.name not in flat)
+        if missing:
+            raise ValueError(f"gradients for SparseCore features {missing} are missing (pass None for a zero "
+                             "gradient, as TPUEmbeddingV2 takes).")
+        return flat
+
+    # -- serving -----------------------------------------------------------------
+
+    def to_serving(self):
+        """A built `tf.tpu.experimental.embedding.TPUEmbeddingForServing` holding these SparseCore tables.
+
+        Its feature config is `tpu_embed.model.to_tf_feature_config(model)`
+        (per-chip output shapes, as TPUEmbeddingV2 takes them).  Pending
+        pipelined updates are not included: `flush()` first.
+        """
+        import tensorflow as tf
+        from tpu_embed.model import to_tf_feature_config
+        self.build()
+        serving = tf.tpu.experimental.embedding.TPUEmbeddingForServing(
+            to_tf_feature_config(self._config.model), optimizer=None)
+        serving.build()
+        for table, var in serving.embedding_tables.items():
+            var.assign(self.tables[table.name])
+        return serving
+
+
+def _leaves(structure: Any) -> List[Any]:
+    import tensorflow as tf
+    return tf.nest.flatten(structure)
+
+
+def _split_step(chips: Any, tensor_core: Any) -> Tuple[List[Mapping[str, Any]], Any]:
+    """Per-chip dicts in global chip order, and the tensor-core inputs (records' own unless given)."""
+    records = None
+    if isinstance(chips, Mapping) and "sparse_core" in chips:
+        records = [chips]
+    elif isinstance(chips, (list, tuple)) and chips and isinstance(chips[0], Mapping) and "sparse_core" in chips[0]:
+        records = list(chips)
+    if records is None:
+        if isinstance(chips, Mapping):
+            raise TypeError("chips must be a sequence of per-chip {stack: buffers} (global chip order) or shard "
+                            "records; got a single mapping without 'sparse_core'.")
+        return list(chips), tensor_core
+    hosts = [int(_np(r["host"])) for r in records if "host" in r]
+    if hosts and hosts != sorted(hosts):
+        raise ValueError(f"records must be given in host order (global chip order); got hosts {hosts}.")
+    out = [c for r in records for c in r["sparse_core"]]
+    if tensor_core is None and all("tensor_core" in r for r in records):
+        tensor_core = [r["tensor_core"] for r in records]
+    return out, tensor_core
+
+
+def _finish(features: Dict[str, FeatureLookup], num_chips: int) -> StepLookup:
+    by_table: Dict[str, List[str]] = {}
+    for name, fl in features.items():
+        by_table.setdefault(fl.table, []).append(name)
+    tables = {}
+    for table, names in by_table.items():
+        ids = np.concatenate([features[n].ids for n in names])
+        unique, inverse = np.unique(ids, return_inverse=True)
+        tables[table] = (unique, inverse.reshape(-1))
+    return StepLookup(features, {t: tuple(n) for t, n in by_table.items()}, tables, num_chips)
+
+
+@dataclasses.dataclass
+class _Config:
+    model: ModelConfig
+    layout: SparseCoreLayout
+    stacks: Dict[str, _StackInfo]
+    tables: Dict[str, TableConfig]
+    tc_features: Dict[str, FeatureConfig]
+    optimizers: Dict[str, Optional[OptimizerConfig]]
+    seed: int
+    initializers: Dict[str, Callable]
+    pipelining: bool
+    multiplier_fn: Optional[Callable]
+    global_step: Any
+    semantics: str
+    structure: Any
+
+
+@dataclasses.dataclass
+class _State:
+    last_step: Optional[StepLookup] = None
+    pending: Optional[list] = None
+
+
+def _read_artifact(artifact_dir: str):
+    """(Spec, manifest as a dict) of an artifact directory."""
+    import yaml
+    from tpu_embed.spec import parse_spec
+    try:
+        from tpu_embed import io as tio
+        read_text = tio.read_text
+        join = tio.join
+    except ImportError:  # pragma: no cover - io layer not present: local files only
+        import os
+
+        def read_text(p):
+            with open(p, encoding="utf-8") as fh:
+                return fh.read()
+        join = os.path.join
+    try:
+        from tpu_embed.manifest import read_manifest
+        manifest = read_manifest(artifact_dir).to_json()
+    except ImportError:  # pragma: no cover - typed manifest not present: read the JSON ourselves
+        manifest = json.loads(read_text(join(artifact_dir, "manifest.json")))
+    spec = parse_spec(yaml.safe_load(read_text(join(artifact_dir, "spec.yaml"))), base_dir=artifact_dir)
+    return spec, manifest
