@@ -383,3 +383,26 @@ def test_fuzz_mutated_valid_specs_raise_only_spec_errors():
         _check_parse(raw)
 
     run()
+
+
+def test_training_section_is_typed_and_not_fingerprinted():
+    import yaml
+    spec = load_spec(CRITEO)
+    assert spec.training.pipeline_execution_with_tensor_core is False
+    with open(CRITEO, encoding="utf-8") as fh:
+        raw = yaml.safe_load(fh)
+    raw["training"] = {"pipeline_execution_with_tensor_core": True}
+    pipelined = parse_spec(raw, base_dir=spec.base_dir)
+    assert pipelined.training.pipeline_execution_with_tensor_core is True
+    assert pipelined.fingerprint == spec.fingerprint
+    assert pipelined.to_dict()["training"] == {"pipeline_execution_with_tensor_core": True}
+    raw["training"] = {"pipeline_execution_with_tensor_core": "yes"}
+    with pytest.raises(SpecError, match="training.pipeline_execution_with_tensor_core"):
+        parse_spec(raw)
+
+
+def test_spec_errors_pickle_with_their_parts():
+    import pickle
+    e = pickle.loads(pickle.dumps(SpecError("a.b", "is wrong.", "fix it.")))
+    assert (e.key, e.problem, e.fix) == ("a.b", "is wrong.", "fix it.")
+    assert str(e) == "spec key 'a.b': is wrong. Fix: fix it."

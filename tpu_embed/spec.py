@@ -33,6 +33,7 @@ A spec file looks like this (every key is documented in docs/pipelines.md)::
     limits: {max_ids_per_chip_per_sample: 64, max_ids_per_table: {}, max_unique_ids_per_table: {},
              allow_id_dropping: false}
     policies: {invalid_ids: drop, nan_weights: drop, tail: drop}
+    training: {pipeline_execution_with_tensor_core: false}   # TPUEmbeddingV2 flag; not fingerprinted
 
 The format is a set of pydantic models: every default is the default of its
 field, unknown keys are refused.  Validation errors are `SpecError`s whose
@@ -70,6 +71,9 @@ class SpecError(ValueError):
     def __init__(self, key: str, problem: str, fix: str = ""):
         self.key, self.problem, self.fix = key, problem, fix
         super().__init__(f"spec key '{key}': {problem}" + (f" Fix: {fix}" if fix else ""))
+
+    def __reduce__(self):  # Beam sends errors between processes: rebuild from the parts, not the message
+        return (SpecError, (self.key, self.problem, self.fix))
 
 
 # ---------------------------------------------------------------- field types
@@ -295,6 +299,13 @@ class PoliciesSpec(_Model):
     tail: Literal["drop", "pad"] = "drop"
 
 
+class TrainingSpec(_Model):
+    # TPUEmbeddingV2(pipeline_execution_with_tensor_core=...): embedding updates one step stale.
+    # Training only: not part of the fingerprint (the artifacts do not depend on it).
+    pipeline_execution_with_tensor_core: Annotated[bool, Field(strict=True)] = _field(
+        False, fix="true lets SparseCore run ahead of the TensorCore (one-step-stale updates); default false.")
+
+
 class _TopologySpec(_Model):
     num_chips: PosInt = _field(1, validation_alias=AliasChoices("num_chips", "chips"))
     num_sc_per_chip: PosInt = _field(4, validation_alias=AliasChoices("num_sc_per_chip", "sc_per_chip"))
@@ -369,6 +380,7 @@ class Spec(_Model):
     profile_data_directory: Optional[Annotated[str, Field(strict=True)]] = "profiles"
     limits: Annotated[LimitsSpec, NullIsDefault] = Field(default_factory=_no_limits)
     policies: Annotated[PoliciesSpec, NullIsDefault] = Field(default_factory=PoliciesSpec)
+    training: Annotated[TrainingSpec, NullIsDefault] = Field(default_factory=TrainingSpec)
     name: Annotated[str, Field(strict=True)] = "spec"
     _base_dir: str = PrivateAttr(".")
     _source_path: Optional[str] = PrivateAttr(None)
@@ -536,7 +548,8 @@ class Spec(_Model):
                 "dense": d["dense"], "categorical": d["categorical"], "tables": d["tables"],
                 "optimizer": d["optimizer"], "topology": self.topology.to_dict(),
                 "global_batch_size": self.global_batch_size, "profile_data_directory": self.profile_data_directory,
-                "limits": limits if self.limits.given else None, "policies": d["policies"]}
+                "limits": limits if self.limits.given else None, "policies": d["policies"],
+                "training": d["training"]}
 
     def to_yaml(self) -> str:
         import yaml
@@ -546,14 +559,15 @@ class Spec(_Model):
     def fingerprint(self) -> str:
         """sha256 of the canonical JSON of `to_dict()` without where the data lives.
 
-        `inputs.patterns`, `name` and `profile_data_directory` are left out: the same
-        spec run on another copy of the data (or by the training job, which does not
-        read raw data) has the same fingerprint.
+        `inputs.patterns`, `name`, `profile_data_directory` and `training` are left
+        out: the same spec run on another copy of the data (or by the training job,
+        which does not read raw data) has the same fingerprint.
         """
         d = self.to_dict()
         d["inputs"].pop("patterns")
         d.pop("name")
         d.pop("profile_data_directory")
+        d.pop("training")
         return _fingerprint(d)
 
     def with_inputs(self, patterns: Sequence[str], base_dir: Optional[str] = None) -> "Spec":
