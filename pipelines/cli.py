@@ -11,7 +11,6 @@ Without --runner the jobs run in this process (DirectRunner, in_memory; with
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import os
 import sys
@@ -164,57 +163,58 @@ def cmd_demo(args, beam_args):
     return 0
 
 
-def summary(m: Optional[dict], output: str) -> str:
-    if not m:
+def summary(m, output: str) -> str:
+    """A few lines about an artifact directory, from its typed manifest (`tpu_embed.manifest.Manifest`)."""
+    if m is None:
         return f"{output}: no manifest written"
-    lines = [f"artifact: {output}  (spec {m.get('spec_name')}, fingerprint {m['spec_fingerprint'][:16]})"]
-    t = m.get("topology", {})
-    b = m.get("batch_sizes", {})
-    lines.append(f"topology: {t.get('num_chips')} chips x {t.get('num_sc_per_chip')} SparseCores, "
-                 f"{t.get('num_hosts')} host(s); global batch {b.get('global')} "
-                 f"(per host {b.get('per_host')}, per chip {b.get('per_chip')})")
-    vocabs = m.get("vocabularies", {})
+    lines = [f"artifact: {output}  (spec {m.spec_name}, fingerprint {m.spec_fingerprint[:16]})"]
+    t, b = m.topology, m.batch_sizes
+    lines.append(f"topology: {t.num_chips} chips x {t.num_sc_per_chip} SparseCores, "
+                 f"{t.num_hosts} host(s); global batch {b.global_} "
+                 f"(per host {b.per_host}, per chip {b.per_chip})")
+    vocabs = m.vocabularies or {}
     if vocabs:
-        sizes = ", ".join(f"{k}={v['size']}" for k, v in sorted(vocabs.items())[:8])
+        sizes = ", ".join(f"{k}={v.size}" for k, v in sorted(vocabs.items())[:8])
         more = f" (+{len(vocabs) - 8} more)" if len(vocabs) > 8 else ""
         lines.append(f"vocabularies ({len(vocabs)}): {sizes}{more}")
-    c = m.get("counts")
-    if c:
-        lines.append(f"records read {c['records_read']}, invalid {c['records_invalid']} "
-                     f"(dead letters: {c['dead_letters'] or 'none'}), examples written {c['examples_written']} "
-                     f"in {c['steps']} steps, tail dropped {c['examples_dropped']['tail']}, "
-                     f"padding {c['examples_padding']}")
-        oov = {k: v.get("oov", 0) for k, v in c.get("ids", {}).items() if v.get("oov")}
+    c = m.counts
+    if c is not None:
+        lines.append(f"records read {c.records_read}, invalid {c.records_invalid} "
+                     f"(dead letters: {c.dead_letters or 'none'}), examples written {c.examples_written} "
+                     f"in {c.steps} steps, tail dropped {c.examples_dropped['tail']}, "
+                     f"padding {c.examples_padding}")
+        oov = {k: v.get("oov", 0) for k, v in c.ids.items() if v.get("oov")}
         if oov:
             lines.append(f"out-of-vocabulary values: {sum(oov.values())} over {len(oov)} features")
-        if c.get("ids_dropped_by_limits"):
-            lines.append(f"ids dropped by SparseCore limits: {c['ids_dropped_by_limits']}")
-    lim = m.get("limits")
-    if lim:
-        lines.append(f"limits ({lim['source']}): max_ids_per_chip_per_sample={lim['max_ids_per_chip_per_sample']}, "
-                     f"max_ids_per_table={lim['max_ids_per_table']}, "
-                     f"max_unique_ids_per_table={lim['max_unique_ids_per_table']}")
-    if m.get("stacks"):
-        lines.append(f"stacks ({len(m['stacks'])}): " + ", ".join(
-            f"{k[:40]}[{len(v['tables'])} tables]" for k, v in list(m["stacks"].items())[:6]))
-    if m.get("profile"):
-        lines.append(f"profile: {m['profile']['files_written']} files in {m['profile']['directory']}")
-    kinds = {}
-    for f in m.get("files", []):
-        kinds[f.get("kind", "?")] = kinds.get(f.get("kind", "?"), 0) + 1
+        if c.ids_dropped_by_limits:
+            lines.append(f"ids dropped by SparseCore limits: {c.ids_dropped_by_limits}")
+    lim = m.limits
+    if lim is not None:
+        lines.append(f"limits ({lim.source}): max_ids_per_chip_per_sample={lim.max_ids_per_chip_per_sample}, "
+                     f"max_ids_per_table={lim.max_ids_per_table}, "
+                     f"max_unique_ids_per_table={lim.max_unique_ids_per_table}")
+    if m.stacks:
+        lines.append(f"stacks ({len(m.stacks)}): " + ", ".join(
+            f"{k[:40]}[{len(v.tables)} tables]" for k, v in list(m.stacks.items())[:6]))
+    if m.profile is not None:
+        lines.append(f"profile: {m.profile.files_written} files in {m.profile.directory}")
+    kinds: dict = {}
+    for f in m.files:
+        kinds[f.kind] = kinds.get(f.kind, 0) + 1
     lines.append("files: " + ", ".join(f"{k} {v}" for k, v in sorted(kinds.items())))
     return "\n".join(lines)
 
 
 def cmd_inspect(args, beam_args):
     from tpu_embed import shards
-    m = shards.load_manifest(args.artifact)
+    from tpu_embed.manifest import read_manifest
+    m = read_manifest(args.artifact)
     if args.json:
-        print(json.dumps(m, indent=1, sort_keys=True))
+        print(m.to_bytes().decode("utf-8"), end="")
         return 0
     print(summary(m, args.artifact))
-    if m.get("shards"):
-        fmt = shards.ShardFormat.from_json(m["shards"]["format"])
+    if m.shards is not None:
+        fmt = m.shard_format
         files = shards.shard_files(args.artifact, args.host, m)
         shown = 0
         for path in files:
@@ -269,7 +269,8 @@ def _one_arg(func) -> bool:
         return False
 
 
-_KNOWN_ERRORS = ("StrictModeError", "PolicyError", "LimitExceededError", "FileNotFoundError", "SpecError")
+_KNOWN_ERRORS = ("StrictModeError", "PolicyError", "LimitExceededError", "FileNotFoundError", "SpecError",
+                 "ManifestError", "ManifestNotFoundError")
 
 
 def _root_message(e: BaseException) -> Optional[str]:

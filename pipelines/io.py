@@ -2,23 +2,21 @@
 
 Readers work per file and yield `RawBatch`es (Arrow columns + the record
 number of every row) plus `DeadLetter`s for what cannot be read; they never
-drop anything silently.  All file access goes through Beam's `FileSystems`,
-so the same code reads gs://, s3:// or hdfs:// paths on a cluster runner.
+drop anything silently.  All file access goes through `tpu_embed.io`
+(local paths and object stores alike: gs://, s3://, ...), on the launcher and
+on the workers of any runner.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import io
-import os
-import struct
-import uuid
 from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 import pyarrow as pa
 
+from tpu_embed import io as tio
 from tpu_embed.shards import iter_tfrecords, tfrecord_frame  # noqa: F401  (one TFRecord codec)
 
 DEFAULT_CHUNK_ROWS = 32768
@@ -64,16 +62,15 @@ class RawBatch:
 
 def list_input_files(patterns: Sequence[str]) -> List[InputFile]:
     """Every file matching the patterns, sorted by path (the order global batches follow)."""
-    from apache_beam.io.filesystems import FileSystems
     found: Dict[str, int] = {}
     for pattern in patterns:
-        results = FileSystems.match([pattern])[0].metadata_list
+        results = tio.list_files(pattern)
         if not results:
             raise FileNotFoundError(
                 f"input pattern {pattern!r} matches no file. Check inputs.patterns in the spec (relative "
                 "patterns are resolved against the spec file's directory) or pass --input.")
         for m in results:
-            found[m.path] = int(m.size_in_bytes)
+            found[m.path] = int(m.size)
     return [InputFile(i, p, found[p]) for i, p in enumerate(sorted(found))]
 
 
@@ -101,8 +98,7 @@ def read_file(fmt: str, f: InputFile, columns: Sequence[str], *, csv_delimiter: 
 
 
 def _open(path: str):
-    from apache_beam.io.filesystems import FileSystems
-    return FileSystems.open(path)
+    return tio.open_read(path)
 
 
 def _missing_columns_letter(f: InputFile, missing: List[str], have: List[str]) -> DeadLetter:
@@ -172,7 +168,7 @@ def _read_csv(f: InputFile, columns: List[str], *, csv_delimiter: str, chunk_row
     def flush():
         nonlocal batch_index, pending, pending_rows
         table = pa.Table.from_batches([b for b, _ in pending])
-        rb = RawBatch(f.index, f.path, batch_index, np.concatenate([l for _, l in pending]),
+        rb = RawBatch(f.index, f.path, batch_index, np.concatenate([lines for _, lines in pending]),
                       {c: table.column(c).combine_chunks() for c in columns})
         batch_index += 1
         pending, pending_rows = [], 0
@@ -247,7 +243,7 @@ def _read_tfrecord(f: InputFile, columns: List[str], *, csv_delimiter: str, chun
             rb = decoder.DecodeBatch(chunk)
         except Exception:  # noqa: BLE001 - find the records that do not parse, one by one
             good, good_rows = [], []
-            for r, payload in zip(rows, chunk):
+            for r, payload in zip(rows, chunk, strict=True):
                 try:
                     decoder.DecodeBatch([payload])
                 except Exception as e:  # noqa: BLE001
@@ -290,34 +286,14 @@ class FileInfo:
 
 
 def join(base: str, *parts: str) -> str:
-    if "://" in base:
-        return "/".join([base.rstrip("/")] + [p.strip("/") for p in parts])
-    return os.path.join(base, *parts)
+    return tio.join(base, *parts)
 
 
 def write_atomic(base: str, rel: str, chunks, records: Optional[int] = None, extra=None) -> FileInfo:
-    """Write `chunks` (bytes or an iterable of bytes) to base/rel through a temporary name, then rename."""
-    from apache_beam.io.filesystems import FileSystems
-    path = join(base, rel)
-    parent = os.path.dirname(path) if "://" not in path else None
-    if parent:
-        os.makedirs(parent, exist_ok=True)
-    tmp = join(base, os.path.dirname(rel), f".tmp-{uuid.uuid4().hex}-{os.path.basename(rel)}")
-    h = hashlib.sha256()
-    size = 0
-    if isinstance(chunks, (bytes, bytearray)):
-        chunks = [chunks]
-    with FileSystems.create(tmp) as fh:
-        for c in chunks:
-            fh.write(c)
-            h.update(c)
-            size += len(c)
-    if FileSystems.exists(path):
-        FileSystems.delete([path])
-    FileSystems.rename([tmp], [path])
-    return FileInfo(rel, h.hexdigest(), size, records, extra)
+    """Write `chunks` (bytes or an iterable of bytes) to base/rel atomically (`tpu_embed.io.write_atomic`)."""
+    written = tio.write_atomic(join(base, rel), chunks)
+    return FileInfo(rel, written.sha256, written.bytes, records, extra)
 
 
 def read_bytes(path: str) -> bytes:
-    with _open(path) as fh:
-        return fh.read()
+    return tio.read_bytes(path)

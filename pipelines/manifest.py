@@ -2,21 +2,21 @@
 
 One manifest per artifact directory; each job (vocab, shard, profile)
 updates its own sections and the file list, then the whole manifest is
-replaced atomically.  No timestamps: the same inputs and spec give the same
-manifest bytes.
+validated against `tpu_embed.manifest.Manifest` (the typed schema the
+training side reads) and replaced atomically through `tpu_embed.io`.  No
+timestamps: the same inputs and spec give the same manifest bytes.
 """
 
 from __future__ import annotations
 
 import collections
 import hashlib
-import json
 from typing import Any, Dict, List, Optional, Sequence
 
 from pipelines import io as pio
-
-SCHEMA_VERSION = 1
-KIND = "tpu_embed.artifact"
+from tpu_embed import io as tio
+from tpu_embed.manifest import (FILENAME, KIND, SCHEMA_VERSION, Manifest, manifest_bytes, manifest_path,
+                                read_manifest)
 
 
 def sha256(data: bytes) -> str:
@@ -44,18 +44,15 @@ def job_json(cfg, files: Sequence[pio.InputFile], job: str) -> dict:
 
 def _rel(path: str, base: str) -> str:
     """`path` relative to the artifact directory when inside it (manifests do not depend on where DIR is)."""
-    import os
-    if "://" in path or "://" in base:
-        return path
-    rel = os.path.relpath(os.path.abspath(path), os.path.abspath(base))
-    return path if rel.startswith("..") else rel
+    rel = tio.relpath(path, base)
+    return path if rel is None else rel
 
 
-def read_manifest(output: str) -> Optional[dict]:
-    try:
-        return json.loads(pio.read_bytes(pio.join(output, "manifest.json")).decode("utf-8"))
-    except Exception:  # noqa: BLE001 - no manifest yet
+def existing_manifest(output: str) -> Optional[Manifest]:
+    """The manifest already in `output`, or None if there is none yet (a damaged one raises ManifestError)."""
+    if not tio.exists(manifest_path(output)):
         return None
+    return read_manifest(output)
 
 
 def _nest_counts(stats: Dict[str, int]) -> dict:
@@ -71,11 +68,15 @@ def _nest_counts(stats: Dict[str, int]) -> dict:
 
 
 def update_manifest(output: str, job: str, job_cfg: dict, *, stats: Dict[str, int], files: List[dict],
-                    extra: dict) -> dict:
-    m = read_manifest(output)
+                    extra: dict) -> Manifest:
+    existing = existing_manifest(output)
     fp = job_cfg["spec_fingerprint"]
-    if m is None or m.get("spec_fingerprint") != fp or m.get("schema_version") != SCHEMA_VERSION:
-        m = {"schema_version": SCHEMA_VERSION, "kind": KIND, "spec_fingerprint": fp, "jobs": {}, "files": []}
+    if existing is None or existing.spec_fingerprint != fp:
+        # A manifest of another spec describes files this run replaces: start afresh.
+        m: Dict[str, Any] = {"schema_version": SCHEMA_VERSION, "kind": KIND, "spec_fingerprint": fp, "jobs": {},
+                             "files": []}
+    else:
+        m = existing.to_json()
     spec = job_cfg["spec"]
     m["spec_name"] = spec["name"]
     m["topology"] = spec["topology"]
@@ -113,9 +114,9 @@ def update_manifest(output: str, job: str, job_cfg: dict, *, stats: Dict[str, in
     kept = [f for f in m.get("files", []) if f.get("kind") not in kinds]
     m["files"] = sorted(kept + files, key=lambda f: f["path"])
     m["features"] = _features(spec, m)
-    data = json.dumps(m, indent=1, sort_keys=True).encode("utf-8") + b"\n"
-    pio.write_atomic(output, "manifest.json", data)
-    return m
+    typed = Manifest.from_json(m, manifest_path(output))  # what is written is what readers accept
+    pio.write_atomic(output, FILENAME, manifest_bytes(m))
+    return typed
 
 
 def _summary_counts(stats: Dict[str, int], batching: dict, job_cfg: dict) -> dict:

@@ -6,7 +6,7 @@ import os
 
 import dataclasses
 import logging
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, Sequence
 
 import apache_beam as beam
 from apache_beam.options.pipeline_options import PipelineOptions
@@ -14,6 +14,7 @@ from apache_beam.options.pipeline_options import PipelineOptions
 from pipelines import io as pio
 from pipelines import jobs
 from pipelines import manifest as pmanifest
+from tpu_embed.manifest import Manifest, ManifestNotFoundError, read_manifest
 
 log = logging.getLogger("tpu_embed.pipelines")
 
@@ -58,7 +59,7 @@ def _run(build, beam_args: Sequence[str]):
     return result
 
 
-def run_vocab(cfg: jobs.JobConfig, beam_args: Sequence[str] = ()) -> dict:
+def run_vocab(cfg: jobs.JobConfig, beam_args: Sequence[str] = ()) -> Manifest:
     files = pio.list_input_files(cfg.spec.input_patterns())
     if not cfg.spec.vocabulary_groups():
         # Nothing to count: still write a manifest with the spec.
@@ -66,40 +67,44 @@ def run_vocab(cfg: jobs.JobConfig, beam_args: Sequence[str] = ()) -> dict:
                                   files=[], extra={"vocabularies": {}})
     else:
         _run(lambda p: jobs.build_vocab_pipeline(p, cfg, files), beam_args)
-    return pmanifest.read_manifest(cfg.output)
+    return read_manifest(cfg.output)
 
 
 def vocab_sizes_for(cfg: jobs.JobConfig) -> Dict[str, int]:
     vdir = cfg.vocab_dir or cfg.output
-    m = pmanifest.read_manifest(vdir)
     groups = cfg.spec.vocabulary_groups()
     if not groups:
         return {}
-    if m is None or "vocabularies" not in m:
+    try:
+        m = read_manifest(vdir)
+    except ManifestNotFoundError:
+        m = None
+    if m is None or m.vocabularies is None:
         raise FileNotFoundError(f"{vdir} has no vocabulary manifest: run `tpu-embed vocab --spec ... --output "
                                 f"{vdir}` first (or `tpu-embed run`).")
-    if m.get("spec_fingerprint") != cfg.spec.fingerprint:
-        raise ValueError(f"the vocabularies in {vdir} were made for spec {m.get('spec_fingerprint')[:12]}…, not "
+    if m.spec_fingerprint != cfg.spec.fingerprint:
+        raise ValueError(f"the vocabularies in {vdir} were made for spec {m.spec_fingerprint[:12]}…, not "
                          f"this spec ({cfg.spec.fingerprint[:12]}…). Re-run `tpu-embed vocab` with this spec.")
-    missing = sorted(set(groups) - set(m["vocabularies"]))
+    sizes = m.vocabulary_sizes
+    missing = sorted(set(groups) - set(sizes))
     if missing:
         raise ValueError(f"{vdir}/manifest.json has no vocabularies for {missing}; re-run `tpu-embed vocab`.")
-    return {k: int(m["vocabularies"][k]["size"]) for k in groups}
+    return {k: sizes[k] for k in groups}
 
 
-def run_shard(cfg: jobs.JobConfig, beam_args: Sequence[str] = ()) -> dict:
+def run_shard(cfg: jobs.JobConfig, beam_args: Sequence[str] = ()) -> Manifest:
     files = pio.list_input_files(cfg.spec.input_patterns())
     sizes = vocab_sizes_for(cfg)
     _run(lambda p: jobs.build_shard_pipeline(p, cfg, files, sizes), beam_args)
-    return pmanifest.read_manifest(cfg.output)
+    return read_manifest(cfg.output)
 
 
-def run_profile(cfg: jobs.JobConfig, beam_args: Sequence[str] = ()) -> dict:
+def run_profile(cfg: jobs.JobConfig, beam_args: Sequence[str] = ()) -> Manifest:
     cfg = dataclasses.replace(cfg, write_shards=False, write_profile=True)
     return run_shard(cfg, beam_args)
 
 
-def run_all(cfg: jobs.JobConfig, beam_args: Sequence[str] = ()) -> dict:
+def run_all(cfg: jobs.JobConfig, beam_args: Sequence[str] = ()) -> Manifest:
     """Vocabulary job, then shards + profile in one read of the data."""
     run_vocab(dataclasses.replace(cfg, vocab_dir=None), beam_args)
     return run_shard(cfg, beam_args)

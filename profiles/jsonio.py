@@ -1,13 +1,16 @@
-"""JSON files: atomic writes, readable layout, and clear errors on corrupt or truncated files."""
+"""JSON files: atomic writes, readable layout, and clear errors on corrupt or truncated files.
+
+Local paths and object stores (gs://...) alike: the bytes go through `tpu_embed.io`.
+"""
 
 from __future__ import annotations
 
 import json
 import os
-import tempfile
 from typing import Any
 
 from profiles.errors import CorruptProfileError
+from tpu_embed import io as tio
 
 
 def dumps_readable(data: Any, indent: int = 1) -> str:
@@ -30,39 +33,22 @@ def dumps_readable(data: Any, indent: int = 1) -> str:
     return enc(data, 0) + "\n"
 
 
-def atomic_write_text(path: str, text: str) -> None:
-    """Write to a temporary file in the same directory, fsync, then os.replace.
+def atomic_write_text(path: str, text: str) -> tio.Written:
+    """Write `text` (UTF-8) so that readers see either the old file or the new one, never a partial write.
 
-    Readers see either the old file or the new one, never a partial write
-    (os.replace is atomic within a filesystem, hence the same directory).
+    `tpu_embed.io.write_atomic`: locally a temporary file in the same directory, fsync, then os.replace;
+    on an object store one upload (the object appears when it completes).
     """
-    directory = os.path.dirname(os.path.abspath(path))
-    os.makedirs(directory, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".json", dir=directory)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+    return tio.write_text_atomic(os.fspath(path), text)
 
 
 def read_json(path: str, what: str, fix: str) -> Any:
-    try:
-        with open(path, "rb") as f:
-            raw = f.read()
-    except FileNotFoundError:
-        raise
+    raw = tio.read_bytes(os.fspath(path))  # FileNotFoundError propagates
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as e:
-        raise CorruptProfileError(f"{what} {path} is not UTF-8 text (byte {e.start}): the file is corrupt. {fix}")
+        raise CorruptProfileError(
+            f"{what} {path} is not UTF-8 text (byte {e.start}): the file is corrupt. {fix}") from None
     if not text.strip():
         raise CorruptProfileError(f"{what} {path} is empty (an interrupted write?). {fix}")
     try:

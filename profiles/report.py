@@ -10,6 +10,7 @@ ids, mod vs div balance, and the plan's memory against TF's defaults.
 from __future__ import annotations
 
 import html
+import io
 import math
 import os
 import textwrap
@@ -20,6 +21,7 @@ import numpy as np
 from profiles.plan_file import Plan, load_plan
 from profiles.profile import Profile
 from profiles.store import ProfileStore
+from tpu_embed import io as tio
 
 DPI = 100
 _COLORS = {"ids": "#1f77b4", "unique": "#ff7f0e", "limit": "#d62728", "default": "#7f7f7f", "planned": "#2ca02c",
@@ -48,8 +50,9 @@ def _save(fig, out_dir: str, name: str) -> str:
         size = fig._suptitle.get_fontsize()
         chars = max(30, int(width_in * 72 / (0.55 * size)))
         fig._suptitle.set_text(textwrap.fill(fig._suptitle.get_text().replace("\n", " "), chars))
-    path = os.path.join(out_dir, name)
-    fig.savefig(path, format="png", dpi=DPI)
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=DPI)
+    tio.write_atomic(tio.join(out_dir, name), buf.getvalue())
     return name
 
 
@@ -250,7 +253,7 @@ def write_report(profile_or_dir: Union[Profile, str, os.PathLike], plan: Union[P
     """Write out_dir/index.html and its PNGs; returns the HTML path.  `plan` may be None (planned
     here with quantile 'max')."""
     out_dir = os.fspath(out_dir)
-    os.makedirs(out_dir, exist_ok=True)
+    tio.makedirs(out_dir)
     if isinstance(plan, (str, os.PathLike)):
         plan = load_plan(plan)
     if isinstance(profile_or_dir, Profile):
@@ -321,7 +324,6 @@ def write_report(profile_or_dir: Union[Profile, str, os.PathLike], plan: Union[P
                     f"({html.escape(st.get('recommendation', ''))})" if un else "") + ".</p>")
     parts.append("<p>Memory figures follow the model documented in profiles/SCHEMA.md, not a TPU measurement.</p>")
     parts.append("</body></html>")
-    path = os.path.join(out_dir, "index.html")
-    with open(path, "w", encoding="utf-8") as f:
-        f.write("\n".join(parts))
+    path = tio.join(out_dir, "index.html")
+    tio.write_text_atomic(path, "\n".join(parts))
     return path

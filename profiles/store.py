@@ -16,11 +16,10 @@ profiles/SCHEMA.md for the format.
 from __future__ import annotations
 
 import dataclasses
-import glob
-import os
 import warnings
 from typing import List, Optional, Tuple
 
+from tpu_embed import io as tio
 from tpu_embed.model import ModelConfig, from_tf_feature_config
 
 from profiles.config import GlobalConfig, StackUnit, TableUnit, stack_key, stack_units, table_key, table_unit
@@ -53,13 +52,13 @@ class ProfileStore:
     # ------------------------------------------------------------ paths
 
     def table_path(self, key: str) -> str:
-        return os.path.join(self.directory, f"table-{key}.json")
+        return tio.join(self.directory, f"table-{key}.json")
 
     def stack_path(self, key: str) -> str:
-        return os.path.join(self.directory, f"stack-{key}.json")
+        return tio.join(self.directory, f"stack-{key}.json")
 
     def model_path(self, key: str) -> str:
-        return os.path.join(self.directory, f"model-{key}.json")
+        return tio.join(self.directory, f"model-{key}.json")
 
     # ------------------------------------------------------------ writing
 
@@ -155,7 +154,7 @@ class ProfileStore:
 
     def models(self) -> List[ModelEntry]:
         out = []
-        for path in sorted(glob.glob(os.path.join(self.directory, "model-*.json"))):
+        for path in tio.glob(tio.join(self.directory, "model-*.json")):
             d = self._load(path, "model")
             m = ModelConfig.from_json(d["model"])
             out.append(ModelEntry(d["key"], path, int(d["steps"]), tuple(t.name for t in m.tables),
@@ -193,7 +192,7 @@ class ProfileStore:
             raise TypeError("read_for(feature_config, topology): the topology is needed to find the profile.")
         model = from_tf_feature_config(model, topology)
         path = self.model_path(model.key)
-        if not os.path.exists(path):
+        if not tio.exists(path):
             raise MissingProfileError(
                 f"{path} does not exist: no profile of this exact configuration ({len(model.tables)} tables, "
                 f"{model.topology.num_chips} chips) in {self.directory}. Run the profile job for it, "
@@ -242,7 +241,7 @@ class ProfileStore:
         """This table's statistics under this global configuration, or None if never profiled."""
         key = table_key(table, global_config)
         path = self.table_path(key)
-        if not os.path.exists(path):
+        if not tio.exists(path):
             return None
         d = self._load(path, "table")
         spec, g = TableUnit.from_json(d["table"]), GlobalConfig.from_json(d["global"])
@@ -254,7 +253,7 @@ class ProfileStore:
     def read_stack(self, stack: StackUnit, global_config: GlobalConfig) -> Optional[StackProfile]:
         key = stack_key(stack, global_config)
         path = self.stack_path(key)
-        if not os.path.exists(path):
+        if not tio.exists(path):
             return None
         d = self._load(path, "stack")
         spec, g = StackUnit.from_json(d["stack"]), GlobalConfig.from_json(d["global"])
@@ -265,7 +264,7 @@ class ProfileStore:
 
     def all_tables(self) -> List[TableProfile]:
         out = []
-        for path in sorted(glob.glob(os.path.join(self.directory, "table-*.json"))):
+        for path in tio.glob(tio.join(self.directory, "table-*.json")):
             d = self._load(path, "table")
             spec, g = TableUnit.from_json(d["table"]), GlobalConfig.from_json(d["global"])
             self._check_key(path, d, table_key(spec, g), "table parameters and global configuration")
@@ -274,7 +273,7 @@ class ProfileStore:
 
     def all_stacks(self) -> List[StackProfile]:
         out = []
-        for path in sorted(glob.glob(os.path.join(self.directory, "stack-*.json"))):
+        for path in tio.glob(tio.join(self.directory, "stack-*.json")):
             d = self._load(path, "stack")
             spec, g = StackUnit.from_json(d["stack"]), GlobalConfig.from_json(d["global"])
             self._check_key(path, d, stack_key(spec, g), "stack parameters and global configuration")
@@ -295,7 +294,7 @@ class ProfileStore:
         if d.get("kind") != kind:
             raise CorruptProfileError(f"{path} is a {d.get('kind')!r} file, expected {kind!r}: the file name and "
                                       f"content disagree. {_FIX}")
-        name_key = os.path.basename(path)[len(kind) + 1:-len(".json")]
+        name_key = tio.basename(path)[len(kind) + 1:-len(".json")]
         if d.get("key") != name_key:
             raise ProfileMismatchError(
                 f"{path}: the file is named for key {name_key} but records key {d.get('key')!r} (renamed or "

@@ -32,7 +32,6 @@ in sorted order, so equal content gives equal bytes.
 from __future__ import annotations
 
 import dataclasses
-import json
 import struct
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
@@ -165,6 +164,8 @@ def decode_example(data: bytes) -> Dict[str, Tuple[str, Any]]:
                     key = x.decode("utf-8")
                 elif f3 == 2:
                     value = x
+            if key is None:  # a map entry without a key: nothing to name it by
+                continue
             for kind_field, lst in _fields(value):
                 if kind_field == 1:
                     out[key] = ("bytes", [x for _, x in _fields(lst)])
@@ -184,7 +185,7 @@ def decode_example(data: bytes) -> Dict[str, Tuple[str, Any]]:
                                 v, p = _read_varint(x, p)
                                 vals.append(v - (1 << 64) if v >= 1 << 63 else v)
                     out[key] = ("int64", vals)
-            if key is not None and key not in out:
+            if key not in out:
                 out[key] = ("bytes", [])
     return out
 
@@ -276,6 +277,34 @@ def iter_tfrecords(data: bytes):
         pos = end + 4
 
 
+def iter_tfrecord_stream(fh, name: str = "<stream>"):
+    """Payloads of the TFRecords read from a binary file object, one record in memory at a time.
+
+    Checks the CRCs like `iter_tfrecords`; ValueError naming `name` and the byte offset on corruption.
+    """
+    import google_crc32c
+    pos = 0
+    while True:
+        header = fh.read(12)
+        if not header:
+            return
+        if len(header) < 12:
+            raise ValueError(f"{name}: truncated record header at byte {pos}")
+        length, = struct.unpack_from("<Q", header, 0)
+        len_crc, = struct.unpack_from("<I", header, 8)
+        if _mask_crc(google_crc32c.value(header[:8])) != len_crc:
+            raise ValueError(f"{name}: corrupt record length at byte {pos}")
+        body = fh.read(length + 4)
+        if len(body) < length + 4:
+            raise ValueError(f"{name}: truncated record at byte {pos}")
+        payload = body[:length]
+        crc, = struct.unpack_from("<I", body, length)
+        if _mask_crc(google_crc32c.value(payload)) != crc:
+            raise ValueError(f"{name}: corrupt record data at byte {pos}")
+        yield payload
+        pos += 12 + length + 4
+
+
 def _mask_crc(crc: int) -> int:
     return (((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF
 
@@ -288,18 +317,10 @@ def tfrecord_frame(payload: bytes) -> bytes:
             + struct.pack("<I", _mask_crc(google_crc32c.value(payload))))
 
 
-def _read_bytes(path: str) -> bytes:
-    if "://" not in path:
-        with open(path, "rb") as fh:
-            return fh.read()
-    from apache_beam.io.filesystems import FileSystems
-    with FileSystems.open(path) as fh:
-        return fh.read()
-
-
 def read_records(path: str) -> List[bytes]:
-    """Every record of a TFRecord file (numpy-only reader, checks CRCs)."""
-    return [payload for _, payload in iter_tfrecords(_read_bytes(path))]
+    """Every record of a TFRecord file, local or in an object store (numpy-only reader, checks CRCs)."""
+    from tpu_embed import io as tio
+    return [payload for _, payload in iter_tfrecords(tio.read_bytes(path))]
 
 
 # ---------------------------------------------------------------- tf.data
@@ -389,27 +410,34 @@ def dequeue_inputs(chip: Mapping[str, Mapping[str, Any]], sample_counts: Optiona
     return out
 
 
-def load_manifest(artifact_dir: str) -> dict:
-    return json.loads(_read_bytes(artifact_dir.rstrip("/") + "/manifest.json").decode("utf-8"))
+def load_manifest(artifact_dir: str):
+    """Deprecated name of `tpu_embed.manifest.read_manifest` (the typed manifest; `m["key"]` still reads)."""
+    from tpu_embed.manifest import read_manifest
+    return read_manifest(artifact_dir)
 
 
-def shard_files(artifact_dir: str, host_index: int = 0, manifest: Optional[dict] = None) -> List[str]:
-    """The host's shard files in step order."""
-    manifest = manifest or load_manifest(artifact_dir)
-    shard = manifest.get("shards")
-    if not shard:
-        raise ValueError(f"{artifact_dir} has no shards (run `tpu-embed shard` or `tpu-embed run`).")
-    hosts = shard["format"]["num_hosts"]
-    if not 0 <= host_index < hosts:
-        raise ValueError(f"host_index {host_index} is outside [0, {hosts}) hosts of this artifact.")
-    files = [f for f in manifest["files"] if f.get("kind") == "shard" and f.get("host") == host_index]
-    files.sort(key=lambda f: f["first_step"])
-    base = artifact_dir.rstrip("/")
-    return [base + "/" + f["path"] for f in files]
+def shard_files(artifact_dir: str, host_index: int = 0, manifest=None) -> List[str]:
+    """Paths of the host's shard files in step order (`manifest`: the artifact's, if already read)."""
+    from tpu_embed import io as tio
+    from tpu_embed.manifest import read_manifest
+    m = manifest if manifest is not None else read_manifest(artifact_dir)
+    return [tio.join(artifact_dir, f.path) for f in m.shard_files(host_index)]
+
+
+READERS = ("auto", "tensorflow", "io")
+
+
+def _tensorflow_reads(path: str) -> bool:
+    """True if TensorFlow's own filesystems read `path` (local files, and gs:// in the standard wheel)."""
+    import tensorflow as tf
+    from tpu_embed import io as tio
+    proto = tio.protocol(path)
+    return proto == "" or proto in tf.io.gfile.get_registered_schemes()
 
 
 def input_fn(artifact_dir: str, *, host_index: int = 0, num_epochs: Optional[int] = 1,
-             prefetch: int = 2, num_parallel_calls: Optional[int] = None, expected_fingerprint: Optional[str] = None):
+             prefetch: int = 2, num_parallel_calls: Optional[int] = None, expected_fingerprint: Optional[str] = None,
+             reader: str = "auto"):
     """`tf.data.Dataset` of this host's steps, in step order: one element per training step.
 
     Each element is the dict `parse_fn` makes; `element["sparse_core"][c]`
@@ -417,16 +445,49 @@ def input_fn(artifact_dir: str, *, host_index: int = 0, num_epochs: Optional[int
     `TPUEmbeddingV2.dequeue` takes.  `expected_fingerprint`: the training
     spec's `Spec.fingerprint`; a mismatch raises instead of training on
     shards made for another spec.
+
+    The manifest is read through `tpu_embed.io` (local or any object store).
+    The records are read by:
+
+    * `reader="tensorflow"`: `tf.data.TFRecordDataset` over the paths, i.e.
+      TensorFlow's own filesystems (local files; gs:// through TF's GCS
+      filesystem, which has its own credentials and retries);
+    * `reader="io"`: `tpu_embed.io` (fsspec: gs:// through gcsfs, s3://,
+      memory://, ...), records streamed from each file and CRC-checked, fed
+      to tf.data with `Dataset.from_generator` (serialized records; one file
+      read at a time, in step order);
+    * `reader="auto"` (default): "tensorflow" when TF has a filesystem for
+      the paths' scheme (`tf.io.gfile.get_registered_schemes()`: local, gs://),
+      else "io".
+
+    Either way the same `parse_fn` runs as a parallel `map`
+    (`num_parallel_calls`, default AUTOTUNE, deterministic order).
     """
     import tensorflow as tf
-    manifest = load_manifest(artifact_dir)
-    if expected_fingerprint is not None and manifest.get("spec_fingerprint") != expected_fingerprint:
-        raise ValueError(f"{artifact_dir} was made for spec {manifest.get('spec_fingerprint')}, not "
+    from tpu_embed.manifest import read_manifest
+    if reader not in READERS:
+        raise ValueError(f"reader must be one of {READERS}, got {reader!r}")
+    manifest = read_manifest(artifact_dir)
+    if expected_fingerprint is not None and manifest.spec_fingerprint != expected_fingerprint:
+        raise ValueError(f"{artifact_dir} was made for spec {manifest.spec_fingerprint}, not "
                          f"{expected_fingerprint}: regenerate the shards with this spec.")
-    fmt = ShardFormat.from_json(manifest["shards"]["format"])
+    fmt = manifest.shard_format
     files = shard_files(artifact_dir, host_index, manifest)
-    ds = tf.data.TFRecordDataset(files)
+    if reader == "auto":
+        reader = "tensorflow" if all(_tensorflow_reads(f) for f in files) else "io"
+    if reader == "tensorflow":
+        ds = tf.data.TFRecordDataset(files)
+    else:
+        ds = tf.data.Dataset.from_generator(lambda: _stream_records(files),
+                                            output_signature=tf.TensorSpec([], tf.string))
     ds = ds.map(parse_fn(fmt), num_parallel_calls=num_parallel_calls or tf.data.AUTOTUNE, deterministic=True)
     if num_epochs != 1:
         ds = ds.repeat(num_epochs)
     return ds.prefetch(prefetch)
+
+
+def _stream_records(files: Sequence[str]):
+    from tpu_embed import io as tio
+    for path in files:
+        with tio.open_read(path) as fh:
+            yield from iter_tfrecord_stream(fh, path)

@@ -1,0 +1,345 @@
+"""One IO layer for every artifact: local paths and object stores (gs://, s3://, ...) alike.
+
+Everything tpu_embed reads or writes goes through here: the jobs' input
+files, vocabularies, shards, dead letters, manifest.json, the spec copy,
+profiles, plans and reports, and the training side's reads of manifests
+and shards.
+
+    join(base, *parts)       exists(path)          read_bytes(path) / read_text(path)
+    glob(pattern)            list_files(pattern)   open_read(path)  (streaming)
+    write_atomic(path, data) -> Written(path, sha256, bytes)
+    delete(path)             relpath(path, base)   is_url(path) / protocol(path)
+
+Why fsspec (+ gcsfs for gs://).  Beam's `FileSystems` made the core depend
+on Apache Beam and behaves differently for local paths (plain `os` calls
+were mixed in, which is how `--output gs://...` became `./gs:/...`).
+TensorFlow's `tf.io.gfile` would pull TensorFlow into the jobs' workers and
+the profiles.  fsspec is a small pure-Python library that works the same in
+the numpy-only core, on Beam workers (instances are re-created after a fork)
+and on the training side; one `url -> filesystem` mapping covers gs://
+(gcsfs), s3:// (s3fs), memory:// and the rest.  For gs:// we construct
+`gcsfs.core.GCSFileSystem` (the JSON API over HTTP) rather than the gRPC
+"extended" class gcsfs registers by default: the latter first asks the
+Storage Control gRPC API for the bucket type, which emulators do not serve
+(60 s timeout on every call); zonal ("Rapid") buckets, which need gRPC, are
+therefore not supported.  `STORAGE_EMULATOR_HOST` is honoured: when it is
+set, gs:// goes to that endpoint with anonymous credentials (emulators do
+not check them); otherwise Google's default credentials are used.
+
+Atomic writes (readers see the old content or the new, never a part):
+  * local paths: a temporary file `.tmp-<uuid>-<name>` in the same directory,
+    flushed and fsync'ed, then `os.replace` (atomic within one filesystem,
+    hence the same directory); the temporary file is removed on any failure.
+  * object stores: the whole object is sent in one upload (`pipe`): an object
+    becomes visible only when its upload completes (GCS: one simple upload
+    below 50 MiB, else one resumable upload that the store commits at its
+    last chunk and that gcsfs cancels on failure), so there is no temporary
+    name and no rename (renames are copies on object stores).
+Every write returns the sha256 and size of what was written (the manifest's
+file list records them).
+
+Listing: `glob` / `list_files` return full paths (with the scheme for
+object stores) sorted by path, files only; `**` matches across directories.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import glob as _glob
+import hashlib
+import os
+import re
+import threading
+import uuid
+from typing import IO, Any, Dict, Iterable, List, Optional, Tuple, Union
+
+Data = Union[bytes, bytearray, memoryview, Iterable[bytes]]
+
+_URL = re.compile(r"^([A-Za-z][A-Za-z0-9+.\-]*)://")
+_GLOB_CHARS = re.compile(r"[*?\[]")
+
+
+@dataclasses.dataclass(frozen=True)
+class Written:
+    """What `write_atomic` wrote."""
+    path: str
+    sha256: str
+    bytes: int
+
+
+@dataclasses.dataclass(frozen=True)
+class FileStat:
+    path: str
+    size: int
+
+
+# ---------------------------------------------------------------- paths
+
+def protocol(path: str) -> str:
+    """'gs', 's3', 'memory', ... for URLs; '' for local paths (and file://)."""
+    m = _URL.match(os.fspath(path))
+    if not m or m.group(1).lower() == "file":
+        return ""
+    return m.group(1).lower()
+
+
+def is_url(path: str) -> bool:
+    """True for object-store / remote URLs (anything with a scheme but file://)."""
+    return protocol(path) != ""
+
+
+def _local(path: str) -> str:
+    path = os.fspath(path)
+    return path[len("file://"):] if path.startswith("file://") else path
+
+
+def is_absolute(path: str) -> bool:
+    return is_url(path) or os.path.isabs(_local(path))
+
+
+def join(base: str, *parts: str) -> str:
+    """`base/part/...`: os.path.join for local paths, '/' for URLs (no leading-slash surprises)."""
+    base = os.fspath(base)
+    if is_url(base):
+        out = base.rstrip("/")
+        for p in parts:
+            p = p.strip("/")
+            if p:
+                out = out + "/" + p
+        return out
+    return os.path.join(base, *parts)
+
+
+def dirname(path: str) -> str:
+    """The parent: os.path.dirname for local paths; for URLs the prefix before the last '/' (a bucket
+    root is its own parent)."""
+    m = _URL.match(path)
+    if m is None or not is_url(path):
+        return os.path.dirname(path)
+    rest = path[m.end():].rstrip("/")
+    return path[:m.end()] + (rest.rpartition("/")[0] if "/" in rest else rest)
+
+
+def basename(path: str) -> str:
+    if is_url(path):
+        return path.rstrip("/").rpartition("/")[2]
+    return os.path.basename(path)
+
+
+def relpath(path: str, base: str) -> Optional[str]:
+    """`path` relative to `base` when it lies inside it, else None (local paths compared absolutely)."""
+    if is_url(path) or is_url(base):
+        base = base.rstrip("/")
+        if path.rstrip("/") == base:
+            return "."
+        return path[len(base) + 1:] if path.startswith(base + "/") else None
+    rel = os.path.relpath(os.path.abspath(_local(path)), os.path.abspath(_local(base)))
+    return None if rel == ".." or rel.startswith(".." + os.sep) else rel
+
+
+# ---------------------------------------------------------------- filesystems
+
+_FS_LOCK = threading.Lock()
+_FS_CACHE: Dict[Tuple[int, str, str], Any] = {}
+
+
+def _emulator_host() -> str:
+    host = os.environ.get("STORAGE_EMULATOR_HOST", "")
+    if host in ("", "default"):
+        return ""
+    return host if host.startswith(("http://", "https://")) else "http://" + host
+
+
+def filesystem(path: str):
+    """(fsspec filesystem, path as that filesystem names it) for a URL."""
+    proto = protocol(path)
+    if not proto:
+        raise ValueError(f"{path!r} is a local path; the IO layer handles those with os calls.")
+    endpoint = _emulator_host() if proto in ("gs", "gcs") else ""
+    key = (os.getpid(), proto, endpoint)
+    with _FS_LOCK:
+        fs = _FS_CACHE.get(key)
+        if fs is None:
+            fs = _FS_CACHE[key] = _make_filesystem(proto, endpoint)
+    return fs, fs._strip_protocol(path)
+
+
+def _make_filesystem(proto: str, endpoint: str):
+    if proto in ("gs", "gcs"):
+        try:
+            from gcsfs.core import GCSFileSystem
+        except ImportError:  # pragma: no cover - gcsfs is a dependency
+            raise ImportError("gs:// paths need gcsfs: pip install gcsfs") from None
+        # No listings cache: other processes (Beam workers) write to the same prefixes.
+        kwargs: Dict[str, Any] = {"use_listings_cache": False}
+        if endpoint:
+            kwargs.update(endpoint_url=endpoint, token="anon")
+        return GCSFileSystem(**kwargs)
+    import fsspec
+    try:
+        try:
+            return fsspec.filesystem(proto, use_listings_cache=False)
+        except TypeError:
+            return fsspec.filesystem(proto)
+    except (ImportError, ValueError) as e:
+        raise ValueError(f"no filesystem for {proto}:// paths ({e}). Install the fsspec implementation for it "
+                         f"(e.g. s3fs for s3://).") from None
+
+
+def _full(fs, p: str, proto: str) -> str:
+    full = fs.unstrip_protocol(p)
+    # Keep the caller's scheme (fsspec says 'gs://' for the 'gcs' alias) and 'memory://x', not 'memory:///x'.
+    m = _URL.match(full)
+    rest = full[m.end():] if m else full
+    return f"{proto}://{rest.lstrip('/')}"
+
+
+# ---------------------------------------------------------------- reading
+
+def exists(path: str) -> bool:
+    if not is_url(path):
+        return os.path.exists(_local(path))
+    fs, p = filesystem(path)
+    return bool(fs.exists(p))
+
+
+def isfile(path: str) -> bool:
+    if not is_url(path):
+        return os.path.isfile(_local(path))
+    fs, p = filesystem(path)
+    return bool(fs.isfile(p))
+
+
+def read_bytes(path: str) -> bytes:
+    """The whole file. FileNotFoundError (naming the path) if there is none."""
+    if not is_url(path):
+        with open(_local(path), "rb") as fh:
+            return fh.read()
+    fs, p = filesystem(path)
+    try:
+        return bytes(fs.cat_file(p))
+    except FileNotFoundError:
+        raise FileNotFoundError(f"{path} does not exist") from None
+
+
+def read_text(path: str, encoding: str = "utf-8") -> str:
+    return read_bytes(path).decode(encoding)
+
+
+def open_read(path: str) -> IO[bytes]:
+    """A binary file object for streaming reads (use as a context manager)."""
+    if not is_url(path):
+        return open(_local(path), "rb")
+    fs, p = filesystem(path)
+    try:
+        return fs.open(p, "rb")
+    except FileNotFoundError:
+        raise FileNotFoundError(f"{path} does not exist") from None
+
+
+def size(path: str) -> int:
+    if not is_url(path):
+        return os.path.getsize(_local(path))
+    fs, p = filesystem(path)
+    return int(fs.size(p))
+
+
+def list_files(pattern: str) -> List[FileStat]:
+    """Files matching a glob pattern (or the one file it names), sorted by path, with their sizes."""
+    if not is_url(pattern):
+        local = _local(pattern)
+        paths = _glob.glob(local, recursive=True) if _GLOB_CHARS.search(local) else [local]
+        return [FileStat(p, os.path.getsize(p)) for p in sorted(paths) if os.path.isfile(p)]
+    proto = protocol(pattern)
+    fs, p = filesystem(pattern)
+    fs.invalidate_cache()  # listings must see what other processes wrote since
+    if _GLOB_CHARS.search(p):
+        found = fs.glob(p, detail=True)
+    else:
+        try:
+            info = fs.info(p)
+        except FileNotFoundError:
+            return []
+        found = {p: info}
+    out = [FileStat(_full(fs, name, proto), int(info.get("size") or 0))
+           for name, info in found.items() if info.get("type", "file") == "file"]
+    return sorted(out, key=lambda f: f.path)
+
+
+def glob(pattern: str) -> List[str]:
+    """Paths of the files matching `pattern`, sorted."""
+    return [f.path for f in list_files(pattern)]
+
+
+# ---------------------------------------------------------------- writing
+
+def makedirs(path: str) -> None:
+    """Create a local directory (and parents); object stores have no directories: no-op."""
+    if not is_url(path):
+        os.makedirs(_local(path), exist_ok=True)
+
+
+def _chunks(data: Data) -> Iterable[bytes]:
+    if isinstance(data, (bytes, bytearray, memoryview)):
+        return [bytes(data)]
+    return data
+
+
+def write_atomic(path: str, data: Data) -> Written:
+    """Write `data` (bytes, or an iterable of bytes) to `path` atomically; see the module docstring."""
+    h = hashlib.sha256()
+    n = 0
+    if not is_url(path):
+        local = _local(path)
+        directory = os.path.dirname(os.path.abspath(local))
+        os.makedirs(directory, exist_ok=True)
+        tmp = os.path.join(directory, f".tmp-{uuid.uuid4().hex}-{os.path.basename(local)}")
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+            with os.fdopen(fd, "wb") as fh:
+                for c in _chunks(data):
+                    fh.write(c)
+                    h.update(c)
+                    n += len(c)
+                fh.flush()
+                os.fsync(fh.fileno())
+            os.replace(tmp, local)
+        except BaseException:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
+            raise
+        return Written(path, h.hexdigest(), n)
+    parts = []
+    for c in _chunks(data):
+        c = bytes(c)
+        h.update(c)
+        n += len(c)
+        parts.append(c)
+    fs, p = filesystem(path)
+    fs.pipe_file(p, b"".join(parts))
+    fs.invalidate_cache(p)
+    return Written(path, h.hexdigest(), n)
+
+
+def write_text_atomic(path: str, text: str, encoding: str = "utf-8") -> Written:
+    return write_atomic(path, text.encode(encoding))
+
+
+def delete(path: str, *, missing_ok: bool = True) -> None:
+    """Delete one file."""
+    if not is_url(path):
+        try:
+            os.unlink(_local(path))
+        except FileNotFoundError:
+            if not missing_ok:
+                raise
+        return
+    fs, p = filesystem(path)
+    try:
+        fs.rm_file(p)
+    except FileNotFoundError:
+        if not missing_ok:
+            raise FileNotFoundError(f"{path} does not exist") from None
+    fs.invalidate_cache(p)

@@ -1,0 +1,355 @@
+"""manifest.json, typed: the contract between the offline jobs and the training side.
+
+    m = read_manifest(artifact_dir)      # the one reader; ManifestError with the path and the fix
+    m.vocabulary_sizes                   # {vocabulary key: size}
+    m.shard_format, m.shard_files(host)  # what input_fn reads
+    m.to_json(), m.to_bytes()            # the dict / the exact bytes on disk
+
+The jobs (`pipelines.manifest`) build the JSON, validate it against
+`Manifest` and write it through `tpu_embed.io`; the bytes are
+`json.dumps(d, indent=1, sort_keys=True) + "\\n"` (`manifest_bytes`), so the
+same content always gives the same bytes.  Reading and writing back a
+manifest keeps exactly the keys it had (`to_json` dumps what was set).
+
+Versioning: `schema_version` is 1.  A manifest with a higher version was
+written by a newer tpu_embed and is refused (upgrade, or regenerate).  Keys
+this version does not know are kept and written back unchanged, so a
+later release may add keys without a new schema version; it bumps the
+version when a key changes meaning.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Dict, List, Literal, Optional
+
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError
+
+from tpu_embed import io as tio
+
+SCHEMA_VERSION = 1
+KIND = "tpu_embed.artifact"
+FILENAME = "manifest.json"
+
+FileKind = Literal["vocabulary", "shard", "dead_letter", "spec", "profile"]
+
+
+class ManifestError(ValueError):
+    """A manifest that is missing, unreadable, foreign or of an unknown schema; the message names the fix."""
+
+
+class ManifestNotFoundError(ManifestError, FileNotFoundError):
+    """The artifact directory has no manifest.json."""
+
+
+class _Section(BaseModel):
+    # Frozen; unknown keys are kept (see the module docstring).
+    model_config = ConfigDict(frozen=True, extra="allow", populate_by_name=True)
+
+
+class TopologyInfo(_Section):
+    num_chips: int
+    num_sc_per_chip: int
+    num_hosts: int
+
+    def to_topology(self):
+        from tpu_embed.topology import Topology
+        return Topology(num_chips=self.num_chips, num_sc_per_chip=self.num_sc_per_chip, num_hosts=self.num_hosts)
+
+
+class BatchSizes(_Section):
+    global_: int = Field(alias="global")
+    per_host: int
+    per_chip: int
+    chips_per_host: int
+
+
+class InputInfo(_Section):
+    path: str
+    bytes: int
+
+
+class Limits(_Section):
+    source: str  # "tf-defaults" | "spec" | "plan:<path>" | "cli"
+    max_ids_per_chip_per_sample: int
+    max_ids_per_table: Dict[str, int]
+    max_unique_ids_per_table: Dict[str, int]
+    allow_id_dropping: bool
+
+
+class JobInfo(_Section):
+    """How one job (vocab, shard, profile) ran; `counts` are its Beam counters, nested by '/'."""
+    job: str
+    inputs: List[InputInfo]
+    strict: bool
+    counts: Dict[str, Any] = {}
+    engine: Optional[str] = None  # vocab
+    tail_policy: Optional[str] = None  # shard / profile
+    steps_per_file: Optional[int] = None
+    vocab_dir: Optional[str] = None
+    plan: Optional[str] = None
+    limits: Optional[Limits] = None
+    vocab_sizes: Optional[Dict[str, int]] = None
+
+
+class VocabularyInfo(_Section):
+    key: str
+    features: List[str]
+    size: int
+    empty_vocabulary_dummy: bool
+    num_oov_buckets: int
+    top_k: Optional[int] = None
+    frequency_threshold: Optional[int] = None
+    tokens_counted: int
+    distinct_tokens: int
+    tokens_covered: int
+    coverage: float
+    files: List[str]
+
+
+class StackInfo(_Section):
+    tables: List[str]
+    features: List[str]
+    sample_count: int
+    padded_dim: int
+
+
+class Counts(_Section):
+    records_read: int
+    records_invalid: int
+    files_read: int
+    dead_letters: Dict[str, int]
+    examples_valid: int
+    examples_written: int
+    examples_dropped: Dict[str, int]  # {"tail", "invalid_records"}
+    examples_padding: int
+    steps: int
+    ids: Dict[str, Dict[str, int]]  # per feature: values, ids, oov, ... dropped
+    ids_dropped_by_limits: Dict[str, int]
+
+
+class TensorCoreFeatureFormat(_Section):
+    name: str
+    weighted: bool
+    width: int
+
+
+class StackFormat(_Section):
+    name: str
+    row_pointers_buffer: int
+    ids_buffer: int
+
+
+class ShardFormatInfo(_Section):
+    version: int
+    num_hosts: int
+    chips_per_host: int
+    host_batch_size: int
+    dense_features: List[str]
+    tensor_core_features: List[TensorCoreFeatureFormat]
+    stacks: List[StackFormat]
+
+
+class ShardsInfo(_Section):
+    format: ShardFormatInfo
+    steps: int
+    tail_policy: str
+    steps_per_file: int
+
+
+class ProfileInfo(_Section):
+    directory: str  # relative to the artifact directory when inside it
+    files_written: int
+
+
+class FileEntry(_Section):
+    path: str  # relative to the artifact directory when inside it
+    sha256: str
+    bytes: int
+    kind: FileKind
+    records: Optional[int] = None
+    feature: Optional[str] = None  # vocabulary
+    host: Optional[int] = None  # shard
+    first_step: Optional[int] = None
+    last_step: Optional[int] = None
+    input: Optional[str] = None  # dead_letter: the input file
+    total: Optional[int] = None  # dead_letter: letters counted (records: letters written)
+
+
+class FeatureInfo(_Section):
+    table: str
+    vocabulary_type: str
+    device: str
+    sequence_length: int
+    dim: int
+    table_vocabulary_size: int
+    vocabulary_key: Optional[str] = None
+    vocabulary_file: Optional[str] = None
+    vocabulary_size: Optional[int] = None
+    counts: Optional[Dict[str, int]] = None
+
+
+class Manifest(_Section):
+    """An artifact directory's manifest.json (schema 1).
+
+    Sections written by the vocab job: `vocabularies`; by the shard/profile
+    jobs: `layout`, `stacks`, `limits`, `vocab_sizes`, `counts`, `profile`
+    and (shard) `shards`.  The others are always there.
+    """
+
+    schema_version: int
+    kind: str
+    spec_fingerprint: str
+    spec_name: str
+    topology: TopologyInfo
+    batch_sizes: BatchSizes
+    jobs: Dict[str, JobInfo]
+    files: List[FileEntry]
+    features: Dict[str, FeatureInfo]
+    vocabularies: Optional[Dict[str, VocabularyInfo]] = None
+    layout: Optional[Dict[str, Any]] = None  # tpu_embed.sparsecore layout's to_dict()
+    stacks: Optional[Dict[str, StackInfo]] = None
+    limits: Optional[Limits] = None
+    vocab_sizes: Optional[Dict[str, int]] = None
+    counts: Optional[Counts] = None
+    shards: Optional[ShardsInfo] = None
+    profile: Optional[ProfileInfo] = None
+
+    _source: str = PrivateAttr(default="<manifest>")
+
+    # ------------------------------------------------------------ construction
+
+    @classmethod
+    def from_json(cls, data: Any, source: str = "<manifest>") -> "Manifest":
+        """Validate a parsed manifest.json; ManifestError (naming `source`) if it is not one this version reads."""
+        _check_header(data, source)
+        try:
+            m = cls.model_validate(data)
+        except ValidationError as e:
+            first = e.errors()[0]
+            where = ".".join(str(x) for x in first["loc"])
+            raise ManifestError(
+                f"{source} does not match manifest schema {SCHEMA_VERSION}: {where}: {first['msg']} "
+                f"({e.error_count()} problem(s)). The file was edited or damaged: regenerate it with "
+                "`tpu-embed run` (or vocab/shard).") from None
+        m._source = source
+        return m
+
+    @property
+    def source(self) -> str:
+        """Where this manifest was read from (for messages)."""
+        return self._source
+
+    # ------------------------------------------------------------ training side
+
+    @property
+    def vocabulary_sizes(self) -> Dict[str, int]:
+        """{vocabulary key: size} of the frequency vocabularies (what `Spec.layout` etc. take)."""
+        if self.vocabularies is None:
+            raise ManifestError(f"{self.source} has no vocabularies: run `tpu-embed vocab` (or `tpu-embed run`) "
+                                "with this directory as --output, or pass the directory that has them.")
+        return {k: int(v.size) for k, v in self.vocabularies.items()}
+
+    @property
+    def shard_format(self):
+        """`tpu_embed.shards.ShardFormat` of the shards."""
+        from tpu_embed.shards import ShardFormat
+        return ShardFormat.from_json(self._require_shards().format.model_dump(mode="json", by_alias=True))
+
+    def _require_shards(self) -> ShardsInfo:
+        if self.shards is None:
+            raise ManifestError(f"{self.source} has no shards: run `tpu-embed shard` or `tpu-embed run` (not "
+                                "`tpu-embed profile` or `vocab`) with this directory as --output.")
+        return self.shards
+
+    def shard_files(self, host_index: int = 0) -> List[FileEntry]:
+        """The host's shard files in step order."""
+        hosts = self._require_shards().format.num_hosts
+        if not 0 <= host_index < hosts:
+            raise ValueError(f"host_index {host_index} is outside [0, {hosts}) hosts of this artifact.")
+        files = [f for f in self.files if f.kind == "shard" and f.host == host_index]
+        return sorted(files, key=lambda f: f.first_step if f.first_step is not None else -1)
+
+    def files_of(self, kind: str) -> List[FileEntry]:
+        return [f for f in self.files if f.kind == kind]
+
+    # ------------------------------------------------------------ JSON
+
+    def to_json(self) -> dict:
+        """The manifest as the JSON dict it was made from (keys that were set, by their JSON names)."""
+        return self.model_dump(mode="json", by_alias=True, exclude_unset=True)
+
+    def to_bytes(self) -> bytes:
+        return manifest_bytes(self.to_json())
+
+    # Read-only dict view, for code written against the JSON (m["counts"]["steps"]).
+    def __getitem__(self, key: str) -> Any:
+        return self.to_json()[key]
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return self.to_json().get(key, default)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self.to_json()
+
+
+def manifest_bytes(d: dict) -> bytes:
+    """The bytes of manifest.json for a manifest dict (the one encoding; deterministic)."""
+    return json.dumps(d, indent=1, sort_keys=True).encode("utf-8") + b"\n"
+
+
+def manifest_path(artifact_dir: str) -> str:
+    return tio.join(artifact_dir, FILENAME)
+
+
+def _check_header(data: Any, source: str) -> None:
+    if not isinstance(data, dict):
+        raise ManifestError(f"{source} is not a tpu_embed manifest (a JSON {type(data).__name__}, not an object). "
+                            "Point at an artifact directory written by `tpu-embed run` (or vocab/shard).")
+    if data.get("kind") != KIND:
+        raise ManifestError(f"{source} is not a tpu_embed artifact manifest (kind {data.get('kind')!r}, expected "
+                            f"{KIND!r}). Point at an artifact directory written by `tpu-embed run` (or vocab/shard).")
+    v = data.get("schema_version")
+    if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+        raise ManifestError(f"{source} has an unknown schema_version {v!r} (this tpu_embed reads {SCHEMA_VERSION}). "
+                            "Regenerate the artifacts with `tpu-embed run`.")
+    if v > SCHEMA_VERSION:
+        raise ManifestError(f"{source} has schema_version {v}: it was written by a newer tpu_embed (this version "
+                            f"reads {SCHEMA_VERSION}). Upgrade tpu_embed, or regenerate the artifacts with this "
+                            "version.")
+    if v != SCHEMA_VERSION:  # pragma: no cover - there is no older schema yet
+        raise ManifestError(f"{source} has schema_version {v}, which this tpu_embed no longer reads. Regenerate it.")
+
+
+def parse_manifest(raw: bytes, source: str) -> Manifest:
+    """Decode manifest.json bytes (ManifestError on bad UTF-8, bad/truncated JSON, wrong kind or schema)."""
+    fix = "Regenerate it: re-run `tpu-embed run` (or vocab/shard) with this --output."
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ManifestError(f"{source} is not UTF-8 text (byte {e.start}): the file is corrupt. {fix}") from None
+    if not text.strip():
+        raise ManifestError(f"{source} is empty (an interrupted copy?). {fix}")
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as e:
+        if e.pos >= len(text.rstrip()) or e.msg.startswith("Unterminated string"):  # the text ends mid-value
+            raise ManifestError(f"{source} is truncated: its JSON ends after {len(raw)} bytes in the middle of a "
+                                f"value ({e.msg}). {fix}") from None
+        raise ManifestError(f"{source} is not valid JSON (line {e.lineno}, column {e.colno}: {e.msg}). "
+                            f"{fix}") from None
+    return Manifest.from_json(data, source)
+
+
+def read_manifest(artifact_dir: str) -> Manifest:
+    """The manifest of an artifact directory (local path or gs://...): the one place it is read."""
+    path = manifest_path(artifact_dir)
+    try:
+        raw = tio.read_bytes(path)
+    except FileNotFoundError:
+        raise ManifestNotFoundError(
+            f"{artifact_dir} has no {FILENAME}: it is not an artifact directory (yet). Run `tpu-embed run` (or "
+            f"vocab/shard) with --output {artifact_dir}, or point at the directory you gave as --output.") from None
+    except IsADirectoryError:
+        raise ManifestError(f"{path} is a directory, not a manifest file.") from None
+    return parse_manifest(raw, path)
