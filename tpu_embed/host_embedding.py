@@ -463,11 +463,21 @@ class HostEmbedding(_tf_module_base):
 
     # -- variables ---------------------------------------------------------------
 
+    def __getattr__(self, name: str) -> Any:
+        # `tables`, `slots` and `iterations` exist once built; reading one builds (as TF's lazy _maybe_build).
+        d = self.__dict__
+        if name in ("tables", "slots", "iterations") and "_config" in d and not d.get("_built", False) \
+                and not d.get("_building", False):
+            self.build()
+            return getattr(self, name)
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
     def build(self) -> None:
         """Create the tables and slot variables (idempotent)."""
         if self._built:
             return
         import tensorflow as tf
+        self.__dict__["_building"] = True  # tf.Module's __setattr__ reads the attribute first: no re-entry
         cfg = self._config
         tables, slots = {}, {}
         for name, t in sorted(cfg.tables.items()):
