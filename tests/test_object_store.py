@@ -359,3 +359,23 @@ def test_input_fn_reads_the_bucket(runs, tmp_path):
             got_tf = _elements(shards.input_fn(runs["gout"], host_index=host))  # auto: TF reads gs:// itself
         assert proxy.connects, "TensorFlow did not read through its own GCS filesystem"
         _assert_same_elements(want, got_tf)
+
+
+@pytest.mark.slow
+def test_input_fn_reads_schemes_tensorflow_lacks_through_tpu_embed_io(runs):
+    """memory:// (fsspec only): reader="auto" streams the records through tpu_embed.io."""
+    from tpu_embed import io as tio
+    from tpu_embed import shards
+    import tensorflow as tf
+    assert "memory" not in tf.io.gfile.get_registered_schemes()
+    url = "memory://tpu-embed-test/artifact"
+    for rel, data in _local_files(runs["local"]).items():
+        if rel == "manifest.json" or rel.startswith("shards/"):
+            tio.write_atomic(f"{url}/{rel}", data)
+    try:
+        for host in (0, 1):
+            _assert_same_elements(_elements(shards.input_fn(runs["local"], host_index=host)),
+                                  _elements(shards.input_fn(url, host_index=host, num_parallel_calls=2)))
+    finally:
+        for p in tio.glob(url + "/**"):
+            tio.delete(p)

@@ -420,7 +420,13 @@ def shard_files(artifact_dir: str, host_index: int = 0, manifest=None) -> List[s
     """Paths of the host's shard files in step order (`manifest`: the artifact's, if already read)."""
     from tpu_embed import io as tio
     from tpu_embed.manifest import read_manifest
-    m = manifest if manifest is not None else read_manifest(artifact_dir)
+    from tpu_embed.manifest import Manifest
+    if manifest is None:
+        m = read_manifest(artifact_dir)
+    elif isinstance(manifest, Manifest):
+        m = manifest
+    else:  # the manifest's JSON dict (callers written before the typed Manifest)
+        m = Manifest.from_json(manifest, tio.join(artifact_dir, "manifest.json"))
     return [tio.join(artifact_dir, f.path) for f in m.shard_files(host_index)]
 
 
