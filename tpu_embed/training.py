@@ -1,0 +1,603 @@
+"""The TPU path: `TPUEmbeddingV2` fed from offline shards, skipping `enqueue`.
+
+    with strategy.scope():                      # a tf.distribute.TPUStrategy
+        embedding = build_tpu_embedding(artifact_dir)   # plan= optional, must equal the shards' limits
+        embedding.build()
+        model, optimizer = ..., tf.keras.optimizers.Adam()
+    steps = distribute_steps(artifact_dir, strategy, num_epochs=None)
+    replica_step = make_replica_step(embedding, model, optimizer, steps.sample_counts,
+                                     global_batch_size=steps.global_batch_size)
+
+    @tf.function
+    def train(iterator):
+        return strategy.run(replica_step, args=(next(iterator),))
+
+Inside `replica_step`, `steps.dequeue_args(element)` (the same as
+`dequeue_args(element, sample_counts)`) rebuilds, for this replica's chip,
+the `{stack: (PartitionedCsrFormatTensor, row_pointers_unpadded_size,
+ids_unpadded_size)}` that `TPUEmbeddingV2.enqueue` would have returned;
+`embedding.dequeue(...)` looks the activations up, and
+`embedding.apply_gradients(grads, preserved_outputs)` updates the tables.
+
+**Routing.** A shard record holds one training step of one host: the host's
+batch (labels, mask, dense, tensor-core ids) and the CSR buffers of each of
+its chips.  `distribute_steps` calls
+`strategy.distribute_datasets_from_function`; its dataset function reads the
+shards of host `input_context.input_pipeline_id` and turns every record into
+`chips_per_host` consecutive elements, element c being chip c's CSR buffers
+and rows `[c * per_chip, (c + 1) * per_chip)` of the host batch (the
+examples the shard job packed into chip c).  A distributed dataset made from
+a function is not rebatched: each worker hands consecutive elements to its
+local replicas in order (MultiDeviceIterator, round robin over the worker's
+devices, which are in replica order), so the c-th local replica of host h
+receives chip `h * chips_per_host + c` — with TPUStrategy's default device
+assignment, and with MirroredStrategy, that is replica
+`h * chips_per_host + c`.  Every element carries its CSR buffers together
+with the labels and features of the same examples, so a replica can never
+get one chip's CSR and another chip's labels, whatever the device order.
+
+`sample_count` is a Python int in TF's `PartitionedCsrFormatTensor` (TF
+takes it from its stacking); a dataset can only hold tensors, so it comes
+from the manifest's stacks and is put in by `dequeue_args` inside the replica
+function.
+
+**Not executed here** (no TPU): `TPUEmbeddingV2(...)` under a real
+TPUStrategy, `build()`, `dequeue`, `apply_gradients`.  Everything up to the
+arguments of `dequeue` is tested; see README "Training on TPU".
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple, Union
+
+from tpu_embed import io as tio
+from tpu_embed.manifest import Manifest, ManifestError, read_manifest
+from tpu_embed.model import ModelConfig
+from tpu_embed.sparsecore.csr_types import DEFAULT_MAX_IDS_PER_TABLE, DEFAULT_MAX_UNIQUE_IDS_PER_TABLE
+from tpu_embed.topology import Topology
+
+__all__ = ["build_tpu_embedding", "distribute_steps", "embedding_setup", "EmbeddingSetup", "DistributedSteps",
+           "dequeue_args", "per_chip_dataset", "replica_dataset_fn", "make_replica_step", "check_embedding",
+           "load_artifact_spec"]
+
+
+class ArtifactMismatchError(ValueError):
+    """The shards cannot be fed to this TPUEmbeddingV2 / strategy / plan; the message says how to fix it."""
+
+
+# ---------------------------------------------------------------- the artifact's spec and model
+
+def load_artifact_spec(artifact_dir: str, manifest: Optional[Manifest] = None):
+    """The `tpu_embed.spec.Spec` the artifact was made with (its `spec.yaml`), checked against the manifest."""
+    import yaml
+
+    from tpu_embed.spec import parse_spec
+    m = manifest if manifest is not None else read_manifest(artifact_dir)
+    entries = m.files_of("spec")
+    rel = entries[0].path if entries else "spec.yaml"
+    path = tio.join(artifact_dir, rel)
+    try:
+        raw = yaml.safe_load(tio.read_text(path))
+    except FileNotFoundError:
+        raise ManifestError(f"{path} is missing: the artifact directory is incomplete. Re-run `tpu-embed run` "
+                            "(or shard) with this --output.") from None
+    spec = parse_spec(raw, base_dir=artifact_dir, source_path=path)
+    if spec.fingerprint != m.spec_fingerprint:
+        raise ManifestError(f"{path} has fingerprint {spec.fingerprint}, but the manifest says the shards were "
+                            f"made for {m.spec_fingerprint}: spec.yaml was edited. Restore it, or re-shard.")
+    return spec
+
+
+def _vocab_sizes(m: Manifest) -> Dict[str, int]:
+    sizes = m.vocabulary_sizes
+    if m.vocab_sizes is not None and dict(m.vocab_sizes) != sizes:
+        raise ManifestError(f"{m.source}: the vocabularies ({sizes}) are not those the shards were packed with "
+                            f"({dict(m.vocab_sizes)}): the vocabulary was recomputed after sharding. Re-shard.")
+    return sizes
+
+
+def _require_shards(m: Manifest, artifact_dir: str):
+    if m.shards is None or m.limits is None or m.stacks is None or m.layout is None:
+        raise ManifestError(f"{artifact_dir} has no shards: run `tpu-embed shard` or `tpu-embed run` with this "
+                            "directory as --output.")
+    return m.limits
+
+
+def _check_layout(model: ModelConfig, m: Manifest, artifact_dir: str) -> None:
+    """The spec's stacking must be the one the shards were packed with, and the one TF will compute."""
+    from tpu_embed.sparsecore.layout import stack_tables
+    assert m.stacks is not None
+    ours = model.layout()
+    recorded = {k: (tuple(v.tables), tuple(v.features), int(v.sample_count)) for k, v in m.stacks.items()}
+    mine = {k: (s.tables, s.features, s.sample_count) for k, s in ours.stacks.items()}
+    if mine != recorded:
+        raise ManifestError(f"{artifact_dir}: the spec's stacking {sorted(mine)} is not the one the shards were "
+                            f"packed with {sorted(recorded)}. The artifact is inconsistent: re-run `tpu-embed run`.")
+    tf_layout = stack_tables(model, tf_first_feature_only=True)
+    if {k: s.tables for k, s in tf_layout.stacks.items()} != {k: s.tables for k, s in ours.stacks.items()}:
+        raise ArtifactMismatchError(
+            f"TensorFlow 2.20/2.21 will stack this model as {list(tf_layout.stacks)}, not as the shards are packed "
+            f"({list(ours.stacks)}): its stacker sizes the 2 MiB activation limit from the first feature only "
+            "(DESIGN.md). TPUEmbeddingV2 cannot consume these shards; split the stacks in the spec (different "
+            "optimizers or widths) so that both agree.")
+
+
+# ---------------------------------------------------------------- limits (manifest, plan)
+
+_LIMIT_KEYS = ("max_ids_per_chip_per_sample", "max_ids_per_table", "max_unique_ids_per_table", "allow_id_dropping")
+
+
+def _shard_limits(m: Manifest) -> Dict[str, Any]:
+    lim = m.limits
+    assert lim is not None
+    return {"max_ids_per_chip_per_sample": int(lim.max_ids_per_chip_per_sample),
+            "max_ids_per_table": {k: int(v) for k, v in lim.max_ids_per_table.items()},
+            "max_unique_ids_per_table": {k: int(v) for k, v in lim.max_unique_ids_per_table.items()},
+            "allow_id_dropping": bool(lim.allow_id_dropping)}
+
+
+def _plan_kwargs(plan: Any) -> Tuple[str, Dict[str, Any]]:
+    """(name for messages, SparseCoreEmbeddingConfig kwargs) of a plan path or a `profiles.Plan`-like object."""
+    if isinstance(plan, str) or hasattr(plan, "__fspath__"):
+        import os
+        path = os.fspath(plan)
+        try:
+            d = json.loads(tio.read_text(path))
+        except FileNotFoundError:
+            raise FileNotFoundError(f"plan file {path} does not exist.") from None
+        except ValueError as e:
+            raise ValueError(f"{path} is not a plan file (not JSON: {e}). Re-run `tpu-embed plan`.") from None
+        if not isinstance(d, dict) or d.get("kind") != "plan" or "sparse_core_config" not in d:
+            raise ValueError(f"{path} is not a tpu_embed plan file (kind != 'plan'). Pass the file written by "
+                             "`tpu-embed plan`.")
+        return path, dict(d["sparse_core_config"])
+    if hasattr(plan, "sparse_core_kwargs"):
+        return "the given plan", dict(plan.sparse_core_kwargs())
+    raise TypeError(f"plan must be a plan file path or a profiles Plan, got {type(plan).__name__}.")
+
+
+def _effective(kwargs: Mapping[str, Any], stacks: List[str]) -> Dict[str, Any]:
+    """Limits as TPUEmbeddingV2 applies them: stacks missing from the dicts get TF's defaults (256)."""
+    mids = dict(kwargs.get("max_ids_per_table") or {})
+    muids = dict(kwargs.get("max_unique_ids_per_table") or {})
+    return {"max_ids_per_chip_per_sample": int(kwargs.get("max_ids_per_chip_per_sample", 64)),
+            "max_ids_per_table": {s: int(mids.get(s, DEFAULT_MAX_IDS_PER_TABLE)) for s in stacks},
+            "max_unique_ids_per_table": {s: int(muids.get(s, DEFAULT_MAX_UNIQUE_IDS_PER_TABLE)) for s in stacks},
+            "allow_id_dropping": bool(kwargs.get("allow_id_dropping", False))}
+
+
+def _check_plan(plan: Any, shard_limits: Dict[str, Any], stacks: List[str], artifact_dir: str, source: str):
+    name, kw = _plan_kwargs(plan)
+    fix = (f"The limits and buffer sizes are baked into the shards: re-shard with this plan (`tpu-embed shard "
+           f"--spec ... --output {artifact_dir} --plan {name if name != 'the given plan' else 'PLAN'}`, or `tpu-embed "
+           "run ... --plan`), or leave plan= out to train with the limits the shards were packed with.")
+    if kw.get("disable_table_stacking"):
+        raise ArtifactMismatchError(f"{name} disables table stacking, but the shards in {artifact_dir} are packed "
+                                    f"for stacked tables {stacks}. {fix}")
+    unknown = sorted((set(kw.get("max_ids_per_table") or {}) | set(kw.get("max_unique_ids_per_table") or {}))
+                     - set(stacks))
+    if unknown:
+        raise ArtifactMismatchError(f"{name} has limits for {unknown}, which are not stacked tables of these shards "
+                                    f"({stacks}): it was planned for another spec or topology. {fix}")
+    planned = _effective(kw, stacks)
+    if planned != shard_limits:
+        diffs = []
+        for k in _LIMIT_KEYS:
+            a, b = planned[k], shard_limits[k]
+            if isinstance(a, dict):
+                diffs += [f"{k}[{s}]: plan {a[s]}, shards {b[s]}" for s in stacks if a[s] != b[s]]
+            elif a != b:
+                diffs.append(f"{k}: plan {a}, shards {b}")
+        raise ArtifactMismatchError(f"{name} differs from the limits the shards in {artifact_dir} were packed with "
+                                    f"({source}): {'; '.join(diffs)}. {fix}")
+    return planned
+
+
+# ---------------------------------------------------------------- the TPUEmbeddingV2 configuration
+
+@dataclasses.dataclass(frozen=True)
+class EmbeddingSetup:
+    """Everything `TPUEmbeddingV2(...)` is constructed with, and what the shards promise it.
+
+    `kwargs()` are the constructor's arguments; the rest is what
+    `check_embedding` compares the constructed object with.
+    """
+
+    feature_config: Any  # {feature: tf.tpu.experimental.embedding.FeatureConfig}
+    optimizer: Any  # None: every table carries its own optimizer (from the spec)
+    sparse_core_embedding_config: Any  # tf.tpu.experimental.embedding.SparseCoreEmbeddingConfig
+    pipeline_execution_with_tensor_core: bool
+    model: ModelConfig
+    topology: Topology
+    stacks: Dict[str, Tuple[str, ...]]  # stacked table -> member tables, TF's order
+    sample_counts: Dict[str, int]  # stacked table -> samples per chip (PartitionedCsrFormatTensor.sample_count)
+    limits: Dict[str, Any]  # max_ids_per_chip_per_sample, max_ids_per_table, ... (per stack)
+    table_offsets: Dict[str, Tuple[str, int, int]]  # table -> (stack, col offset, rotation), as TF's
+    feature_sample_offsets: Dict[str, int]  # feature path -> first sample in its stack
+    limits_source: str
+
+    def kwargs(self) -> Dict[str, Any]:
+        return {"feature_config": self.feature_config, "optimizer": self.optimizer,
+                "pipeline_execution_with_tensor_core": self.pipeline_execution_with_tensor_core,
+                "sparse_core_embedding_config": self.sparse_core_embedding_config}
+
+
+def embedding_setup(artifact_dir: str, *, plan: Any = None, optimizer: Any = None,
+                    pipeline_execution_with_tensor_core: Optional[bool] = None,
+                    initialize_tables_on_host: bool = True,
+                    enable_fast_table_initialization: bool = False) -> EmbeddingSetup:
+    """The TPUEmbeddingV2 configuration for an artifact's shards (pure: no strategy, no TPU).
+
+    * feature config: `spec.model(vocabulary sizes from manifest.json)` →
+      `tpu_embed.model.to_tf_feature_config`, one TF optimizer per table (the
+      table's, or the spec's top-level one);
+    * `optimizer`: if given, replaces every table's optimizer (e.g. a learning
+      rate schedule); allowed only if the tables still stack as the shards are
+      packed (tables stack by optimizer);
+    * `SparseCoreEmbeddingConfig`: exactly the limits in the manifest (what the
+      shards were packed with); `plan` (a plan file path or a `profiles.Plan`)
+      is accepted only if it equals them, else `ArtifactMismatchError`;
+    * `pipeline_execution_with_tensor_core`: the spec's (False if the spec has
+      no such key), unless given here.
+    """
+    import tensorflow as tf
+
+    from tpu_embed.model import from_tf_feature_config, to_tf_feature_config
+    m = read_manifest(artifact_dir)
+    _require_shards(m, artifact_dir)
+    spec = load_artifact_spec(artifact_dir, m)
+    model = spec.model(_vocab_sizes(m))
+    _check_layout(model, m, artifact_dir)
+    layout = model.layout()
+    stacks = list(layout.stacks)
+    limits = _shard_limits(m)
+    if sorted(limits["max_ids_per_table"]) != sorted(stacks) or \
+            sorted(limits["max_unique_ids_per_table"]) != sorted(stacks):
+        raise ManifestError(f"{m.source}: limits are keyed by {sorted(limits['max_ids_per_table'])}, the stacks are "
+                            f"{sorted(stacks)}. Regenerate the shards.")
+    assert m.limits is not None
+    if plan is not None:
+        limits = _check_plan(plan, limits, stacks, artifact_dir, m.limits.source)
+    feature_config = to_tf_feature_config(model)
+    if optimizer is not None:
+        # One optimizer object for every table; TF groups stacks by hash(optimizer), so does our stacker.
+        for fc in tf.nest.flatten(feature_config):
+            fc.table.optimizer = optimizer
+        replaced = from_tf_feature_config(feature_config, model.topology).layout()
+        if {k: s.tables for k, s in replaced.stacks.items()} != {k: s.tables for k, s in layout.stacks.items()}:
+            raise ArtifactMismatchError(
+                f"with optimizer={optimizer!r} for every table the tables stack as {list(replaced.stacks)}, but the "
+                f"shards are packed as {stacks} (tables stack by optimizer). Leave optimizer= out to use the spec's "
+                "per-table optimizers, or change the spec's optimizers and re-shard.")
+    if pipeline_execution_with_tensor_core is None:
+        # The spec key is being added (default False); older specs have none.
+        pipeline_execution_with_tensor_core = bool(getattr(spec, "pipeline_execution_with_tensor_core", False))
+    sc_config = tf.tpu.experimental.embedding.SparseCoreEmbeddingConfig(
+        disable_table_stacking=False,
+        max_ids_per_chip_per_sample=limits["max_ids_per_chip_per_sample"],
+        max_ids_per_table=dict(limits["max_ids_per_table"]),
+        max_unique_ids_per_table=dict(limits["max_unique_ids_per_table"]),
+        allow_id_dropping=limits["allow_id_dropping"],
+        initialize_tables_on_host=initialize_tables_on_host,
+        enable_fast_table_initialization=enable_fast_table_initialization)
+    S = model.topology.num_sparse_cores
+    return EmbeddingSetup(
+        feature_config=feature_config, optimizer=None, sparse_core_embedding_config=sc_config,
+        pipeline_execution_with_tensor_core=bool(pipeline_execution_with_tensor_core), model=model,
+        topology=model.topology, stacks={k: tuple(s.tables) for k, s in layout.stacks.items()},
+        sample_counts={k: int(s.sample_count) for k, s in layout.stacks.items()}, limits=limits,
+        table_offsets={t: (p.stack, p.shard_row_offset * S, p.rotation) for t, p in layout.tables.items()},
+        feature_sample_offsets={f.path: f.sample_offset for f in layout.features},
+        limits_source=m.limits.source if plan is None else f"{m.limits.source} (= plan)")
+
+
+def _check_strategy(strategy: Any, topology: Topology) -> None:
+    import tensorflow as tf
+    tpu_types = tuple(t for t in (getattr(tf.distribute, "TPUStrategy", None),
+                                  getattr(tf.distribute.experimental, "TPUStrategy", None)) if t is not None)
+    if not isinstance(strategy, tpu_types):
+        raise RuntimeError(f"build_tpu_embedding must be called inside `strategy.scope()` of a "
+                           f"tf.distribute.TPUStrategy (the current strategy is {type(strategy).__name__}). On "
+                           "CPU/GPU use the host path instead.")
+    if strategy.num_replicas_in_sync != topology.num_chips:
+        raise ArtifactMismatchError(
+            f"the shards are packed for {topology.num_chips} chips, this TPUStrategy has "
+            f"{strategy.num_replicas_in_sync} replicas. SparseCore CSR buffers depend on the chip count: re-shard "
+            f"with topology.num_chips={strategy.num_replicas_in_sync}.")
+    nsc = int(getattr(getattr(strategy.extended, "tpu_hardware_feature", None),
+                      "num_embedding_devices_per_chip", 0) or 4)  # TF assumes 4 when the TPU reports none
+    if nsc != topology.num_sc_per_chip:
+        raise ArtifactMismatchError(
+            f"the shards are packed for {topology.num_sc_per_chip} SparseCores per chip, this TPU has {nsc}: "
+            f"re-shard with topology.num_sc_per_chip={nsc}.")
+
+
+def check_embedding(embedding: Any, setup: EmbeddingSetup) -> None:
+    """Compare what a constructed TPUEmbeddingV2 computed with what the shards were packed for.
+
+    TF stacks the tables itself (`_stack_tables_with_same_table_dim_and_optimizer`)
+    and derives per-stack limits from the SparseCoreEmbeddingConfig; the CSR
+    bytes in the shards encode stack names, row offsets, rotations, sample
+    offsets and buffer sizes.  Any difference would make `dequeue` read
+    wrong rows, so it raises `ArtifactMismatchError`.  (Reads TF's private
+    attributes; ones a future TF renames are skipped.)
+    """
+    checks = [
+        ("stacked tables", lambda e: {k: tuple(t.name for t in v) for k, v in e._stacked_table_to_tables.items()},
+         setup.stacks),
+        ("stack order", lambda e: list(e._stacked_table_to_tables), list(setup.stacks)),
+        ("table offsets (stack, column offset, rotation)",
+         lambda e: {k: (v[0], int(v[1]), int(v[2])) for k, v in e._table_to_stacked_table_offset.items()},
+         setup.table_offsets),
+        ("feature sample offsets", lambda e: {k: int(v) for k, v in e._feature_to_sample_offset.items()},
+         setup.feature_sample_offsets),
+        ("sample counts", lambda e: {k: int(v) for k, v in e._table_to_sample_count.items()}, setup.sample_counts),
+        ("max_ids_per_table", lambda e: dict(e._table_to_max_ids_per_sparse_core), setup.limits["max_ids_per_table"]),
+        ("max_unique_ids_per_table", lambda e: dict(e._table_to_max_unique_ids_per_sparse_core),
+         setup.limits["max_unique_ids_per_table"]),
+        ("max_ids_per_chip_per_sample", lambda e: int(e.max_ids_per_chip_per_sample),
+         setup.limits["max_ids_per_chip_per_sample"]),
+        ("allow_id_dropping", lambda e: bool(e._sparse_core_embedding_config.allow_id_dropping),
+         setup.limits["allow_id_dropping"]),
+        ("SparseCores per chip", lambda e: int(e._num_sc_per_chip), setup.topology.num_sc_per_chip),
+        ("pipelining", lambda e: bool(e._pipelining), setup.pipeline_execution_with_tensor_core),
+    ]
+    for what, get, expected in checks:
+        try:
+            got = get(embedding)
+        except AttributeError:
+            continue
+        if got != expected:
+            raise ArtifactMismatchError(
+                f"TPUEmbeddingV2 computed {what} {got}, but the shards were packed for {expected}. The shards cannot "
+                "be fed to this TensorFlow version's TPUEmbeddingV2: re-shard with this tpu_embed and TensorFlow.")
+
+
+def build_tpu_embedding(artifact_dir: str, *, plan: Any = None, optimizer: Any = None,
+                        pipeline_execution_with_tensor_core: Optional[bool] = None,
+                        initialize_tables_on_host: bool = True, enable_fast_table_initialization: bool = False):
+    """A `tf.tpu.experimental.embedding.TPUEmbeddingV2` for the shards in `artifact_dir`.
+
+    Call it inside `strategy.scope()` of the `tf.distribute.TPUStrategy` you
+    train with (TPUEmbeddingV2 takes the current strategy); then call
+    `.build()` (still in the scope) or let the first `dequeue` build it.
+    The configuration is `embedding_setup(...)` (see there: spec feature
+    config with per-table optimizers, exactly the shards' limits, `plan`
+    only if it equals them, the spec's pipelining flag).  The strategy must
+    have one replica per chip the shards were packed for and the same
+    SparseCores per chip; after construction, TF's own stacking, offsets
+    and limits are compared with the shards' (`check_embedding`).
+    """
+    import tensorflow as tf
+    setup = embedding_setup(artifact_dir, plan=plan, optimizer=optimizer,
+                            pipeline_execution_with_tensor_core=pipeline_execution_with_tensor_core,
+                            initialize_tables_on_host=initialize_tables_on_host,
+                            enable_fast_table_initialization=enable_fast_table_initialization)
+    _check_strategy(tf.distribute.get_strategy(), setup.topology)
+    embedding = tf.tpu.experimental.embedding.TPUEmbeddingV2(**setup.kwargs())
+    check_embedding(embedding, setup)
+    return embedding
+
+
+# ---------------------------------------------------------------- input: one element per replica
+
+def _split_chips(fmt, host_index: int):
+    """Map function: one host record -> the record's chips stacked on a leading axis (then unbatched)."""
+    import tensorflow as tf
+    cph = fmt.chips_per_host
+    hb = fmt.host_batch_size
+    pc = hb // cph
+    nd = len(fmt.dense_features)
+
+    def split(el):
+        out: Dict[str, Any] = {
+            "step": tf.fill([cph], el["step"]),
+            "host": tf.fill([cph], el["host"]),
+            "chip": tf.constant(host_index * cph, tf.int32) + tf.range(cph, dtype=tf.int32),
+            "label": tf.reshape(el["label"], [cph, pc]),
+            "mask": tf.reshape(el["mask"], [cph, pc]),
+            "dense": tf.reshape(el["dense"], [cph, pc, nd]),
+        }
+        tc = {}
+        for name, weighted, width in fmt.tensor_core_features:
+            ragged = el["tensor_core"][name]
+            ids = tf.cast(ragged.to_tensor(default_value=0, shape=[hb, width]), tf.int32)
+            if weighted:
+                w = el["tensor_core"][name + "/weights"].to_tensor(default_value=0.0, shape=[hb, width])
+            else:
+                w = tf.sequence_mask(ragged.row_lengths(), width, dtype=tf.float32)
+            tc[name] = {"ids": tf.reshape(ids, [cph, pc, width]), "weights": tf.reshape(w, [cph, pc, width])}
+        out["tensor_core"] = tc
+        sc: Dict[str, Dict[str, Any]] = {}
+        for stack, _, _ in fmt.stacks:
+            fields = el["sparse_core"][0][stack].keys()
+            sc[stack] = {k: tf.stack([el["sparse_core"][c][stack][k] for c in range(cph)]) for k in fields}
+        out["sparse_core"] = sc
+        return out
+
+    return split
+
+
+def per_chip_dataset(artifact_dir: str, host_index: int = 0, *, num_epochs: Optional[int] = 1, prefetch: int = 2,
+                     num_parallel_calls: Optional[int] = None, expected_fingerprint: Optional[str] = None,
+                     reader: str = "auto"):
+    """`tf.data.Dataset` of host `host_index`'s per-chip elements: step 0 chip 0, step 0 chip 1, ..., step 1 chip 0.
+
+    Element c of a step (the host's chip c, global chip `host * chips_per_host + c`)::
+
+        {"step": int64, "host": int64, "chip": int32 (global chip),
+         "label": float32 [per_chip], "mask": float32 [per_chip], "dense": float32 [per_chip, num_dense],
+         "tensor_core": {feature: {"ids": int32 [per_chip, width] (0-padded),
+                                   "weights": float32 [per_chip, width] (0 on padding, else 1 or the weight)}},
+         "sparse_core": {stack: {"row_pointers": int32 [buffer], "sorted_sample_ids" / "sorted_token_ids": int32
+                                 [ids buffer], "sorted_gains": float32 [ids buffer], "row_pointers_unpadded_size",
+                                 "ids_unpadded_size", "num_minibatches_per_physical_sparse_core", ...: int32 []}}}
+
+    Every shape is static (TPU infeed needs that): CSR buffers have TF's full
+    static sizes, tensor-core ids are padded to the spec's `tensor_core_width`.
+    """
+    from tpu_embed import shards
+    m = read_manifest(artifact_dir)
+    fmt = m.shard_format
+    ds = shards.input_fn(artifact_dir, host_index=host_index, num_epochs=num_epochs, prefetch=prefetch,
+                         num_parallel_calls=num_parallel_calls, expected_fingerprint=expected_fingerprint,
+                         reader=reader)
+    ds = ds.map(_split_chips(fmt, host_index)).unbatch()
+    return ds.prefetch(max(1, prefetch) * fmt.chips_per_host)
+
+
+def replica_dataset_fn(artifact_dir: str, **kwargs) -> Callable[[Any], Any]:
+    """The `dataset_fn(input_context)` `distribute_steps` gives `strategy.distribute_datasets_from_function`.
+
+    Reads host `input_context.input_pipeline_id`'s shards; the input pipelines
+    must be the artifact's hosts and the replicas its chips.  `kwargs` go to
+    `per_chip_dataset`.
+    """
+    m = read_manifest(artifact_dir)
+    fmt = m.shard_format
+    topo = m.topology
+
+    def dataset_fn(input_context):
+        if input_context.num_input_pipelines != fmt.num_hosts:
+            raise ArtifactMismatchError(
+                f"the shards in {artifact_dir} are written for {fmt.num_hosts} host(s), but this strategy has "
+                f"{input_context.num_input_pipelines} input pipeline(s). Run one input pipeline per host (a "
+                f"multi-host TPUStrategy has one per TPU host), or re-shard with topology.num_hosts="
+                f"{input_context.num_input_pipelines}.")
+        if input_context.num_replicas_in_sync != topo.num_chips:
+            raise ArtifactMismatchError(
+                f"the shards in {artifact_dir} are packed for {topo.num_chips} chips, but this strategy has "
+                f"{input_context.num_replicas_in_sync} replicas: re-shard with topology.num_chips="
+                f"{input_context.num_replicas_in_sync}.")
+        return per_chip_dataset(artifact_dir, input_context.input_pipeline_id, **kwargs)
+
+    return dataset_fn
+
+
+def dequeue_args(element: Mapping[str, Any], sample_counts: Mapping[str, int]):
+    """`{stack: (PartitionedCsrFormatTensor, row_pointers_unpadded_size, ids_unpadded_size)}` of a replica's element.
+
+    Call it inside the replica function: `sample_count` becomes the Python
+    int TF's own `enqueue` puts there (`sample_counts`: the manifest's, see
+    `DistributedSteps.sample_counts`).
+    """
+    from tpu_embed import shards
+    sc = element["sparse_core"]
+    missing = sorted(set(sample_counts) - set(sc))
+    if missing:
+        raise ValueError(f"the element has no CSR buffers for stacks {missing}; it has {sorted(sc)}.")
+    return shards.dequeue_inputs({k: sc[k] for k in sample_counts}, sample_counts)
+
+
+@dataclasses.dataclass(frozen=True)
+class DistributedSteps:
+    """What `distribute_steps` returns: the distributed dataset and what the replica function needs."""
+
+    dataset: Any  # tf.distribute.DistributedDataset: per replica, one `per_chip_dataset` element per step
+    sample_counts: Dict[str, int]  # stack -> PartitionedCsrFormatTensor.sample_count (Python ints)
+    steps_per_epoch: int
+    num_epochs: Optional[int]
+    global_batch_size: int
+    per_chip_batch_size: int
+    topology: Topology
+    shard_format: Any  # tpu_embed.shards.ShardFormat
+
+    def __iter__(self):
+        return iter(self.dataset)
+
+    @property
+    def element_spec(self):
+        return self.dataset.element_spec
+
+    def dequeue_args(self, element: Mapping[str, Any]):
+        """`dequeue_args(element, self.sample_counts)`: call inside the replica function."""
+        return dequeue_args(element, self.sample_counts)
+
+
+def distribute_steps(artifact_dir: str, strategy: Any, *, num_epochs: Optional[int] = 1, prefetch: int = 2,
+                     num_parallel_calls: Optional[int] = None, expected_fingerprint: Optional[str] = None,
+                     reader: str = "auto", input_options: Any = None) -> DistributedSteps:
+    """The artifact's shards as a distributed dataset: replica r gets its own chip's buffers and examples.
+
+    `strategy.distribute_datasets_from_function(replica_dataset_fn(...))`:
+    host `input_context.input_pipeline_id` reads its own shards and yields,
+    per step, one element per chip, in chip order; the worker's iterator
+    gives its local replicas consecutive elements, so local replica c gets
+    chip c (see the module docstring).  `num_epochs=None` repeats forever.
+    `input_options`: a `tf.distribute.InputOptions` passed through (e.g.
+    `experimental_fetch_to_device=False` to keep the buffers on the host).
+    """
+    m = read_manifest(artifact_dir)
+    _require_shards(m, artifact_dir)
+    topo = m.topology.to_topology()
+    if strategy.num_replicas_in_sync != topo.num_chips:
+        raise ArtifactMismatchError(
+            f"the shards in {artifact_dir} are packed for {topo.num_chips} chips, but the strategy has "
+            f"{strategy.num_replicas_in_sync} replicas: use one replica per chip, or re-shard with "
+            f"topology.num_chips={strategy.num_replicas_in_sync}.")
+    assert m.stacks is not None and m.shards is not None
+    fn = replica_dataset_fn(artifact_dir, num_epochs=num_epochs, prefetch=prefetch,
+                            num_parallel_calls=num_parallel_calls, expected_fingerprint=expected_fingerprint,
+                            reader=reader)
+    dataset = strategy.distribute_datasets_from_function(fn, options=input_options)
+    return DistributedSteps(
+        dataset=dataset, sample_counts={k: int(v.sample_count) for k, v in m.stacks.items()},
+        steps_per_epoch=int(m.shards.steps), num_epochs=num_epochs, global_batch_size=int(m.batch_sizes.global_),
+        per_chip_batch_size=int(m.batch_sizes.per_chip), topology=topo, shard_format=m.shard_format)
+
+
+# ---------------------------------------------------------------- the training step
+
+def _loss_fn(loss: Union[str, Callable]) -> Callable:
+    import tensorflow as tf
+    if callable(loss):
+        return loss
+    if loss == "bce":
+        return lambda labels, logits: tf.nn.sigmoid_cross_entropy_with_logits(labels=labels, logits=logits)
+    if loss == "mse":
+        return lambda labels, logits: tf.math.squared_difference(labels, logits)
+    raise ValueError(f"loss must be 'bce', 'mse' or a callable (labels, logits) -> per-example loss, got {loss!r}")
+
+
+def default_model_inputs(element: Mapping[str, Any], activations: Any) -> Dict[str, Any]:
+    """What the Keras model gets: {"sparse": activations per feature, "dense": ..., "tensor_core": ...}."""
+    return {"sparse": activations, "dense": element["dense"], "tensor_core": element["tensor_core"]}
+
+
+def make_replica_step(embedding: Any, model: Any, optimizer: Any, sample_counts: Mapping[str, int], *,
+                      global_batch_size: int, loss: Union[str, Callable] = "bce",
+                      model_inputs: Callable[[Mapping[str, Any], Any], Any] = default_model_inputs,
+                      training: bool = True) -> Callable[[Mapping[str, Any]], Any]:
+    """The per-replica training step, for `strategy.run(step, args=(element,))`; returns the replica's loss.
+
+    `enqueue` is skipped: `embedding.dequeue(dequeue_args(element))` →
+    activations → `model(model_inputs(element, activations))` → masked loss
+    summed over the replica's examples / `global_batch_size` (so the SUM over
+    replicas is the mean over the global batch) → dense gradients to
+    `optimizer` (Keras all-reduces them), activation gradients to
+    `embedding.apply_gradients(grads, preserved_outputs)`.  With
+    `training=False` only the loss is computed (no updates).
+    """
+    import tensorflow as tf
+    per_example = _loss_fn(loss)
+    counts = dict(sample_counts)
+
+    def step(element):
+        csr = dequeue_args(element, counts)
+        with tf.GradientTape() as tape:
+            activations, preserved = embedding.dequeue(csr)
+            tape.watch(activations)
+            logits = model(model_inputs(element, activations), training=training)
+            logits = tf.reshape(logits, tf.shape(element["label"]))
+            losses = per_example(element["label"], logits) * element["mask"]
+            replica_loss = tf.reduce_sum(losses) / float(global_batch_size)
+        if training:
+            variables = model.trainable_variables
+            emb_grads, dense_grads = tape.gradient(replica_loss, (activations, variables))
+            optimizer.apply_gradients(zip(dense_grads, variables, strict=True))
+            embedding.apply_gradients(emb_grads, preserved)
+        return replica_loss
+
+    return step
