@@ -211,7 +211,7 @@ def _diff(a, b, key):
 
 def _events(case: Case):
     layout = case.model.layout()
-    for st_name, st_layout in layout.stacks.items():
+    for st_layout in layout.stacks.values():
         if len(st_layout.tables) > 1:
             event("a stack with several tables")
             if any(layout.tables[t].rotation for t in st_layout.tables):
@@ -258,7 +258,7 @@ def test_activations_and_gradients_equal_tensorflow_on_raw_ids(case):
     with tf.GradientTape() as tape:
         loss = tf.add_n([tf.reduce_sum(upstream[f.config.name] * _reference(f, ref_vars[f.config.table.name], chips))
                          for f in case.feats])
-    expected = dict(zip(ref_vars, tape.gradient(loss, list(ref_vars.values()))))
+    expected = dict(zip(ref_vars, tape.gradient(loss, list(ref_vars.values())), strict=True))
     ours = emb.sparse_gradients(upstream, preserved)
     assert set(ours) == set(expected)
     for t, g in ours.items():
@@ -337,7 +337,7 @@ def test_tf_feature_config_nest_in_and_out():
     tf_fc = to_tf_feature_config(model)
     fc = {"outer": {"x": tf_fc["x"], "y": tf_fc["y"]}, "z": tf_fc["z"]}
     renamed = ModelConfig(tuple(dataclasses.replace(f, name=p) for f, p in
-                                zip(model.features, ["outer/x", "outer/y", "z"])), model.topology)
+                                zip(model.features, ["outer/x", "outer/y", "z"], strict=True)), model.topology)
     chips = _small_batch(renamed, np.random.default_rng(1))
     emb = HostEmbedding(fc, topology=model.topology)
     acts, pres = emb.dequeue(chips)
@@ -490,3 +490,100 @@ def test_serving_export_gives_identical_lookups():
 
 def test_exported_from_the_package():
     assert tpu_embed.HostEmbedding is HostEmbedding
+
+
+# ---------------------------------------------------------------- the two example specs, end to end
+
+EXAMPLES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples")
+
+
+@pytest.fixture(scope="module")
+def example_artifacts(tmp_path_factory):
+    from pipelines import runner
+    from pipelines.jobs import JobConfig
+    from tpu_embed.spec import load_spec
+    out = {}
+    for name in ("criteo", "movielens"):
+        d = str(tmp_path_factory.mktemp(name))
+        spec = load_spec(os.path.join(EXAMPLES, name, "spec.yaml"))
+        runner.run_all(JobConfig(spec=spec, output=d))
+        out[name] = (spec, d)
+    return out
+
+
+def _raw_input(spec, f, rows, vocabs):
+    """A DenseFeatures input for one column: raw tokens (frequency vocabularies) or ids, as a SparseTensor."""
+    from tests.test_pipelines_e2e import plain_ids, raw_values
+    lists = []
+    for row in rows:
+        if row is None:
+            lists.append([])
+        elif f.vocabulary.type == "frequency":
+            lists.append(raw_values(f, row))
+        else:
+            lists.append(plain_ids(spec, f, row, vocabs))
+    idx = np.array([[i, j] for i, v in enumerate(lists) for j in range(len(v))], np.int64).reshape(-1, 2)
+    values = [x for v in lists for x in v]
+    dtype = tf.string if f.vocabulary.type == "frequency" else tf.int64
+    return tf.SparseTensor(idx, tf.constant(values, dtype), [len(lists), max(1, max(map(len, lists)))])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["criteo", "movielens"])
+def test_example_specs_every_record_equals_raw_rows(example_artifacts, name):
+    """Every step of every host: HostEmbedding on the shards == TF lookups on the raw CSV rows.
+
+    Two references: `safe_embedding_lookup_sparse` on the rows mapped to ids by
+    plain Python (the e2e test's mapper), and `tf_keras.layers.DenseFeatures`
+    on the seed-API columns of the spec (`Spec.to_feature_columns`) fed the
+    raw tokens, with each column's table set to HostEmbedding's.
+    """
+    import tf_keras
+    from tests.test_pipelines_e2e import plain_ids, plain_vocabulary, raw_rows
+    from tpu_embed.manifest import read_manifest
+    spec, d = example_artifacts[name]
+    emb = HostEmbedding.from_artifact(d, seed=5)
+    assert set(emb.tensor_core_features) == {f.name for f in spec.tensor_core_features}
+    fmt = read_manifest(d).shard_format
+    per_host = [[shards.decode_record(r, fmt) for p in shards.shard_files(d, h) for r in shards.read_records(p)]
+                for h in range(spec.topology.num_hosts)]
+    vocabs = {k: plain_vocabulary(spec, k) for k in spec.vocabulary_groups()}
+    rows = raw_rows(spec)
+    B = spec.global_batch_size
+    vocab_sizes = {k: int(v["size"]) for k, v in read_manifest(d).to_json()["vocabularies"].items()}
+    columns = dict(zip((f.name for f in spec.categorical),
+                       spec.to_feature_columns(os.path.join(d, "vocab"), vocab_sizes), strict=True))
+    layers = {n: tf_keras.layers.DenseFeatures([c]) for n, c in columns.items()}
+    steps = 0
+    for step, records in enumerate(zip(*per_host, strict=True)):
+        acts, _ = emb.dequeue(list(records))
+        batch = [rows[step * B + i] if step * B + i < len(rows) else None for i in range(B)]
+        for f in spec.categorical:
+            table = emb.tables[f.table]
+            ids = [plain_ids(spec, f, r, vocabs) if r is not None else [] for r in batch]
+            if not f.on_sparse_core:
+                ids = [i[:f.tensor_core_width] for i in ids]
+            idx = np.array([[i, j] for i, v in enumerate(ids) for j in range(len(v))], np.int64).reshape(-1, 2)
+            sp = tf.SparseTensor(idx, np.array([x for v in ids for x in v], np.int64),
+                                 [B, max(1, max(map(len, ids)))])
+            ref = tf.nn.safe_embedding_lookup_sparse(table, sp, None, combiner=spec.table(f.table).combiner)
+            np.testing.assert_allclose(acts[f.name].numpy(), ref.numpy(), rtol=1e-6, atol=1e-6,
+                                       err_msg=f"{name} step {step} {f.name}")
+            layer = layers[f.name]
+            inputs = {f.name: _raw_input(spec, f, batch, vocabs)}
+            if not layer.built:
+                layer(inputs)
+                [var] = layer.variables
+                assert tuple(var.shape) == tuple(table.shape)
+                var.assign(table)
+            np.testing.assert_allclose(acts[f.name].numpy(), layer(inputs).numpy(), rtol=1e-6, atol=1e-6,
+                                       err_msg=f"{name} step {step} {f.name} (DenseFeatures)")
+        steps += 1
+    assert steps == read_manifest(d).to_json()["shards"]["steps"]
+    if name == "movielens":  # input_fn's tensors give the same activations as the numpy decoder
+        elements = [list(shards.input_fn(d, host_index=h)) for h in range(spec.topology.num_hosts)]
+        for h_elements, records in zip(zip(*elements, strict=True), zip(*per_host, strict=True), strict=True):
+            a, _ = emb.dequeue(list(h_elements))
+            b, _ = emb.dequeue(list(records))
+            for k in b:
+                np.testing.assert_array_equal(a[k].numpy(), b[k].numpy())

@@ -329,7 +329,7 @@ def _tf_initializers(feature_config: Any) -> Dict[str, Callable]:
     for _, f in flatten_with_paths(feature_config):
         table = getattr(f, "table", None)
         init = getattr(table, "initializer", None)
-        if init is None:
+        if table is None or init is None:
             continue
         default = (type(init).__name__ == "TruncatedNormal" and getattr(init, "mean", None) == 0.0
                    and math.isclose(getattr(init, "stddev", 0.0), 1 / math.sqrt(table.dim))
@@ -485,8 +485,8 @@ class HostEmbedding(_tf_module_base):
             if init is not None:
                 value = init(shape=(t.vocabulary_size, t.dim), dtype=tf.float32)
             else:  # TF's TableConfig default, seeded: truncated normal, mean 0, stddev 1/sqrt(dim)
-                value = tf.random.stateless_truncated_normal((t.vocabulary_size, t.dim), seed=_table_seed(cfg.seed, name),
-                                                             stddev=1.0 / math.sqrt(t.dim))
+                value = tf.random.stateless_truncated_normal(
+                    (t.vocabulary_size, t.dim), seed=_table_seed(cfg.seed, name), stddev=1.0 / math.sqrt(t.dim))
             tables[name] = tf.Variable(value, name=name, trainable=False, dtype=tf.float32)
             opt = cfg.optimizers[name]
             if opt is not None:
@@ -677,6 +677,7 @@ class HostEmbedding(_tf_module_base):
         cfg = self._config
         for table, rows, values, lr in update:
             opt = cfg.optimizers[table]
+            assert opt is not None  # checked when the update was computed
             host_optimizers.apply_update(opt.kind, dict(opt.params), self.tables[table], self.slots[table], rows,
                                          values, lr, semantics=cfg.semantics)
 
@@ -703,7 +704,7 @@ class HostEmbedding(_tf_module_base):
             if len(leaves) != len(self._config.model.features):
                 raise ValueError(f"gradients have {len(leaves)} leaves, the feature config "
                                  f"{len(self._config.model.features)}.")
-            flat = dict(zip((f.name for f in self._config.model.features), leaves))
+            flat = dict(zip((f.name for f in self._config.model.features), leaves, strict=True))
         else:
             if not isinstance(gradients, Mapping):
                 raise TypeError("gradients must be nested like the activations: {feature: tensor}.")
@@ -798,25 +799,25 @@ class _State:
     pending: Optional[list] = None
 
 
+def _read_text(path: str) -> str:
+    try:
+        from tpu_embed import io as tio  # local paths and object stores alike
+    except ImportError:  # pragma: no cover - without the IO layer: local files only
+        with open(path, encoding="utf-8") as fh:
+            return fh.read()
+    return tio.read_text(path)
+
+
 def _read_artifact(artifact_dir: str):
     """(Spec, manifest as a dict) of an artifact directory."""
     import yaml
     from tpu_embed.spec import parse_spec
-    try:
-        from tpu_embed import io as tio
-        read_text = tio.read_text
-        join = tio.join
-    except ImportError:  # pragma: no cover - io layer not present: local files only
-        import os
-
-        def read_text(p):
-            with open(p, encoding="utf-8") as fh:
-                return fh.read()
-        join = os.path.join
+    base = artifact_dir.rstrip("/") + "/"
     try:
         from tpu_embed.manifest import read_manifest
-        manifest = read_manifest(artifact_dir).to_json()
     except ImportError:  # pragma: no cover - typed manifest not present: read the JSON ourselves
-        manifest = json.loads(read_text(join(artifact_dir, "manifest.json")))
-    spec = parse_spec(yaml.safe_load(read_text(join(artifact_dir, "spec.yaml"))), base_dir=artifact_dir)
+        manifest = json.loads(_read_text(base + "manifest.json"))
+    else:
+        manifest = read_manifest(artifact_dir).to_json()
+    spec = parse_spec(yaml.safe_load(_read_text(base + "spec.yaml")), base_dir=artifact_dir)
     return spec, manifest
