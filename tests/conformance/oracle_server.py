@@ -70,6 +70,8 @@ def _stacking(req):
 
 def handle(req):
     op = req["op"]
+    if op in _EMBEDDING_V2_OPS:
+        return _EMBEDDING_V2_OPS[op](req)
     fc, flat, s = _stacking(req)
     if op == "stack":
         return {
@@ -145,6 +147,129 @@ def _bench(run, req, flat_inputs, flat_weights):
             best = min(best, (time.perf_counter() - t0) / len(batches))
         result[mode] = best
     return result
+
+
+# ---------------------------------------------------------------- TPUEmbeddingV2 itself (tpu_embed.training)
+#
+# Requests: {"op": "tpu_embedding_v2" | "tpu_embedding_v2_enqueue", "num_chips", "num_sc_per_chip",
+#   "container": "dict" | "list", "tables": [{"name", "vocabulary_size", "dim", "combiner",
+#   "optimizer": (class name, attribute dict)}], "features": [{"name", "table", "output_shape",
+#   "max_sequence_length"}] (flattened order), "optimizer": None | (class name, attribute dict),
+#   "sparse_core_config": {SparseCoreEmbeddingConfig fields}, "pipeline_execution_with_tensor_core": bool,
+#   and for "tpu_embedding_v2_enqueue": "inputs": {feature: tensor spec as in `_tensor`}}.
+# TPUEmbeddingV2's real constructor runs under a stand-in TPUStrategy (there is no TPU): the strategy
+# only answers num_replicas_in_sync, the SparseCores per chip and the TPU device names.
+
+def _fake_tpu_strategy(num_chips, num_sc_per_chip):
+    import types
+
+    from tensorflow.python.distribute import tpu_strategy
+
+    ext = types.SimpleNamespace(
+        tpu_hardware_feature=types.SimpleNamespace(num_embedding_devices_per_chip=num_sc_per_chip),
+        _tpu_devices=np.array([[f"/job:localhost/replica:0/task:0/device:TPU:{i}"] for i in range(num_chips)],
+                              dtype=object))
+
+    class StandInTPUStrategy(tpu_strategy.TPUStrategyV2):
+        def __init__(self):  # no TPU to connect to
+            pass
+
+        num_replicas_in_sync = property(lambda self: num_chips)
+        extended = property(lambda self: ext)
+
+    return StandInTPUStrategy()
+
+
+def _tf_optimizer(spec):
+    if spec is None:
+        return None
+    cls_name, attrs = spec
+    opt = object.__new__(getattr(E, cls_name))
+    opt.__dict__.update(attrs)  # the same attributes, hence the same hash(optimizer) grouping
+    return opt
+
+
+def _embedding_v2(req):
+    tables = {t["name"]: E.TableConfig(vocabulary_size=t["vocabulary_size"], dim=t["dim"], name=t["name"],
+                                       combiner=t["combiner"], optimizer=_tf_optimizer(t["optimizer"]))
+              for t in req["tables"]}
+    feats = [E.FeatureConfig(table=tables[f["table"]], output_shape=list(f["output_shape"]),
+                             max_sequence_length=f.get("max_sequence_length", 0), name=f["name"])
+             for f in req["features"]]
+    fc = {f.name: f for f in feats} if req.get("container", "dict") == "dict" else feats
+    strategy = _fake_tpu_strategy(req["num_chips"], req["num_sc_per_chip"])
+    saved = v3.distribute_lib.get_strategy
+    v3.distribute_lib.get_strategy = lambda: strategy
+    try:
+        emb = v3.TPUEmbeddingV2(fc, _tf_optimizer(req.get("optimizer")),
+                                pipeline_execution_with_tensor_core=req["pipeline_execution_with_tensor_core"],
+                                sparse_core_embedding_config=v3.SparseCoreEmbeddingConfig(
+                                    **req["sparse_core_config"]))
+    finally:
+        v3.distribute_lib.get_strategy = saved
+    return emb, fc
+
+
+def _embedding_v2_config(req):
+    emb, fc = _embedding_v2(req)
+    # TF's stacker on its own, as the conformance of tpu_embed.sparsecore.stack_tables calls it.
+    used = []
+    for f in nest.flatten(fc):
+        if f.table not in used:
+            used.append(f.table)
+    s = v3._stack_tables_with_same_table_dim_and_optimizer(
+        used, nest.flatten_with_joined_string_paths(fc), req["num_chips"], req["num_sc_per_chip"],
+        v3.SparseCoreEmbeddingConfig(**req["sparse_core_config"]))
+    return {
+        "stacks": {k: [t.name for t in v] for k, v in emb._stacked_table_to_tables.items()},
+        "stacker_stacks": {k: [t.name for t in v] for k, v in s.stacked_table_to_tables.items()},
+        "table_to_stacked_table_offset": {k: tuple(v) for k, v in emb._table_to_stacked_table_offset.items()},
+        "feature_to_sample_offset": dict(emb._feature_to_sample_offset),
+        "table_to_sample_count": dict(emb._table_to_sample_count),
+        "max_ids_per_table": dict(emb._table_to_max_ids_per_sparse_core),
+        "max_unique_ids_per_table": dict(emb._table_to_max_unique_ids_per_sparse_core),
+        "max_ids_per_chip_per_sample": int(emb.max_ids_per_chip_per_sample),
+        "allow_id_dropping": bool(emb._sparse_core_embedding_config.allow_id_dropping),
+        "num_sc_per_chip": int(emb._num_sc_per_chip),
+        "pipelining": bool(emb._pipelining),
+        "optimizers": {t.name: (type(t.optimizer).__name__, dict(vars(t.optimizer))) for t in emb._table_config},
+        "flat_features": [p for p, _ in emb._flat_features],
+    }
+
+
+def _embedding_v2_enqueue(req):
+    """What `TPUEmbeddingV2.enqueue` (outside a TPU context) returns for one chip's batch."""
+    emb, fc = _embedding_v2(req)
+    inputs = {f["name"]: _tensor(req["inputs"][f["name"]]) for f in req["features"]}
+    if req.get("container", "dict") != "dict":
+        inputs = [inputs[f["name"]] for f in req["features"]]
+    traced = tf.function(lambda x: emb.enqueue(x)).get_concrete_function(inputs).structured_outputs
+    values = emb.enqueue(inputs)
+    result = {}
+    for name, (csr, rp, n) in values.items():
+        t_csr, t_rp, t_n = traced[name]
+        rp_v, n_v = int(rp), int(n)
+        fields = {}
+        for field in csr._fields:
+            v, t = getattr(csr, field), getattr(t_csr, field)
+            if isinstance(v, int):
+                fields[field] = {"python": type(v).__name__, "value": v, "traced_python": type(t).__name__}
+                continue
+            arr = v.numpy()
+            cut = rp_v if field == "row_pointers" else n_v
+            fields[field] = {"dtype": v.dtype.name, "static_shape": t.shape.as_list(), "shape": list(arr.shape),
+                             "prefix": arr[:cut] if arr.ndim else arr}
+        result[name] = {
+            "type": type(csr).__name__, "fields_order": list(csr._fields), "tuple_len": len(values[name]),
+            "fields": fields,
+            "row_pointers_unpadded_size": {"dtype": rp.dtype.name, "static_shape": t_rp.shape.as_list(),
+                                           "value": rp_v},
+            "ids_unpadded_size": {"dtype": n.dtype.name, "static_shape": t_n.shape.as_list(), "value": n_v},
+        }
+    return {"order": list(values), "stacks": result}
+
+
+_EMBEDDING_V2_OPS = {"tpu_embedding_v2": _embedding_v2_config, "tpu_embedding_v2_enqueue": _embedding_v2_enqueue}
 
 
 def main():
