@@ -33,6 +33,8 @@ def __getattr__(name):
         value = getattr(module, name)
         globals()[name] = value
         return value
+    if name == "training":  # the TPU path (imports TensorFlow when used); see tpu_embed/training.py
+        return importlib.import_module("tpu_embed.training")
     if name == "sparsecore":
         return importlib.import_module("tpu_embed.sparsecore")
     raise AttributeError(f"module 'tpu_embed' has no attribute {name!r}")
