@@ -59,7 +59,9 @@ runs.  Here: `apply_gradients` for step n computes step n's update (with
 step n's learning rate and multiplier) and keeps it pending; it first
 applies the pending update of step n-1.  A lookup therefore sees every
 update but the last one; `flush()` applies the pending update (TF's loop
-epilogue) -- call it before saving, exporting or evaluating.
+epilogue) -- call it before saving, exporting or evaluating.  (TF itself
+falls back to sequential execution while summaries are recorded or when
+`embedding_pipelining_state.enabled` is False; here the flag alone decides.)
 
 Variables: `tables[name]` ([vocabulary_size, dim], unstacked) and
 `slots[name][slot]` (TF's slot names), `iterations` (steps applied); all
@@ -70,7 +72,11 @@ names.  Tables are initialised like TF's TableConfig default
 
 Deliberate differences from TPUEmbeddingV2: `dequeue` runs eagerly (the
 index precompute is numpy); `embedding_tables` is keyed by table name, not
-stacked table; `use_gradient_accumulation=False` behaves as True.
+stacked table; `use_gradient_accumulation=False` behaves as True;
+activations are `tf.stop_gradient` tensors (watch them in the tape, as with
+TPUEmbeddingV2's); tensor-core tables are updated with their table's
+optimizer when their features' gradients are passed (on TPU they are dense
+variables of the TensorCore model).
 """
 
 from __future__ import annotations
