@@ -112,9 +112,10 @@ def _check_layout(model: ModelConfig, m: Manifest, artifact_dir: str) -> None:
     ours = model.layout()
     recorded = {k: (tuple(v.tables), tuple(v.features), int(v.sample_count)) for k, v in m.stacks.items()}
     mine = {k: (s.tables, s.features, s.sample_count) for k, s in ours.stacks.items()}
-    if mine != recorded:
-        raise ManifestError(f"{artifact_dir}: the spec's stacking {sorted(mine)} is not the one the shards were "
-                            f"packed with {sorted(recorded)}. The artifact is inconsistent: re-run `tpu-embed run`.")
+    if mine != recorded or json.loads(json.dumps(ours.to_dict())) != m.layout:
+        raise ManifestError(f"{artifact_dir}: the spec's SparseCore layout (stacks {sorted(mine)}, offsets, "
+                            f"rotations) is not the one the shards were packed with (stacks {sorted(recorded)}). "
+                            "The artifact is inconsistent (or made by another tpu_embed): re-run `tpu-embed run`.")
     tf_layout = stack_tables(model, tf_first_feature_only=True)
     if {k: s.tables for k, s in tf_layout.stacks.items()} != {k: s.tables for k, s in ours.stacks.items()}:
         raise ArtifactMismatchError(
@@ -568,8 +569,8 @@ def default_model_inputs(element: Mapping[str, Any], activations: Any) -> Dict[s
 
 def make_replica_step(embedding: Any, model: Any, optimizer: Any, sample_counts: Mapping[str, int], *,
                       global_batch_size: int, loss: Union[str, Callable] = "bce",
-                      model_inputs: Callable[[Mapping[str, Any], Any], Any] = default_model_inputs,
-                      training: bool = True) -> Callable[[Mapping[str, Any]], Any]:
+                      model_inputs: Callable[[Mapping[str, Any], Any], Any] = default_model_inputs
+                      ) -> Callable[[Mapping[str, Any]], Any]:
     """The per-replica training step, for `strategy.run(step, args=(element,))`; returns the replica's loss.
 
     `enqueue` is skipped: `embedding.dequeue(dequeue_args(element))` →
@@ -577,8 +578,7 @@ def make_replica_step(embedding: Any, model: Any, optimizer: Any, sample_counts:
     summed over the replica's examples / `global_batch_size` (so the SUM over
     replicas is the mean over the global batch) → dense gradients to
     `optimizer` (Keras all-reduces them), activation gradients to
-    `embedding.apply_gradients(grads, preserved_outputs)`.  With
-    `training=False` only the loss is computed (no updates).
+    `embedding.apply_gradients(grads, preserved_outputs)`.
     """
     import tensorflow as tf
     per_example = _loss_fn(loss)
@@ -589,15 +589,14 @@ def make_replica_step(embedding: Any, model: Any, optimizer: Any, sample_counts:
         with tf.GradientTape() as tape:
             activations, preserved = embedding.dequeue(csr)
             tape.watch(activations)
-            logits = model(model_inputs(element, activations), training=training)
+            logits = model(model_inputs(element, activations), training=True)
             logits = tf.reshape(logits, tf.shape(element["label"]))
             losses = per_example(element["label"], logits) * element["mask"]
             replica_loss = tf.reduce_sum(losses) / float(global_batch_size)
-        if training:
-            variables = model.trainable_variables
-            emb_grads, dense_grads = tape.gradient(replica_loss, (activations, variables))
-            optimizer.apply_gradients(zip(dense_grads, variables, strict=True))
-            embedding.apply_gradients(emb_grads, preserved)
+        variables = model.trainable_variables
+        emb_grads, dense_grads = tape.gradient(replica_loss, (activations, variables))
+        optimizer.apply_gradients(zip(dense_grads, variables, strict=True))
+        embedding.apply_gradients(emb_grads, preserved)
         return replica_loss
 
     return step
