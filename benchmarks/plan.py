@@ -43,7 +43,7 @@ def bench_plan(steps: int, repeat: int) -> None:
         profile = synthetic.synthetic_profile(fc, topo, steps)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            med, best = _time(lambda: profiles.plan(profile, quantile="p99.9", headroom=1.1), repeat)
+            med, best = _time(lambda p=profile: profiles.plan(p, quantile="p99.9", headroom=1.1), repeat)
             with tempfile.TemporaryDirectory() as d:
                 ProfileStore(d).write(profile)
                 size = sum(os.path.getsize(os.path.join(d, f)) for f in os.listdir(d))

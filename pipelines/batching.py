@@ -12,7 +12,7 @@ contiguous blocks (host h owns examples [h*B/H, (h+1)*B/H), chip c owns
 from __future__ import annotations
 
 import dataclasses
-from typing import Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Dict, Iterator, Optional, Sequence, Tuple
 
 import numpy as np
 

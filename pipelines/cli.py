@@ -15,7 +15,7 @@ import logging
 import os
 import sys
 import time
-from typing import List, Optional, Sequence
+from typing import Optional, Sequence
 
 EPILOG = """\
 examples:
@@ -76,10 +76,10 @@ def build_parser() -> argparse.ArgumentParser:
                          "transform_fn/, ~4 s of pipeline construction per vocabulary)")
     sp.set_defaults(func=cmd_vocab)
 
-    for name, helptext, func in (
-            ("shard", "write per-host shards of SparseCore CSR (+ the profile unless --no-profile)", None),
-            ("profile", "lookup statistics at the shards' batching -> profile_data_directory", None),
-            ("run", "vocab, then shards + profile in one read of the data (the main form)", None)):
+    for name, helptext in (
+            ("shard", "write per-host shards of SparseCore CSR (+ the profile unless --no-profile)"),
+            ("profile", "lookup statistics at the shards' batching -> profile_data_directory"),
+            ("run", "vocab, then shards + profile in one read of the data (the main form)")):
         sp = sub.add_parser(name, help=helptext, formatter_class=argparse.RawDescriptionHelpFormatter,
                             epilog=EPILOG if name == "run" else None)
         _add_common(sp)

@@ -20,9 +20,8 @@ import dataclasses
 import typing
 import json
 import os
-from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence
 
-import numpy as np
 import pyarrow as pa
 
 import apache_beam as beam

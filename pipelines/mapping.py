@@ -16,7 +16,7 @@
 from __future__ import annotations
 
 import collections
-from typing import Dict, Mapping, Optional, Tuple
+from typing import Mapping, Optional, Tuple
 
 import numpy as np
 import pyarrow as pa

@@ -12,7 +12,6 @@ import collections
 import dataclasses
 from typing import Dict, List, Mapping, Optional, Tuple
 
-import numpy as np
 
 from pipelines.batching import ExampleBlock, global_feature_ids
 from tpu_embed import shards as shard_format

@@ -24,9 +24,7 @@ Two engines compute it:
 
 from __future__ import annotations
 
-import collections
-import json
-from typing import Dict, Iterable, List, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 import pyarrow as pa
@@ -58,7 +56,8 @@ def chunk_token_counts(chunk, spec) -> List[Tuple[str, pa.Table]]:
     out = []
     for key, feats in spec.vocabulary_groups().items():
         parts = [_tokens_of(chunk.features[f.name]) for f in feats]
-        tokens = pa.concat_arrays([p.cast(pa.large_binary()) for p in parts]) if parts else pa.array([], pa.large_binary())
+        binary = pa.large_binary()
+        tokens = pa.concat_arrays([p.cast(binary) for p in parts]) if parts else pa.array([], binary)
         out.append((key, value_counts(tokens)))
     return out
 

@@ -27,7 +27,7 @@ from profiles.config import CandidateUnavailable, GlobalConfig, rescaled
 from profiles.counting import candidate_table_counts, core_table_counts, dedup_table, stack_counts
 from profiles.idcounts import IdCounts
 from profiles.profile import CandidateStatus, Profile, ProfileAccumulator
-from profiles.stats import DEFAULT_SERIES_STEPS, FeatureStats, PartitionStats, ShardLoad, TableStats, _deep_copy
+from profiles.stats import DEFAULT_SERIES_STEPS, FeatureStats, PartitionStats, ShardLoad, TableStats, deep_copy
 
 DEFAULT_CANDIDATE_CHIP_COUNTS = tuple(2 ** k for k in range(9))  # 1, 2, 4, ..., 256
 
@@ -37,10 +37,11 @@ class ProfileCollector:
                  candidate_chip_counts: Sequence[int] = DEFAULT_CANDIDATE_CHIP_COUNTS,
                  series_steps: int = DEFAULT_SERIES_STEPS, oov_ids_in_batch: bool = True):
         """`feature_config`: a `tpu_embed.model.ModelConfig`, or TF feature configs + `topology` as for
-        `tpu_embed.sparsecore.stack_tables` (output_shape = the per-chip batch shape).  `candidate_chip_counts`: other chip counts (same
-        SCs per chip, same global batch) to compute per-partition figures for in the same pass; those
-        that cannot run the batch are recorded as skipped, with the reason.  `series_steps`: how many
-        per-step maxima to keep for plots (quantiles always use every step).
+        `tpu_embed.sparsecore.stack_tables` (output_shape = the per-chip batch shape).
+        `candidate_chip_counts`: other chip counts (same SCs per chip, same global batch) to compute
+        per-partition figures for in the same pass; those that cannot run the batch are recorded as
+        skipped, with the reason.  `series_steps`: how many per-step maxima to keep for plots
+        (quantiles always use every step).
         `oov_ids_in_batch`: True if the out-of-vocabulary lookups counted in `oov_counts` are in the batch
         (mapped to OOV buckets), False if they were dropped upstream; it sets the OOV rate's denominator."""
         model = from_tf_feature_config(feature_config, topology)
@@ -153,7 +154,7 @@ class ProfileCollector:
 
     def extract_output(self, acc: ProfileAccumulator) -> Profile:
         # Deep copy: the profile must not alias a live accumulator.
-        return Profile(self.model, dict(self.candidates), _deep_copy(acc))
+        return Profile(self.model, dict(self.candidates), deep_copy(acc))
 
     # ------------------------------------------------------------ validation
 

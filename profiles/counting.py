@@ -145,8 +145,8 @@ def candidate_table_counts(candidate: ModelConfig, table: str, dd: DedupedTable)
     nsc, S, chips = g.num_sc_per_chip, g.num_sparse_cores, g.num_chips
     if not dd.id.size:
         return _empty(chips, nsc, S)
-    t = candidate.table(table)
-    block = np.array([f.samples // nsc for f in candidate.table_features(table)], np.int64)  # samples per SC of each feature
+    # Samples per SC of each feature.
+    block = np.array([f.samples // nsc for f in candidate.table_features(table)], np.int64)
     sc_global = dd.row // block[dd.feature]  # chip * nsc + local SC: samples split in contiguous blocks
     cell = sc_global * S + (dd.id & (S - 1))  # destination: id mod S (mod sharding, rotation 0)
     # One sort of (cell, id) pairs gives both counts: a cell's ids are its pairs' multiplicities

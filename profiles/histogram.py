@@ -23,6 +23,9 @@ import numpy as np
 QuantileLike = Union[str, float, Fraction]
 
 
+_BAD_QUANTILE = "quantile {q!r}: expected 'max', 'pNN[.N]' (e.g. p99.9) or a number in (0, 1]."
+
+
 def parse_quantile(q: QuantileLike) -> Fraction:
     """'max' -> 1, 'p99.9' -> 999/1000, 'p50' -> 1/2, 0.99 -> 99/100 (exactly, no float rounding)."""
     if isinstance(q, Fraction):
@@ -35,12 +38,12 @@ def parse_quantile(q: QuantileLike) -> Fraction:
             try:
                 value = Fraction(text[1:]) / 100
             except ValueError:
-                raise ValueError(f"quantile {q!r}: expected 'max', 'pNN[.N]' (e.g. p99.9) or a number in (0, 1].")
+                raise ValueError(_BAD_QUANTILE.format(q=q)) from None
         else:
             try:
                 value = Fraction(text)
             except ValueError:
-                raise ValueError(f"quantile {q!r}: expected 'max', 'pNN[.N]' (e.g. p99.9) or a number in (0, 1].")
+                raise ValueError(_BAD_QUANTILE.format(q=q)) from None
     else:
         value = Fraction(str(float(q)))
     if not (0 < value <= 1):

@@ -64,8 +64,8 @@ class IdCounts:
     def _decode(self) -> None:
         if self._encoded is not None:
             d, self._encoded = self._encoded, None
-            self._ids = np.cumsum(_unpack(d["ids"]))
-            self._counts = _unpack(d["counts"])
+            self._ids = np.cumsum(unpack_ids(d["ids"]))
+            self._counts = unpack_ids(d["counts"])
             if self._ids.size != self._counts.size:
                 raise ValueError("id counts: ids and counts differ in length")
 
@@ -129,7 +129,7 @@ class IdCounts:
             return dict(self._encoded)
         ids, counts = self._folded()
         return {"encoding": ENCODING, "distinct": int(ids.size),
-                "ids": _pack(np.diff(ids, prepend=np.int64(0)) if ids.size else ids), "counts": _pack(counts)}
+                "ids": pack_ids(np.diff(ids, prepend=np.int64(0)) if ids.size else ids), "counts": pack_ids(counts)}
 
     @classmethod
     def from_json(cls, d: Mapping) -> "IdCounts":
@@ -141,9 +141,9 @@ class IdCounts:
         return out
 
 
-def _pack(a: np.ndarray) -> str:
+def pack_ids(a: np.ndarray) -> str:
     return base64.b64encode(zlib.compress(np.asarray(a, "<i8").tobytes(), 6)).decode("ascii")
 
 
-def _unpack(s: str) -> np.ndarray:
+def unpack_ids(s: str) -> np.ndarray:
     return np.frombuffer(zlib.decompress(base64.b64decode(s.encode("ascii"))), "<i8").astype(np.int64)

@@ -19,7 +19,7 @@ from profiles.config import (GlobalConfig, StackUnit, TableUnit, rescaled, stack
                              table_units)
 from profiles.errors import ProfileMismatchError
 from tpu_embed.canonical import canonical_json
-from profiles.stats import PartitionStats, TableStats, _deep_copy, merge_candidate_stacks
+from profiles.stats import PartitionStats, TableStats, deep_copy, merge_candidate_stacks
 
 
 @dataclasses.dataclass(eq=False)
@@ -171,7 +171,7 @@ def merge_profiles(profiles: Iterable[Profile]) -> Profile:
             raise ProfileMismatchError(
                 f"cannot merge profiles of different configurations (model {p.model.key} vs {first.model.key}); "
                 "merge only runs/hosts of the same tables, features and topology.")
-    acc = _deep_copy(first.accumulator)  # inputs stay untouched
+    acc = deep_copy(first.accumulator)  # inputs stay untouched
     for p in profiles[1:]:
         acc.merge_from(p.accumulator)
     candidates = dict(first.candidates)

@@ -170,7 +170,7 @@ def plot_top_ids(profile: Profile, out_dir: str, k: int = 10, max_tables: int = 
     # The most concentrated tables first: that is where hot ids hurt.
     order = sorted(tables, key=lambda kv: -(sum(c for _, c in top[kv[0]]) / max(totals[kv[0]], 1)))[:max_tables]
     fig, axes = _figure(len(order), cols=4, panel=(3.4, 2.6))
-    for ax, (name, tp) in zip(axes, order):
+    for ax, (name, _) in zip(axes, order):
         pairs = top[name]
         if pairs:
             labels = [str(i) for i, _ in pairs][::-1]
@@ -243,7 +243,8 @@ def _fmt(x) -> str:
 
 
 _CSS = """body{font-family:sans-serif;margin:2em;max-width:1400px;color:#222}
-table{border-collapse:collapse;margin:1em 0;font-size:0.85em}td,th{border:1px solid #ccc;padding:3px 8px;text-align:right}
+table{border-collapse:collapse;margin:1em 0;font-size:0.85em}
+td,th{border:1px solid #ccc;padding:3px 8px;text-align:right}
 th{background:#f0f0f0}td:first-child{text-align:left}img{max-width:100%;border:1px solid #eee;margin:0.5em 0}
 .warn{background:#fff4e0;border-left:4px solid #f0a000;padding:0.4em 1em;margin:0.3em 0;font-size:0.9em}"""
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 from typing import Any, Callable, Dict, Iterable, Optional
 
+from tpu_embed import io
 from tpu_embed.model import FeatureConfig, ModelConfig, TableConfig, from_tf_feature_config
 from tpu_embed.topology import Topology
 
@@ -33,8 +34,7 @@ def load_model_config(path: str, spec_loader: Optional[SpecLoader] = None) -> Mo
             return obj
         raise TypeError(f"{path}: the spec loader returned {type(obj).__name__}; expected a ModelConfig or "
                         "(feature_config, tpu_embed.Topology).")
-    with open(path, encoding="utf-8") as fh:
-        text = fh.read()
+    text = io.read_text(path)
     try:
         d = json.loads(text)
     except json.JSONDecodeError:

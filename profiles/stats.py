@@ -21,12 +21,12 @@ from tpu_embed.sparsecore.csr_types import XLA_PAD  # every (local SC, dest SC) 
 from profiles.counting import CellCounts
 from tpu_embed.canonical import canonical_json
 from profiles.histogram import Histogram
-from profiles.idcounts import ENCODING, IdCounts, _pack, _unpack
+from profiles.idcounts import ENCODING, IdCounts, pack_ids, unpack_ids
 
 DEFAULT_SERIES_STEPS = 10_000
 
 
-def _deep_copy(obj):
+def deep_copy(obj):
     """A deep copy of plain statistics; pickle is much faster than copy.deepcopy on dicts of tuples."""
     return pickle.loads(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL))
 
@@ -82,8 +82,8 @@ class StepSeries(_JsonEq):
     def values(self) -> Dict[int, Tuple[int, int, int]]:
         if self._packed is not None:
             d, self._packed = self._packed, None
-            steps = np.cumsum(_unpack(d["steps"]))
-            cols = [_unpack(d[k]) for k in ("max_ids", "max_unique_ids", "max_chip_buffer")]
+            steps = np.cumsum(unpack_ids(d["steps"]))
+            cols = [unpack_ids(d[k]) for k in ("max_ids", "max_unique_ids", "max_chip_buffer")]
             self._values = dict(zip(steps.tolist(), zip(*(c.tolist() for c in cols))))
         return self._values
 
@@ -121,8 +121,8 @@ class StepSeries(_JsonEq):
             return dict(self._packed)
         steps, ids, uniq, buf = self.arrays()
         return {"limit": self.limit, "encoding": ENCODING, "length": int(steps.size),
-                "steps": _pack(np.diff(steps, prepend=np.int64(0)) if steps.size else steps),
-                "max_ids": _pack(ids), "max_unique_ids": _pack(uniq), "max_chip_buffer": _pack(buf)}
+                "steps": pack_ids(np.diff(steps, prepend=np.int64(0)) if steps.size else steps),
+                "max_ids": pack_ids(ids), "max_unique_ids": pack_ids(uniq), "max_chip_buffer": pack_ids(buf)}
 
     @classmethod
     def from_json(cls, d: Mapping) -> "StepSeries":
@@ -237,7 +237,7 @@ class PartitionStats(_JsonEq):
         else:
             self.sc_dest_ids = self.sc_dest_ids + other.sc_dest_ids
         if self.series is None or other.series is None:
-            self.series = self.series or (None if other.series is None else _deep_copy(other.series))
+            self.series = self.series or (None if other.series is None else deep_copy(other.series))
         else:
             self.series.merge_from(other.series)
 
@@ -402,7 +402,7 @@ class TableStats(_JsonEq):
             if s in self.shard_load:
                 self.shard_load[s].merge_from(load)
             else:
-                self.shard_load[s] = _deep_copy(load)
+                self.shard_load[s] = deep_copy(load)
         self.partitions.merge_from(o.partitions)
         _merge_candidates(self.candidates, o.candidates)
 
@@ -431,7 +431,7 @@ def _merge_candidates(into: Dict, other: Mapping) -> None:
         if c in into:
             into[c].merge_from(st)
         else:
-            into[c] = _deep_copy(st)
+            into[c] = deep_copy(st)
 
 
 def merge_candidate_stacks(into: Dict[int, Dict[str, PartitionStats]],

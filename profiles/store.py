@@ -27,7 +27,7 @@ from profiles.errors import (CorruptProfileError, MissingProfileError, ProfileEr
                              SchemaVersionError, StaleProfileWarning)
 from profiles.jsonio import atomic_write_text, dumps_readable, read_json
 from profiles.profile import CandidateStatus, Profile, ProfileAccumulator, StackProfile, TableProfile
-from profiles.stats import PartitionStats, TableStats, _deep_copy
+from profiles.stats import PartitionStats, TableStats, deep_copy
 from profiles.summary import table_summary
 
 SCHEMA_VERSION = 2
@@ -99,7 +99,7 @@ class ProfileStore:
 
     def _merge_shared_files(self, profile: Profile) -> Profile:
         # No index of this model yet, but tables/stacks may be shared with another model's files.
-        acc = _deep_copy(profile.accumulator)
+        acc = deep_copy(profile.accumulator)
         for name, tp in profile.tables.items():
             old = self.read_table(tp.table, tp.global_config)
             if old is not None:
@@ -283,7 +283,7 @@ class ProfileStore:
     # ------------------------------------------------------------ validation
 
     def _load(self, path: str, kind: str) -> dict:
-        d = read_json(path, f"Profile file", _FIX)
+        d = read_json(path, "Profile file", _FIX)
         if not isinstance(d, dict) or "schema_version" not in d:
             raise CorruptProfileError(f"{path} is not a tpu_embed profile file (no schema_version field). {_FIX}")
         if d["schema_version"] != SCHEMA_VERSION:

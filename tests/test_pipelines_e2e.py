@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import collections
 import csv
-import dataclasses
 import hashlib
 import json
 import os
@@ -23,6 +22,7 @@ import pytest
 from pipelines import runner
 from pipelines.jobs import JobConfig
 from tpu_embed import shards
+from tpu_embed.manifest import read_manifest
 from tpu_embed.sparsecore import PAD_VALUE
 from tpu_embed.sparsecore.layout import round_up
 from tpu_embed.spec import load_spec
@@ -221,7 +221,7 @@ def test_shards_decode_to_raw_rows(artifacts, name):
                 assert set(got) == set(expect), (name, r["step"], gchip, sorted(set(got) ^ set(expect))[:5])
                 for key, g in expect.items():
                     assert got[key] == pytest.approx(g, rel=1e-6), key
-                for stack, dd in r["sparse_core"][c].items():
+                for dd in r["sparse_core"][c].values():
                     assert dd["dropped_ids"] == 0
     c = m["counts"]
     assert c["records_read"] == len(rows) and c["records_invalid"] == 0
@@ -259,7 +259,7 @@ def test_profile_written_through_profiles_store(artifacts):
 
 def test_input_fn_matches_numpy_decoder(artifacts):
     spec, d = artifacts["movielens"]
-    m = shards.load_manifest(d)
+    m = read_manifest(d)
     fmt = shards.ShardFormat.from_json(m["shards"]["format"])
     ds = shards.input_fn(d, host_index=1, expected_fingerprint=spec.fingerprint)
     recs = [shards.decode_record(r, fmt) for p in shards.shard_files(d, 1) for r in shards.read_records(p)]
@@ -298,7 +298,7 @@ def test_vocab_files_work_with_tensorflow_lookups(artifacts):
     assert table.lookup(tf.constant(probe)).numpy().tolist() == [0, 1, 2, 3, 4, len(tokens)]
     # The seed API's columns load from the same files.
     ecs = spec.to_embedding_config_spec(vocab_dir=os.path.join(d, "vocab"),
-                                        vocab_sizes=load_spec(SPECS["criteo"]).vocabulary_sizes(d))
+                                        vocab_sizes=read_manifest(d).vocabulary_sizes)
     assert len(ecs.feature_columns) == 26
     fc = ecs.to_feature_config(spec.per_chip_batch_size)
     assert fc["C3"].table.vocabulary_size == len(tokens) + 1

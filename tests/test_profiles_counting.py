@@ -16,7 +16,7 @@ from tpu_embed.topology import Topology
 def _core_stack_counts(global_ids, layout):
     """Dense [chips, nsc, S] per stack, straight from the core on the real (stacked) layout."""
     out = {}
-    for chip, ids in enumerate(split_global_batch(global_ids, layout)):
+    for ids in split_global_batch(global_ids, layout):
         for name, (i, u) in partition_counts(ids, layout).items():
             out.setdefault(name, ([], []))
             out[name][0].append(i)

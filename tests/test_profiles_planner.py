@@ -61,7 +61,7 @@ def test_exact_plan_never_overflows_and_is_tight(profile):
                 for chip in split_global_batch(b, layout):
                     preprocess_with_layout(chip, layout, **kw)
     # The buffer setting is the smallest multiple that holds every stack.
-    for name, s in plan.stacks.items():
+    for s in plan.stacks.values():
         assert plan.max_ids_per_chip_per_sample * s.sample_count % 8 == 0
         assert plan.max_ids_per_chip_per_sample * s.sample_count >= s.observed["chip_buffer_slots"]["max"]
     assert plan.stacks[next(iter(plan.stacks))].drops["drop_rate_at_most"] == 0.0

@@ -185,7 +185,7 @@ def test_collected_figures_are_right():
     assert profile.candidates[8].status == "skipped" and "not divisible by 4" in profile.candidates[8].reason
     assert profile.candidates[1].status == "profiled" and profile.candidates[2].status == "main"
     # Total ids after dedup are the same whatever the chip count (dedup is per sample).
-    for name, tp in profile.tables.items():
+    for tp in profile.tables.values():
         assert tp.stats.candidates[1].ids == tp.stats.partitions.ids
 
 

@@ -96,7 +96,8 @@ def test_schema_version_mismatch_is_refused(tmp_path, profile):
     d = json.loads(f.read_text())
     d["schema_version"] = 99
     f.write_text(json.dumps(d))
-    with pytest.raises(SchemaVersionError, match=rf"schema_version 99.*reads profile schema {profiles.SCHEMA_VERSION}") as e:
+    want = rf"schema_version 99.*reads profile schema {profiles.SCHEMA_VERSION}"
+    with pytest.raises(SchemaVersionError, match=want) as e:
         ProfileStore(tmp_path).read()
     assert str(f) in str(e.value)
 

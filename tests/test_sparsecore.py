@@ -120,7 +120,7 @@ def test_tensorflow_inputs_match_numpy_inputs():
 
 
 def test_nested_structures_flatten_like_tf_nest():
-    tf = pytest.importorskip("tensorflow")
+    pytest.importorskip("tensorflow")
     from tensorflow.python.util import nest
     t = T("t", 10)
     fc = {"z": F(t, [4]), "a": [F(t, [4]), {"y": F(t, [4]), "b": F(t, [4])}], "m": (F(t, [4]),)}

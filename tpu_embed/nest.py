@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, List, Mapping, Set, Tuple, Type, TypeVar
+from typing import Any, List, Mapping, Set, Tuple, TypeVar
 
 _LEAF_TYPES: Set[type] = set()
 T = TypeVar("T", bound=type)

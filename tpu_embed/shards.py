@@ -410,12 +410,6 @@ def dequeue_inputs(chip: Mapping[str, Mapping[str, Any]], sample_counts: Optiona
     return out
 
 
-def load_manifest(artifact_dir: str):
-    """Deprecated name of `tpu_embed.manifest.read_manifest` (the typed manifest; `m["key"]` still reads)."""
-    from tpu_embed.manifest import read_manifest
-    return read_manifest(artifact_dir)
-
-
 def shard_files(artifact_dir: str, host_index: int = 0, manifest=None) -> List[str]:
     """Paths of the host's shard files in step order (`manifest`: the artifact's, if already read)."""
     from tpu_embed import io as tio

@@ -46,7 +46,6 @@ that build TensorFlow objects.
 
 from __future__ import annotations
 
-import json
 import math
 import os
 from typing import (Annotated, Any, ClassVar, Dict, List, Literal, Mapping, Optional, Sequence, Tuple, Type, Union,
@@ -56,7 +55,9 @@ from pydantic import (AliasChoices, BaseModel, BeforeValidator, ConfigDict, Disc
                       PrivateAttr, Tag, ValidationError, model_validator)
 from pydantic_core import PydanticUndefined, PydanticUseDefault
 
+from tpu_embed import io as tio
 from tpu_embed.canonical import fingerprint as _fingerprint
+from tpu_embed.manifest import read_manifest
 from tpu_embed.model import FeatureConfig, ModelConfig, OptimizerConfig, TableConfig
 from tpu_embed.topology import Topology
 
@@ -515,8 +516,12 @@ class Spec(_Model):
         return out
 
     def input_patterns(self) -> List[str]:
-        return [p if _is_absolute(p) else os.path.normpath(os.path.join(self.base_dir, p))
-                for p in self.inputs.patterns]
+        def resolve(p: str) -> str:
+            if tio.is_absolute(p):
+                return p
+            return tio.join(self.base_dir, p) if tio.is_url(self.base_dir) else os.path.normpath(
+                os.path.join(self.base_dir, p))
+        return [resolve(p) for p in self.inputs.patterns]
 
     def required_columns(self) -> List[str]:
         cols = [self.label.column] if self.label is not None else []
@@ -533,7 +538,7 @@ class Spec(_Model):
         key = self.vocabulary_key(f)
         if key not in vocab_sizes:
             raise KeyError(f"No vocabulary size for {key!r}: run `tpu-embed vocab` first and pass the sizes "
-                           "from its manifest (Spec.vocabulary_sizes(artifact_dir)).")
+                           "from its manifest (tpu_embed.manifest.read_manifest(artifact_dir).vocabulary_sizes).")
         return max(1, int(vocab_sizes[key]) + f.vocabulary.num_oov_buckets)
 
     # -- normalization and fingerprint ---------------------------------------
@@ -595,7 +600,7 @@ class Spec(_Model):
         Features in sorted name order (how TF flattens the dict `to_feature_config`
         returns); features of one table share one `TableConfig`, whose optimizer is
         the table's (or the spec's) with the table's `learning_rate` if it has one.
-        `vocab_sizes` maps vocabulary keys to sizes (`Spec.vocabulary_sizes(artifact_dir)`).
+        `vocab_sizes` maps vocabulary keys to sizes (`read_manifest(artifact_dir).vocabulary_sizes`).
         """
         tables: Dict[str, TableConfig] = {}
         features = []
@@ -632,7 +637,7 @@ class Spec(_Model):
         from tpu_embed.feature_column import embedding_column, shared_embedding_columns
         fc = tf.feature_column
         if vocab_sizes is None:
-            vocab_sizes = self.vocabulary_sizes(os.path.dirname(vocab_dir.rstrip("/"))) if vocab_dir else {}
+            vocab_sizes = read_manifest(tio.dirname(vocab_dir.rstrip("/"))).vocabulary_sizes if vocab_dir else {}
 
         def categorical(f: CategoricalSpec):
             v = f.vocabulary
@@ -640,7 +645,7 @@ class Spec(_Model):
             if v.type == "frequency":
                 if vocab_dir is None:
                     raise ValueError("to_feature_columns needs vocab_dir for frequency vocabularies.")
-                path = os.path.join(vocab_dir, vocabulary_filename(f.name))
+                path = tio.join(vocab_dir, vocabulary_filename(f.name))
                 size = int(vocab_sizes[self.vocabulary_key(f)])
                 make = (fc.sequence_categorical_column_with_vocabulary_file if seq
                         else fc.categorical_column_with_vocabulary_file)
@@ -703,22 +708,10 @@ class Spec(_Model):
             optimization_parameters=params,
             profile_data_directory=profile_data_directory or self.profile_data_directory)
 
-    @staticmethod
-    def vocabulary_sizes(artifact_dir: str) -> Dict[str, int]:
-        """{vocabulary key: size} from an artifact directory's manifest.json."""
-        from apache_beam.io.filesystems import FileSystems  # works for gs:// too
-        path = artifact_dir.rstrip("/") + "/manifest.json"
-        with FileSystems.open(path) as fh:
-            manifest = json.loads(fh.read().decode("utf-8"))
-        return {k: int(v["size"]) for k, v in manifest["vocabularies"].items()}
 
 
 def vocabulary_filename(feature: str) -> str:
     return f"{feature}.txt"
-
-
-def _is_absolute(p: str) -> bool:
-    return os.path.isabs(p) or "://" in p
 
 
 def _optimizer_kwargs(d: Mapping[str, Any]) -> dict:
@@ -803,13 +796,13 @@ def load_spec(path: str) -> Spec:
     """Read and validate a YAML spec file. Relative input patterns resolve against its directory."""
     import yaml
     try:
-        with open(path, encoding="utf-8") as fh:
-            raw = yaml.safe_load(fh)
+        raw = yaml.safe_load(tio.read_text(path))
     except FileNotFoundError:
         raise SpecError("<file>", f"spec file {path!r} does not exist.", "pass the path of a YAML spec.") from None
     except yaml.YAMLError as e:
         raise SpecError("<file>", f"{path}: not valid YAML ({e}).", "fix the YAML syntax.") from None
-    return parse_spec(raw, base_dir=os.path.dirname(os.path.abspath(path)), source_path=os.path.abspath(path))
+    where = path if tio.is_url(path) else os.path.abspath(path)
+    return parse_spec(raw, base_dir=tio.dirname(where), source_path=where)
 
 
 def parse_spec(raw: Any, base_dir: str = ".", source_path: Optional[str] = None) -> Spec:

@@ -27,8 +27,11 @@ from profiles.planner.estimate import csr_buffer_bytes_per_sc, partition_bytes_p
 from profiles.planner.partition import stacking_comparison, table_balance, topology_comparison
 from profiles.planner.propose import propose
 from profiles.planner.sources import StatisticsIndex, resolve
-from profiles.planner.types import (TF_DEFAULT_MAX_IDS_PER_CHIP_PER_SAMPLE, TF_DEFAULT_MAX_IDS_PER_TABLE,
-                                    TF_DEFAULT_MAX_UNIQUE_IDS_PER_TABLE, Policy, StackFigures)
+# TF's defaults (TPUEmbeddingV2.DEFAULT_MAX_IDS_PER_TABLE & co), defined once in the core.
+from tpu_embed.sparsecore.csr_types import (DEFAULT_MAX_IDS_PER_CHIP_PER_SAMPLE, DEFAULT_MAX_IDS_PER_TABLE,
+                                            DEFAULT_MAX_UNIQUE_IDS_PER_TABLE)
+
+from profiles.planner.types import (Policy, StackFigures)
 from profiles.profile import Profile
 from profiles.store import ProfileStore
 
@@ -149,8 +152,8 @@ def _assemble(target: ModelConfig, figures, proposal, policy, balance, stacking,
     for name, f in figures.items():
         e = proposal.chosen[name]
         planned = e.partition_bytes_per_sc + e.buffer_bytes_per_sc
-        default = (partition_bytes_per_sc(f, TF_DEFAULT_MAX_IDS_PER_TABLE, TF_DEFAULT_MAX_UNIQUE_IDS_PER_TABLE)
-                   + csr_buffer_bytes_per_sc(f, TF_DEFAULT_MAX_IDS_PER_CHIP_PER_SAMPLE))
+        default = (partition_bytes_per_sc(f, DEFAULT_MAX_IDS_PER_TABLE, DEFAULT_MAX_UNIQUE_IDS_PER_TABLE)
+                   + csr_buffer_bytes_per_sc(f, DEFAULT_MAX_IDS_PER_CHIP_PER_SAMPLE))
         total_planned += planned
         total_default += default
         stacks[name] = StackPlan(

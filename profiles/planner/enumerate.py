@@ -13,8 +13,11 @@ import math
 from typing import Dict, List
 
 from profiles.histogram import parse_quantile, quantile_label
-from profiles.planner.types import (TF_DEFAULT_MAX_IDS_PER_CHIP_PER_SAMPLE, TF_DEFAULT_MAX_IDS_PER_TABLE,
-                                    TF_DEFAULT_MAX_UNIQUE_IDS_PER_TABLE, LimitOption, Policy, StackFigures)
+# TF's defaults (TPUEmbeddingV2.DEFAULT_MAX_IDS_PER_TABLE & co), defined once in the core.
+from tpu_embed.sparsecore.csr_types import (DEFAULT_MAX_IDS_PER_CHIP_PER_SAMPLE, DEFAULT_MAX_IDS_PER_TABLE,
+                                            DEFAULT_MAX_UNIQUE_IDS_PER_TABLE)
+
+from profiles.planner.types import (LimitOption, Policy, StackFigures)
 
 STANDARD_QUANTILES = ("p50", "p99", "p99.9", "max")
 
@@ -39,8 +42,8 @@ def option_for(fig: StackFigures, partition_quantile: str, buffer_quantile: str,
 
 
 def tf_default_option(fig: StackFigures) -> LimitOption:
-    return LimitOption("tf-default", TF_DEFAULT_MAX_IDS_PER_TABLE, TF_DEFAULT_MAX_UNIQUE_IDS_PER_TABLE,
-                       TF_DEFAULT_MAX_IDS_PER_CHIP_PER_SAMPLE * fig.spec.sample_count)
+    return LimitOption("tf-default", DEFAULT_MAX_IDS_PER_TABLE, DEFAULT_MAX_UNIQUE_IDS_PER_TABLE,
+                       DEFAULT_MAX_IDS_PER_CHIP_PER_SAMPLE * fig.spec.sample_count)
 
 
 def enumerate_options(figures: Dict[str, StackFigures], policy: Policy) -> Dict[str, List[LimitOption]]:

@@ -17,7 +17,7 @@ from typing import Dict, List, Optional
 
 from tpu_embed.model import ModelConfig
 
-from profiles.config import GlobalConfig, StackUnit, rescaled, table_unit, table_units
+from profiles.config import GlobalConfig, StackUnit, rescaled, table_units
 from profiles.planner.enumerate import limit_value
 from profiles.planner.estimate import csr_buffer_bytes_per_sc, partition_bytes_per_sc
 from profiles.planner.propose import buffer_multiple

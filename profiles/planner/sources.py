@@ -84,7 +84,7 @@ class StatisticsIndex:
             self.stacks.append(_Entry(_h(sp.stack), g, sp.stats, "profiled", sp.stack))
         for tp in p.tables.values():
             self._add_table(tp.table, g, tp.stats)
-        for c, stats in p.accumulator.candidate_stacks.items():
+        for c in p.accumulator.candidate_stacks:
             try:
                 cstacks = p.candidate_stacks(c)
             except (KeyError, ValueError):

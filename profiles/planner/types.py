@@ -9,12 +9,6 @@ from profiles.config import GlobalConfig, StackUnit
 from profiles.histogram import Histogram
 from profiles.stats import PartitionStats, ShardLoad, StepSeries
 
-# TF's defaults (TPUEmbeddingV2.DEFAULT_MAX_IDS_PER_TABLE & co, SparseCoreEmbeddingConfig), defined once in the core.
-from tpu_embed.sparsecore.csr_types import (  # noqa: E402
-    DEFAULT_MAX_IDS_PER_CHIP_PER_SAMPLE as TF_DEFAULT_MAX_IDS_PER_CHIP_PER_SAMPLE,
-    DEFAULT_MAX_IDS_PER_TABLE as TF_DEFAULT_MAX_IDS_PER_TABLE,
-    DEFAULT_MAX_UNIQUE_IDS_PER_TABLE as TF_DEFAULT_MAX_UNIQUE_IDS_PER_TABLE)
-
 
 @dataclasses.dataclass(frozen=True)
 class Policy:

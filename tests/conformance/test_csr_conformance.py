@@ -3,7 +3,6 @@
 import numpy as np
 import pytest
 from hypothesis import given, settings
-from hypothesis import strategies as st
 
 from tests.conformance import cases as C
 from tpu_embed.sparsecore import LimitExceededError, preprocess, stack_tables
@@ -64,7 +63,6 @@ def test_weighted_combiners_match_tensorflow(case, oracle):
 
 def test_overflow_and_dropping_cases_really_occur(oracle):
     """The generators above must actually reach the error and dropping paths."""
-    import hypothesis
     seen = {"ok": 0, "error": 0, "dropped": 0}
 
     @settings(max_examples=60, database=None, derandomize=True)

@@ -22,7 +22,9 @@ from tpu_embed.nest import flatten, flatten_with_paths
 from tpu_embed.topology import Topology
 
 __all__ = [
-    "CsrBatch", "FeatureIds", "FeaturePlacement", "LimitExceededError", "PAD_VALUE", "RaggedIds",
+    "DEFAULT_MAX_IDS_PER_CHIP_PER_SAMPLE", "DEFAULT_MAX_IDS_PER_TABLE", "DEFAULT_MAX_UNIQUE_IDS_PER_TABLE",
+    "buffer_sizes", "flatten", "flatten_with_paths", "CsrBatch", "FeatureIds", "FeaturePlacement",
+    "LimitExceededError", "PAD_VALUE", "RaggedIds",
     "SparseCoreLayout", "SparseIds", "StackLayout", "StackLimits", "TablePlacement", "Topology",
     "feature_ids_for", "partition_counts", "preprocess", "preprocess_with_layout", "split_global_batch",
     "stack_tables", "to_feature_ids",

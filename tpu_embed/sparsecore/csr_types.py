@@ -72,7 +72,8 @@ class CsrBatch:
 
     @property
     def max_ids_per_partition(self) -> int:
-        return int(self.ids_per_partition.max()) if self.ids_per_partition is not None and self.ids_per_partition.size else 0
+        p = self.ids_per_partition
+        return int(p.max()) if p is not None and p.size else 0
 
     @property
     def max_unique_ids_per_partition(self) -> int:

@@ -9,7 +9,7 @@ does not (ids out of range, NaN weights), naming the feature.
 
 from __future__ import annotations
 
-from typing import NamedTuple, Optional, Tuple
+from typing import NamedTuple, Optional
 
 import numpy as np
 
@@ -138,7 +138,7 @@ def to_feature_ids(value, weight, *, path: str, sample_count: int, vocabulary_si
                 "the batch.")
         w = None if weight is None else _weights(weight, "sparse", ids.size, path)
     else:
-        if hasattr(value, "ragged_rank") and getattr(value, "ragged_rank") != 1:
+        if hasattr(value, "ragged_rank") and value.ragged_rank != 1:
             raise ValueError(f"Feature {path!r}: only ragged_rank 1 RaggedTensors are supported "
                              f"(got ragged_rank {value.ragged_rank}); flatten the inner dimensions first.")
         ids = _np(value.values).reshape(-1)
