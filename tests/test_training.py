@@ -410,21 +410,28 @@ def test_setup_follows_spec_manifest_and_limits(artifacts):
                                     ).pipeline_execution_with_tensor_core is True
 
 
-def test_pipelining_flag_is_read_from_the_spec(artifacts, monkeypatch):
+def test_pipelining_flag_is_read_from_the_spec(artifacts, tmp_path):
+    import shutil
+
+    import yaml
+
+    from tpu_embed import io as tio
     from tpu_embed import training
-    real = training.load_artifact_spec
-
-    class WithFlag:
-        def __init__(self, spec):
-            self._spec = spec
-            self.pipeline_execution_with_tensor_core = True
-
-        def __getattr__(self, name):
-            return getattr(self._spec, name)
-
-    monkeypatch.setattr(training, "load_artifact_spec", lambda *a, **k: WithFlag(real(*a, **k)))
-    assert training.embedding_setup(artifacts["criteo4"]).pipeline_execution_with_tensor_core is True
-    assert training.embedding_setup(artifacts["criteo4"], pipeline_execution_with_tensor_core=False
+    from tpu_embed.manifest import manifest_bytes, read_manifest
+    # The flag is training-only: not fingerprinted, so the spec copy may set it without re-sharding.
+    d = tmp_path / "pipelined"
+    shutil.copytree(artifacts["criteo4"], d)
+    spec = yaml.safe_load((d / "spec.yaml").read_text())
+    spec["training"] = {"pipeline_execution_with_tensor_core": True}
+    text = yaml.safe_dump(spec, sort_keys=False)
+    written = tio.write_text_atomic(str(d / "spec.yaml"), text)
+    m = read_manifest(str(d)).to_json()
+    for f in m["files"]:
+        if f["path"] == "spec.yaml":
+            f["sha256"], f["bytes"] = written.sha256, written.bytes
+    (d / "manifest.json").write_bytes(manifest_bytes(m))
+    assert training.embedding_setup(str(d)).pipeline_execution_with_tensor_core is True
+    assert training.embedding_setup(str(d), pipeline_execution_with_tensor_core=False
                                     ).pipeline_execution_with_tensor_core is False
 
 

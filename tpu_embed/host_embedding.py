@@ -83,7 +83,6 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import json
 import math
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
@@ -418,28 +417,13 @@ class HostEmbedding(_tf_module_base):
         The model is `Spec.model(vocab_sizes)` (checked against the layout the
         shard job recorded), plus the spec's tensor-core features.
         """
-        spec, manifest = _read_artifact(artifact_dir)
-        vocab_sizes = {k: int(v["size"]) for k, v in (manifest.get("vocabularies") or {}).items()}
-        model = spec.model(vocab_sizes)
-        recorded = manifest.get("layout")
-        if recorded is not None and json.loads(json.dumps(model.layout().to_dict())) != recorded:
-            raise ValueError(f"{artifact_dir}: the layout in manifest.json is not the one spec.yaml gives with its "
-                             "vocabulary sizes; the artifact was edited or made by another tpu_embed.")
-        if manifest.get("spec_fingerprint") not in (None, spec.fingerprint):
-            raise ValueError(f"{artifact_dir}: spec.yaml does not match the manifest's spec fingerprint.")
-        tc = []
-        for f in spec.tensor_core_features:
-            t = spec.table(f.table)
-            opt_dict = t.optimizer or spec.optimizer
-            opt = None
-            if opt_dict is not None:
-                opt = OptimizerConfig.from_dict({"optimizer": opt_dict["type"],
-                                                 **{k: v for k, v in opt_dict.items() if k != "type"}})
-                if t.learning_rate is not None:
-                    opt = opt.with_learning_rate(t.learning_rate)
-            table = TableConfig(t.name, spec.table_vocabulary_size(t.name, vocab_sizes), t.dim, t.combiner, opt)
-            tc.append(FeatureConfig(f.name, table, (spec.per_chip_batch_size,)))
-        return cls(model, tensor_core_features=tc, **kwargs)
+        from tpu_embed.artifact import load_artifact
+        artifact = load_artifact(artifact_dir)
+        spec, sizes = artifact.spec, artifact.manifest.vocabulary_sizes
+        tc = [FeatureConfig(f.name, spec.table_config(f.table, sizes), (spec.per_chip_batch_size,))
+              for f in spec.tensor_core_features]
+        kwargs.setdefault("pipeline_execution_with_tensor_core", spec.training.pipeline_execution_with_tensor_core)
+        return cls(artifact.model, tensor_core_features=tc, **kwargs)
 
     # -- properties ------------------------------------------------------------
 
@@ -803,27 +787,3 @@ class _Config:
 class _State:
     last_step: Optional[StepLookup] = None
     pending: Optional[list] = None
-
-
-def _read_text(path: str) -> str:
-    try:
-        from tpu_embed import io as tio  # local paths and object stores alike
-    except ImportError:  # pragma: no cover - without the IO layer: local files only
-        with open(path, encoding="utf-8") as fh:
-            return fh.read()
-    return tio.read_text(path)
-
-
-def _read_artifact(artifact_dir: str):
-    """(Spec, manifest as a dict) of an artifact directory."""
-    import yaml
-    from tpu_embed.spec import parse_spec
-    base = artifact_dir.rstrip("/") + "/"
-    try:
-        from tpu_embed.manifest import read_manifest
-    except ImportError:  # pragma: no cover - typed manifest not present: read the JSON ourselves
-        manifest = json.loads(_read_text(base + "manifest.json"))
-    else:
-        manifest = read_manifest(artifact_dir).to_json()
-    spec = parse_spec(yaml.safe_load(_read_text(base + "spec.yaml")), base_dir=artifact_dir)
-    return spec, manifest

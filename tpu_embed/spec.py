@@ -606,13 +606,17 @@ class Spec(_Model):
         features = []
         for f in sorted(self.sparse_core_features, key=lambda f: f.name):
             if f.table not in tables:
-                t = self.table(f.table)
-                opt = OptimizerConfig.from_dict(_optimizer_kwargs(t.optimizer or self.optimizer or {}))
-                opt = opt if t.learning_rate is None else opt.with_learning_rate(t.learning_rate)
-                tables[t.name] = TableConfig(t.name, self.table_vocabulary_size(t.name, vocab_sizes), t.dim,
-                                             t.combiner, opt)
+                tables[f.table] = self.table_config(f.table, vocab_sizes)
             features.append(FeatureConfig(f.name, tables[f.table], tuple(self.output_shape(f)), f.sequence_length))
         return ModelConfig(tuple(features), self.topology)
+
+    def table_config(self, name: str, vocab_sizes: Mapping[str, int]) -> TableConfig:
+        """Table `name` as a `tpu_embed.model.TableConfig`: rows from the vocabulary, the table's (or the
+        spec's) optimizer with the table's `learning_rate` if it has one (tensor-core tables too)."""
+        t = self.table(name)
+        opt = OptimizerConfig.from_dict(_optimizer_kwargs(t.optimizer or self.optimizer or {}))
+        opt = opt if t.learning_rate is None else opt.with_learning_rate(t.learning_rate)
+        return TableConfig(t.name, self.table_vocabulary_size(t.name, vocab_sizes), t.dim, t.combiner, opt)
 
     def to_feature_config(self, vocab_sizes: Mapping[str, int]) -> Dict[str, Any]:
         """{feature: tf.tpu.experimental.embedding.FeatureConfig} of `model(vocab_sizes)`, for TPUEmbeddingV2."""

@@ -53,6 +53,7 @@ import json
 from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple, Union
 
 from tpu_embed import io as tio
+from tpu_embed.artifact import load_artifact, require_shards
 from tpu_embed.manifest import Manifest, ManifestError, read_manifest
 from tpu_embed.model import ModelConfig
 from tpu_embed.sparsecore.csr_types import DEFAULT_MAX_IDS_PER_TABLE, DEFAULT_MAX_UNIQUE_IDS_PER_TABLE
@@ -60,62 +61,19 @@ from tpu_embed.topology import Topology
 
 __all__ = ["build_tpu_embedding", "distribute_steps", "embedding_setup", "EmbeddingSetup", "DistributedSteps",
            "dequeue_args", "per_chip_dataset", "replica_dataset_fn", "make_replica_step", "check_embedding",
-           "load_artifact_spec"]
+           "ArtifactMismatchError"]
 
 
 class ArtifactMismatchError(ValueError):
     """The shards cannot be fed to this TPUEmbeddingV2 / strategy / plan; the message says how to fix it."""
 
 
-# ---------------------------------------------------------------- the artifact's spec and model
+# ---------------------------------------------------------------- the artifact's model, as TF will stack it
 
-def load_artifact_spec(artifact_dir: str, manifest: Optional[Manifest] = None):
-    """The `tpu_embed.spec.Spec` the artifact was made with (its `spec.yaml`), checked against the manifest."""
-    import yaml
-
-    from tpu_embed.spec import parse_spec
-    m = manifest if manifest is not None else read_manifest(artifact_dir)
-    entries = m.files_of("spec")
-    rel = entries[0].path if entries else "spec.yaml"
-    path = tio.join(artifact_dir, rel)
-    try:
-        raw = yaml.safe_load(tio.read_text(path))
-    except FileNotFoundError:
-        raise ManifestError(f"{path} is missing: the artifact directory is incomplete. Re-run `tpu-embed run` "
-                            "(or shard) with this --output.") from None
-    spec = parse_spec(raw, base_dir=artifact_dir, source_path=path)
-    if spec.fingerprint != m.spec_fingerprint:
-        raise ManifestError(f"{path} has fingerprint {spec.fingerprint}, but the manifest says the shards were "
-                            f"made for {m.spec_fingerprint}: spec.yaml was edited. Restore it, or re-shard.")
-    return spec
-
-
-def _vocab_sizes(m: Manifest) -> Dict[str, int]:
-    sizes = m.vocabulary_sizes
-    if m.vocab_sizes is not None and dict(m.vocab_sizes) != sizes:
-        raise ManifestError(f"{m.source}: the vocabularies ({sizes}) are not those the shards were packed with "
-                            f"({dict(m.vocab_sizes)}): the vocabulary was recomputed after sharding. Re-shard.")
-    return sizes
-
-
-def _require_shards(m: Manifest, artifact_dir: str):
-    if m.shards is None or m.limits is None or m.stacks is None or m.layout is None:
-        raise ManifestError(f"{artifact_dir} has no shards: run `tpu-embed shard` or `tpu-embed run` with this "
-                            "directory as --output.")
-    return m.limits
-
-
-def _check_layout(model: ModelConfig, m: Manifest, artifact_dir: str) -> None:
-    """The spec's stacking must be the one the shards were packed with, and the one TF will compute."""
+def _check_tf_stacking(model: ModelConfig) -> None:
+    """TF 2.20/2.21 must compute the stacking the shards were packed with (`tpu_embed.artifact` checks ours)."""
     from tpu_embed.sparsecore.layout import stack_tables
-    assert m.stacks is not None
     ours = model.layout()
-    recorded = {k: (tuple(v.tables), tuple(v.features), int(v.sample_count)) for k, v in m.stacks.items()}
-    mine = {k: (s.tables, s.features, s.sample_count) for k, s in ours.stacks.items()}
-    if mine != recorded or json.loads(json.dumps(ours.to_dict())) != m.layout:
-        raise ManifestError(f"{artifact_dir}: the spec's SparseCore layout (stacks {sorted(mine)}, offsets, "
-                            f"rotations) is not the one the shards were packed with (stacks {sorted(recorded)}). "
-                            "The artifact is inconsistent (or made by another tpu_embed): re-run `tpu-embed run`.")
     tf_layout = stack_tables(model, tf_first_feature_only=True)
     if {k: s.tables for k, s in tf_layout.stacks.items()} != {k: s.tables for k, s in ours.stacks.items()}:
         raise ArtifactMismatchError(
@@ -240,17 +198,16 @@ def embedding_setup(artifact_dir: str, *, plan: Any = None, optimizer: Any = Non
     * `SparseCoreEmbeddingConfig`: exactly the limits in the manifest (what the
       shards were packed with); `plan` (a plan file path or a `profiles.Plan`)
       is accepted only if it equals them, else `ArtifactMismatchError`;
-    * `pipeline_execution_with_tensor_core`: the spec's (False if the spec has
-      no such key), unless given here.
+    * `pipeline_execution_with_tensor_core`: the spec's
+      (`training.pipeline_execution_with_tensor_core`), unless given here.
     """
     import tensorflow as tf
 
     from tpu_embed.model import from_tf_feature_config, to_tf_feature_config
-    m = read_manifest(artifact_dir)
-    _require_shards(m, artifact_dir)
-    spec = load_artifact_spec(artifact_dir, m)
-    model = spec.model(_vocab_sizes(m))
-    _check_layout(model, m, artifact_dir)
+    artifact = load_artifact(artifact_dir)
+    artifact.require_shards()
+    m, spec, model = artifact.manifest, artifact.spec, artifact.model
+    _check_tf_stacking(model)
     layout = model.layout()
     stacks = list(layout.stacks)
     limits = _shard_limits(m)
@@ -273,8 +230,7 @@ def embedding_setup(artifact_dir: str, *, plan: Any = None, optimizer: Any = Non
                 f"shards are packed as {stacks} (tables stack by optimizer). Leave optimizer= out to use the spec's "
                 "per-table optimizers, or change the spec's optimizers and re-shard.")
     if pipeline_execution_with_tensor_core is None:
-        # The spec key is being added (default False); older specs have none.
-        pipeline_execution_with_tensor_core = bool(getattr(spec, "pipeline_execution_with_tensor_core", False))
+        pipeline_execution_with_tensor_core = spec.training.pipeline_execution_with_tensor_core
     sc_config = tf.tpu.experimental.embedding.SparseCoreEmbeddingConfig(
         disable_table_stacking=False,
         max_ids_per_chip_per_sample=limits["max_ids_per_chip_per_sample"],
@@ -531,7 +487,7 @@ def distribute_steps(artifact_dir: str, strategy: Any, *, num_epochs: Optional[i
     `experimental_fetch_to_device=False` to keep the buffers on the host).
     """
     m = read_manifest(artifact_dir)
-    _require_shards(m, artifact_dir)
+    require_shards(m, artifact_dir)
     topo = m.topology.to_topology()
     if strategy.num_replicas_in_sync != topo.num_chips:
         raise ArtifactMismatchError(
