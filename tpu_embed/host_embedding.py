@@ -714,14 +714,17 @@ class HostEmbedding(_tf_module_base):
         """A built `tf.tpu.experimental.embedding.TPUEmbeddingForServing` holding these SparseCore tables.
 
         Its feature config is `tpu_embed.model.to_tf_feature_config(model)`
-        (per-chip output shapes, as TPUEmbeddingV2 takes them).  Pending
-        pipelined updates are not included: `flush()` first.
+        without the per-chip output shapes (a TPU training detail): serving
+        takes any batch size, sequence features keep `max_sequence_length`.
+        Pending pipelined updates are not included: `flush()` first.
         """
         import tensorflow as tf
         from tpu_embed.model import to_tf_feature_config
         self.build()
-        serving = tf.tpu.experimental.embedding.TPUEmbeddingForServing(
-            to_tf_feature_config(self._config.model), optimizer=None)
+        feature_config = to_tf_feature_config(self._config.model)
+        for fc in tf.nest.flatten(feature_config):
+            fc.output_shape = tf.TensorShape(None)
+        serving = tf.tpu.experimental.embedding.TPUEmbeddingForServing(feature_config, optimizer=None)
         serving.build()
         for table, var in serving.embedding_tables.items():
             var.assign(self.tables[table.name])
