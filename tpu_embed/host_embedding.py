@@ -215,6 +215,16 @@ def _csr_prefixes(entry: Any, where: str) -> Tuple[np.ndarray, np.ndarray, np.nd
             arrays[3][:n].astype(np.float32), sample_count)
 
 
+def _locate(values: np.ndarray, starts: np.ndarray, sizes: np.ndarray, message: str):
+    """(range index, offset in it) of every value in sorted, disjoint ranges [starts[i], starts[i] + sizes[i])."""
+    i = np.searchsorted(starts, values, side="right") - 1
+    offset = values - starts[np.maximum(i, 0)]
+    bad = (i < 0) | (offset >= sizes[np.maximum(i, 0)])
+    if bad.any():
+        raise ValueError(message.format(int(values[int(np.flatnonzero(bad)[0])])))
+    return i, offset
+
+
 def _invert_stack(entry: Any, info: _StackInfo, topology: Topology, where: str):
     """One chip's stack -> (feature index, chip row, table row, gain) of every meaningful id.  Vectorised."""
     rp, sample_ids, tokens, gains, sample_count = _csr_prefixes(entry, where)
@@ -239,24 +249,15 @@ def _invert_stack(entry: Any, info: _StackInfo, topology: Topology, where: str):
     local_sc, dest = seg // S, seg % S
     t, s, g = tokens[pos], sample_ids[pos], gains[pos]
 
-    m = np.searchsorted(info.member_offsets, t, side="right") - 1
-    local = t - info.member_offsets[np.maximum(m, 0)]
-    bad = (m < 0) | (local >= info.member_rows[np.maximum(m, 0)])
-    if bad.any():
-        k = int(np.flatnonzero(bad)[0])
-        raise ValueError(f"{where}: token id {int(t[k])} is in no table of the stack.")
+    m, local = _locate(t, info.member_offsets, info.member_rows, f"{where}: token id {{}} is in no table of the stack.")
     table_row = local * S + (dest - info.member_rotation[m]) % S
     if (table_row >= info.member_vocab[m]).any():
         k = int(np.flatnonzero(table_row >= info.member_vocab[m])[0])
         raise ValueError(f"{where}: an id decodes to row {int(table_row[k])} of table "
                          f"{info.member_table[m[k]]!r}, past its vocabulary ({int(info.member_vocab[m[k]])}).")
 
-    fi = np.searchsorted(info.feature_lo, s, side="right") - 1
-    off = s - info.feature_lo[np.maximum(fi, 0)]
-    bad = (fi < 0) | (off >= info.feature_per_sc[np.maximum(fi, 0)])
-    if bad.any():
-        k = int(np.flatnonzero(bad)[0])
-        raise ValueError(f"{where}: sample id {int(s[k])} belongs to no feature of the stack.")
+    fi, off = _locate(s, info.feature_lo, info.feature_per_sc,
+                      f"{where}: sample id {{}} belongs to no feature of the stack.")
     if (info.feature_member[fi] != m).any():
         k = int(np.flatnonzero(info.feature_member[fi] != m)[0])
         raise ValueError(f"{where}: feature {info.feature_path[fi[k]]!r} has an id of table "
