@@ -16,6 +16,7 @@ from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 import numpy as np
 import pyarrow as pa
 
+from pipelines import progress
 from tpu_embed import io as tio
 from tpu_embed.shards import iter_tfrecords, tfrecord_frame  # noqa: F401  (one TFRecord codec)
 
@@ -89,6 +90,7 @@ def read_file(fmt: str, f: InputFile, columns: Sequence[str], *, csv_delimiter: 
                 raise StrictModeError(f"--strict: {item.file} record {item.record}: {item.reason}: {item.detail}")
         elif item.num_rows:
             any_rows = True
+            progress.advance(item.num_rows)
         yield item
     if not any_rows and f.size == 0:
         dl = DeadLetter(f.path, -1, "empty_file", "the file is empty (0 bytes)", f.index)

@@ -506,7 +506,7 @@ def build_vocab_pipeline(p, cfg: JobConfig, files: Sequence[pio.InputFile]):
 def build_shard_pipeline(p, cfg: JobConfig, files: Sequence[pio.InputFile], vocab_sizes: Dict[str, int]):
     spec = cfg.spec
     layout = spec.layout(vocab_sizes)
-    limits = pshard.resolve_limits(spec, layout, cfg.plan)
+    limits = pshard.resolve_limits(spec, layout, cfg.plan, auto=cfg.write_shards and cfg.write_profile)
     fmt = pshard.shard_format_for(spec, layout, limits)
     read = p | "Read" >> ReadExamples(spec, files, cfg.strict, cfg.chunk_rows)
     dead_files = read["dead"] | "DeadLetters" >> WriteDeadLetters(cfg.output, files, cfg.dead_letter_limit)

@@ -106,7 +106,7 @@ def update_manifest(output: str, job: str, job_cfg: dict, *, stats: Dict[str, in
         if job == "shard":
             m["shards"] = {"format": job_cfg["format"], "steps": batching["steps"],
                            "tail_policy": job_cfg["tail_policy"], "steps_per_file": job_cfg["steps_per_file"]}
-            kinds = {"shard", "dead_letter", "spec", "profile"}
+            kinds = {"shard", "dead_letter", "spec", "profile", "plan"}
         else:
             kinds = {"dead_letter", "spec", "profile"}
         if "profile" in extra:

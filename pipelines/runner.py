@@ -14,6 +14,7 @@ from apache_beam.options.pipeline_options import PipelineOptions
 from pipelines import io as pio
 from pipelines import jobs
 from pipelines import manifest as pmanifest
+from pipelines import planned_limits
 from tpu_embed.manifest import Manifest, ManifestNotFoundError, read_manifest
 
 log = logging.getLogger("tpu_embed.pipelines")
@@ -108,3 +109,4 @@ def run_all(cfg: jobs.JobConfig, beam_args: Sequence[str] = ()) -> Manifest:
     """Vocabulary job, then shards + profile in one read of the data."""
     run_vocab(dataclasses.replace(cfg, vocab_dir=None), beam_args)
     return run_shard(cfg, beam_args)
+    planned_limits.finalize(cfg, sizes)  # no pinned limits: record the plan of this pass's profile

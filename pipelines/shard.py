@@ -36,9 +36,26 @@ class Limits:
                 "allow_id_dropping": self.allow_id_dropping}
 
 
-def resolve_limits(spec, layout, plan_path: Optional[str] = None) -> Limits:
-    """Limits from a plan file (profiles.load_plan), else the spec's `limits`, else TF's defaults."""
+# `run`/`shard` without pinned limits pack with these (nothing can overflow), then record the limits
+# planned from the same pass's profile (pipelines/planned_limits.py). The CSR prefixes do not depend
+# on the limits; only overflow does. A multiple of 8, so every id buffer size is one too.
+UNBOUNDED_SOURCE = "unbounded (to be planned from this run's profile)"
+UNBOUNDED_IDS_PER_CHIP_PER_SAMPLE = 1 << 20
+UNBOUNDED_PER_PARTITION = (1 << 31) - 1
+
+
+def unbounded_limits(layout) -> Limits:
     stacks = list(layout.stacks)
+    return Limits(UNBOUNDED_IDS_PER_CHIP_PER_SAMPLE, {s: UNBOUNDED_PER_PARTITION for s in stacks},
+                  {s: UNBOUNDED_PER_PARTITION for s in stacks}, False, UNBOUNDED_SOURCE)
+
+
+def resolve_limits(spec, layout, plan_path: Optional[str] = None, *, auto: bool = False) -> Limits:
+    """Limits from a plan file (profiles.load_plan), else the spec's `limits`; else, with `auto` (the
+    job also profiles), unbounded limits to be replaced by the plan of that profile; else TF's defaults."""
+    stacks = list(layout.stacks)
+    if auto and not plan_path and not spec.limits.given:
+        return unbounded_limits(layout)
     if plan_path:
         from profiles import load_plan
         plan = load_plan(plan_path)

@@ -235,8 +235,11 @@ def test_manifest_files_and_checksums(artifacts, name):
     spec, d = artifacts[name]
     m = json.load(open(os.path.join(d, "manifest.json")))
     assert m["schema_version"] == 1 and m["spec_fingerprint"] == spec.fingerprint
-    assert m["limits"]["source"] == "tf-defaults"
-    assert m["limits"]["max_ids_per_chip_per_sample"] == 64
+    # No limits in the spec: planned from the run's own profile (exact maxima), recorded with plan.json.
+    plan = json.load(open(os.path.join(d, "plan.json")))
+    assert m["limits"]["source"].startswith("planned: plan.json")
+    assert m["limits"]["max_ids_per_table"] == plan["sparse_core_config"]["max_ids_per_table"]
+    assert m["limits"]["max_ids_per_chip_per_sample"] == plan["sparse_core_config"]["max_ids_per_chip_per_sample"]
     kinds = collections.Counter(f["kind"] for f in m["files"])
     assert kinds["shard"] == spec.topology.num_hosts and kinds["profile"] > 0
     assert kinds["vocabulary"] == sum(len(v) for v in spec.vocabulary_groups().values())

@@ -31,7 +31,7 @@ SCHEMA_VERSION = 1
 KIND = "tpu_embed.artifact"
 FILENAME = "manifest.json"
 
-FileKind = Literal["vocabulary", "shard", "dead_letter", "spec", "profile"]
+FileKind = Literal["vocabulary", "shard", "dead_letter", "spec", "profile", "plan"]
 
 
 class ManifestError(ValueError):
