@@ -97,6 +97,7 @@ def run_shard(cfg: jobs.JobConfig, beam_args: Sequence[str] = ()) -> Manifest:
     files = pio.list_input_files(cfg.spec.input_patterns())
     sizes = vocab_sizes_for(cfg)
     _run(lambda p: jobs.build_shard_pipeline(p, cfg, files, sizes), beam_args)
+    planned_limits.finalize(cfg, sizes)  # no pinned limits: record the plan of this pass's profile
     return read_manifest(cfg.output)
 
 
@@ -109,4 +110,3 @@ def run_all(cfg: jobs.JobConfig, beam_args: Sequence[str] = ()) -> Manifest:
     """Vocabulary job, then shards + profile in one read of the data."""
     run_vocab(dataclasses.replace(cfg, vocab_dir=None), beam_args)
     return run_shard(cfg, beam_args)
-    planned_limits.finalize(cfg, sizes)  # no pinned limits: record the plan of this pass's profile
