@@ -89,6 +89,22 @@ class SumCounters(beam.CombineFn):
         return dict(sorted(acc.items()))
 
 
+def _select(tagged, tag):
+    if tagged[0] == tag:
+        yield tagged[1]
+
+
+def split_tagged(tagged, tags: Sequence[str]) -> Dict[str, Any]:
+    """One PCollection of (tag, value) -> {tag: PCollection of values}, by one single-output FlatMap per tag.
+
+    Every multi-output step of the jobs yields (tag, value) on its main output instead of
+    `TaggedOutput`s: Beam 2.77's DaskRunner hands every output of a `.with_outputs(...)` ParDo to
+    the consumers of each of them (docs/pipelines.md, "Dask"). Single-output ParDos are correct on
+    every runner, so all runners use this one code path (same elements, same counts).
+    """
+    return {t: tagged | f"Select{t[:1].upper()}{t[1:]}" >> beam.FlatMap(_select, t) for t in tags}
+
+
 # ---------------------------------------------------------------- read
 
 @beam.typehints.with_output_types(typing.Any)
@@ -119,7 +135,7 @@ class _ReadAndParse(beam.DoFn):
                 counts[f"dead_letter/{item.reason}"] += 1
                 if item.record >= 0:
                     counts["records_read"] += 1
-                yield beam.pvalue.TaggedOutput("dead", item)
+                yield "dead", item
                 continue
             chunk, letters = parse.parse_batch(item, spec, chunk_index)
             if self.strict and (letters or held):
@@ -127,14 +143,14 @@ class _ReadAndParse(beam.DoFn):
             counts["records_read"] += item.num_rows
             for dl in letters:
                 counts[f"dead_letter/{dl.reason}"] += 1
-                yield beam.pvalue.TaggedOutput("dead", dl)
+                yield "dead", dl
             counts["records_valid"] += chunk.num_rows
             chunk_index += 1
-            yield chunk
+            yield "chunks", chunk
         if held:
             stop(held)
         _counter(counts)
-        yield beam.pvalue.TaggedOutput("stats", dict(counts))
+        yield "stats", dict(counts)
 
 
 class ReadExamples(beam.PTransform):
@@ -148,9 +164,8 @@ class ReadExamples(beam.PTransform):
     def expand(self, pbegin):
         files = (pbegin | "Files" >> beam.Create(self.files)
                  | "Spread" >> beam.Reshuffle())
-        out = files | "ReadParse" >> beam.ParDo(_ReadAndParse(self.spec, self.strict, self.chunk_rows)
-                                                ).with_outputs("dead", "stats", main="chunks")
-        return {"chunks": out.chunks, "dead": out.dead, "stats": out.stats}
+        out = files | "ReadParse" >> beam.ParDo(_ReadAndParse(self.spec, self.strict, self.chunk_rows))
+        return split_tagged(out, ("chunks", "dead", "stats"))
 
 
 # ---------------------------------------------------------------- dead letters
@@ -216,8 +231,8 @@ def _vocab_outputs(spec, output, key, tokens, token_counts, distinct, total):
             "tokens_covered": kept, "coverage": (kept / total) if total else 1.0,
             "files": ["vocab/" + _vocab_filename(f.name) for f in feats]}
     for fi in infos:
-        yield beam.pvalue.TaggedOutput("files", fi)
-    yield info
+        yield "files", fi
+    yield "info", info
 
 
 def _vocab_filename(feature: str) -> str:
@@ -239,9 +254,8 @@ class ComputeVocabulary(beam.PTransform):
         if self.engine == "combine":
             counts = (chunks | "CountTokens" >> beam.FlatMap(pvocab.chunk_token_counts, spec)
                       | "SumCounts" >> beam.CombinePerKey(pvocab.TokenCountCombineFn()))
-            out = counts | "Write" >> beam.ParDo(_WriteVocabulary(spec, self.output)).with_outputs("files",
-                                                                                                  main="info")
-            return {"vocabularies": out.info, "files": out.files}
+            out = split_tagged(counts | "Write" >> beam.ParDo(_WriteVocabulary(spec, self.output)), ("info", "files"))
+            return {"vocabularies": out["info"], "files": out["files"]}
         return self._expand_tft(chunks)
 
     def _expand_tft(self, chunks):
@@ -270,9 +284,9 @@ class ComputeVocabulary(beam.PTransform):
             total = int(pa.compute.sum(counts.column("count")).as_py() or 0)
             yield from _vocab_outputs(spec, output, key, tokens, token_counts, counts.num_rows, total)
 
-        out = totals | "CopyTftVocabularies" >> beam.FlatMap(
-            from_tft, beam.pvalue.AsList(written)).with_outputs("files", main="info")
-        return {"vocabularies": out.info, "files": out.files}
+        out = split_tagged(totals | "CopyTftVocabularies" >> beam.FlatMap(from_tft, beam.pvalue.AsList(written)),
+                           ("info", "files"))
+        return {"vocabularies": out["info"], "files": out["files"]}
 
 
 # ---------------------------------------------------------------- ids
@@ -290,8 +304,8 @@ class _MapToIds(beam.DoFn):
         counts = collections.Counter()
         block = mapping.map_chunk(chunk, self.spec, self.vocabs, counts)
         _counter(counts)
-        yield beam.pvalue.TaggedOutput("stats", dict(counts))
-        yield (chunk.file_index, chunk.chunk_index), block
+        yield "stats", dict(counts)
+        yield "blocks", ((chunk.file_index, chunk.chunk_index), block)
 
 
 def load_vocabularies(spec, vocab_dir: str) -> Dict[str, pa.Array]:
@@ -314,8 +328,7 @@ class MapToIds(beam.PTransform):
         self.spec, self.vocab_dir = spec, vocab_dir
 
     def expand(self, chunks):
-        out = chunks | "Map" >> beam.ParDo(_MapToIds(self.spec, self.vocab_dir)).with_outputs("stats", main="blocks")
-        return {"blocks": out.blocks, "stats": out.stats}
+        return split_tagged(chunks | "Map" >> beam.ParDo(_MapToIds(self.spec, self.vocab_dir)), ("blocks", "stats"))
 
 
 # ---------------------------------------------------------------- global batches
@@ -369,11 +382,11 @@ class _BuildStep(beam.DoFn):
         records, gids, oov, counts = pshard.build_step(step, block, self.spec, self.layout, self.limits,
                                                        encode=self.encode)
         _counter(counts)
-        yield beam.pvalue.TaggedOutput("stats", dict(counts))
+        yield "stats", dict(counts)
         for host, rec in records:
-            yield (host, step // self.steps_per_file), (step, rec)
+            yield "records", ((host, step // self.steps_per_file), (step, rec))
         if self.profile:
-            yield beam.pvalue.TaggedOutput("profile", (step, gids, oov))
+            yield "profile", (step, gids, oov)
 
 
 @beam.typehints.with_output_types(typing.Any)
@@ -403,13 +416,13 @@ class BuildShards(beam.PTransform):
 
     def expand(self, steps_and_info):
         steps, info = steps_and_info
-        out = steps | "BuildStep" >> beam.ParDo(_BuildStep(
-            self.spec, self.vocab_sizes, self.limits, self.steps_per_file, self.write_shards, self.profile)
-        ).with_outputs("stats", "profile", main="records")
-        files = (out.records | "ByFile" >> beam.GroupByKey()
+        out = split_tagged(steps | "BuildStep" >> beam.ParDo(_BuildStep(
+            self.spec, self.vocab_sizes, self.limits, self.steps_per_file, self.write_shards, self.profile)),
+            ("records", "profile", "stats"))
+        files = (out["records"] | "ByFile" >> beam.GroupByKey()
                  | "WriteFile" >> beam.ParDo(_WriteShardFile(self.output, self.steps_per_file),
                                              beam.pvalue.AsSingleton(info)))
-        return {"files": files, "profile": out.profile, "stats": out.stats}
+        return {"files": files, "profile": out["profile"], "stats": out["stats"]}
 
 
 # ---------------------------------------------------------------- profile

@@ -6,7 +6,7 @@ import os
 
 import dataclasses
 import logging
-from typing import Dict, Sequence
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import apache_beam as beam
 from apache_beam.options.pipeline_options import PipelineOptions
@@ -41,8 +41,73 @@ def pipeline_options(beam_args: Sequence[str] = ()) -> PipelineOptions:
     return opts
 
 
+DASK_RUNNER = "apache_beam.runners.dask.dask_runner.DaskRunner"
+
+
+def dask_args(beam_args: Sequence[str]) -> Tuple[List[str], Optional[int]]:
+    """`--runner=dask` -> Beam's DaskRunner; takes out our `--dask_workers=N` (also `--dask-workers N`)."""
+    args: List[str] = []
+    workers = None
+    it = iter(beam_args)
+    for a in it:
+        name, eq, val = a.partition("=")
+        if name in ("--dask_workers", "--dask-workers"):
+            workers = int(val if eq else next(it))
+        elif name == "--runner":
+            val = val if eq else next(it, "")
+            args.append("--runner=" + (DASK_RUNNER if val.lower() in ("dask", "daskrunner") else val))
+        else:
+            args.append(a)
+    return args, workers
+
+
+def _run_dask(build, args: List[str], workers: Optional[int]):
+    """Beam's DaskRunner on a LocalCluster of `workers` processes, or on --dask_client_address's cluster.
+
+    Each Create element is its own Dask partition unless --dask_npartitions/--dask_partition_size is
+    given (Beam's default puts up to 128 input files in one partition, read by one worker).
+    """
+    import distributed
+    joins = any(a.startswith(("--dask_client_address", "--dask_scheduler_file")) for a in args)
+    if joins and workers is not None:
+        raise ValueError("--dask_workers starts a local cluster; it cannot be combined with "
+                         "--dask_client_address / --dask_scheduler_file (that cluster has its own workers)")
+    if not any(a.startswith(("--dask_npartitions", "--dask_partition_size")) for a in args):
+        args = args + ["--dask_partition_size=1"]
+    cluster = None
+    set_threads = not joins and "TPU_EMBED_THREADS" not in os.environ
+    if set_threads:
+        os.environ["TPU_EMBED_THREADS"] = "1"  # one thread per worker process, as multi_processing
+    try:
+        if not joins:
+            n = workers or len(os.sched_getaffinity(0))
+            cluster = distributed.LocalCluster(n_workers=n, processes=True, threads_per_worker=1,
+                                               dashboard_address=None)
+            args = args + [f"--dask_client_address={cluster.scheduler_address}"]
+        p = beam.Pipeline(options=pipeline_options(args))
+        build(p)
+        from pipelines import dask_compat
+        with dask_compat.fixed_translations():
+            result = p.run()
+        try:
+            result.wait_until_finish()
+        finally:
+            result.client.close()  # Beam's DaskRunner never closes its client
+    finally:
+        if cluster is not None:
+            cluster.close()
+        if set_threads:
+            os.environ.pop("TPU_EMBED_THREADS", None)
+    return result
+
+
 def _run(build, beam_args: Sequence[str]):
-    opts = pipeline_options(beam_args)
+    args, dask_workers = dask_args(beam_args)
+    opts = pipeline_options(args)
+    if opts.get_all_options().get("runner") == DASK_RUNNER:
+        return _run_dask(build, args, dask_workers)
+    if dask_workers is not None:
+        raise ValueError("--dask_workers needs --runner=dask")
     p = beam.Pipeline(options=opts)
     build(p)
     # Worker processes already use the cores; the packer's own threads would oversubscribe them.
