@@ -376,6 +376,8 @@ class _BuildStep(beam.DoFn):
 
     def setup(self):
         self.layout = self.spec.layout(self.vocab_sizes)
+        if self.encode:
+            pshard.warn_if_no_native_kernel()
 
     def process(self, kv):
         step, block = kv

@@ -128,10 +128,14 @@ class _Sorted:
     uniq_pp: np.ndarray
 
 
-try:  # the optional C kernel (tpu_embed/sparsecore/native), built in place; numpy below is the fallback
-    _csr_native: Any = importlib.import_module("tpu_embed.sparsecore._csr_native")
-except ImportError:  # pragma: no cover - exercised on machines without a compiler
-    _csr_native = None
+# The optional C kernel (tpu_embed/sparsecore/native), built at install time; numpy below is the fallback.
+# TPU_EMBED_NATIVE=0 (read at import) forces the fallback, e.g. to test a worker without the kernel.
+_csr_native: Any = None
+if os.environ.get("TPU_EMBED_NATIVE", "1") != "0":
+    try:
+        _csr_native = importlib.import_module("tpu_embed.sparsecore._csr_native")
+    except ImportError:  # pragma: no cover - exercised on machines without a compiler
+        pass
 
 
 def native_available() -> bool:

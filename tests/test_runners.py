@@ -1,0 +1,269 @@
+"""Runner matrix: the same spec + data give byte-identical artifacts on every runner that runs here.
+
+Reference: DirectRunner in_memory, once per spec (module fixture). Compared with it, file by file
+(vocabularies, shards, profiles, dead letters, spec.yaml, manifest.json):
+
+* DirectRunner multi_processing, 2 worker processes;
+* PortableRunner, embedded job service (`--job_endpoint=embed`), EXTERNAL SDK workers from a
+  `worker_pool_main` started here in its own process (how Flink and Spark deployments run Python);
+* DaskRunner on a `distributed.LocalCluster` of 2 worker processes (joined with
+  --dask_client_address), and `tpu-embed run --runner dask --dask-workers 2` (starts its own);
+* the numpy CSR fallback (TPU_EMBED_NATIVE=0), which must also log exactly one warning;
+* a wheel installed in a fresh virtual environment that runs the EXTERNAL workers.
+
+The worker pool and the cluster are started once per module and always stopped.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+from pipelines import runner
+from pipelines.jobs import JobConfig
+from tpu_embed.spec import load_spec
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SPECS = {"criteo": os.path.join(ROOT, "examples", "criteo", "spec.yaml"),
+         "movielens": os.path.join(ROOT, "examples", "movielens", "spec.yaml")}
+# Small chunks and files: several chunks, step pieces and shard files, so ordering is exercised.
+KW = {"criteo": dict(chunk_rows=50, steps_per_file=3), "movielens": dict(chunk_rows=37, steps_per_file=5)}
+VENV_BIN = os.path.dirname(sys.executable)
+
+
+def _files(d):
+    return {os.path.relpath(os.path.join(r, x), d): open(os.path.join(r, x), "rb").read()
+            for r, _, xs in os.walk(d) for x in xs}
+
+
+def _run(name, out, beam_args=()):
+    runner.run_all(JobConfig(spec=load_spec(SPECS[name]), output=out, **KW[name]), list(beam_args))
+    return _files(out)
+
+
+def _assert_identical(got, ref):
+    assert sorted(got) == sorted(ref)
+    assert [p for p in sorted(ref) if got[p] != ref[p]] == []
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    out = {}
+    for name in SPECS:
+        files = _run(name, str(tmp_path_factory.mktemp(f"ref-{name}")))
+        kinds = {p.split("/")[0] for p in files}
+        assert {"vocab", "shards", "profiles", "manifest.json", "spec.yaml"} <= kinds, kinds
+        out[name] = files
+    return out
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("localhost", 0))
+        return s.getsockname()[1]
+
+
+@contextlib.contextmanager
+def worker_pool(python: str, cwd: str, env: dict):
+    """`python -m apache_beam.runners.worker.worker_pool_main` in its own session; yields (port, log path).
+
+    The pool starts each SDK worker as `python -c ...` found on PATH, so `env["PATH"]` must start with
+    the bin directory of the environment the workers should use. Stopping kills the session (pool and
+    the workers it started).
+    """
+    port = _free_port()
+    log_path = os.path.join(cwd, "worker_pool.log")
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen([python, "-m", "apache_beam.runners.worker.worker_pool_main",
+                                 f"--service_port={port}"], cwd=cwd, env=env, stdout=log,
+                                stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        deadline = time.time() + 120
+        while True:
+            assert proc.poll() is None, open(log_path).read()
+            with socket.socket() as s:
+                if s.connect_ex(("localhost", port)) == 0:
+                    break
+            assert time.time() < deadline, "worker pool did not start: " + open(log_path).read()
+            time.sleep(0.2)
+        yield port, log_path
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+def _external_args(port: int):
+    return ["--runner=PortableRunner", "--job_endpoint=embed", "--environment_type=EXTERNAL",
+            f"--environment_config=localhost:{port}"]
+
+
+def _clean_env(bin_dir: str) -> dict:
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV")}
+    env["PATH"] = bin_dir + os.pathsep + env.get("PATH", "")
+    return env
+
+
+@pytest.fixture(scope="module")
+def project_worker_pool(tmp_path_factory):
+    with worker_pool(sys.executable, str(tmp_path_factory.mktemp("pool")), _clean_env(VENV_BIN)) as pool:
+        yield pool
+
+
+@pytest.fixture(scope="module")
+def dask_cluster():
+    distributed = pytest.importorskip("distributed")
+    with distributed.LocalCluster(n_workers=2, processes=True, threads_per_worker=1, dashboard_address=None,
+                                  env={"TPU_EMBED_THREADS": "1"}) as cluster:
+        yield cluster
+
+
+# ---------------------------------------------------------------- the matrix
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", list(SPECS))
+def test_direct_multi_processing(reference, tmp_path, name):
+    _assert_identical(_run(name, str(tmp_path), ["--direct_num_workers=2",
+                                                 "--direct_running_mode=multi_processing"]), reference[name])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", list(SPECS))
+def test_portable_runner_external_worker_pool(reference, project_worker_pool, tmp_path, name):
+    port, log = project_worker_pool
+    _assert_identical(_run(name, str(tmp_path), _external_args(port)), reference[name])
+    assert "Starting worker with command" in open(log).read()  # the pool's processes ran the job
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", list(SPECS))
+def test_dask_local_cluster(reference, dask_cluster, tmp_path, name):
+    args = ["--runner=dask", f"--dask_client_address={dask_cluster.scheduler_address}"]
+    _assert_identical(_run(name, str(tmp_path), args), reference[name])
+
+
+@pytest.mark.slow
+def test_cli_dask_workers_starts_a_local_cluster(reference, tmp_path):
+    from pipelines import cli
+    out = str(tmp_path / "out")
+    kw = KW["criteo"]
+    assert cli.main(["run", "--spec", SPECS["criteo"], "--output", out, "--chunk-rows", str(kw["chunk_rows"]),
+                     "--steps-per-file", str(kw["steps_per_file"]), "--runner", "dask", "--dask-workers", "2"]) == 0
+    _assert_identical(_files(out), reference["criteo"])
+
+
+def test_dask_args():
+    full = runner.DASK_RUNNER
+    assert runner.dask_args(["--runner=dask", "--dask_workers=3", "--x=1"]) == ([f"--runner={full}", "--x=1"], 3)
+    assert runner.dask_args(["--runner", "DaskRunner", "--dask-workers", "2"]) == ([f"--runner={full}"], 2)
+    assert runner.dask_args(["--runner=DirectRunner"]) == (["--runner=DirectRunner"], None)
+    with pytest.raises(ValueError, match="needs --runner=dask"):
+        runner._run(lambda p: None, ["--dask_workers=2"])
+
+
+# ---------------------------------------------------------------- the native kernel on workers
+
+@pytest.mark.slow
+def test_numpy_fallback_warns_once_and_gives_the_same_bytes(reference, tmp_path):
+    """TPU_EMBED_NATIVE=0: the CSR kernel is not loaded; one warning, naming the cost; identical bytes."""
+    out = str(tmp_path / "out")
+    kw = KW["criteo"]
+    env = dict(os.environ, TPU_EMBED_NATIVE="0")
+    r = subprocess.run([sys.executable, "-m", "pipelines.cli", "run", "--spec", SPECS["criteo"], "--output", out,
+                        "--chunk-rows", str(kw["chunk_rows"]), "--steps-per-file", str(kw["steps_per_file"])],
+                       cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr
+    warnings = [line for line in r.stderr.splitlines() if "native CSR kernel is not available" in line]
+    assert len(warnings) == 1, r.stderr
+    assert "TPU_EMBED_NATIVE=0" in warnings[0] and "5x slower" in warnings[0]
+    _assert_identical(_files(out), reference["criteo"])
+
+
+def test_native_warning_is_logged_once_per_process(monkeypatch, caplog):
+    from pipelines import shard
+    from tpu_embed.sparsecore import csr
+    monkeypatch.setattr(csr, "_csr_native", None)
+    monkeypatch.setattr(shard, "_native_checked", False)
+    with caplog.at_level("WARNING", logger="tpu_embed.pipelines"):
+        assert all(shard.warn_if_no_native_kernel() for _ in range(3))
+    assert len([r for r in caplog.records if "native CSR kernel" in r.getMessage()]) == 1
+
+
+# ---------------------------------------------------------------- packaging for remote workers
+
+@pytest.mark.slow
+def test_wheel_in_a_fresh_venv_runs_the_external_workers(reference, tmp_path):
+    """Build the wheel, install it in a new virtual environment, run the workers from there.
+
+    * The wheel is built (`python -m build --wheel --no-isolation`, setuptools from the project venv)
+      from a copy of the working tree without `.so` files, so the native kernel in it comes from
+      setup.py's build, not from the in-place build of the editable install.
+    * The fresh venv is made by the base interpreter of .venv (`venv --without-pip`); the wheel goes
+      in with `pip --python <fresh> install --no-deps`.
+    * Dependencies: installing the ~3 GB of pinned dependencies (TensorFlow, Beam, TFT, ...) again
+      takes several minutes, so afterwards a `.pth` *line* appends .venv's site-packages to the fresh
+      venv's sys.path. A path line does not run the `.pth` files in that directory, so the editable
+      install's import hook (`__editable__.tpu_embed-0.1.0.pth`) is not installed and the source tree
+      stays invisible: only third-party packages come from there, at the versions pyproject pins.
+      What is tested is our wheel: its packages, the compiled kernel, and that workers need nothing else.
+    * Everything in the fresh venv runs from a temporary cwd without PYTHONPATH; the test asserts that
+      `tpu_embed`, `pipelines`, `profiles` and the kernel are imported from the fresh venv and that
+      `native_available()` is True there.
+    * The worker pool runs on the fresh venv's python with its bin first on PATH (the pool starts SDK
+      workers as `python` from PATH); the job driver runs here, in the project venv.
+    """
+    pytest.importorskip("build")
+    src = tmp_path / "src"
+    shutil.copytree(ROOT, src, ignore=shutil.ignore_patterns(
+        ".git", ".venv*", "build", "dist", "*.egg-info", "__pycache__", "*.so", ".pytest_cache", ".hypothesis",
+        "data", "benchmarks", ".ci"))
+    dist = tmp_path / "dist"
+    r = subprocess.run([sys.executable, "-m", "build", "--wheel", "--no-isolation", "--outdir", str(dist)],
+                       cwd=src, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    wheels = list(dist.glob("tpu_embed-*.whl"))
+    assert len(wheels) == 1 and "linux" in wheels[0].name, wheels  # platform wheel: it carries the kernel
+
+    venv = tmp_path / "fresh"
+    subprocess.run([sys._base_executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
+    fresh_py = str(venv / "bin" / "python")
+    subprocess.run([sys.executable, "-m", "pip", "--python", fresh_py, "install", "-q", "--no-deps", "--no-index",
+                    str(wheels[0])], check=True, timeout=300)
+    site = subprocess.run([fresh_py, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+    project_site = subprocess.run([sys.executable, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                                  capture_output=True, text=True, check=True).stdout.strip()
+    with open(os.path.join(site, "zz_project_dependencies.pth"), "w") as fh:
+        fh.write(project_site + "\n")
+
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    env = _clean_env(str(venv / "bin"))
+    probe = ("import json, sys, tpu_embed, pipelines, profiles; from tpu_embed.sparsecore import csr; "
+             "print(json.dumps({'files': [tpu_embed.__file__, pipelines.__file__, profiles.__file__, "
+             "csr._csr_native.__file__ if csr._csr_native else None], 'native': csr.native_available(), "
+             "'path': sys.path}))")
+    r = subprocess.run([fresh_py, "-c", probe], cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    info = json.loads(r.stdout.strip().splitlines()[-1])
+    assert info["native"] is True, info
+    for f in info["files"]:
+        assert f is not None and f.startswith(str(venv)), info
+    assert not any(p.rstrip("/") == ROOT for p in info["path"]), info["path"]
+
+    with worker_pool(fresh_py, str(cwd), env) as (port, log):
+        _assert_identical(_run("movielens", str(tmp_path / "out"), _external_args(port)), reference["movielens"])
+        assert "Starting worker with command" in open(log).read()
