@@ -14,7 +14,6 @@ import argparse
 import logging
 import os
 import sys
-import time
 from typing import Optional, Sequence
 
 EPILOG = """\
@@ -65,6 +64,8 @@ def build_parser() -> argparse.ArgumentParser:
         prog="tpu-embed", description=__doc__.split("\n\n")[0] + "\n\n" + __doc__.split("\n\n", 1)[1],
         formatter_class=argparse.RawDescriptionHelpFormatter, epilog=EPILOG)
     parser.add_argument("-v", "--verbose", action="store_true", help="Beam's INFO logs")
+    parser.add_argument("--debug", action="store_true",
+                        help="show Python tracebacks and TensorFlow's start-up logs (errors are one line otherwise)")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
     sp = sub.add_parser("vocab", help="compute the vocabularies (tensorflow-transform semantics) -> DIR/vocab/",
@@ -98,8 +99,11 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--json", action="store_true", help="print the manifest as JSON")
     sp.set_defaults(func=cmd_inspect)
 
-    sp = sub.add_parser("demo", help="`run` on the bundled Criteo sample, then a summary")
-    sp.add_argument("--output", default="build/demo")
+    sp = sub.add_parser("demo", help="raw data to a trained model: synthetic Criteo-like data, the jobs, the plan, "
+                                     "a DLRM trained with HostEmbedding, the report (a few minutes)")
+    sp.add_argument("--output", default="build/demo", help="where everything goes (default build/demo)")
+    sp.add_argument("--overwrite", action="store_true", help="replace the output of an earlier demo")
+    sp.add_argument("--examples", type=int, default=None, help="synthetic examples to generate (default 500000)")
     sp.set_defaults(func=cmd_demo)
 
     try:
@@ -148,19 +152,9 @@ cmd_profile = _job_command("run_profile")
 cmd_run = _job_command("run_all")
 
 
-def demo_spec_path() -> str:
-    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    return os.path.join(here, "examples", "criteo", "spec.yaml")
-
-
 def cmd_demo(args, beam_args):
-    from pipelines import runner
-    ns = argparse.Namespace(spec=demo_spec_path(), output=args.output, input=None, strict=False, chunk_rows=None)
-    t0 = time.time()
-    m = runner.run_all(_config(ns), beam_args)
-    print(summary(m, args.output))
-    print(f"demo finished in {time.time() - t0:.1f} s; inspect with: tpu-embed inspect {args.output}")
-    return 0
+    from pipelines import demo
+    return demo.main(args.output, args.overwrite, args.examples, beam_args)
 
 
 def summary(m, output: str) -> str:
@@ -188,14 +182,7 @@ def summary(m, output: str) -> str:
             lines.append(f"out-of-vocabulary values: {sum(oov.values())} over {len(oov)} features")
         if c.ids_dropped_by_limits:
             lines.append(f"ids dropped by SparseCore limits: {c.ids_dropped_by_limits}")
-    lim = m.limits
-    if lim is not None:
-        lines.append(f"limits ({lim.source}): max_ids_per_chip_per_sample={lim.max_ids_per_chip_per_sample}, "
-                     f"max_ids_per_table={lim.max_ids_per_table}, "
-                     f"max_unique_ids_per_table={lim.max_unique_ids_per_table}")
-    if m.stacks:
-        lines.append(f"stacks ({len(m.stacks)}): " + ", ".join(
-            f"{k[:40]}[{len(v.tables)} tables]" for k, v in list(m.stacks.items())[:6]))
+    lines.extend(limits_table(m))
     if m.profile is not None:
         lines.append(f"profile: {m.profile.files_written} files in {m.profile.directory}")
     kinds: dict = {}
@@ -205,7 +192,33 @@ def summary(m, output: str) -> str:
     return "\n".join(lines)
 
 
+def limits_table(m) -> list:
+    """Per stacked table: its tables and the limits the shards were packed with, and where they came from."""
+    from profiles.display import short_stack_name
+    lim, stacks = m.limits, m.stacks or {}
+    if lim is None or not stacks:
+        return []
+    source = lim.source
+    if source.startswith("planned"):
+        source = "planned from this run's profile (exact maxima; plan.json)"
+    elif source == "tf-defaults":
+        source = "TF's defaults (256 / 256 / 64)"
+    rows = [("stack", "tables", "max_ids_per_table", "max_unique_ids_per_table")]
+    for name, st in stacks.items():
+        tables = list(st.tables)
+        shown = ", ".join(tables) if len(tables) <= 3 else f"{tables[0]} … {tables[-1]} ({len(tables)})"
+        rows.append((short_stack_name(name, tables), shown, str(lim.max_ids_per_table.get(name, "")),
+                     str(lim.max_unique_ids_per_table.get(name, ""))))
+    widths = [max(len(r[i]) for r in rows) for i in range(4)]
+    lines = [f"limits: {source}; max_ids_per_chip_per_sample={lim.max_ids_per_chip_per_sample}, "
+             f"allow_id_dropping={lim.allow_id_dropping}"]
+    lines += ["  " + "  ".join(c.ljust(w) if i < 2 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths)))
+              for r in rows]
+    return lines
+
+
 def cmd_inspect(args, beam_args):
+    from profiles.display import short_stack_name
     from tpu_embed import shards
     from tpu_embed.manifest import read_manifest
     m = read_manifest(args.artifact)
@@ -215,6 +228,9 @@ def cmd_inspect(args, beam_args):
     print(summary(m, args.artifact))
     if m.shards is not None:
         fmt = m.shard_format
+        if not 0 <= args.host < fmt.num_hosts:
+            raise UserError(f"--host {args.host}: {args.artifact} has {fmt.num_hosts} host(s), "
+                            f"so --host must be in 0..{fmt.num_hosts - 1}.")
         files = shards.shard_files(args.artifact, args.host, m)
         shown = 0
         for path in files:
@@ -226,15 +242,24 @@ def cmd_inspect(args, beam_args):
                       f"label mean {float(r['label'].mean()) if r['label'].size else 0:.3f}")
                 for c, chip in enumerate(r["sparse_core"]):
                     for stack, d in chip.items():
-                        print(f"  chip {c} {stack[:48]}: ids {d['ids_unpadded_size']}, row pointers "
+                        print(f"  chip {c} {short_stack_name(stack, m.stacks[stack].tables)}: ids "
+                              f"{d['ids_unpadded_size']}, row pointers "
                               f"{d['row_pointers_unpadded_size']}, dropped {d['dropped_ids']}")
                 shown += 1
     return 0
 
 
+class UserError(Exception):
+    """A mistake in how a command was called: printed as one line."""
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     argv = list(sys.argv[1:] if argv is None else argv)
+    debug = "--debug" in argv
+    argv = [a for a in argv if a != "--debug"]  # accepted anywhere on the line
+    if not debug:
+        from pipelines import quiet
+        quiet.install()  # before anything imports TensorFlow: no oneDNN / CUDA / cuInit lines
     parser = build_parser()
     args, beam_args = parser.parse_known_args(argv)
     if not getattr(args, "command", None):
@@ -245,20 +270,32 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     takes_beam = args.command in ("vocab", "shard", "profile", "run", "demo")
     if beam_args and not takes_beam:
         parser.error(f"unrecognized arguments: {' '.join(beam_args)}")
-    from tpu_embed.spec import SpecError
     try:
         if _one_arg(args.func):
             return int(args.func(args) or 0)
         return int(args.func(args, beam_args) or 0)
-    except SpecError as e:
-        print(f"tpu-embed: {e}", file=sys.stderr)
-        return 2
-    except Exception as e:  # noqa: BLE001 - Beam wraps worker errors; show the cause plainly
-        msg = _root_message(e) or _root_message_text(str(e))
-        if msg is None:
+    except BrokenPipeError:  # `tpu-embed inspect DIR | head`
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
+    except KeyboardInterrupt:
+        print("tpu-embed: interrupted", file=sys.stderr)
+        return 130
+    except Exception as e:  # noqa: BLE001 - one clear line, never a traceback (unless --debug)
+        if debug:
             raise
-        print(f"tpu-embed: {msg}", file=sys.stderr)
-        return 1
+        print(f"tpu-embed {args.command}: {error_line(e)}", file=sys.stderr)
+        print("(run with --debug for the traceback)", file=sys.stderr)
+        return 2 if type(e).__name__ in ("SpecError", "UserError") else 1
+
+
+def error_line(e: BaseException) -> str:
+    """One line for an error: a known error's message (found in Beam's wrapping, where worker errors
+    arrive as text), else the exception's type and first line."""
+    msg = _root_message(e) or _root_message_text(str(e))
+    if msg is None:
+        text = str(e).strip().splitlines()
+        msg = f"{type(e).__name__}: {text[0] if text else ''}".rstrip(": ")
+    return " ".join(msg.split())
 
 
 def _one_arg(func) -> bool:
@@ -270,7 +307,8 @@ def _one_arg(func) -> bool:
 
 
 _KNOWN_ERRORS = ("StrictModeError", "PolicyError", "LimitExceededError", "FileNotFoundError", "SpecError",
-                 "ManifestError", "ManifestNotFoundError")
+                 "ManifestError", "ManifestNotFoundError", "UserError", "DemoError", "MissingProfileError",
+                 "CorruptProfileError", "SchemaVersionError", "ProfileError")
 
 
 def _root_message(e: BaseException) -> Optional[str]:
