@@ -13,7 +13,7 @@ install: $(STAMP)
 $(STAMP): pyproject.toml setup.py tpu_embed/sparsecore/native/_csr_native.c
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -e '.[test,report,lint]'
+	PYTHONWARNINGS=ignore $(PY) -m pip install -q -e '.[test,report,lint]'  # the build backend's warnings too
 	touch $@
 
 # TensorFlow's own SparseCore kernels, used only as the conformance oracle.
