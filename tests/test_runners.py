@@ -40,9 +40,13 @@ KW = {"criteo": dict(chunk_rows=50, steps_per_file=3), "movielens": dict(chunk_r
 VENV_BIN = os.path.dirname(sys.executable)
 
 
+def _read(path):
+    with open(path, "rb") as fh:
+        return fh.read()
+
+
 def _files(d):
-    return {os.path.relpath(os.path.join(r, x), d): open(os.path.join(r, x), "rb").read()
-            for r, _, xs in os.walk(d) for x in xs}
+    return {os.path.relpath(os.path.join(r, x), d): _read(os.path.join(r, x)) for r, _, xs in os.walk(d) for x in xs}
 
 
 def _run(name, out, beam_args=()):
