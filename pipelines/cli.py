@@ -267,6 +267,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return 2
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(levelname)s %(name)s: %(message)s")
+    if not (args.verbose or debug):
+        # Beam logs a failing worker's traceback at ERROR before raising it; the error is shown once, below.
+        logging.getLogger("apache_beam").setLevel(logging.CRITICAL)
     takes_beam = args.command in ("vocab", "shard", "profile", "run", "demo")
     if beam_args and not takes_beam:
         parser.error(f"unrecognized arguments: {' '.join(beam_args)}")

@@ -14,10 +14,11 @@ import io
 import math
 import os
 import textwrap
-from typing import List, Optional, Union
+from typing import Dict, List, Optional, Union
 
 import numpy as np
 
+from profiles.display import natural_sorted, short_stack_name
 from profiles.plan_file import Plan, load_plan
 from profiles.profile import Profile
 from profiles.store import ProfileStore
@@ -63,23 +64,39 @@ def _short(name: str, n: int = 34) -> str:
 # ---------------------------------------------------------------- plots
 
 def plot_ids_per_example(profile: Profile, out_dir: str) -> str:
+    """Histograms of ids per example for the tables where it varies (multivalent, sequence); the
+    univalent ones (0 or 1 id per example) share one panel: the share of examples with an id."""
     from matplotlib.ticker import MaxNLocator
-    tables = profile.tables
-    fig, axes = _figure(len(tables), cols=4, panel=(3.4, 2.5))
-    for ax, (name, tp) in zip(axes, tables.items()):
-        h = tp.stats.ids_per_example()
+    tables = {n: profile.tables[n] for n in natural_sorted(profile.tables)}
+    hists = {n: tp.stats.ids_per_example() for n, tp in tables.items()}
+    varying = [n for n, h in hists.items() if h.max > 1]
+    univalent = [n for n in tables if n not in varying]
+    fig, axes = _figure(len(varying) + (1 if univalent else 0), cols=4, panel=(3.4, 2.5))
+    axes = list(axes)
+    if univalent:
+        ax = axes.pop(0)
+        shares = [1.0 - (dict(hists[n].sorted_items()).get(0, 0) / hists[n].total if hists[n].total else 0)
+                  for n in univalent]
+        ax.barh(range(len(univalent)), shares[::-1], color=_COLORS["ids"])
+        ax.set_yticks(range(len(univalent)))
+        ax.set_yticklabels([_short(n, 16) for n in univalent][::-1], fontsize=6 if len(univalent) > 12 else 7)
+        ax.set_xlim(0, 1)
+        ax.set_xlabel("share of examples with an id", fontsize=8)
+        ax.set_title(f"{len(univalent)} univalent tables (0 or 1 id)", fontsize=9)
+        ax.tick_params(labelsize=7)
+    for ax, name in zip(axes, varying):
+        h = hists[name]
         items = h.sorted_items()
         if items:
             xs, ys = zip(*items)
-            total = h.total
-            ax.bar(xs, [y / total for y in ys], width=0.8, color=_COLORS["ids"])
+            ax.bar(xs, [y / h.total for y in ys], width=0.8, color=_COLORS["ids"])
             ax.axvline(h.mean, color=_COLORS["limit"], lw=1, ls="--")
         ax.set_title(f"{_short(name, 26)}  (mean {h.mean:.2f}, max {h.max})", fontsize=9)
         ax.set_xlabel("ids per example", fontsize=8)
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # counts: no 0.6, 0.8 ... ticks
         ax.set_ylabel("share of examples", fontsize=8)
         ax.tick_params(labelsize=7)
-    fig.suptitle("Ids per example (per feature, all of the table's features; dashed: mean)", fontsize=11)
+    fig.suptitle("Ids per example, where it varies (per table, all of its features; dashed: mean)", fontsize=11)
     return _save(fig, out_dir, "ids_per_example.png")
 
 
@@ -163,7 +180,8 @@ def plot_limits_over_steps(profile: Profile, plan: Plan, out_dir: str) -> str:
     return _save(fig, out_dir, "limits_over_steps.png")
 
 
-def plot_top_ids(profile: Profile, out_dir: str, k: int = 10, max_tables: int = 12) -> str:
+def plot_top_ids(profile: Profile, out_dir: str, k: int = 10, max_tables: int = 12,
+                 tokens: Optional[Dict[str, "TokenLookup"]] = None) -> str:
     tables = list(profile.tables.items())
     top = {name: tp.stats.id_counts.top_k(k) for name, tp in tables}
     totals = {name: tp.stats.id_counts.total for name, tp in tables}
@@ -173,7 +191,8 @@ def plot_top_ids(profile: Profile, out_dir: str, k: int = 10, max_tables: int = 
     for ax, (name, _) in zip(axes, order):
         pairs = top[name]
         if pairs:
-            labels = [str(i) for i, _ in pairs][::-1]
+            look = (tokens or {}).get(name)
+            labels = [look.label(i) if look is not None else str(i) for i, _ in pairs][::-1]
             shares = [c / totals[name] for _, c in pairs][::-1]
             ax.barh(range(len(pairs)), shares, color=_COLORS["ids"])
             ax.set_yticks(range(len(pairs)))
@@ -181,12 +200,13 @@ def plot_top_ids(profile: Profile, out_dir: str, k: int = 10, max_tables: int = 
         ax.set_title(_short(name), fontsize=9)
         ax.set_xlabel("share of lookups", fontsize=8)
         ax.tick_params(labelsize=7)
-    fig.suptitle(f"Top {k} ids (exact counts) of the {len(order)} most concentrated tables", fontsize=11)
+    what = "tokens" if tokens else "ids"
+    fig.suptitle(f"Top {k} {what} (exact counts) of the {len(order)} most concentrated tables", fontsize=11)
     return _save(fig, out_dir, "top_ids.png")
 
 
 def plot_balance(plan: Plan, out_dir: str) -> Optional[str]:
-    rows = [(n, t) for n, t in plan.tables.items() if "mod_balance" in t]
+    rows = [(n, plan.tables[n]) for n in natural_sorted(plan.tables) if "mod_balance" in plan.tables[n]]
     if not rows:
         return None
     fig, axes = _figure(1, cols=1, panel=(max(6.0, 0.45 * len(rows) + 2), 3.4))
@@ -249,10 +269,59 @@ th{background:#f0f0f0}td:first-child{text-align:left}img{max-width:100%;border:1
 .warn{background:#fff4e0;border-left:4px solid #f0a000;padding:0.4em 1em;margin:0.3em 0;font-size:0.9em}"""
 
 
+class TokenLookup:
+    """Table row -> the token of the vocabulary file (rows past it are OOV buckets)."""
+
+    def __init__(self, tokens: List[str]):
+        self.tokens = tokens
+
+    def label(self, row: int) -> str:
+        row = int(row)
+        if row < len(self.tokens):
+            t = self.tokens[row]
+            return t if len(t) <= 18 else t[:17] + "…"
+        return f"OOV bucket {row - len(self.tokens)}"
+
+
+def find_artifact(profile_dir: str) -> Optional[str]:
+    """The artifact directory whose manifest names `profile_dir` as its profile directory, if any."""
+    from tpu_embed.manifest import read_manifest
+    parent = tio.dirname(profile_dir.rstrip("/"))
+    for candidate in (parent, profile_dir):
+        if not candidate or not tio.exists(tio.join(candidate, "manifest.json")):
+            continue
+        try:
+            m = read_manifest(candidate)
+        except Exception:  # noqa: BLE001 - not an artifact we can read: the report works without it
+            continue
+        if m.profile is not None and os.path.normpath(tio.join(candidate, m.profile.directory)) == \
+                os.path.normpath(profile_dir.rstrip("/")):
+            return candidate
+    return None
+
+
+def token_lookups(artifact: str) -> Dict[str, TokenLookup]:
+    """{table: TokenLookup} from the artifact's frequency vocabulary files."""
+    from tpu_embed.manifest import read_manifest
+    m = read_manifest(artifact)
+    out: Dict[str, TokenLookup] = {}
+    for feat in (m.features or {}).values():
+        if feat.vocabulary_file is None or feat.table in out:
+            continue
+        try:
+            text = tio.read_bytes(tio.join(artifact, feat.vocabulary_file)).decode("utf-8", "replace")
+        except Exception:  # noqa: BLE001
+            continue
+        out[feat.table] = TokenLookup(text.splitlines())
+    return out
+
+
 def write_report(profile_or_dir: Union[Profile, str, os.PathLike], plan: Union[Plan, str, os.PathLike, None],
-                 out_dir: Union[str, os.PathLike]) -> str:
+                 out_dir: Union[str, os.PathLike], artifact: Optional[str] = None) -> str:
     """Write out_dir/index.html and its PNGs; returns the HTML path.  `plan` may be None (planned
-    here with quantile 'max')."""
+    here with quantile 'max').  `artifact`: the artifact directory the profile belongs to (found from
+    a profile directory's parent when not given): its spec fingerprint identifies the model and its
+    vocabulary files name the top ids."""
     out_dir = os.fspath(out_dir)
     tio.makedirs(out_dir)
     if isinstance(plan, (str, os.PathLike)):
@@ -261,6 +330,14 @@ def write_report(profile_or_dir: Union[Profile, str, os.PathLike], plan: Union[P
         profile = profile_or_dir
     else:
         profile = ProfileStore(os.fspath(profile_or_dir)).read(model=plan.model_key if plan is not None else None)
+        if artifact is None:
+            artifact = find_artifact(os.fspath(profile_or_dir))
+    fingerprint = None
+    tokens: Dict[str, TokenLookup] = {}
+    if artifact is not None:
+        from tpu_embed.manifest import read_manifest
+        fingerprint = read_manifest(artifact).spec_fingerprint
+        tokens = token_lookups(artifact)
     if plan is None:
         import warnings
         from profiles.planner import plan as make_plan
@@ -271,7 +348,7 @@ def write_report(profile_or_dir: Union[Profile, str, os.PathLike], plan: Union[P
               ("Memory per SparseCore: plan vs TF defaults", plot_memory(plan, out_dir)),
               ("Per-SparseCore load", plot_sc_heatmap(profile, out_dir)),
               ("Ids per example", plot_ids_per_example(profile, out_dir)),
-              ("Hot ids", plot_top_ids(profile, out_dir))]
+              ("Hot ids", plot_top_ids(profile, out_dir, tokens=tokens))]
     bal = plot_balance(plan, out_dir)
     if bal:
         images.insert(3, ("mod vs div partitioning", bal))
@@ -280,7 +357,9 @@ def write_report(profile_or_dir: Union[Profile, str, os.PathLike], plan: Union[P
     parts = [f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>tpu_embed profile report</title>"
              f"<style>{_CSS}</style></head><body>",
              "<h1>SparseCore lookup profile and plan</h1>",
-             f"<p>Model {html.escape(profile.model.key)}: {len(profile.model.tables)} tables, "
+             (f"<p>Spec fingerprint {html.escape(fingerprint[:16])} (artifact {html.escape(str(artifact))}): "
+              if fingerprint else f"<p>Model {html.escape(profile.model.key)}: ")
+             + f"{len(profile.model.tables)} tables, "
              f"{len(profile.model.features)} features, {len(profile.stacks)} stacked tables; {g.num_chips} chips x "
              f"{g.num_sc_per_chip} SparseCores ({g.num_hosts} host{'s' if g.num_hosts != 1 else ''}), "
              f"{g.per_chip_batch} examples per chip; "
@@ -300,7 +379,8 @@ def write_report(profile_or_dir: Union[Profile, str, os.PathLike], plan: Union[P
         ["stack", "tables", "max_ids_per_table", "observed max", "p99.9", "max_unique_ids_per_table",
          "observed max", "buffer slots (cap / max)", "drop rate at most", "KiB/SC planned", "KiB/SC TF default",
          "origin"],
-        [[n, len(s.tables), s.max_ids_per_table, s.observed["max_ids"]["max"], s.observed["max_ids"]["p99.9"],
+        [[short_stack_name(n, s.tables), len(s.tables), s.max_ids_per_table, s.observed["max_ids"]["max"],
+          s.observed["max_ids"]["p99.9"],
           s.max_unique_ids_per_table, s.observed["max_unique_ids"]["max"],
           f"{s.drops['buffer_capacity_slots']} / {s.observed['chip_buffer_slots']['max']}",
           s.drops["drop_rate_at_most"], s.memory["planned_bytes_per_sc"] / 1024,

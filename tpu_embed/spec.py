@@ -564,12 +564,13 @@ class Spec(_Model):
     def fingerprint(self) -> str:
         """sha256 of the canonical JSON of `to_dict()` without where the data lives.
 
-        `inputs.patterns`, `name`, `profile_data_directory` and `training` are left
-        out: the same spec run on another copy of the data (or by the training job,
-        which does not read raw data) has the same fingerprint.
+        `inputs` (where the data lives and how it is encoded: patterns, format, csv
+        options), `name`, `profile_data_directory` and `training` are left out: the
+        same spec run on another copy of the data -- CSV or Parquet or TFRecord --
+        (or by the training job, which does not read raw data) has the same fingerprint.
         """
         d = self.to_dict()
-        d["inputs"].pop("patterns")
+        d.pop("inputs")
         d.pop("name")
         d.pop("profile_data_directory")
         d.pop("training")

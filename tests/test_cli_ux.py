@@ -1,0 +1,166 @@
+"""What the user sees: one-line errors with exit codes (no traceback), no TensorFlow start-up noise, refusal to
+overwrite, the spec fingerprint independent of the input format, short stack names, natural feature order."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pyarrow.csv as pacsv
+import pyarrow.parquet as pq
+import pytest
+import yaml
+
+from pipelines import cli, runner
+from pipelines.jobs import JobConfig
+from profiles.display import natural_sorted, short_stack_name
+from tpu_embed.manifest import read_manifest
+from tpu_embed.spec import load_spec, parse_spec
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CRITEO = os.path.join(ROOT, "examples", "criteo", "spec.yaml")
+TPU_EMBED = os.path.join(os.path.dirname(sys.executable), "tpu-embed")
+NOISE = ("Traceback", "I0000", "E0000", "oneDNN", "cuInit", "cuda", "absl::InitializeLog")
+
+
+@pytest.fixture(scope="module")
+def artifact(tmp_path_factory):
+    out = str(tmp_path_factory.mktemp("ux") / "criteo")
+    runner.run_all(JobConfig(spec=load_spec(CRITEO), output=out))
+    return out
+
+
+def _one_line_error(capsys, argv, code, *fragments):
+    rc = cli.main(argv)
+    err = capsys.readouterr().err
+    assert rc == code, err
+    assert "Traceback" not in err
+    first, *rest = err.strip().splitlines()
+    assert first.startswith(f"tpu-embed {argv[0]}: ")
+    assert rest == ["(run with --debug for the traceback)"]
+    for f in fragments:
+        assert f in first
+    return first
+
+
+def test_inspect_host_out_of_range(artifact, capsys):
+    _one_line_error(capsys, ["inspect", artifact, "--host", "1"], 2, "--host 1", "1 host(s)", "0..0")
+
+
+def test_debug_shows_the_traceback(artifact):
+    with pytest.raises(cli.UserError):
+        cli.main(["inspect", artifact, "--host", "1", "--debug"])
+
+
+@pytest.mark.parametrize("command", ["plan", "report"])
+def test_plan_and_report_without_profiles(tmp_path, capsys, command):
+    empty = tmp_path / "nothing"
+    empty.mkdir()
+    _one_line_error(capsys, [command, "--profiles", str(empty), "--output", str(tmp_path / "out")], 1,
+                    "no model-*.json profile index", "tpu-embed profile")
+
+
+def _overflowing_spec(tmp_path) -> str:
+    d = yaml.safe_load(open(CRITEO))
+    d["inputs"]["patterns"] = [os.path.join(ROOT, "data", "criteo_sample.csv")]
+    d["limits"] = {"max_ids_per_chip_per_sample": 64}  # pinned: 256 per partition, far below 192 rows on 1 SC
+    d["global_batch_size"] = 192
+    d["topology"] = {"num_chips": 1, "num_sc_per_chip": 1, "num_hosts": 1}
+    path = tmp_path / "spec.yaml"
+    path.write_text(yaml.safe_dump(d))
+    return str(path)
+
+
+def test_job_failure_is_one_line(tmp_path, capsys):
+    first = _one_line_error(capsys, ["run", "--spec", _overflowing_spec(tmp_path), "--output",
+                                     str(tmp_path / "out")], 1, "max_ids_per_table")
+    assert "limits from spec" in first
+
+
+def test_missing_input_is_one_line(tmp_path, capsys):
+    _one_line_error(capsys, ["run", "--spec", CRITEO, "--output", str(tmp_path / "out"), "--input",
+                             str(tmp_path / "no-such-*.csv")], 1)
+
+
+def test_terminal_gets_no_tensorflow_noise_and_no_traceback(tmp_path):
+    """A real process: a failing job prints its one line, and nothing from TensorFlow's start-up."""
+    proc = subprocess.run([TPU_EMBED, "run", "--spec", _overflowing_spec(tmp_path), "--output",
+                           str(tmp_path / "out")], capture_output=True, text=True, cwd=ROOT, timeout=600,
+                          env={k: v for k, v in os.environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"})
+    assert proc.returncode == 1
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 2 and lines[0].startswith("tpu-embed run: "), proc.stderr
+    for noise in NOISE:
+        assert noise not in proc.stderr, proc.stderr
+
+
+def test_demo_refuses_to_overwrite(tmp_path, capsys):
+    from pipelines import demo
+    out = tmp_path / "demo"
+    out.mkdir()
+    (out / demo.MARKER).write_text("{}")
+    (out / "something").write_text("x")
+    _one_line_error(capsys, ["demo", "--output", str(out)], 1, "already exists", "--overwrite")
+    assert (out / "something").exists()
+
+
+def test_fingerprint_does_not_depend_on_where_or_how_the_data_is_stored():
+    d = yaml.safe_load(open(CRITEO))
+    base = parse_spec(d).fingerprint
+    for inputs in ({"format": "parquet", "patterns": ["x/*.parquet"]},
+                   {"format": "tfrecord", "patterns": ["gs://b/*.tfrecord"]},
+                   {"format": "csv", "patterns": ["a.tsv"], "csv": {"delimiter": "\t"}}):
+        assert parse_spec(dict(d, inputs=inputs)).fingerprint == base, inputs
+    assert parse_spec(dict(d, global_batch_size=64)).fingerprint != base
+
+
+def test_csv_and_parquet_artifacts_are_interchangeable(artifact, tmp_path):
+    """The same rows as Parquet: same fingerprint, accepted by input_fn(expected_fingerprint=...)."""
+    from tpu_embed.shards import input_fn
+    table = pacsv.read_csv(os.path.join(ROOT, "data", "criteo_sample.csv"),
+                           convert_options=pacsv.ConvertOptions(strings_can_be_null=True))
+    pq.write_table(table, str(tmp_path / "criteo.parquet"))
+    d = yaml.safe_load(open(CRITEO))
+    d["inputs"] = {"format": "parquet", "patterns": [str(tmp_path / "criteo.parquet")]}
+    (tmp_path / "spec.yaml").write_text(yaml.safe_dump(d))
+    spec = load_spec(str(tmp_path / "spec.yaml"))
+    out = str(tmp_path / "parquet")
+    runner.run_all(JobConfig(spec=spec, output=out))
+    csv_fp = read_manifest(artifact).spec_fingerprint
+    assert read_manifest(out).spec_fingerprint == csv_fp == load_spec(CRITEO).fingerprint
+    assert sum(1 for _ in input_fn(out, expected_fingerprint=csv_fp)) == read_manifest(out).counts.steps
+
+
+def test_stack_names_are_shortened_without_looking_like_table_names():
+    tables = sorted(f"C{i}" for i in range(1, 27))
+    name = "_".join(tables)
+    short = short_stack_name(name, tables)
+    assert short == "C1_C10…(+24 tables)"
+    assert short_stack_name("video") == "video" and short_stack_name("a_b", ["a", "b"]) == "a_b"
+    assert not short.endswith("_C2")
+
+
+def test_summary_shows_a_per_stack_table(artifact):
+    text = cli.summary(read_manifest(artifact), artifact)
+    assert "planned from this run's profile" in text
+    assert "C1_C10…(+24 tables)" in text
+    assert "C1_C10_C11_C12" not in text
+
+
+def test_natural_sort():
+    assert natural_sorted(["C10", "C2", "C1", "tags", "I13", "I2", "C26"]) == ["C1", "C2", "C10", "C26", "I2",
+                                                                               "I13", "tags"]
+
+
+def test_report_names_the_spec_fingerprint_and_tokens(artifact, tmp_path):
+    from profiles import report
+    html_path = report.write_report(os.path.join(artifact, "profiles"), None, str(tmp_path / "report"))
+    page = open(html_path).read()
+    m = read_manifest(artifact)
+    assert f"Spec fingerprint {m.spec_fingerprint[:16]}" in page
+    assert report.find_artifact(os.path.join(artifact, "profiles")) == artifact
+    tokens = report.token_lookups(artifact)
+    vocab = open(os.path.join(artifact, "vocab", "C1.txt")).read().splitlines()
+    assert tokens["C1"].label(0) == vocab[0] and tokens["C1"].label(len(vocab)) == "OOV bucket 0"
+    assert "<td>C1_C10…(+24 tables)</td>" in page  # the stack table shows short names
