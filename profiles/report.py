@@ -357,7 +357,7 @@ def write_report(profile_or_dir: Union[Profile, str, os.PathLike], plan: Union[P
     parts = [f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>tpu_embed profile report</title>"
              f"<style>{_CSS}</style></head><body>",
              "<h1>SparseCore lookup profile and plan</h1>",
-             (f"<p>Spec fingerprint {html.escape(fingerprint[:16])} (artifact {html.escape(str(artifact))}): "
+             (f"<p>Spec fingerprint {html.escape(fingerprint[:16])} (the artifact's manifest.json): "
               if fingerprint else f"<p>Model {html.escape(profile.model.key)}: ")
              + f"{len(profile.model.tables)} tables, "
              f"{len(profile.model.features)} features, {len(profile.stacks)} stacked tables; {g.num_chips} chips x "
