@@ -60,7 +60,8 @@ def _add_shard(sp: argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    from pipelines.flags import NoAbbrevParser  # `--str` is not `--strict`; unknown flags: check_pass_through
+    parser = NoAbbrevParser(
         prog="tpu-embed", description=__doc__.split("\n\n")[0] + "\n\n" + __doc__.split("\n\n", 1)[1],
         formatter_class=argparse.RawDescriptionHelpFormatter, epilog=EPILOG)
     parser.add_argument("-v", "--verbose", action="store_true", help="Beam's INFO logs")
@@ -182,6 +183,11 @@ def summary(m, output: str) -> str:
             lines.append(f"out-of-vocabulary values: {sum(oov.values())} over {len(oov)} features")
         if c.ids_dropped_by_limits:
             lines.append(f"ids dropped by SparseCore limits: {c.ids_dropped_by_limits}")
+        policy = {f"{k}.{w}": n for k, v in sorted(c.ids.items()) for w, n in sorted(v.items())
+                  if n and w in ("invalid_ids_dropped", "invalid_ids_defaulted", "oov_dropped", "nan_weights_dropped",
+                                 "nan_weights_zeroed", "truncated_sequence", "truncated_tensor_core")}
+        if policy:  # values changed or left out by a policy (records kept): never only in the manifest
+            lines.append("values dropped/changed by policies: " + ", ".join(f"{k} {n}" for k, n in policy.items()))
     lines.extend(limits_table(m))
     if m.profile is not None:
         lines.append(f"profile: {m.profile.files_written} files in {m.profile.directory}")
@@ -273,6 +279,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     takes_beam = args.command in ("vocab", "shard", "profile", "run", "demo")
     if beam_args and not takes_beam:
         parser.error(f"unrecognized arguments: {' '.join(beam_args)}")
+    if beam_args:
+        from pipelines.flags import check_pass_through, subcommand_flags
+        problem = check_pass_through(beam_args, subcommand_flags(parser, args.command))
+        if problem:
+            parser.error(problem)
     try:
         if _one_arg(args.func):
             return int(args.func(args) or 0)
@@ -309,7 +320,7 @@ def _one_arg(func) -> bool:
         return False
 
 
-_KNOWN_ERRORS = ("StrictModeError", "PolicyError", "LimitExceededError", "FileNotFoundError", "SpecError",
+_KNOWN_ERRORS = ("StrictModeError", "DataError", "PolicyError", "LimitExceededError", "FileNotFoundError", "SpecError",
                  "ManifestError", "ManifestNotFoundError", "UserError", "DemoError", "MissingProfileError",
                  "CorruptProfileError", "SchemaVersionError", "ProfileError")
 

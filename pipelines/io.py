@@ -37,7 +37,8 @@ class InputFile:
 @dataclasses.dataclass
 class DeadLetter:
     file: str
-    record: int  # csv: line number (1 = header); tfrecord / parquet: 0-based record index; -1: whole file
+    record: int  # csv: line where the record starts (1 = header); tfrecord / parquet: 0-based record index;
+    # -1: the whole file (reasons in FILE_REASONS)
     reason: str  # short machine-readable category, e.g. "unparsable_number"
     detail: str  # what and where, for a person
     file_index: int = -1
@@ -109,6 +110,78 @@ def _missing_columns_letter(f: InputFile, missing: List[str], have: List[str]) -
                       "file is sent to the dead letters", f.index)
 
 
+class DataError(RuntimeError):
+    """The input cannot be turned into examples as the spec and its policies say (names file, record, fix)."""
+
+
+# Dead-letter reasons after which the rest of a file could not be split into records (TFRecord framing,
+# an unterminated CSV quote, a CSV parse error): `policies.lost_framing` decides (error | dead_letter).
+FRAMING_REASONS = ("framing_lost", "after_framing_loss")
+# Dead letters that stand for a whole file (record -1); every other letter is one record.
+FILE_REASONS = ("empty_file", "missing_columns", "bad_header", "not_parquet", "unreadable_file")
+
+
+def _csv_record_lines(data: bytes, delimiter: str):
+    """(start line of every data record, unterminated-quote start line or None) of a CSV file's bytes.
+
+    Line numbers are 1-based (the header is line 1) and count every line break, also those inside
+    quoted values, so a record's number is the line it starts on.  Empty lines are not records
+    (as in pyarrow's reader).  A quote left open at the end of the file is reported with the line of
+    the record it opens in.
+    """
+    import csv
+    text = data.decode("latin-1")  # one char per byte: line breaks are where they are in the bytes
+    old = csv.field_size_limit()
+    csv.field_size_limit(1 << 30)
+    try:
+        reader = csv.reader(io.StringIO(text, newline=""), delimiter=delimiter, strict=False)
+        lines: List[int] = []
+        prev = 0
+        for row in reader:
+            if row:
+                lines.append(prev + 1)
+            prev = reader.line_num
+    finally:
+        csv.field_size_limit(old)
+    unterminated = None
+    if lines and '"' in text:
+        last = lines[-1]
+        tail = "\n".join(text.split("\n")[last - 1:]) if last > 1 else text
+        try:
+            for _ in csv.reader(io.StringIO(tail, newline=""), delimiter=delimiter, strict=True):
+                pass
+        except csv.Error as e:
+            if "unexpected end of data" in str(e):
+                unterminated = last
+    return np.asarray(lines[1:], dtype=np.int64), unterminated
+
+
+def _line_offset(data: bytes, line: int) -> int:
+    """Byte offset where 1-based `line` starts (\\n line breaks)."""
+    pos = 0
+    for _ in range(line - 1):
+        pos = data.find(b"\n", pos) + 1
+        if pos == 0:
+            return len(data)
+    return pos
+
+
+def _valid_utf8(values: pa.Array) -> np.ndarray:
+    """Mask of the values of a binary array that are UTF-8 (nulls count as valid)."""
+    try:
+        values.cast(pa.large_string())
+        return np.ones(len(values), bool)
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+        out = np.ones(len(values), bool)
+        for i, v in enumerate(values.to_pylist()):
+            if v is not None:
+                try:
+                    v.decode("utf-8")
+                except UnicodeDecodeError:
+                    out[i] = False
+        return out
+
+
 def _read_csv(f: InputFile, columns: List[str], *, csv_delimiter: str, chunk_rows: int, strict: bool):
     import pyarrow.csv as pacsv
     with _open(f.path) as fh:
@@ -122,56 +195,83 @@ def _read_csv(f: InputFile, columns: List[str], *, csv_delimiter: str, chunk_row
     try:
         header = next(iter(__import__("csv").reader([header_line.decode("utf-8")], delimiter=csv_delimiter)))
     except (UnicodeDecodeError, StopIteration):
-        yield DeadLetter(f.path, 1, "bad_header", "the header line is not UTF-8 CSV", f.index)
+        yield DeadLetter(f.path, -1, "bad_header", "the header line (line 1) is not UTF-8 CSV; every record of "
+                         "the file is sent to the dead letters. Fix: save the file as UTF-8 with a header row",
+                         f.index)
         return
     missing = [c for c in columns if c not in header]
     if missing:
         yield _missing_columns_letter(f, missing, header)
         return
+    # Record numbers of CSV rows are the line numbers where the records start (the header is line 1),
+    # also after quoted values with line breaks.
+    record_lines, unterminated = _csv_record_lines(data, csv_delimiter)
+    if unterminated is not None:
+        cut = _line_offset(data, unterminated)
+        nlines = data.count(b"\n", cut) + (0 if data.endswith(b"\n") else 1)
+        yield DeadLetter(f.path, unterminated, "framing_lost",
+                         f"unterminated quote: a quoted value opened in the record at line {unterminated} is "
+                         f"never closed, so lines {unterminated}..{unterminated + nlines - 1} ({len(data) - cut} "
+                         "bytes, the rest of the file) cannot be split into records. Fix: close the quote "
+                         "(a literal quote inside a quoted value is written \"\")", f.index)
+        data = data[:cut]
+        record_lines = record_lines[:-1]
+        if not data.strip():
+            return
+
+    def line_of(ordinal: int) -> int:
+        if ordinal < record_lines.size:
+            return int(record_lines[ordinal])
+        base = int(record_lines[-1]) if record_lines.size else 1
+        return base + 1 + ordinal - record_lines.size
+
     bad: List[DeadLetter] = []
+    bad_ordinals: set = set()
 
     def on_invalid(row):
-        bad.append(DeadLetter(f.path, int(row.number) if row.number is not None else -1, "malformed_record",
+        ordinal = int(row.number) - 2 if row.number is not None else len(bad_ordinals) + read_so_far
+        bad_ordinals.add(ordinal)
+        bad.append(DeadLetter(f.path, line_of(ordinal), "malformed_record",
                               f"expected {row.expected_columns} columns, got {row.actual_columns}: "
                               f"{row.text[:200]!r}", f.index))
         return "skip"
 
+    # Values are read as bytes and checked for UTF-8 here, row by row: a bad byte is one dead letter.
     reader = pacsv.open_csv(
         io.BytesIO(data),
         read_options=pacsv.ReadOptions(use_threads=False, block_size=1 << 22),
         parse_options=pacsv.ParseOptions(delimiter=csv_delimiter, invalid_row_handler=on_invalid,
                                          newlines_in_values=True),
         convert_options=pacsv.ConvertOptions(include_columns=columns,
-                                             column_types={c: pa.large_string() for c in columns},
+                                             column_types={c: pa.large_binary() for c in columns},
                                              strings_can_be_null=False, quoted_strings_can_be_null=False))
-    # Record numbers of CSV rows are line numbers (the header is line 1), as in the invalid-row
-    # reports of pyarrow; values with embedded newlines shift them (they stay ordered and unique).
-    next_line = 2
-    skip: set = set()
+    next_ordinal = 0
     batch_index = 0
     pending: List[Tuple[pa.RecordBatch, np.ndarray]] = []
     pending_rows = 0
     read_so_far = 0
 
-    def lines_for(n: int) -> np.ndarray:
-        nonlocal next_line
-        if not skip:
-            out = np.arange(next_line, next_line + n, dtype=np.int64)
-        else:
-            cand = np.arange(next_line, next_line + n + len(skip), dtype=np.int64)
-            cand = cand[~np.isin(cand, np.fromiter(skip, dtype=np.int64, count=len(skip)))]
-            out = cand[:n]
+    def ordinals_for(n: int) -> np.ndarray:
+        nonlocal next_ordinal
+        cand = np.arange(next_ordinal, next_ordinal + n + len(bad_ordinals), dtype=np.int64)
+        if bad_ordinals:
+            cand = cand[~np.isin(cand, np.fromiter(bad_ordinals, dtype=np.int64, count=len(bad_ordinals)))]
+        out = cand[:n]
         if n:
-            next_line = int(out[-1]) + 1
-            for x in [x for x in skip if x < next_line]:
-                skip.discard(x)
+            next_ordinal = int(out[-1]) + 1
         return out
+
+    def lines_of(ordinals: np.ndarray) -> np.ndarray:
+        inside = ordinals < record_lines.size
+        if inside.all():
+            return record_lines[ordinals]
+        return np.asarray([line_of(int(o)) for o in ordinals], dtype=np.int64)
 
     def flush():
         nonlocal batch_index, pending, pending_rows
         table = pa.Table.from_batches([b for b, _ in pending])
         rb = RawBatch(f.index, f.path, batch_index, np.concatenate([lines for _, lines in pending]),
-                      {c: table.column(c).combine_chunks() for c in columns})
+                      {c: table.column(c).combine_chunks().cast(pa.large_string()) for c in columns})
         batch_index += 1
         pending, pending_rows = [], 0
         return rb
@@ -182,17 +282,29 @@ def _read_csv(f: InputFile, columns: List[str], *, csv_delimiter: str, chunk_row
         except StopIteration:
             break
         except (pa.ArrowInvalid, UnicodeDecodeError) as e:
-            yield DeadLetter(f.path, -1, "unreadable_file",
-                             f"CSV parsing stopped after {read_so_far} records: {e}", f.index)
+            yield DeadLetter(f.path, line_of(read_so_far + len(bad_ordinals)), "framing_lost",
+                             f"CSV parsing stopped after {read_so_far} records: {e}; the rest of the file cannot "
+                             "be split into records", f.index)
             break
-        for dl in bad:
-            if dl.record >= 0:
-                skip.add(dl.record)
         yield from bad
         bad.clear()
-        pending.append((rb, lines_for(rb.num_rows)))
-        pending_rows += rb.num_rows
-        read_so_far += rb.num_rows
+        ordinals = ordinals_for(rb.num_rows)
+        lines = lines_of(ordinals)
+        ok = np.ones(rb.num_rows, bool)
+        for c in columns:
+            valid = _valid_utf8(rb.column(c))
+            for i in np.flatnonzero(~valid & ok):
+                yield DeadLetter(f.path, int(lines[i]), "invalid_utf8",
+                                 f"column {c!r}: {rb.column(c)[int(i)].as_py()[:80]!r} is not UTF-8. Fix: save the "
+                                 "file as UTF-8 (CSV is read as UTF-8 text)", f.index)
+            ok &= valid
+        if not ok.all():
+            rb = rb.filter(pa.array(ok))
+            lines = lines[ok]
+        if rb.num_rows:
+            pending.append((rb, lines))
+            pending_rows += rb.num_rows
+            read_so_far += rb.num_rows
         if pending_rows >= chunk_rows:
             yield flush()
     yield from bad
@@ -208,8 +320,9 @@ def _read_parquet(f: InputFile, columns: List[str], *, csv_delimiter: str, chunk
         return
     try:
         pf = pq.ParquetFile(io.BytesIO(data))
-    except (pa.ArrowInvalid, OSError) as e:
-        yield DeadLetter(f.path, -1, "unreadable_file", f"not a Parquet file: {e}", f.index)
+    except (pa.ArrowException, OSError, ValueError) as e:
+        yield DeadLetter(f.path, -1, "not_parquet", f"not a Parquet file ({str(e)[:200]}). Fix: check inputs.format "
+                         "and the input patterns", f.index)
         return
     have = pf.schema_arrow.names
     missing = [c for c in columns if c not in have]
@@ -217,11 +330,77 @@ def _read_parquet(f: InputFile, columns: List[str], *, csv_delimiter: str, chunk
         yield _missing_columns_letter(f, missing, have)
         return
     ordinal = 0
-    for bi, rb in enumerate(pf.iter_batches(batch_size=chunk_rows, columns=columns, use_threads=False)):
+    batches = pf.iter_batches(batch_size=chunk_rows, columns=columns, use_threads=False)
+    bi = 0
+    while True:
+        try:
+            rb = next(batches)
+        except StopIteration:
+            break
+        except (pa.ArrowException, OSError, ValueError) as e:
+            total = pf.metadata.num_rows if pf.metadata is not None else ordinal
+            yield DeadLetter(f.path, ordinal, "framing_lost",
+                             f"Parquet data cannot be read from record {ordinal} on ({total - ordinal} of {total} "
+                             f"records): {str(e)[:200]}. Fix: re-create or re-copy the file", f.index)
+            break
         n = rb.num_rows
         yield RawBatch(f.index, f.path, bi, np.arange(ordinal, ordinal + n, dtype=np.int64),
                        {c: rb.column(c) for c in columns})
         ordinal += n
+        bi += 1
+
+
+def _tfrecord_frames(data: bytes):
+    """Walk a TFRecord file: ("ok", pos, payload) | ("corrupt", pos, detail) | ("lost", pos, detail).
+
+    A record whose length field is intact (its CRC matches) but whose data CRC does not is "corrupt":
+    that record is bad, the next one starts where the length says. A bad length CRC or a truncated
+    record means the framing is "lost" at `pos`; the rest of the file is then scanned for frames
+    whose two CRCs both match (each is yielded as ("after_loss", pos, payload)), so that what is lost
+    can be counted; bytes between frames are reported as further ("lost", ...) gaps.
+    """
+    import struct
+    import google_crc32c
+    from tpu_embed.shards import _mask_crc
+
+    def frame_at(pos):
+        if pos + 12 > n:
+            return None
+        length, = struct.unpack_from("<Q", data, pos)
+        if _mask_crc(google_crc32c.value(data[pos:pos + 8])) != struct.unpack_from("<I", data, pos + 8)[0]:
+            return None
+        end = pos + 12 + length
+        if end + 4 > n:
+            return None
+        return end
+
+    n = len(data)
+    pos = 0
+    lost = False
+    while pos < n:
+        end = frame_at(pos)
+        if end is None:
+            why = ("truncated record header" if pos + 12 > n else
+                   "corrupt record length" if _mask_crc(google_crc32c.value(data[pos:pos + 8])) !=
+                   struct.unpack_from("<I", data, pos + 8)[0] else "truncated record")
+            # Scan for the next frame whose length CRC and data CRC both match.
+            nxt = pos + 1
+            while nxt < n:
+                e = frame_at(nxt)
+                if e is not None and _mask_crc(google_crc32c.value(data[nxt + 12:e])) == \
+                        struct.unpack_from("<I", data, e)[0]:
+                    break
+                nxt += 1
+            yield "lost", pos, f"{why} at byte {pos}; bytes {pos}..{nxt - 1} cannot be read as records"
+            lost = True
+            pos = nxt
+            continue
+        payload = data[pos + 12:end]
+        if _mask_crc(google_crc32c.value(payload)) != struct.unpack_from("<I", data, end)[0]:
+            yield "corrupt", pos, f"record data CRC mismatch at byte {pos} ({end - pos - 12} bytes)"
+        else:
+            yield ("after_loss" if lost else "ok"), pos, payload
+        pos = end + 4
 
 
 def _read_tfrecord(f: InputFile, columns: List[str], *, csv_delimiter: str, chunk_rows: int, strict: bool):
@@ -229,18 +408,31 @@ def _read_tfrecord(f: InputFile, columns: List[str], *, csv_delimiter: str, chun
     decoder = example_coder.ExamplesToRecordBatchDecoder()
     with _open(f.path) as fh:
         data = fh.read()
-    records: List[bytes] = []
-    corrupt: Optional[str] = None
-    try:
-        for _, payload in iter_tfrecords(data):
-            records.append(payload)
-    except ValueError as e:
-        corrupt = str(e)
-    ordinal = 0
+    # Record numbers are 0-based record indexes; a lost stretch of framing counts as one record.
+    records: List[Tuple[int, bytes]] = []
+    letters: List[DeadLetter] = []
+    first_loss: Optional[int] = None
+    for ordinal, (kind, pos, x) in enumerate(_tfrecord_frames(data)):
+        if kind == "ok":
+            records.append((ordinal, x))
+        elif kind == "corrupt":
+            letters.append(DeadLetter(f.path, ordinal, "corrupt_record",
+                                      f"record {ordinal}: {x}; the framing is intact, the reader goes on with "
+                                      "the next record. Fix: re-create or re-copy the file", f.index))
+        elif kind == "lost":
+            if first_loss is None:
+                first_loss = pos
+            letters.append(DeadLetter(f.path, ordinal, "framing_lost",
+                                      f"record {ordinal}: TFRecord framing lost: {x}. Every record after it is "
+                                      "dead-lettered (policies.lost_framing). Fix: re-create or re-copy the file "
+                                      "(a truncated upload or a damaged disk)", f.index))
+        else:
+            letters.append(DeadLetter(f.path, ordinal, "after_framing_loss",
+                                      f"record {ordinal} at byte {pos}: found by scanning for a valid frame after "
+                                      f"the framing was lost at byte {first_loss}; not used", f.index))
     for bi, start in enumerate(range(0, len(records), chunk_rows)):
-        chunk = records[start:start + chunk_rows]
-        rows = np.arange(ordinal, ordinal + len(chunk), dtype=np.int64)
-        ordinal += len(chunk)
+        chunk = [p for _, p in records[start:start + chunk_rows]]
+        rows = np.asarray([r for r, _ in records[start:start + chunk_rows]], dtype=np.int64)
         try:
             rb = decoder.DecodeBatch(chunk)
         except Exception:  # noqa: BLE001 - find the records that do not parse, one by one
@@ -249,7 +441,9 @@ def _read_tfrecord(f: InputFile, columns: List[str], *, csv_delimiter: str, chun
                 try:
                     decoder.DecodeBatch([payload])
                 except Exception as e:  # noqa: BLE001
-                    yield DeadLetter(f.path, int(r), "malformed_record", f"not a tf.train.Example: {e}", f.index)
+                    yield DeadLetter(f.path, int(r), "malformed_record",
+                                     f"record {int(r)} is not a tf.train.Example ({str(e)[:200]}). Fix: write "
+                                     "tf.train.Example protos, or set inputs.format to the file's format", f.index)
                     continue
                 good.append(payload)
                 good_rows.append(r)
@@ -262,10 +456,7 @@ def _read_tfrecord(f: InputFile, columns: List[str], *, csv_delimiter: str, chun
             idx = rb.schema.get_field_index(c)
             cols[c] = rb.column(idx) if idx >= 0 else pa.nulls(rb.num_rows, pa.large_list(pa.large_binary()))
         yield RawBatch(f.index, f.path, bi, rows, cols)
-    if corrupt is not None:
-        yield DeadLetter(f.path, -1, "unreadable_file",
-                         f"TFRecord framing is broken after {ordinal} records ({corrupt}); the rest of the file "
-                         "cannot be read", f.index)
+    yield from letters
 
 
 # ---------------------------------------------------------------- output files

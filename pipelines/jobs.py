@@ -133,8 +133,11 @@ class _ReadAndParse(beam.DoFn):
                     held.append(item)
                     continue
                 counts[f"dead_letter/{item.reason}"] += 1
-                if item.record >= 0:
+                if item.record >= 0:  # one record, read and dead-lettered
                     counts["records_read"] += 1
+                    counts["records_dead_lettered"] += 1
+                else:  # a whole file (its records are not counted: they could not be read)
+                    counts["files_dead_lettered"] += 1
                 yield "dead", item
                 continue
             chunk, letters = parse.parse_batch(item, spec, chunk_index)
@@ -143,6 +146,7 @@ class _ReadAndParse(beam.DoFn):
             counts["records_read"] += item.num_rows
             for dl in letters:
                 counts[f"dead_letter/{dl.reason}"] += 1
+                counts["records_dead_lettered"] += 1
                 yield "dead", dl
             counts["records_valid"] += chunk.num_rows
             chunk_index += 1
@@ -252,7 +256,11 @@ class ComputeVocabulary(beam.PTransform):
     def expand(self, chunks):
         spec = self.spec
         if self.engine == "combine":
-            counts = (chunks | "CountTokens" >> beam.FlatMap(pvocab.chunk_token_counts, spec)
+            # Every vocabulary key gets a file, also when no record has a token for it (TFT's dummy).
+            empty = [(key, pvocab.value_counts(pa.array([], pa.large_binary()))) for key in spec.vocabulary_groups()]
+            seeds = chunks.pipeline | "EveryKey" >> beam.Create(empty)
+            counts = ((chunks | "CountTokens" >> beam.FlatMap(pvocab.chunk_token_counts, spec), seeds)
+                      | "WithEveryKey" >> beam.Flatten()
                       | "SumCounts" >> beam.CombinePerKey(pvocab.TokenCountCombineFn()))
             out = split_tagged(counts | "Write" >> beam.ParDo(_WriteVocabulary(spec, self.output)), ("info", "files"))
             return {"vocabularies": out["info"], "files": out["files"]}
@@ -512,8 +520,11 @@ def build_vocab_pipeline(p, cfg: JobConfig, files: Sequence[pio.InputFile]):
     stats = _stats_of(p, "VocabStats", [read["stats"]])
     vocab_info = (vocab["vocabularies"] | "VocabInfoList" >> beam.combiners.ToList()
                   | "VocabInfoDict" >> beam.Map(lambda l: {"vocabularies": {d["key"]: d for d in l}}))
-    file_json = vocab["files"] | "VocabFileJson" >> beam.Map(_file_json)
-    # Dead letters of the vocabulary pass are counted here and written by the shard job.
+    # Dead letters are written by both jobs (same read, same files): a vocab run that fails on its input
+    # leaves them for the user.
+    dead_files = read["dead"] | "DeadLetters" >> WriteDeadLetters(cfg.output, files, cfg.dead_letter_limit)
+    file_json = ((vocab["files"], dead_files) | "VocabFiles" >> beam.Flatten()
+                 | "VocabFileJson" >> beam.Map(_file_json))
     return write_manifest(p, cfg.output, "vocab", pmanifest.job_json(cfg, files, "vocab"), stats, file_json,
                           vocab_info)
 

@@ -94,7 +94,7 @@ def update_manifest(output: str, job: str, job_cfg: dict, *, stats: Dict[str, in
 
     if job == "vocab":
         m["vocabularies"] = extra.get("vocabularies", {})
-        kinds = {"vocabulary", "spec"}
+        kinds = {"vocabulary", "spec", "dead_letter"}
     else:
         m["layout"] = job_cfg["layout"]
         m["stacks"] = {name: {"tables": s["tables"], "features": s["features"], "sample_count": s["sample_count"],
@@ -135,6 +135,8 @@ def _summary_counts(stats: Dict[str, int], batching: dict, job_cfg: dict) -> dic
         "records_read": read,
         "records_invalid": read - valid,
         "files_read": stats.get("files_read", 0),
+        "records_dead_lettered": stats.get("records_dead_lettered", 0),  # = records_invalid (one letter each)
+        "files_dead_lettered": stats.get("files_dead_lettered", 0),  # whole files (record -1), not in records_read
         "dead_letters": dict(sorted(invalid.items())),
         "examples_valid": valid,
         "examples_written": written,

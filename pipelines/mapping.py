@@ -53,10 +53,12 @@ def parse_ints(tokens: pa.Array) -> Tuple[np.ndarray, np.ndarray]:
         ok = np.zeros(n, bool)
         for i, v in enumerate(s.to_pylist()):
             try:
-                out[i] = int(v)
-                ok[i] = True
+                x = int(v)
             except (TypeError, ValueError):
-                pass
+                continue
+            if -(1 << 63) <= x < (1 << 63):  # beyond int64: invalid (it is >= num_buckets anyway)
+                out[i] = x
+                ok[i] = True
         return out, ok
 
 
@@ -70,8 +72,22 @@ def _truncate(lengths: np.ndarray, limit: int) -> Tuple[np.ndarray, np.ndarray]:
     return keep, np.minimum(lengths, limit)
 
 
+def _value_text(fv: FeatureValues, i: int) -> str:
+    if fv.ints is not None:
+        return str(int(fv.ints[i]))
+    v = fv.tokens[i].as_py()
+    return repr(v.decode("utf-8", "backslashreplace") if isinstance(v, bytes) else v)
+
+
+def _record_where(records: Optional[np.ndarray], path: str, example: int) -> str:
+    if records is None:
+        return f" example {example}"
+    return f" {path or 'input'} record {int(records[example])}"
+
+
 def map_feature(f, fv: FeatureValues, spec, vocab: Optional[pa.Array], counts: collections.Counter,
-                where: str = "") -> FeatureBlock:
+                where: str = "", records: Optional[np.ndarray] = None, path: str = "") -> FeatureBlock:
+    """`records`/`path`: the record numbers of the examples and their file, for error messages."""
     n = fv.lengths.size
     lengths = fv.lengths.copy()
     ex = np.repeat(np.arange(n, dtype=np.int64), lengths)
@@ -117,9 +133,11 @@ def map_feature(f, fv: FeatureValues, spec, vocab: Optional[pa.Array], counts: c
                 counts[key + "invalid_ids_defaulted"] += bad
             elif spec.policies.invalid_ids == "error":
                 first = int(np.flatnonzero(~ok)[0])
-                raise PolicyError(f"feature {f.name!r}{where}: value at example {int(ex[first])} is not an id in "
-                                  f"[0, {v.num_buckets}) (policies.invalid_ids: error). Fix the data, set "
-                                  "policies.invalid_ids: drop, or give the vocabulary a default_value.")
+                raise PolicyError(f"feature {f.name!r}{where}:{_record_where(records, path, int(ex[first]))}: value "
+                                  f"{_value_text(fv, first)} is not an integer id in [0, {v.num_buckets}) "
+                                  f"({bad} such value(s) in this chunk; policies.invalid_ids: error). Fix the data, "
+                                  "set policies.invalid_ids: drop (counted as invalid_ids_dropped), or give the "
+                                  "vocabulary a default_value.")
             else:
                 keep = ok
                 counts[key + "invalid_ids_dropped"] += bad
@@ -134,7 +152,8 @@ def map_feature(f, fv: FeatureValues, spec, vocab: Optional[pa.Array], counts: c
             pol = spec.policies.nan_weights
             if pol == "error":
                 first = int(np.flatnonzero(nan)[0])
-                raise PolicyError(f"feature {f.name!r}{where}: weight of example {int(ex[first])} is NaN or blank "
+                raise PolicyError(f"feature {f.name!r}{where}:{_record_where(records, path, int(ex[first]))}: "
+                                  "weight is NaN or blank "
                                   "(policies.nan_weights: error). Fix the data or set policies.nan_weights: "
                                   "drop | zero.")
             if pol == "zero":
@@ -171,6 +190,7 @@ def map_chunk(chunk: ParsedChunk, spec, vocabs: Mapping[str, pa.Array], counts: 
     where = f" (input file #{chunk.file_index})"
     for f in spec.categorical:
         vocab = vocabs.get(spec.vocabulary_key(f)) if f.vocabulary.type == "frequency" else None
-        feats[f.name] = map_feature(f, chunk.features[f.name], spec, vocab, counts, where)
+        feats[f.name] = map_feature(f, chunk.features[f.name], spec, vocab, counts, where,
+                                    chunk.record_numbers, chunk.path)
     n = chunk.num_rows
     return ExampleBlock(chunk.label, chunk.dense, np.ones(n, np.float32), feats)

@@ -50,6 +50,7 @@ class ParsedChunk:
     label: np.ndarray  # float32 [n]
     dense: np.ndarray  # float32 [n, D]
     features: Dict[str, FeatureValues]
+    path: str = ""  # the input file (for messages naming file and record)
 
     @property
     def num_rows(self) -> int:
@@ -213,14 +214,11 @@ def _categorical(raw: RawBatch, f, probs: _Problems) -> FeatureValues:
     elif pa.types.is_integer(t):
         ints = values.to_numpy(zero_copy_only=False).astype(np.int64)
     elif pa.types.is_floating(t):
-        fl = values.to_numpy(zero_copy_only=False)
-        ok = np.isfinite(fl) & (fl == np.round(fl))
-        if not ok.all():
-            rows = _value_rows(lengths)
-            badr = np.zeros(n, bool)
-            badr[rows[~ok]] = True
-            probs.flag(badr, "wrong_type", lambda r: f"categorical column {f.column!r} holds a non-integer float")
-        ints = np.where(ok, fl, 0).astype(np.int64)
+        # Float values are categorical values in their text form (repr: 3.0 -> "3.0"), exactly as the same
+        # number written in a CSV cell: the same token for a frequency vocabulary or a hash, and an invalid
+        # id for an identity vocabulary (policies.invalid_ids), whichever the input format.
+        tokens = pa.array([None if v is None else repr(float(v)).encode() for v in values.to_pylist()],
+                          pa.large_binary())
     else:
         probs.flag(np.ones(n, bool), "wrong_type",
                    lambda r: f"categorical column {f.column!r} has type {t}, expected strings or integers")
@@ -282,5 +280,5 @@ def parse_batch(raw: RawBatch, spec, chunk_index: Optional[int] = None) -> Tuple
         label, dense = label[keep], dense[keep]
         feats = {k: v.take_rows(keep) for k, v in feats.items()}
     chunk = ParsedChunk(raw.file_index, raw.batch_index if chunk_index is None else chunk_index,
-                        raw.record_numbers[keep], label, dense, feats)
+                        raw.record_numbers[keep], label, dense, feats, raw.path)
     return chunk, probs.dead_letters()

@@ -125,15 +125,69 @@ def _run(build, beam_args: Sequence[str]):
     return result
 
 
+def _first_dead_letters(output: str, m: Manifest, reasons=None, limit: int = 1) -> List[dict]:
+    import json
+    out: List[dict] = []
+    for f in m.files:
+        if f.kind != "dead_letter":
+            continue
+        for line in pio.read_bytes(pio.join(output, f.path)).splitlines():
+            d = json.loads(line)
+            if reasons is None or d["reason"] in reasons:
+                out.append(d)
+                if len(out) >= limit:
+                    return out
+    return out
+
+
+def _describe(d: dict) -> str:
+    where = f"record {d['record']}" if d["record"] >= 0 else "whole file"
+    return f"{d['file']} {where}: {d['reason']}: {d['detail']}"
+
+
+def check_outcome(cfg: jobs.JobConfig, m: Manifest, job: str) -> None:
+    """Refuse to succeed silently: lost framing (unless policies.lost_framing: dead_letter), no valid
+    record at all, or (shard) no example written raise `DataError` naming file, record and fix."""
+    c = dict(m.jobs[job].counts)
+    dead = dict(c.get("dead_letter", {}))
+    where = f"dead letters in {pio.join(cfg.output, 'dead_letter')}/"
+    lost = sum(dead.get(r, 0) for r in pio.FRAMING_REASONS)
+    if lost and cfg.spec.policies.lost_framing == "error":
+        first = _first_dead_letters(cfg.output, m, ("framing_lost",))
+        raise pio.DataError(
+            f"{_describe(first[0]) if first else 'framing lost'} ({lost} record(s) lost with it; {where}). "
+            "Fix: repair or re-create the file, or set policies.lost_framing: dead_letter to dead-letter the rest "
+            "of such files, count it, and go on.")
+    read, valid = int(c.get("records_read", 0)), int(c.get("records_valid", 0))
+    if valid == 0:
+        first = _first_dead_letters(cfg.output, m)
+        ninputs = len(m.jobs[job].inputs)
+        if not first:
+            raise pio.DataError(f"the {ninputs} input file(s) hold no records (an empty data set): nothing to "
+                                "count or write. Fix: check inputs.patterns / --input.")
+        raise pio.DataError(
+            f"no valid record in {ninputs} input file(s) ({read} records read, all dead-lettered; "
+            f"{int(c.get('files_dead_lettered', 0))} whole file(s) refused). First: {_describe(first[0])}. "
+            f"All in {where}. Fix the input or the spec.")
+    if job != "vocab" and m.counts is not None and m.counts.examples_written == 0:
+        raise pio.DataError(
+            f"0 examples written: the {valid} valid example(s) do not fill one global batch of "
+            f"{cfg.spec.global_batch_size} and tail: {cfg.tail_policy} drops them "
+            f"(counts.examples_dropped.tail = {m.counts.examples_dropped.get('tail', 0)}). Fix: --tail pad "
+            "(or policies.tail: pad), a smaller global_batch_size, or more data.")
+
+
 def run_vocab(cfg: jobs.JobConfig, beam_args: Sequence[str] = ()) -> Manifest:
     files = pio.list_input_files(cfg.spec.input_patterns())
     if not cfg.spec.vocabulary_groups():
         # Nothing to count: still write a manifest with the spec.
         pmanifest.update_manifest(cfg.output, "vocab", pmanifest.job_json(cfg, files, "vocab"), stats={},
                                   files=[], extra={"vocabularies": {}})
-    else:
-        _run(lambda p: jobs.build_vocab_pipeline(p, cfg, files), beam_args)
-    return read_manifest(cfg.output)
+        return read_manifest(cfg.output)
+    _run(lambda p: jobs.build_vocab_pipeline(p, cfg, files), beam_args)
+    m = read_manifest(cfg.output)
+    check_outcome(cfg, m, "vocab")
+    return m
 
 
 def vocab_sizes_for(cfg: jobs.JobConfig) -> Dict[str, int]:
@@ -162,6 +216,8 @@ def run_shard(cfg: jobs.JobConfig, beam_args: Sequence[str] = ()) -> Manifest:
     files = pio.list_input_files(cfg.spec.input_patterns())
     sizes = vocab_sizes_for(cfg)
     _run(lambda p: jobs.build_shard_pipeline(p, cfg, files, sizes), beam_args)
+    m = read_manifest(cfg.output)
+    check_outcome(cfg, m, "shard" if cfg.write_shards else "profile")
     planned_limits.finalize(cfg, sizes)  # no pinned limits: record the plan of this pass's profile
     return read_manifest(cfg.output)
 

@@ -32,7 +32,7 @@ A spec file looks like this (every key is documented in docs/pipelines.md)::
     profile_data_directory: profiles   # relative to the artifact directory
     limits: {max_ids_per_chip_per_sample: 64, max_ids_per_table: {}, max_unique_ids_per_table: {},
              allow_id_dropping: false}
-    policies: {invalid_ids: drop, nan_weights: drop, tail: drop}
+    policies: {invalid_ids: drop, nan_weights: drop, tail: drop, lost_framing: error}
     training: {pipeline_execution_with_tensor_core: false}   # TPUEmbeddingV2 flag; not fingerprinted
 
 The format is a set of pydantic models: every default is the default of its
@@ -298,6 +298,12 @@ class PoliciesSpec(_Model):
     invalid_ids: Literal["drop", "error"] = _field("drop", fix="use 'drop' (counts every dropped id) or 'error'.")
     nan_weights: Literal["drop", "zero", "error"] = "drop"
     tail: Literal["drop", "pad"] = "drop"
+    # A file whose framing is lost mid-way (TFRecord length CRC / truncation, an unterminated CSV quote,
+    # unreadable Parquet pages): error = the job fails naming file and record (default); dead_letter =
+    # the rest of the file is dead-lettered, counted, and the job goes on. docs/reliability.md.
+    lost_framing: Literal["error", "dead_letter"] = _field(
+        "error", fix="use 'error' (the job fails on a file whose framing is lost) or 'dead_letter' (the rest of "
+                     "that file is dead-lettered and counted).")
 
 
 class TrainingSpec(_Model):

@@ -1,0 +1,50 @@
+"""Small specs and input writers for the reliability suite."""
+
+from __future__ import annotations
+
+import pytest
+
+from tpu_embed.spec import parse_spec
+
+
+def make_spec(tmp_path, fmt="csv", patterns=None, **over):
+    patterns = patterns or {"csv": ["*.csv"], "tfrecord": ["*.tfrecord"], "parquet": ["*.parquet"]}[fmt]
+    raw = {
+        "inputs": {"format": fmt, "patterns": list(patterns)},
+        "label": {"column": "label"},
+        "dense": [{"name": "x", "fill": 0.0}],
+        "categorical": [
+            {"name": "cat", "delimiter": "|", "vocabulary": {"num_oov_buckets": 1}},
+            {"name": "id", "vocabulary": {"type": "identity", "num_buckets": 10}},
+        ],
+        "defaults": {"table": {"dim": 8}},
+        "optimizer": {"type": "sgd", "learning_rate": 0.1},
+        "topology": {"num_chips": 1},
+        "global_batch_size": 4,
+    }
+    for k, v in over.items():
+        if isinstance(v, dict) and isinstance(raw.get(k), dict):
+            raw[k] = {**raw[k], **v}
+        else:
+            raw[k] = v
+    return parse_spec(raw, base_dir=str(tmp_path))
+
+
+def example_bytes(label=1.0, x=0.5, cat=(b"a",), ident=(3,)):
+    import tensorflow as tf
+    feats = {"label": tf.train.Feature(float_list=tf.train.FloatList(value=[label])),
+             "x": tf.train.Feature(float_list=tf.train.FloatList(value=[x])),
+             "cat": tf.train.Feature(bytes_list=tf.train.BytesList(value=list(cat))),
+             "id": tf.train.Feature(int64_list=tf.train.Int64List(value=list(ident)))}
+    return tf.train.Example(features=tf.train.Features(feature=feats)).SerializeToString()
+
+
+def tfrecord_file(payloads):
+    from tpu_embed.shards import tfrecord_frame
+    return b"".join(tfrecord_frame(p) for p in payloads)
+
+
+@pytest.fixture(scope="session")
+def examples_200():
+    return [example_bytes(label=float(i % 2), x=float(i), cat=(b"t%d" % (i % 7),), ident=(i % 10,))
+            for i in range(200)]
