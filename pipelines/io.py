@@ -182,6 +182,18 @@ def _valid_utf8(values: pa.Array) -> np.ndarray:
         return out
 
 
+def _open_csv(pacsv, data: bytes, columns, csv_delimiter, on_invalid):
+    # Values are read as bytes and checked for UTF-8 by the caller, row by row.
+    return pacsv.open_csv(
+        io.BytesIO(data),
+        read_options=pacsv.ReadOptions(use_threads=False, block_size=1 << 22),
+        parse_options=pacsv.ParseOptions(delimiter=csv_delimiter, invalid_row_handler=on_invalid,
+                                         newlines_in_values=True),
+        convert_options=pacsv.ConvertOptions(include_columns=columns,
+                                             column_types={c: pa.large_binary() for c in columns},
+                                             strings_can_be_null=False, quoted_strings_can_be_null=False))
+
+
 def _read_csv(f: InputFile, columns: List[str], *, csv_delimiter: str, chunk_rows: int, strict: bool):
     import pyarrow.csv as pacsv
     with _open(f.path) as fh:
@@ -231,20 +243,22 @@ def _read_csv(f: InputFile, columns: List[str], *, csv_delimiter: str, chunk_row
     def on_invalid(row):
         ordinal = int(row.number) - 2 if row.number is not None else len(bad_ordinals) + read_so_far
         bad_ordinals.add(ordinal)
+        try:
+            text = repr(row.text[:200])
+        except UnicodeDecodeError:  # pyarrow decodes the row's text as UTF-8
+            text = "(the row is not UTF-8 either)"
         bad.append(DeadLetter(f.path, line_of(ordinal), "malformed_record",
-                              f"expected {row.expected_columns} columns, got {row.actual_columns}: "
-                              f"{row.text[:200]!r}", f.index))
+                              f"expected {row.expected_columns} columns, got {row.actual_columns}: {text}", f.index))
         return "skip"
 
-    # Values are read as bytes and checked for UTF-8 here, row by row: a bad byte is one dead letter.
-    reader = pacsv.open_csv(
-        io.BytesIO(data),
-        read_options=pacsv.ReadOptions(use_threads=False, block_size=1 << 22),
-        parse_options=pacsv.ParseOptions(delimiter=csv_delimiter, invalid_row_handler=on_invalid,
-                                         newlines_in_values=True),
-        convert_options=pacsv.ConvertOptions(include_columns=columns,
-                                             column_types={c: pa.large_binary() for c in columns},
-                                             strings_can_be_null=False, quoted_strings_can_be_null=False))
+    try:
+        reader = _open_csv(pacsv, data, columns, csv_delimiter, on_invalid)
+    except (pa.ArrowInvalid, UnicodeDecodeError) as e:
+        yield from bad
+        yield DeadLetter(f.path, line_of(len(bad_ordinals)), "framing_lost",
+                         f"CSV parsing failed in the first block: {str(e)[:200]}; the file cannot be split into "
+                         "records", f.index)
+        return
     next_ordinal = 0
     batch_index = 0
     pending: List[Tuple[pa.RecordBatch, np.ndarray]] = []
