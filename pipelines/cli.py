@@ -34,7 +34,7 @@ Any flag not listed above is passed to Beam's PipelineOptions. See docs/pipeline
 
 
 def _add_common(sp: argparse.ArgumentParser, output_required: bool = True):
-    sp.add_argument("--spec", required=True, help="the YAML spec (see docs/pipelines.md)")
+    sp.add_argument("--spec", required=True, help="the YAML spec (every key: docs/spec.md)")
     sp.add_argument("--output", required=output_required, help="artifact directory (local path or gs://...)")
     sp.add_argument("--input", action="append", default=None, metavar="PATTERN",
                     help="input file pattern(s); replaces the spec's inputs.patterns (repeatable)")
@@ -47,8 +47,9 @@ def _add_common(sp: argparse.ArgumentParser, output_required: bool = True):
 def _add_shard(sp: argparse.ArgumentParser):
     sp.add_argument("--vocab", default=None, metavar="DIR",
                     help="artifact directory with the vocabularies (default: --output)")
-    sp.add_argument("--plan", default=None, help="plan file from `tpu-embed plan`: SparseCore limits to use "
-                                                 "(default: the spec's limits, else TF's 256/256/64)")
+    sp.add_argument("--plan", default=None, help="plan file from `tpu-embed plan`: SparseCore limits to enforce "
+                                                 "(default: the spec's limits; if it pins none, the limits are "
+                                                 "planned from this run's own profile, exact maxima)")
     sp.add_argument("--tail", choices=("drop", "pad"), default=None,
                     help="examples that do not fill a last global batch: drop (and count) or pad with "
                          "zero-mask examples (default: the spec's policies.tail)")
@@ -87,7 +88,9 @@ def build_parser() -> argparse.ArgumentParser:
         _add_common(sp)
         _add_shard(sp)
         if name != "profile":
-            sp.add_argument("--no-profile", action="store_true", help="do not compute the lookup statistics")
+            sp.add_argument("--no-profile", action="store_true",
+                            help="do not compute the lookup statistics (then nothing is planned: limits the "
+                                 "spec does not pin are TF's defaults, 256/256/64)")
         if name == "run":
             sp.add_argument("--vocab-engine", choices=("combine", "tft"), default="combine",
                             help="see `tpu-embed vocab --help`")

@@ -6,7 +6,7 @@
     fc = spec.to_feature_config(vocab_sizes)   # nested tf.tpu.experimental.embedding.FeatureConfig
     ecs = spec.to_embedding_config_spec(vocab_dir)  # seed API: columns + EmbeddingConfigSpec
 
-A spec file looks like this (every key is documented in docs/pipelines.md)::
+A spec file looks like this (every key is documented in docs/spec.md)::
 
     inputs:
       format: csv                      # csv | tfrecord | parquet
@@ -820,7 +820,7 @@ def parse_spec(raw: Any, base_dir: str = ".", source_path: Optional[str] = None)
     """Validate a spec given as a dict (the parsed YAML)."""
     if not isinstance(raw, Mapping):
         raise SpecError("<root>", f"the spec must be a mapping, got {type(raw).__name__}.",
-                        "see docs/pipelines.md for the layout.")
+                        "see docs/spec.md for the layout.")
     spec = _validate(Spec, raw)
     spec._base_dir, spec._source_path = base_dir, source_path
     return spec
