@@ -29,6 +29,8 @@ examples:
   tpu-embed run --spec SPEC --output gs://bucket/out --input 'gs://bucket/data/*.csv' \\
       --runner=DataflowRunner --project=P --region=R --temp_location=gs://bucket/tmp \\
       --setup_file=./setup.py
+  tpu-embed run --spec SPEC --output DIR --runner dask --dask-workers 2   # a local Dask cluster
+  tpu-embed run --spec SPEC --output DIR --runner dask --dask_client_address tcp://host:8786
 Any flag not listed above is passed to Beam's PipelineOptions. See docs/pipelines.md.
 """
 
