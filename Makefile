@@ -11,20 +11,25 @@ ORACLE_STAMP := $(ORACLE_VENV)/.installed-stamp
 install: $(STAMP)
 
 $(STAMP): pyproject.toml setup.py tpu_embed/sparsecore/native/_csr_native.c
-	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip
-	PYTHONWARNINGS=ignore $(PY) -m pip install -q -e '.[test,report,lint]'  # the build backend's warnings too
-	touch $@
+	@echo "installing tpu-embed into $(VENV) (a few minutes the first time; log: $(VENV)/install.log)"
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	@# pip's own output (and this machine's index warnings) go to the log; its tail is shown on failure.
+	@( $(PY) -m pip install -q --upgrade pip && \
+	   PYTHONWARNINGS=ignore $(PY) -m pip install -q -e '.[test,report,lint]' ) > $(VENV)/install.log 2>&1 \
+	   || (tail -n 40 $(VENV)/install.log; exit 1)
+	@touch $@
 
 # TensorFlow's own SparseCore kernels, used only as the conformance oracle.
 # tensorflow-tpu 2.20 conflicts with tensorflow 2.21, so it lives in its own venv.
 oracle: $(ORACLE_STAMP)
 
 $(ORACLE_STAMP): tests/conformance/oracle-requirements.txt
-	test -x $(ORACLE_VENV)/bin/python || $(PYTHON) -m venv $(ORACLE_VENV)
-	$(ORACLE_VENV)/bin/python -m pip install -q --upgrade pip
-	$(ORACLE_VENV)/bin/python -m pip install -r tests/conformance/oracle-requirements.txt
-	touch $@
+	@echo "installing the conformance oracle (tensorflow-tpu 2.20) into $(ORACLE_VENV) (log: $(ORACLE_VENV)/install.log)"
+	@test -x $(ORACLE_VENV)/bin/python || $(PYTHON) -m venv $(ORACLE_VENV)
+	@( $(ORACLE_VENV)/bin/python -m pip install -q --upgrade pip && \
+	   $(ORACLE_VENV)/bin/python -m pip install -q -r tests/conformance/oracle-requirements.txt ) \
+	   > $(ORACLE_VENV)/install.log 2>&1 || (tail -n 40 $(ORACLE_VENV)/install.log; exit 1)
+	@touch $@
 
 demo: $(STAMP)
 	$(VENV)/bin/tpu-embed demo --output build/demo
