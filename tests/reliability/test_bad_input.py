@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 
-import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -88,7 +87,8 @@ def test_truncated_tfrecord_fails_by_default(tmp_path, examples_200):
     ("nolabel.csv", "x,cat,id\n1,a,3\n", "csv", r"nolabel.csv whole file: missing_columns: columns \['label'\]"),
     ("unterminated.csv", 'label,x,cat,id\n1,1,"a,3\n0,2,b,4\n', "csv",
      r"unterminated.csv record 2: framing_lost: unterminated quote.*line 2.*Fix: close the quote"),
-    ("junk.tfrecord", None, "tfrecord", r"junk.tfrecord record 0: malformed_record: record 0 is not a tf.train.Example"),
+    ("junk.tfrecord", None, "tfrecord",
+     r"junk.tfrecord record 0: malformed_record: record 0 is not a tf.train.Example"),
 ])
 def test_only_input_bad_names_the_real_cause(tmp_path, name, data, fmt, match):
     if data is None:
