@@ -7,7 +7,8 @@ The one place that opens an artifact for training (`tpu_embed.training`,
 `tpu_embed.HostEmbedding.from_artifact`).  It refuses, before any step runs,
 what would silently train wrong embeddings: a `spec.yaml` edited after
 sharding (fingerprint), vocabularies recomputed after sharding (sizes), and a
-spec whose SparseCore layout is not the one the shards were packed with.
+spec whose SparseCore layout is not the one the shards were packed with, and (`verify=`) files
+that are missing, of another size, or (small files, or "sha256") of other content than the manifest lists.
 """
 
 from __future__ import annotations
@@ -79,8 +80,22 @@ def _check_layout(model: ModelConfig, m: Manifest, artifact_dir: str) -> None:
                             "The artifact is inconsistent (or made by another tpu_embed): re-run `tpu-embed run`.")
 
 
-def load_artifact(artifact_dir: str) -> Artifact:
+TRAINING_KINDS = ("vocabulary", "shard", "plan")  # spec.yaml: its fingerprint; profiles, dead letters: unused
+
+
+def load_artifact(artifact_dir: str, verify: str = "size") -> Artifact:
+    """Read and check an artifact; `verify` ("none" | "size" | "sha256", `tpu_embed.verify`): every file
+    training reads (vocabularies, plan.json, every host's shards; spec.yaml by its fingerprint) exists with the listed size
+    (the small ones also with the listed sha256; "sha256": the shards too, read in full) and the shards
+    cover every step, else `ArtifactDamagedError` before any step runs."""
+    from tpu_embed import verify as tverify
+    tverify.check_level(verify)
     m = read_manifest(artifact_dir)
+    if verify != "none":
+        tverify.check_files(artifact_dir, m, verify, kinds=TRAINING_KINDS)
+        if m.shards is not None:
+            for h in range(m.shards.format.num_hosts):
+                tverify.check_shard_steps(m, h)
     spec = load_spec_of(artifact_dir, m)
     model = spec.model(_vocabulary_sizes(m))
     _check_layout(model, m, artifact_dir)

@@ -437,7 +437,7 @@ def _tensorflow_reads(path: str) -> bool:
 
 def input_fn(artifact_dir: str, *, host_index: int = 0, num_epochs: Optional[int] = 1,
              prefetch: int = 2, num_parallel_calls: Optional[int] = None, expected_fingerprint: Optional[str] = None,
-             reader: str = "auto"):
+             reader: str = "auto", verify: str = "size"):
     """`tf.data.Dataset` of this host's steps, in step order: one element per training step.
 
     Each element is the dict `parse_fn` makes; `element["sparse_core"][c]`
@@ -462,21 +462,36 @@ def input_fn(artifact_dir: str, *, host_index: int = 0, num_epochs: Optional[int
 
     Either way the same `parse_fn` runs as a parallel `map`
     (`num_parallel_calls`, default AUTOTUNE, deterministic order).
+
+    `verify` ("none" | "size" | "sha256", see `tpu_embed.verify`): at load,
+    the host's shard files exist with the listed sizes and cover every step;
+    each file's record CRCs (and, "sha256", its hash) are checked as it is
+    first opened, so damage is refused naming the file and step
+    (`ArtifactDamagedError`) before any record of that file is used.
     """
     import tensorflow as tf
+    from tpu_embed import verify as tverify
     from tpu_embed.manifest import read_manifest
     if reader not in READERS:
         raise ValueError(f"reader must be one of {READERS}, got {reader!r}")
+    tverify.check_level(verify)
     manifest = read_manifest(artifact_dir)
     if expected_fingerprint is not None and manifest.spec_fingerprint != expected_fingerprint:
         raise ValueError(f"{artifact_dir} was made for spec {manifest.spec_fingerprint}, not "
                          f"{expected_fingerprint}: regenerate the shards with this spec.")
     fmt = manifest.shard_format
     files = shard_files(artifact_dir, host_index, manifest)
+    entries = manifest.shard_files(host_index)
+    if verify != "none":
+        tverify.check_shard_steps(manifest, host_index)
+        tverify.check_files(artifact_dir, manifest, "size", kinds=("shard",), host=host_index)  # sha256: lazily
     if reader == "auto":
         reader = "tensorflow" if all(_tensorflow_reads(f) for f in files) else "io"
     if reader == "tensorflow":
-        ds = tf.data.TFRecordDataset(files)
+        if verify == "none":
+            ds = tf.data.TFRecordDataset(files)
+        else:  # each file verified as it is first opened, then read by TF
+            ds = tverify.checked_shard_paths(artifact_dir, entries, verify).flat_map(tf.data.TFRecordDataset)
     else:
         ds = tf.data.Dataset.from_generator(lambda: _stream_records(files),
                                             output_signature=tf.TensorSpec([], tf.string))

@@ -1,0 +1,195 @@
+"""What the training side checks of an artifact's files before (and while) it reads them.
+
+    check_files(artifact_dir, manifest, level="size")     # at load: every listed file (or a subset)
+    check_shard_steps(manifest, host_index)               # the host's files cover steps 0..steps-1
+    verified_file(path, entry, level)                     # at first open of a shard file (lazy)
+
+Levels (`verify=` of `tpu_embed.input_fn`, `load_artifact`, `HostEmbedding.from_artifact` via
+`load_artifact`):
+
+* ``"none"``   the manifest's own checks only (schema, kind, version, fingerprint, layout).
+* ``"size"``   (default) at load: every listed file exists and has the size the manifest lists;
+  the small files (vocabularies, plan.json) are also hashed and compared with the
+  manifest's sha256 (spec.yaml is checked by its fingerprint, so a comment may change) (a vocabulary edited after sharding, even to the same size, is refused);
+  the host's shard files cover steps 0..steps-1 without gaps (a shard missing from the list).
+  Each shard file's record CRCs are checked as the file is first opened (Python, crc32c), so a
+  corrupted record is refused naming the file, step and byte before any record of that file
+  is used (TF's own CRC check would raise a bare ``DataLossError: corrupted record at N``).
+* ``"sha256"`` as "size", plus each shard file's sha256 is compared with the manifest's as it
+  is first opened (any change at all, also one that keeps the TFRecord framing valid).
+
+The per-file checks read each shard file once more when it is opened (from the page cache, for
+local files, right before TensorFlow reads it); docs/reliability.md has the measured cost per step.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import struct
+from typing import Iterable, List, Optional
+
+from tpu_embed import io as tio
+from tpu_embed.manifest import FileEntry, Manifest, ManifestError
+
+LEVELS = ("none", "size", "sha256")
+SMALL_KINDS = ("vocabulary", "plan")  # always hashed at load (small; edits there change meaning)
+_FIX = "Re-run `tpu-embed run` (or shard) with this --output (and --overwrite), or restore the directory."
+
+
+class ArtifactDamagedError(ManifestError):
+    """A file the manifest lists is missing, of another size or content, or holds a corrupt record."""
+
+
+def check_level(level: str) -> str:
+    if level not in LEVELS:
+        raise ValueError(f"verify must be one of {LEVELS}, got {level!r}")
+    return level
+
+
+def path_of(artifact_dir: str, entry: FileEntry) -> str:
+    return entry.path if tio.is_absolute(entry.path) else tio.join(artifact_dir, entry.path)
+
+
+def _sha256_of(path: str) -> str:
+    h = hashlib.sha256()
+    with tio.open_read(path) as fh:
+        while True:
+            b = fh.read(1 << 20)
+            if not b:
+                return h.hexdigest()
+            h.update(b)
+
+
+def _what(entry: FileEntry) -> str:
+    if entry.kind == "shard":
+        return f"shard file (host {entry.host}, steps {entry.first_step}..{entry.last_step})"
+    return f"{entry.kind} file"
+
+
+def check_file(artifact_dir: str, entry: FileEntry, level: str = "size") -> None:
+    """Existence and size (and, for the small kinds or level "sha256", content) of one listed file."""
+    if level == "none":
+        return
+    path = path_of(artifact_dir, entry)
+    try:
+        size = tio.size(path)
+    except (FileNotFoundError, OSError):
+        size = None
+    if size is None:
+        raise ArtifactDamagedError(f"{path}: the manifest lists this {_what(entry)} but it is missing: the "
+                                   f"artifact is incomplete (an interrupted run or copy?). {_FIX}")
+    if size != entry.bytes:
+        raise ArtifactDamagedError(f"{path}: {_what(entry)} has {size} bytes, the manifest lists {entry.bytes}: it "
+                                   f"was truncated, replaced or rewritten after the manifest. {_FIX}")
+    if level == "sha256" or entry.kind in SMALL_KINDS:
+        digest = _sha256_of(path)
+        if digest != entry.sha256:
+            raise ArtifactDamagedError(
+                f"{path}: {_what(entry)} has sha256 {digest[:16]}…, the manifest lists {entry.sha256[:16]}…: it was "
+                f"edited or damaged after the artifact was written"
+                f"{' (a vocabulary edited after sharding would map tokens to other rows)' if entry.kind == 'vocabulary' else ''}"
+                f". {_FIX}")
+
+
+def check_files(artifact_dir: str, m: Manifest, level: str = "size", *, kinds: Optional[Iterable[str]] = None,
+                host: Optional[int] = None) -> None:
+    """`check_file` for every listed file (of `kinds`; shards of `host` only when given)."""
+    check_level(level)
+    if level == "none":
+        return
+    kinds = set(kinds) if kinds is not None else None
+    for f in m.files:
+        if kinds is not None and f.kind not in kinds:
+            continue
+        if host is not None and f.kind == "shard" and f.host != host:
+            continue
+        check_file(artifact_dir, f, level)
+
+
+def check_shard_steps(m: Manifest, host_index: int) -> None:
+    """The host's shard files hold steps 0..shards.steps-1, each once, in file order."""
+    if m.shards is None:
+        return
+    if m.limits is not None and m.limits.source.startswith("unbounded"):
+        raise ArtifactDamagedError(
+            f"{m.source}: the shard job did not finish: its limits were never planned (limits.source "
+            f"{m.limits.source!r}; the run was interrupted between writing the shards and plan.json). {_FIX}")
+    files = m.shard_files(host_index)
+    nxt = 0
+    for f in files:
+        if f.first_step != nxt or f.last_step is None or (f.records is not None and
+                                                          f.records != f.last_step - f.first_step + 1):
+            raise ArtifactDamagedError(
+                f"{m.source}: host {host_index}'s shard files do not cover the steps without a gap: expected a file "
+                f"starting at step {nxt}, found {f.path} (steps {f.first_step}..{f.last_step}, {f.records} "
+                f"records). A shard file is missing from the manifest. {_FIX}")
+        nxt = f.last_step + 1
+    if nxt != m.shards.steps:
+        raise ArtifactDamagedError(
+            f"{m.source}: host {host_index}'s shard files hold steps 0..{nxt - 1}, the manifest says "
+            f"{m.shards.steps} steps: a shard file is missing from the manifest. {_FIX}")
+
+
+def verify_shard_bytes(path: str, data: bytes, entry: FileEntry, level: str = "size") -> None:
+    """Framing and record CRCs of a shard file's bytes (and sha256 at level "sha256"); names file, step, byte."""
+    import google_crc32c
+    from tpu_embed.shards import _mask_crc
+    if level == "none":
+        return
+    if len(data) != entry.bytes:
+        raise ArtifactDamagedError(f"{path}: {_what(entry)} has {len(data)} bytes, the manifest lists {entry.bytes}: "
+                                   f"it changed after the artifact was loaded. {_FIX}")
+    if level == "sha256":
+        digest = hashlib.sha256(data).hexdigest()
+        if digest != entry.sha256:
+            raise ArtifactDamagedError(f"{path}: {_what(entry)} has sha256 {digest[:16]}…, the manifest lists "
+                                       f"{entry.sha256[:16]}…: its content changed. {_FIX}")
+    pos, n, i = 0, len(data), 0
+    first = entry.first_step or 0
+    while pos < n:
+        step = first + i
+        problem = None
+        if pos + 12 > n:
+            problem = "truncated record header"
+        else:
+            length, = struct.unpack_from("<Q", data, pos)
+            len_crc, = struct.unpack_from("<I", data, pos + 8)
+            if _mask_crc(google_crc32c.value(data[pos:pos + 8])) != len_crc:
+                problem = "corrupt record length (CRC mismatch)"
+            elif pos + 12 + length + 4 > n:
+                problem = "truncated record"
+            else:
+                crc, = struct.unpack_from("<I", data, pos + 12 + length)
+                if _mask_crc(google_crc32c.value(data[pos + 12:pos + 12 + length])) != crc:
+                    problem = "corrupt record data (CRC mismatch)"
+        if problem:
+            raise ArtifactDamagedError(f"{path}: step {step} (record {i} of the file, byte {pos}): {problem}. The "
+                                       f"shard file is damaged; no record of it was used. {_FIX}")
+        pos += 12 + length + 4
+        i += 1
+    if entry.records is not None and i != entry.records:
+        raise ArtifactDamagedError(f"{path}: {i} records, the manifest lists {entry.records}. {_FIX}")
+
+
+def checked_shard_paths(artifact_dir: str, entries: List[FileEntry], level: str):
+    """A `tf.data.Dataset` of the shard paths that verifies each file as it is first opened (lazily).
+
+    A verified file is remembered (by path, size and mtime where available) and not read again in
+    later epochs.
+    """
+    import tensorflow as tf
+    by_path = {path_of(artifact_dir, e): e for e in entries}
+    done = set()
+
+    def check(p):
+        path = p.numpy().decode("utf-8")
+        if path not in done:
+            verify_shard_bytes(path, tio.read_bytes(path), by_path[path], level)
+            done.add(path)
+        return p
+
+    paths = list(by_path)
+    ds = tf.data.Dataset.from_tensor_slices(tf.constant(paths, tf.string))
+    if level == "none":
+        return ds
+    return ds.map(lambda p: tf.ensure_shape(tf.py_function(check, [p], tf.string), []))
