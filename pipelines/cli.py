@@ -44,6 +44,9 @@ def _add_common(sp: argparse.ArgumentParser, output_required: bool = True):
                     help="stop at the first bad record (message names file and record) instead of writing "
                          "it to dead_letter/ and counting it")
     sp.add_argument("--chunk-rows", type=int, default=None, help="rows per Arrow batch (default 32768)")
+    sp.add_argument("--overwrite", action="store_true",
+                    help="replace an existing artifact in --output (run/vocab refuse a non-empty --output, shard "
+                         "one with shards, without it); files the new manifest does not list are deleted")
 
 
 def _add_shard(sp: argparse.ArgumentParser):
@@ -144,8 +147,12 @@ def _config(args, **kw):
 def _job_command(job: str):
     """A subcommand that runs `pipelines.runner.<job>` and prints the artifact summary."""
     def command(args, beam_args):
-        from pipelines import runner
-        manifest = getattr(runner, job)(_config(args), beam_args)
+        from pipelines import output, runner
+        cfg = _config(args)  # the spec is checked before the output is touched
+        output.prepare(args.output, args.command, args.overwrite)
+        manifest = getattr(runner, job)(cfg, beam_args)
+        if args.overwrite:
+            output.sweep(args.output)
         print(summary(manifest, args.output))
         return 0
     command.__name__ = f"cmd_{job}"
@@ -325,7 +332,7 @@ def _one_arg(func) -> bool:
         return False
 
 
-_KNOWN_ERRORS = ("StrictModeError", "DataError", "PolicyError", "LimitExceededError", "FileNotFoundError", "SpecError",
+_KNOWN_ERRORS = ("OutputError", "DiskFullError", "ArtifactDamagedError", "StrictModeError", "DataError", "PolicyError", "LimitExceededError", "FileNotFoundError", "SpecError",
                  "ManifestError", "ManifestNotFoundError", "UserError", "DemoError", "MissingProfileError",
                  "CorruptProfileError", "SchemaVersionError", "ProfileError")
 

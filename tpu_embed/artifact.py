@@ -33,6 +33,18 @@ class Artifact:
     def require_shards(self) -> None:
         require_shards(self.manifest, self.directory)
 
+    @property
+    def ids_dropped_by_limits(self) -> Dict[str, int]:
+        """Per stacked table: ids the shard job dropped under `allow_id_dropping` (0 for every stack without
+        drops; {} when there are no shards). Per step and chip: `input_fn` elements' `dropped_ids`."""
+        return ids_dropped_by_limits(self.manifest)
+
+
+def ids_dropped_by_limits(m: Manifest) -> Dict[str, int]:
+    if m.counts is None or m.stacks is None:
+        return {}
+    return {s: int(m.counts.ids_dropped_by_limits.get(s, 0)) for s in m.stacks}
+
 
 def require_shards(m: Manifest, artifact_dir: str) -> None:
     if m.shards is None or m.limits is None or m.stacks is None or m.layout is None:
@@ -80,13 +92,13 @@ def _check_layout(model: ModelConfig, m: Manifest, artifact_dir: str) -> None:
                             "The artifact is inconsistent (or made by another tpu_embed): re-run `tpu-embed run`.")
 
 
-TRAINING_KINDS = ("vocabulary", "shard", "plan")  # spec.yaml: its fingerprint; profiles, dead letters: unused
+TRAINING_KINDS = ("vocabulary", "shard")  # spec.yaml: its fingerprint; the limits: the manifest's
 
 
 def load_artifact(artifact_dir: str, verify: str = "size") -> Artifact:
     """Read and check an artifact; `verify` ("none" | "size" | "sha256", `tpu_embed.verify`): every file
-    training reads (vocabularies, plan.json, every host's shards; spec.yaml by its fingerprint) exists with the listed size
-    (the small ones also with the listed sha256; "sha256": the shards too, read in full) and the shards
+    training reads (vocabularies, every host's shards; spec.yaml by its fingerprint) exists with the listed
+    size (vocabularies also with the listed sha256; "sha256": the shards too, read in full) and the shards
     cover every step, else `ArtifactDamagedError` before any step runs."""
     from tpu_embed import verify as tverify
     tverify.check_level(verify)

@@ -59,6 +59,20 @@ _URL = re.compile(r"^([A-Za-z][A-Za-z0-9+.\-]*)://")
 _GLOB_CHARS = re.compile(r"[*?\[]")
 
 
+class DiskFullError(OSError):
+    """A write failed for lack of space (ENOSPC, EDQUOT) or a file size limit (EFBIG); names the path."""
+
+
+_FULL = {28: "no space left on device", 122: "disk quota exceeded", 27: "file too large for this location"}
+
+
+def _disk_full(e: OSError, path: str, n: int) -> OSError:
+    if e.errno not in _FULL or isinstance(e, DiskFullError):
+        return e
+    return DiskFullError(e.errno, f"writing {path} failed after {n} bytes: {_FULL[e.errno]}. Nothing was "
+                                  "accepted: free space (or write elsewhere) and re-run with --overwrite.")
+
+
 @dataclasses.dataclass(frozen=True)
 class Written:
     """What `write_atomic` wrote."""
@@ -304,11 +318,13 @@ def write_atomic(path: str, data: Data) -> Written:
                 fh.flush()
                 os.fsync(fh.fileno())
             os.replace(tmp, local)
-        except BaseException:
+        except BaseException as e:
             try:
                 os.unlink(tmp)
             except OSError:
                 pass
+            if isinstance(e, OSError) and _disk_full(e, path, n) is not e:
+                raise _disk_full(e, path, n) from None
             raise
         return Written(path, h.hexdigest(), n)
     parts = []

@@ -53,7 +53,7 @@ import json
 from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple, Union
 
 from tpu_embed import io as tio
-from tpu_embed.artifact import load_artifact, require_shards
+from tpu_embed.artifact import ids_dropped_by_limits, load_artifact, require_shards
 from tpu_embed.manifest import Manifest, ManifestError, read_manifest
 from tpu_embed.model import ModelConfig
 from tpu_embed.sparsecore.csr_types import DEFAULT_MAX_IDS_PER_TABLE, DEFAULT_MAX_UNIQUE_IDS_PER_TABLE
@@ -127,6 +127,13 @@ def _effective(kwargs: Mapping[str, Any], stacks: List[str]) -> Dict[str, Any]:
             "allow_id_dropping": bool(kwargs.get("allow_id_dropping", False))}
 
 
+def _below(plan_value: int, shard_value: int) -> str:
+    if plan_value >= shard_value:
+        return ""
+    return (f" (below the shards' limit: their steps may hold up to {shard_value}, so TPUEmbeddingV2 would "
+            f"overflow or drop ids; raise it to >= {shard_value})")
+
+
 def _check_plan(plan: Any, shard_limits: Dict[str, Any], stacks: List[str], artifact_dir: str, source: str):
     name, kw = _plan_kwargs(plan)
     fix = (f"The limits and buffer sizes are baked into the shards: re-shard with this plan (`tpu-embed shard "
@@ -146,9 +153,9 @@ def _check_plan(plan: Any, shard_limits: Dict[str, Any], stacks: List[str], arti
         for k in _LIMIT_KEYS:
             a, b = planned[k], shard_limits[k]
             if isinstance(a, dict):
-                diffs += [f"{k}[{s}]: plan {a[s]}, shards {b[s]}" for s in stacks if a[s] != b[s]]
+                diffs += [f"{k}[{s}]: plan {a[s]}, shards {b[s]}{_below(a[s], b[s])}" for s in stacks if a[s] != b[s]]
             elif a != b:
-                diffs.append(f"{k}: plan {a}, shards {b}")
+                diffs.append(f"{k}: plan {a}, shards {b}{_below(a, b) if k != 'allow_id_dropping' else ''}")
         raise ArtifactMismatchError(f"{name} differs from the limits the shards in {artifact_dir} were packed with "
                                     f"({source}): {'; '.join(diffs)}. {fix}")
     return planned
@@ -460,6 +467,7 @@ class DistributedSteps:
     per_chip_batch_size: int
     topology: Topology
     shard_format: Any  # tpu_embed.shards.ShardFormat
+    ids_dropped_by_limits: Dict[str, int] = dataclasses.field(default_factory=dict)  # per stack (allow_id_dropping)
 
     def __iter__(self):
         return iter(self.dataset)
@@ -502,7 +510,8 @@ def distribute_steps(artifact_dir: str, strategy: Any, *, num_epochs: Optional[i
     return DistributedSteps(
         dataset=dataset, sample_counts={k: int(v.sample_count) for k, v in m.stacks.items()},
         steps_per_epoch=int(m.shards.steps), num_epochs=num_epochs, global_batch_size=int(m.batch_sizes.global_),
-        per_chip_batch_size=int(m.batch_sizes.per_chip), topology=topo, shard_format=m.shard_format)
+        per_chip_batch_size=int(m.batch_sizes.per_chip), topology=topo, shard_format=m.shard_format,
+        ids_dropped_by_limits=ids_dropped_by_limits(m))
 
 
 # ---------------------------------------------------------------- the training step

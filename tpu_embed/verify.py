@@ -9,8 +9,10 @@ Levels (`verify=` of `tpu_embed.input_fn`, `load_artifact`, `HostEmbedding.from_
 
 * ``"none"``   the manifest's own checks only (schema, kind, version, fingerprint, layout).
 * ``"size"``   (default) at load: every listed file exists and has the size the manifest lists;
-  the small files (vocabularies, plan.json) are also hashed and compared with the
-  manifest's sha256 (spec.yaml is checked by its fingerprint, so a comment may change) (a vocabulary edited after sharding, even to the same size, is refused);
+  the vocabulary files are also hashed and compared with the manifest's sha256 (a vocabulary
+  edited after sharding, even to the same size, is refused). spec.yaml is checked by its
+  fingerprint (a comment may change); plan.json is informational (training uses the manifest's
+  limits, and a `plan=` passed to training is compared with them);
   the host's shard files cover steps 0..steps-1 without gaps (a shard missing from the list).
   Each shard file's record CRCs are checked as the file is first opened (Python, crc32c), so a
   corrupted record is refused naming the file, step and byte before any record of that file
@@ -32,7 +34,7 @@ from tpu_embed import io as tio
 from tpu_embed.manifest import FileEntry, Manifest, ManifestError
 
 LEVELS = ("none", "size", "sha256")
-SMALL_KINDS = ("vocabulary", "plan")  # always hashed at load (small; edits there change meaning)
+SMALL_KINDS = ("vocabulary",)  # always hashed at load (small; an edit changes which row a token gets)
 _FIX = "Re-run `tpu-embed run` (or shard) with this --output (and --overwrite), or restore the directory."
 
 

@@ -1,0 +1,122 @@
+"""The output directory of a `tpu-embed` job: checked before any job runs, cleaned after it succeeds.
+
+    prepare(output, command, overwrite)   # before: writable? refuses an existing artifact without --overwrite
+    sweep(output)                          # after, with --overwrite: delete what the new manifest does not list
+
+Design (no mix of old and new files, nothing half-written accepted):
+
+* The manifest is written last by every job, atomically; readers accept only files it lists, with
+  the listed sizes (`tpu_embed.verify`).
+* `--overwrite` first *invalidates* the old artifact: `run` / `vocab` delete the old manifest.json,
+  `shard` rewrites it without its shard sections (keeping the vocabularies it was given), so that an
+  interrupted overwrite leaves a directory no reader accepts as complete (never an old manifest
+  over some new files). After the job has written its manifest, every file under the output that
+  the new manifest does not list (stale `part-…-of-…` shards of another file count, profiles of
+  another spec, `.tmp-…` leftovers of a killed run, an old plan.json) is deleted; input files
+  (if they lie inside the output) are never deleted.
+* Without `--overwrite`, `run` and `vocab` refuse a non-empty output directory, and `shard` one that
+  already has shards.
+* Writability is checked up front (a probe file written and deleted), so a read-only location
+  fails in one line before the vocabulary job runs.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import uuid
+from typing import List, Optional
+
+from tpu_embed import io as tio
+from tpu_embed.manifest import FILENAME, Manifest, ManifestError, manifest_bytes, manifest_path, read_manifest
+
+SHARD_KINDS = ("shard", "profile", "plan")
+SHARD_KEYS = ("layout", "stacks", "limits", "vocab_sizes", "counts", "shards", "profile")
+
+
+class OutputError(Exception):
+    """The output location cannot be used as asked; the message names it and the fix."""
+
+
+def _files_under(output: str) -> List[str]:
+    """Every file under `output` (full paths), hidden ones too."""
+    if tio.is_url(output):
+        return [p for p in tio.glob(tio.join(output, "**")) if True]
+    out = []
+    for root, _dirs, names in os.walk(output):
+        out += [os.path.join(root, n) for n in names]
+    return sorted(out)
+
+
+def check_writable(output: str) -> None:
+    probe = tio.join(output, f".tpu-embed-write-check-{uuid.uuid4().hex}")
+    try:
+        tio.makedirs(output)
+        tio.write_atomic(probe, b"ok")
+        tio.delete(probe)
+    except OSError as e:
+        why = e.strerror or str(e)
+        if e.errno in (errno.EROFS,):
+            why = "read-only file system"
+        raise OutputError(f"--output {output} is not writable ({why}); nothing was run. Fix: choose a writable "
+                          "--output (or fix its permissions / mount).") from None
+
+
+def _existing(output: str) -> Optional[Manifest]:
+    try:
+        return read_manifest(output)
+    except ManifestError:
+        return None
+
+
+def prepare(output: str, command: str, overwrite: bool) -> None:
+    """Before the job: writability, the overwrite rule, and (with --overwrite) invalidating the old manifest."""
+    check_writable(output)
+    files = _files_under(output)
+    m = _existing(output)
+    if command in ("run", "vocab"):
+        if files and not overwrite:
+            what = "an artifact" if m is not None else f"{len(files)} file(s)"
+            raise OutputError(f"--output {output} already holds {what}: pass --overwrite to replace it (files the "
+                              "new manifest does not list are deleted), or choose another --output.")
+        if overwrite and tio.exists(manifest_path(output)):
+            tio.delete(manifest_path(output))
+    elif command == "shard":
+        has_shards = (m is not None and m.shards is not None) or any(
+            "/shards/" in p.replace(os.sep, "/") for p in files)
+        if has_shards and not overwrite:
+            raise OutputError(f"--output {output} already has shards: pass --overwrite to replace them, or choose "
+                              "another --output (with --vocab pointing at the vocabularies).")
+        if overwrite and m is not None:
+            d = m.to_json()
+            for k in SHARD_KEYS:
+                d.pop(k, None)
+            for j in ("shard", "profile"):
+                d.get("jobs", {}).pop(j, None)
+            d["files"] = [f for f in d.get("files", []) if f.get("kind") not in SHARD_KINDS]
+            Manifest.from_json(d, manifest_path(output))
+            tio.write_atomic(manifest_path(output), manifest_bytes(d))
+        elif overwrite and tio.exists(manifest_path(output)):
+            tio.delete(manifest_path(output))  # damaged: nothing in it can be kept
+
+
+def sweep(output: str) -> List[str]:
+    """Delete every file under `output` the manifest does not list (but manifest.json and input files)."""
+    m = read_manifest(output)
+    keep = {os.path.normpath(p) if not tio.is_url(p) else p for p in
+            [tio.join(output, f.path) if not tio.is_absolute(f.path) else f.path for f in m.files]
+            + [manifest_path(output)] + [i.path for j in m.jobs.values() for i in j.inputs]}
+    if not tio.is_url(output):
+        keep |= {os.path.abspath(p) for p in keep}
+    deleted = []
+    for p in _files_under(output):
+        key = p if tio.is_url(p) else os.path.normpath(p)
+        if key in keep or (not tio.is_url(p) and os.path.abspath(p) in keep):
+            continue
+        tio.delete(p)
+        deleted.append(p)
+    if not tio.is_url(output):  # empty directories left behind (old hosts' shard folders)
+        for root, dirs, names in sorted(os.walk(output), key=lambda t: -len(t[0])):
+            if root != output and not os.listdir(root):
+                os.rmdir(root)
+    return deleted
