@@ -588,3 +588,132 @@ def test_example_specs_every_record_equals_raw_rows(example_artifacts, name):
             b, _ = emb.dequeue(list(records))
             for k in b:
                 np.testing.assert_array_equal(a[k].numpy(), b[k].numpy())
+
+
+# ---------------------------------------------------------------- the compiled step
+
+def _eager_reference(emb, step, upstream):
+    """The per-feature eager formulas (the uncompiled lookup and sparse gradients), from the step's index."""
+    acts, grads = {}, {}
+    for name, fl in step.features.items():
+        table = emb.tables[fl.table]
+        dim = int(table.shape[1])
+        acts[name] = tf.reshape(tf.math.unsorted_segment_sum(tf.gather(table, fl.ids) * fl.gains[:, None], fl.rows,
+                                                             fl.num_rows), fl.shape + (dim,))
+    for table, feats in step.table_features.items():
+        dim = int(emb.tables[table].shape[1])
+        parts = [tf.gather(tf.reshape(tf.constant(upstream[n]), (-1, dim)), step.features[n].rows)
+                 * step.features[n].gains[:, None] for n in feats]
+        unique, inverse = step.tables[table]
+        grads[table] = (unique, tf.math.unsorted_segment_sum(tf.concat(parts, 0), inverse, unique.size))
+    return acts, grads
+
+
+def test_compiled_lookup_and_gradients_are_bit_identical_to_the_eager_formulas():
+    model = _small_model(chips=4, nsc=2, hosts=2)
+    emb = HostEmbedding(model, seed=2)
+    rng = np.random.default_rng(21)
+    for _ in range(2):  # a second step reuses the compiled functions
+        chips = _small_batch(model, rng)
+        acts, step = emb.dequeue(chips)
+        upstream = {k: rng.normal(size=v.shape).astype(np.float32) for k, v in acts.items()}
+        want_acts, want_grads = _eager_reference(emb, step, upstream)
+        for name in acts:
+            np.testing.assert_array_equal(acts[name].numpy(), want_acts[name].numpy(), err_msg=name)
+        got = emb.sparse_gradients(upstream, step)
+        for table, (unique, values) in want_grads.items():
+            np.testing.assert_array_equal(got[table].indices.numpy(), unique)
+            np.testing.assert_array_equal(got[table].values.numpy(), values.numpy(), err_msg=table)
+        # Adagrad / SGD through the fused kernels: the same float32 operations as the rule.
+        before = {t: emb.tables[t].numpy() for t in ("a", "b")}
+        acc = {t: emb.slots[t]["accumulators"].numpy() for t in ("a", "b")}
+        emb.apply_gradients(upstream, step)
+        for table, (unique, values) in want_grads.items():
+            g = values.numpy()
+            a = acc[table][unique] + g * g
+            w = before[table][unique] - np.float32(0.1) * g / np.sqrt(a)
+            np.testing.assert_array_equal(emb.slots[table]["accumulators"].numpy()[unique], a)
+            np.testing.assert_allclose(emb.tables[table].numpy()[unique], w, rtol=1e-6, atol=1e-7)
+
+
+def test_prepare_ahead_gives_prepares_index_in_order():
+    model = _small_model()
+    emb = HostEmbedding(model)
+    rng = np.random.default_rng(8)
+    steps = [_small_batch(model, rng) for _ in range(4)]
+    got = list(emb.prepare_ahead(iter(steps), depth=2))
+    assert [s for s, _ in got] == steps
+    for chips, (_, lookup) in zip(steps, got, strict=True):
+        want = emb.prepare(chips)
+        for name, fl in want.features.items():
+            for field in ("rows", "ids", "gains"):
+                np.testing.assert_array_equal(getattr(lookup.features[name], field), getattr(fl, field))
+    bad = [steps[0], [{"other": steps[0][0]["a_b"]}]]
+    it = emb.prepare_ahead(bad)
+    next(it)
+    with pytest.raises(ValueError, match="stacks"):
+        next(it)
+
+
+def _dense_model(seed):
+    import tf_keras as keras
+    return keras.Sequential([keras.layers.Dense(3, activation="relu"), keras.layers.Dense(1)], name=f"top{seed}")
+
+
+def _dense_forward(model):
+    def forward(acts, batch):
+        x = tf.concat([acts["x"], acts["y"], tf.reshape(acts["z"], (acts["z"].shape[0], -1)), batch["dense"]], 1)
+        return model(x)[:, 0]
+    return forward
+
+
+def _loss(batch, logits):
+    return tf.reduce_mean(tf.nn.sigmoid_cross_entropy_with_logits(labels=batch["label"], logits=logits))
+
+
+@pytest.mark.parametrize("pipelining", [False, True])
+def test_train_step_equals_the_eager_loop(pipelining):
+    import tf_keras as keras
+    model = _small_model(chips=2, nsc=2)
+    rng = np.random.default_rng(17)
+    records = []
+    for step in range(4):
+        records.append({"step": step, "sparse_core": _small_batch(model, rng),
+                        "dense": rng.normal(size=(8, 2)).astype(np.float32),
+                        "label": rng.integers(0, 2, 8).astype(np.float32)})
+    runs = []
+    for compiled in (False, True):
+        emb = HostEmbedding(model, seed=6, pipeline_execution_with_tensor_core=pipelining)
+        top = _dense_model(0)
+        top.build((None, 8 + 4 + 16 + 2))
+        top.set_weights([np.random.default_rng(i).normal(size=w.shape).astype(np.float32) * 0.3
+                         for i, w in enumerate(top.get_weights())])
+        opt = keras.optimizers.SGD(learning_rate=0.2)
+        forward = _dense_forward(top)
+        losses = []
+        if compiled:
+            step_fn = emb.train_step(forward, _loss, opt)
+            for record, prepared in emb.prepare_ahead(records):
+                losses.append(float(step_fn(record, prepared)))
+        else:
+            for record in records:
+                acts, preserved = emb.dequeue(record)
+                with tf.GradientTape() as tape:
+                    tape.watch(acts)
+                    loss = _loss(record, forward(acts, record))
+                grads, act_grads = tape.gradient(loss, (top.trainable_variables, acts))
+                opt.apply_gradients(zip(grads, top.trainable_variables))
+                emb.apply_gradients(act_grads, preserved)
+                losses.append(float(loss))
+        assert emb.has_pending_update == pipelining
+        assert int(emb.iterations.numpy()) == len(records)
+        emb.flush()
+        runs.append((losses, {t: (emb.tables[t].numpy(), emb.slots[t]["accumulators"].numpy()) for t in ("a", "b")},
+                     [w.numpy() for w in top.trainable_variables]))
+    (l0, t0, w0), (l1, t1, w1) = runs
+    np.testing.assert_allclose(l1, l0, rtol=1e-6)
+    for t in t0:
+        for got, want in zip(t1[t], t0[t], strict=True):
+            np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7, err_msg=t)
+    for got, want in zip(w1, w0, strict=True):
+        np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7)

@@ -31,6 +31,19 @@ row is sum(gain * table[id]).  `prepare` computes (output row, table row,
 gain) of every meaningful id of a step once, vectorised in numpy; the
 lookup (`tf.gather` + `unsorted_segment_sum`) and the gradients reuse it.
 
+Compiled steps.  The TensorFlow side runs as `tf.function`s traced once per
+feature structure, the index handed over as a few flat tensors
+(`StepLookup.packed`): `lookup` is one call, `apply_gradients` one call
+(sparse gradients and every table's update; SGD and Adagrad through TF's
+fused kernels, bit-identical to the rule).  `prepare_ahead(records)` runs
+`prepare` one step ahead in a background thread, and
+`train_step(model_fn, loss_fn, optimizer)` makes the whole step (lookup,
+dense model, both updates) one compiled call:
+
+    step = emb.train_step(model_fn, loss_fn, optimizer)
+    for record, prepared in emb.prepare_ahead(tpu_embed.input_fn(artifact_dir)):
+        loss = step(record, prepared)
+
 Chips of one step are replicas of one global batch: activations are
 concatenated in global chip order (host h, local chip c -> h *
 chips_per_host + c, as the labels are), and a table row's gradient is the
@@ -70,8 +83,8 @@ names.  Tables are initialised like TF's TableConfig default
 (truncated normal, mean 0, stddev 1/sqrt(dim)), deterministically from
 `seed` and the table name.
 
-Deliberate differences from TPUEmbeddingV2: `dequeue` runs eagerly (the
-index precompute is numpy); `embedding_tables` is keyed by table name, not
+Deliberate differences from TPUEmbeddingV2: `dequeue` is called eagerly (the
+index precompute is numpy; the lookup itself is compiled); `embedding_tables` is keyed by table name, not
 stacked table; `use_gradient_accumulation=False` behaves as True;
 activations are `tf.stop_gradient` tensors (watch them in the tape, as with
 TPUEmbeddingV2's); tensor-core tables are updated with their table's
@@ -84,7 +97,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import math
-from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -136,6 +149,36 @@ class StepLookup:
     table_features: Dict[str, Tuple[str, ...]]
     tables: Dict[str, Tuple[np.ndarray, np.ndarray]]
     num_chips: int
+    # The same index as a few flat arrays, what the compiled lookup and update take (built by `_finish`).
+    packed: Optional["_Packed"] = dataclasses.field(default=None, repr=False, compare=False)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Packed:
+    """A step's index, table after table (`StepLookup.table_features` order), as the compiled functions take it.
+
+    Entries of table t are `counts[t]` consecutive elements of `ids` / `rows` / `gains` / `inverse`:
+    its features' entries concatenated in `table_features[t]` order, `rows` offset so that the
+    table's features stack their output rows ([sum of their num_rows, dim], feature after feature),
+    `inverse` indexing the table's `ucounts[t]` unique rows in `unique`.
+    """
+
+    key: Tuple[Tuple[str, Tuple[Tuple[str, Tuple[int, ...]], ...]], ...]  # ((table, ((feature, shape), ...)), ...)
+    ids: np.ndarray  # int64
+    rows: np.ndarray  # int32
+    gains: np.ndarray  # float32
+    counts: np.ndarray  # int32 [tables]
+    unique: np.ndarray  # int64
+    inverse: np.ndarray  # int32
+    ucounts: np.ndarray  # int32 [tables]
+    tensors: Dict[str, Any] = dataclasses.field(default_factory=dict, compare=False)  # eager copies, made once
+
+    def tensor(self, name: str):
+        t = self.tensors.get(name)
+        if t is None:
+            import tensorflow as tf
+            t = self.tensors[name] = tf.constant(getattr(self, name))
+        return t
 
 
 @dataclasses.dataclass(frozen=True)
@@ -151,8 +194,24 @@ class _StackInfo:
     member_table: Tuple[str, ...]
     feature_lo: np.ndarray  # sample_offset / nsc, ascending
     feature_per_sc: np.ndarray  # sample_count / nsc
+    feature_samples: np.ndarray  # sample_count (a chip's rows of the feature)
     feature_member: np.ndarray  # index of the feature's table among the members
     feature_path: Tuple[str, ...]
+    # Dense inverses of the two range searches (None when a range is too long to tabulate):
+    # sample id -> feature index (-1: no feature), token id -> member index (-1: no table).
+    sample_feature: Optional[np.ndarray] = None
+    token_member: Optional[np.ndarray] = None
+
+
+def _range_table(starts: np.ndarray, sizes: np.ndarray, limit: int = 1 << 22) -> Optional[np.ndarray]:
+    """index[v] = i for v in [starts[i], starts[i] + sizes[i]) (disjoint ranges), -1 elsewhere; None if too long."""
+    end = int((starts + sizes).max()) if starts.size else 0
+    if end > limit or (starts.size and int(starts.min()) < 0):
+        return None
+    out = np.full(end, -1, np.int32)
+    for i, (lo, n) in enumerate(zip(starts.tolist(), sizes.tolist())):
+        out[lo:lo + n] = i
+    return out
 
 
 def _stack_infos(layout: SparseCoreLayout) -> Dict[str, _StackInfo]:
@@ -171,8 +230,12 @@ def _stack_infos(layout: SparseCoreLayout) -> Dict[str, _StackInfo]:
             member_table=tuple(m.name for m in members),
             feature_lo=np.array([f.sample_offset // nsc for f in feats], np.int64),
             feature_per_sc=np.array([f.sample_count // nsc for f in feats], np.int64),
+            feature_samples=np.array([f.sample_count for f in feats], np.int64),
             feature_member=np.array([index[f.table] for f in feats], np.int64),
             feature_path=tuple(f.path for f in feats))
+        info = out[name]
+        out[name] = dataclasses.replace(info, sample_feature=_range_table(info.feature_lo, info.feature_per_sc),
+                                        token_member=_range_table(info.member_offsets, info.member_rows))
     return out
 
 
@@ -215,8 +278,19 @@ def _csr_prefixes(entry: Any, where: str) -> Tuple[np.ndarray, np.ndarray, np.nd
             arrays[3][:n].astype(np.float32), sample_count)
 
 
-def _locate(values: np.ndarray, starts: np.ndarray, sizes: np.ndarray, message: str):
-    """(range index, offset in it) of every value in sorted, disjoint ranges [starts[i], starts[i] + sizes[i])."""
+def _locate(values: np.ndarray, starts: np.ndarray, sizes: np.ndarray, message: str,
+            table: Optional[np.ndarray] = None):
+    """(range index, offset in it) of every value in sorted, disjoint ranges [starts[i], starts[i] + sizes[i]).
+
+    `table`: `_range_table(starts, sizes)`, a lookup instead of the binary search (same answers).
+    """
+    if table is not None:
+        inside = (values >= 0) & (values < table.size)
+        i = table[np.where(inside, values, 0)] if table.size else np.full(values.shape, -1, np.int32)
+        i = np.where(inside, i, -1)
+        if (i < 0).any():
+            raise ValueError(message.format(int(values[int(np.flatnonzero(i < 0)[0])])))
+        return i, values - starts[i]
     i = np.searchsorted(starts, values, side="right") - 1
     offset = values - starts[np.maximum(i, 0)]
     bad = (i < 0) | (offset >= sizes[np.maximum(i, 0)])
@@ -227,6 +301,12 @@ def _locate(values: np.ndarray, starts: np.ndarray, sizes: np.ndarray, message: 
 
 def _invert_stack(entry: Any, info: _StackInfo, topology: Topology, where: str):
     """One chip's stack -> (feature index, chip row, table row, gain) of every meaningful id.  Vectorised."""
+    t, s, g, seg = _segments(entry, info, topology, where)
+    return _decode(t, s, g, seg, info, topology, where)
+
+
+def _segments(entry: Any, info: _StackInfo, topology: Topology, where: str):
+    """One chip's stack -> (token id, sample id, gain, segment l * S + d) of every meaningful id, CSR order."""
     rp, sample_ids, tokens, gains, sample_count = _csr_prefixes(entry, where)
     nsc, S = topology.num_sc_per_chip, topology.num_sparse_cores
     block = round_up(S, XLA_PAD)
@@ -246,24 +326,43 @@ def _invert_stack(entry: Any, info: _StackInfo, topology: Topology, where: str):
     seg = np.repeat(np.arange(nsc * S, dtype=np.int64), lengths)
     first = np.repeat(np.cumsum(lengths) - lengths, lengths)
     pos = np.arange(seg.size, dtype=np.int64) - first + np.repeat(starts, lengths)
-    local_sc, dest = seg // S, seg % S
-    t, s, g = tokens[pos], sample_ids[pos], gains[pos]
+    return tokens[pos], sample_ids[pos], gains[pos], seg
 
-    m, local = _locate(t, info.member_offsets, info.member_rows, f"{where}: token id {{}} is in no table of the stack.")
-    table_row = local * S + (dest - info.member_rotation[m]) % S
+
+def _decode(t, s, g, seg, info: _StackInfo, topology: Topology, where: str):
+    """(token, sample, gain, segment) -> (feature index, chip row, table row, gain), checking every id."""
+    S = topology.num_sparse_cores  # a power of two: // and % by S are a shift and a mask
+    shift = S.bit_length() - 1
+    local_sc, dest = seg >> shift, seg & (S - 1)
+    m, local = _locate(t, info.member_offsets, info.member_rows, f"{where}: token id {{}} is in no table of the stack.",
+                       info.token_member)
+    table_row = (local << shift) + ((dest - info.member_rotation[m]) & (S - 1))
     if (table_row >= info.member_vocab[m]).any():
         k = int(np.flatnonzero(table_row >= info.member_vocab[m])[0])
         raise ValueError(f"{where}: an id decodes to row {int(table_row[k])} of table "
                          f"{info.member_table[m[k]]!r}, past its vocabulary ({int(info.member_vocab[m[k]])}).")
 
     fi, off = _locate(s, info.feature_lo, info.feature_per_sc,
-                      f"{where}: sample id {{}} belongs to no feature of the stack.")
+                      f"{where}: sample id {{}} belongs to no feature of the stack.", info.sample_feature)
     if (info.feature_member[fi] != m).any():
         k = int(np.flatnonzero(info.feature_member[fi] != m)[0])
         raise ValueError(f"{where}: feature {info.feature_path[fi[k]]!r} has an id of table "
                          f"{info.member_table[m[k]]!r}, not of its own table.")
     chip_row = local_sc * info.feature_per_sc[fi] + off
     return fi, chip_row, table_row, g
+
+
+def _invert_chips(chips: Sequence[Mapping[str, Any]], stack: str, info: _StackInfo, topology: Topology):
+    """Every chip's `stack` at once -> (feature index, global row, table row, gain), chip after chip.
+
+    Raises on any invalid input without naming the chip: `prepare` then redoes the step chip by chip
+    (`_invert_stack`) for the error that names it.
+    """
+    parts = [_segments(chip[stack], info, topology, f"stack {stack!r}") for chip in chips]
+    t, s, g, seg = (np.concatenate([p[i] for p in parts]) for i in range(4))
+    fi, row, table_row, g = _decode(t, s, g, seg, info, topology, f"stack {stack!r}")
+    chip = np.repeat(np.arange(len(parts), dtype=np.int64), [p[0].size for p in parts])
+    return fi, chip * info.feature_samples[fi] + row, table_row, g
 
 
 # ---------------------------------------------------------------- tensor-core inputs
@@ -503,28 +602,46 @@ class HostEmbedding(_tf_module_base):
         cfg = self._config
         chips, tensor_core = _split_step(chips, tensor_core)
         topo = cfg.layout.topology
-        parts: Dict[str, List[Tuple[np.ndarray, np.ndarray, np.ndarray]]] = {f.path: [] for f in cfg.layout.features}
-        samples = {f.path: f.sample_count for f in cfg.layout.features}
-        for c, chip in enumerate(chips):
-            if set(chip) != set(cfg.stacks):
-                raise ValueError(f"chip {c}: stacks {sorted(chip)} are not the layout's {sorted(cfg.stacks)}.")
-            for stack, info in cfg.stacks.items():
-                fi, row, ids, gains = _invert_stack(chip[stack], info, topo, f"chip {c}, stack {stack!r}")
-                order = np.argsort(fi, kind="stable")
-                bounds = np.searchsorted(fi[order], np.arange(len(info.feature_path) + 1))
-                for j, path in enumerate(info.feature_path):
-                    sel = order[bounds[j]:bounds[j + 1]]
-                    parts[path].append((c * samples[path] + row[sel], ids[sel], gains[sel]))
+        inverted: Dict[str, list] = {stack: [] for stack in cfg.stacks}
+        fast = all(set(chip) == set(cfg.stacks) for chip in chips)
+        if fast and chips:  # all chips of a stack in one pass; an invalid step is redone chip by chip for its error
+            try:
+                for stack, info in cfg.stacks.items():
+                    inverted[stack] = [_invert_chips(chips, stack, info, topo)]
+            except (ValueError, TypeError):
+                fast = False
+        if not fast:
+            inverted = {stack: [] for stack in cfg.stacks}
+            for c, chip in enumerate(chips):
+                if set(chip) != set(cfg.stacks):
+                    raise ValueError(f"chip {c}: stacks {sorted(chip)} are not the layout's {sorted(cfg.stacks)}.")
+                for stack, info in cfg.stacks.items():
+                    fi, row, ids, gains = _invert_stack(chip[stack], info, topo, f"chip {c}, stack {stack!r}")
+                    inverted[stack].append((fi, c * info.feature_samples[fi] + row, ids, gains))
+        arrays: Dict[str, Tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
+        for stack, info in cfg.stacks.items():
+            parts = inverted[stack]
+            if not parts:
+                continue
+            # Every chip's entries in chip order, then a stable sort by feature (a radix sort on small
+            # integers): each feature's entries in (chip, CSR position) order, contiguous.
+            fi, rows, ids, gains = (np.concatenate([p[i] for p in parts]) for i in range(4))
+            n = len(info.feature_path)
+            order = np.argsort(fi.astype(np.int16) if n < (1 << 15) else fi, kind="stable")
+            bounds = np.concatenate([[0], np.cumsum(np.bincount(fi, minlength=n))])
+            rows, ids, gains = rows[order], ids[order], gains[order]
+            for j, path in enumerate(info.feature_path):
+                lo, hi = bounds[j], bounds[j + 1]
+                arrays[path] = (rows[lo:hi], ids[lo:hi], gains[lo:hi])
         features: Dict[str, FeatureLookup] = {}
         k = len(chips)
+        empty = (np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.float32))
         for f in cfg.model.features:
-            p = parts[f.name]
-            rows, ids, gains = ((np.concatenate([x[i] for x in p]) if p else np.zeros(0, dt))
-                                for i, dt in enumerate((np.int64, np.int64, np.float32)))
+            rows, ids, gains = arrays.get(f.name, empty)
             features[f.name] = FeatureLookup(f.name, f.table.name, rows, ids, gains,
                                              (k * f.examples,) + f.output_shape[1:])
         features.update(self._prepare_tensor_core(tensor_core))
-        return _finish(features, k)
+        return _finish(features, k, {n: t.vocabulary_size for n, t in cfg.tables.items()})
 
     def _prepare_tensor_core(self, tensor_core: Any) -> Dict[str, FeatureLookup]:
         tcf = self._config.tc_features
@@ -553,19 +670,20 @@ class HostEmbedding(_tf_module_base):
         return out
 
     def lookup(self, step: Any, tensor_core: Any = None) -> Any:
-        """Activations of a step (a `StepLookup`, or anything `prepare` takes), nested like the feature config."""
-        import tensorflow as tf
+        """Activations of a step (a `StepLookup`, or anything `prepare` takes), nested like the feature config.
+
+        One compiled call per step (a `tf.function` per feature structure, traced once): per table,
+        `unsorted_segment_sum(gather(table, ids) * gains, rows)` over its features' entries, split
+        into the features' activations.
+        """
         self.build()
         if not isinstance(step, StepLookup):
             step = self.prepare(step, tensor_core)
-        out = {}
-        for name, fl in step.features.items():
-            table = self.tables[fl.table]
-            dim = int(table.shape[1])
-            emb = tf.gather(table, fl.ids) * fl.gains[:, None]
-            acts = tf.math.unsorted_segment_sum(emb, fl.rows, fl.num_rows)
-            out[name] = tf.stop_gradient(tf.reshape(acts, fl.shape + (dim,)))
-        return self._pack(out)
+        packed = _packed(step)
+        fn = self._function(("lookup", packed.key), lambda: self._lookup_function(packed.key))
+        acts = fn(packed.tensor("ids"), packed.tensor("rows"), packed.tensor("gains"), packed.tensor("counts"))
+        by_name = dict(zip((n for _, feats in packed.key for n, _ in feats), acts))
+        return self._pack({name: by_name[name] for name in step.features})
 
     def dequeue(self, chips: Any, tensor_core: Any = None) -> Tuple[Any, StepLookup]:
         """(activations, preserved_outputs), as `TPUEmbeddingV2.dequeue` returns them."""
@@ -574,6 +692,136 @@ class HostEmbedding(_tf_module_base):
         return self.lookup(step), step
 
     __call__ = dequeue
+
+    def prepare_ahead(self, steps: Iterable[Any], depth: int = 1) -> Iterator[Tuple[Any, StepLookup]]:
+        """`(step, self.prepare(step))` for every element of `steps`, prepared `depth` steps ahead.
+
+        `prepare` (numpy; its sorts release the GIL) runs in a background
+        thread while the caller trains on the previous step, so on a machine
+        with a spare core the index costs no step time.  Elements are taken
+        from `steps` on the calling thread (a `tf.data` iterator stays
+        there); an error of `prepare` is raised where its step is yielded.
+        """
+        from collections import deque
+        from concurrent.futures import ThreadPoolExecutor
+        if depth < 1:
+            raise ValueError(f"depth must be >= 1, got {depth}.")
+        it = iter(steps)
+        queue: deque = deque()
+        with ThreadPoolExecutor(1, thread_name_prefix="HostEmbedding.prepare") as pool:
+            def submit() -> None:
+                for item in it:
+                    queue.append((item, pool.submit(self.prepare, item)))
+                    return
+            for _ in range(depth):
+                submit()
+            while queue:
+                item, future = queue.popleft()
+                submit()
+                yield item, future.result()
+
+    def train_step(self, model_fn: Callable[[Any, Any], Any], loss_fn: Callable[[Any, Any], Any], optimizer: Any,
+                   *, variables: Any = None) -> Callable[..., Any]:
+        """A whole training step as one compiled call: `step = emb.train_step(model_fn, loss_fn, optimizer)`.
+
+        `loss = step(record)` (or `step(record, prepared)` with the record's
+        `StepLookup` from `prepare_ahead`) is the eager loop of the module
+        docstring in one `tf.function`:
+
+            activations, preserved = emb.dequeue(record)
+            with tf.GradientTape() as tape:
+                tape.watch(activations)
+                loss = loss_fn(batch, model_fn(activations, batch))
+            grads, act_grads = tape.gradient(loss, (variables, activations))
+            optimizer.apply_gradients(zip(grads, variables))
+            emb.apply_gradients(act_grads, preserved)
+
+        `batch` is the record without its CSR (`"sparse_core"`,
+        `"tensor_core"`): e.g. `batch["dense"]`, `batch["label"]`,
+        `batch["mask"]` (a list of such dicts for a list of records).
+        `variables`: the dense variables to train (a list, or a callable
+        returning it); default `model_fn.trainable_variables` (a Keras model or
+        `tf.Module`), else every trainable variable the forward pass reads.
+        Same results and pipelining as the loop above; the one difference is
+        when the embedding's learning-rate and multiplier functions are
+        evaluated: as the step starts, before `optimizer` runs (with the
+        default global step, `iterations`, that is the same value).  An
+        activation the loss does not use gets a zero gradient (as None in
+        `apply_gradients`).
+
+            step = emb.train_step(model_fn, loss_fn, optimizer)
+            for record, prepared in emb.prepare_ahead(tpu_embed.input_fn(artifact_dir)):
+                loss = step(record, prepared)
+        """
+        functions: Dict[Any, Any] = {}
+
+        def step(record: Any, prepared: Optional[StepLookup] = None):
+            self.build()
+            lookup = prepared if prepared is not None else (
+                record if isinstance(record, StepLookup) else self.prepare(record))
+            self._state.last_step = lookup
+            packed = _packed(lookup)
+            upd = tuple(range(len(packed.key)))
+            scaled, scales, lrs = self._update_inputs(packed, upd)
+            pending = self._state.pending if self._config.pipelining else None
+            p_key = None if pending is None else (pending.names, pending.upd, _value_dims(self, pending))
+            key = (packed.key, scaled, self._config.pipelining, p_key)
+            fn = functions.get(key)
+            if fn is None:
+                fn = functions[key] = self._train_function(packed.key, scaled, p_key, model_fn, loss_fn, optimizer,
+                                                           variables)
+            index = [packed.tensor(k) for k in ("ids", "rows", "gains", "counts", "inverse", "ucounts", "unique")]
+            p_args = [] if pending is None else [pending.unique, pending.ucounts, list(pending.values), pending.lrs]
+            out = fn(index, scales, lrs, p_args, _dense_batch(record))
+            if self._config.pipelining:
+                loss, values = out
+                self._state.pending = _Pending(tuple(t for t, _ in packed.key), upd, packed.tensor("unique"),
+                                               packed.tensor("ucounts"), tuple(values), lrs)
+                return loss
+            return out
+
+        return step
+
+    def _train_function(self, key, scaled, p_key, model_fn, loss_fn, optimizer, variables):
+        import tensorflow as tf
+        cfg = self._config
+        names = tuple(t for t, _ in key)
+        order = [n for _, feats in key for n, _ in feats]
+        upd = tuple(range(len(key)))
+
+        def train(index, scales, lrs, p_args, batch):
+            ids, rows, gains, counts, inverse, ucounts, unique = index
+            flat = dict(zip(order, self._graph_lookup(key, ids, rows, gains, counts), strict=True))
+            activations = self._pack({f: flat[f] for f in self._feature_order(flat)})
+            with tf.GradientTape() as tape:
+                tape.watch(activations)
+                loss = loss_fn(batch, model_fn(activations, batch))
+            train_vars = variables if variables is not None else getattr(model_fn, "trainable_variables", None)
+            if callable(train_vars):
+                train_vars = train_vars()
+            train_vars = list(train_vars) if train_vars is not None else list(tape.watched_variables())
+            grads, act_grads = tape.gradient(loss, (train_vars, activations))
+            optimizer.apply_gradients(zip(grads, train_vars))
+            if cfg.structure is None:
+                g_flat = dict(act_grads)
+            else:
+                g_flat = dict(zip((f.name for f in cfg.model.features), tf.nest.flatten(act_grads), strict=True))
+            g_list = [g_flat[n] if g_flat.get(n) is not None else tf.zeros_like(flat[n]) for n in order]
+            values = self._graph_values(key, upd, frozenset(), scaled, g_list, rows, gains, counts, inverse,
+                                        ucounts, scales)
+            if p_key is not None:
+                self._graph_apply(p_key[0], p_key[1], p_args[0], p_args[1], p_args[2], p_args[3])
+            if not cfg.pipelining:
+                self._graph_apply(names, upd, unique, ucounts, values, lrs)
+            self.iterations.assign_add(1)
+            return (loss, values) if cfg.pipelining else loss
+
+        return tf.function(train, reduce_retracing=True)
+
+    def _feature_order(self, flat: Mapping[str, Any]) -> List[str]:
+        """Feature names as `lookup` returns them: the model's SparseCore features, then tensor-core ones."""
+        sc = [f.name for f in self._config.model.features]
+        return sc + [n for n in flat if n not in set(sc)]
 
     def _pack(self, flat: Dict[str, Any]) -> Any:
         structure = self._config.structure
@@ -594,28 +842,15 @@ class HostEmbedding(_tf_module_base):
         import tensorflow as tf
         self.build()
         step = self._step(preserved_outputs)
-        flat = self._flat_gradients(gradients, step)
+        packed = _packed(step)
+        grads, upd, nones = self._gradient_inputs(self._flat_gradients(gradients, step), step)
+        scaled = (False,) * len(upd)
+        values = self._values_call(packed, grads, upd, nones, scaled, tf.zeros((len(upd),), tf.float32))
         out = {}
-        for table, feats in step.table_features.items():
-            if not any(f in flat for f in feats):
-                continue
-            var = self.tables[table]
-            dim = int(var.shape[1])
-            parts = []
-            for name in feats:
-                fl = step.features[name]
-                g = flat.get(name)
-                if g is None:
-                    parts.append(tf.zeros((fl.ids.size, dim), tf.float32))
-                    continue
-                g = tf.convert_to_tensor(g, tf.float32)
-                if tuple(g.shape) != fl.shape + (dim,):
-                    raise ValueError(f"gradient of {name!r} has shape {tuple(g.shape)}, expected {fl.shape + (dim,)}.")
-                parts.append(tf.gather(tf.reshape(g, (-1, dim)), fl.rows) * fl.gains[:, None])
-            unique, inverse = step.tables[table]
-            values = tf.math.unsorted_segment_sum(tf.concat(parts, 0), inverse, unique.size)
-            out[table] = tf.IndexedSlices(values, tf.constant(unique, tf.int64),
-                                          dense_shape=tf.constant(var.shape, tf.int64))
+        for ti, v in zip(upd, values, strict=True):
+            table = packed.key[ti][0]
+            out[table] = tf.IndexedSlices(v, tf.constant(step.tables[table][0], tf.int64),
+                                          dense_shape=tf.constant(self.tables[table].shape, tf.int64))
         return out
 
     def apply_gradients(self, gradients: Any, preserved_outputs: Optional[StepLookup] = None) -> None:
@@ -624,35 +859,54 @@ class HostEmbedding(_tf_module_base):
         `gradients` is nested like the activations; a None gradient applies a
         zero gradient to that feature's rows (TF's rule).  Tensor-core
         features may be left out (their tables are then not updated).
-        `preserved_outputs` defaults to the last `dequeue`'s.
+        `preserved_outputs` defaults to the last `dequeue`'s.  The sparse
+        gradients and the updates run as one compiled call (two with
+        pipelining: this step's gradients, and the pending update applied).
         """
-        import tensorflow as tf
         cfg = self._config
-        grads = self.sparse_gradients(gradients, preserved_outputs)
+        self.build()
+        step = self._step(preserved_outputs)
+        packed = _packed(step)
+        grads, upd, nones = self._gradient_inputs(self._flat_gradients(gradients, step), step)
+        scaled, scale_t, lr_t = self._update_inputs(packed, upd)
+        names = tuple(t for t, _ in packed.key)
+        if cfg.pipelining:
+            pending = self._state.pending
+            values = self._values_call(packed, grads, upd, nones, scaled, scale_t, pending=pending)
+            self._state.pending = _Pending(names, upd, packed.tensor("unique"), packed.tensor("ucounts"),
+                                           tuple(values), lr_t)
+        elif upd:
+            key = ("step", packed.key, upd, nones, scaled)
+            fn = self._function(key, lambda: self._values_function(packed.key, upd, nones, scaled, "step"))
+            fn(grads, *(packed.tensor(k) for k in ("rows", "gains", "counts", "inverse", "ucounts")), scale_t,
+               packed.tensor("unique"), lr_t)
+        self.iterations.assign_add(1)
+
+    def _update_inputs(self, packed: "_Packed", upd: Tuple[int, ...]):
+        """(which tables get a multiplier, multipliers, learning rates) of this update; checks first."""
+        cfg = self._config
         step_value = self._global_step()
         multipliers = cfg.multiplier_fn(step_value) if cfg.multiplier_fn is not None else None
         # The multiplier covers the SparseCore (TPU embedding) tables; tensor-core tables only if named.
         tc_tables = {f.table.name for f in cfg.tc_features.values()}
-        update = []
-        for table, sl in grads.items():
+        scaled, scales, lrs = [], [], []
+        for ti in upd:
+            table = packed.key[ti][0]
             opt = cfg.optimizers[table]
             if opt is None:
                 raise ValueError(f"Table {table!r} has no optimizer: give its TableConfig one or pass `optimizer`.")
-            values = sl.values
             if multipliers is not None and table in multipliers:
-                values = values * tf.cast(multipliers[table], tf.float32)
+                scaled.append(True)
+                scales.append(multipliers[table])
             elif multipliers is not None and table not in tc_tables:
                 raise KeyError(f"experimental_gradient_multiplier_fn returned no multiplier for table "
                                    f"{table!r} (it returned {sorted(multipliers)}).")
-            lr = opt.learning_rate_fn() if opt.learning_rate_fn is not None else dict(opt.params)["learning_rate"]
-            update.append((table, sl.indices, values, tf.cast(lr, tf.float32)))
-        if cfg.pipelining:
-            pending, self._state.pending = self._state.pending, update
-            if pending is not None:
-                self._apply(pending)
-        else:
-            self._apply(update)
-        self.iterations.assign_add(1)
+            else:
+                scaled.append(False)
+                scales.append(1.0)
+            lrs.append(opt.learning_rate_fn() if opt.learning_rate_fn is not None else
+                       dict(opt.params)["learning_rate"])
+        return tuple(scaled), _f32_vector(scales), _f32_vector(lrs)
 
     def flush(self) -> None:
         """Apply the pending (pipelined) update now: TF's loop epilogue. A no-op without pipelining."""
@@ -664,13 +918,149 @@ class HostEmbedding(_tf_module_base):
     def has_pending_update(self) -> bool:
         return self._state.pending is not None
 
-    def _apply(self, update) -> None:
+    def _apply(self, pending: "_Pending") -> None:
+        if not pending.upd:
+            return
+        fn = self._function(("apply", pending.names, pending.upd),
+                            lambda: self._apply_function(pending.names, pending.upd, _value_dims(self, pending)))
+        fn(pending.unique, pending.ucounts, list(pending.values), pending.lrs)
+
+    # -- the compiled parts -----------------------------------------------------------
+
+    def _function(self, key, make):
+        fn = self._state.functions.get(key)
+        if fn is None:
+            fn = self._state.functions[key] = make()
+        return fn
+
+    def _lookup_function(self, key):
+        import tensorflow as tf
+        def lookup(ids, rows, gains, counts):
+            return self._graph_lookup(key, ids, rows, gains, counts)
+
+        i32, i64, f32 = tf.int32, tf.int64, tf.float32
+        return tf.function(lookup, autograph=False, input_signature=[
+            tf.TensorSpec([None], i64), tf.TensorSpec([None], i32), tf.TensorSpec([None], f32),
+            tf.TensorSpec([len(key)], i32)])
+
+    def _graph_lookup(self, key, ids, rows, gains, counts) -> List[Any]:
+        """In a tf.function: every feature's activations, in packed order."""
+        import tensorflow as tf
+        n = len(key)
+        ids, rows, gains = (tf.split(x, counts, num=n) for x in (ids, rows, gains))
+        out: List[Any] = []
+        for (table, feats), i, r, g in zip(key, ids, rows, gains, strict=True):
+            var = self.tables[table]
+            dim = int(var.shape[1])
+            sizes = [_num_rows(shape) for _, shape in feats]
+            acts = tf.math.unsorted_segment_sum(tf.gather(var, i) * g[:, None], r, sum(sizes))
+            parts = tf.split(acts, sizes, num=len(sizes)) if len(sizes) > 1 else [acts]
+            out.extend(tf.stop_gradient(tf.reshape(a, shape + (dim,))) for (_, shape), a in zip(feats, parts))
+        return out
+
+    def _graph_values(self, key, upd, nones, scaled, grads, rows, gains, counts, inverse, ucounts, scales):
+        """In a tf.function: the accumulated gradient of every updated table (multiplier applied if scaled)."""
+        import tensorflow as tf
+        n = len(key)
+        rows, gains, inverse = (tf.split(x, counts, num=n) for x in (rows, gains, inverse))
+        grads = iter(grads)
+        out: List[Any] = []
+        for j, ti in enumerate(upd):
+            table, feats = key[ti]
+            dim = int(self.tables[table].shape[1])
+            blocks = [tf.zeros((_num_rows(shape), dim), tf.float32) if name in nones else
+                      tf.reshape(next(grads), (-1, dim)) for name, shape in feats]
+            g = tf.concat(blocks, 0) if len(blocks) > 1 else blocks[0]
+            v = tf.math.unsorted_segment_sum(tf.gather(g, rows[ti]) * gains[ti][:, None], inverse[ti], ucounts[ti])
+            out.append(v * scales[j] if scaled[j] else v)
+        return out
+
+    def _graph_apply(self, names, upd, unique, ucounts, values, lrs) -> None:
+        import tensorflow as tf
         cfg = self._config
-        for table, rows, values, lr in update:
+        unique = tf.split(unique, ucounts, num=len(names))
+        for j, ti in enumerate(upd):
+            table = names[ti]
             opt = cfg.optimizers[table]
             assert opt is not None  # checked when the update was computed
-            host_optimizers.apply_update(opt.kind, dict(opt.params), self.tables[table], self.slots[table], rows,
-                                         values, lr, semantics=cfg.semantics)
+            host_optimizers.apply_update(opt.kind, dict(opt.params), self.tables[table], self.slots[table],
+                                         unique[ti], values[j], lrs[j], semantics=cfg.semantics)
+
+    def _values_function(self, key, upd, nones, scaled, mode, pending_key=None):
+        """mode "values": the gradients; "step": gradients and updates; "pipelined": gradients, pending applied."""
+        import tensorflow as tf
+        i32, i64, f32 = tf.int32, tf.int64, tf.float32
+        grad_specs = [tf.TensorSpec(shape + (int(self.tables[table].shape[1]),), f32)
+                      for ti in upd for table, feats in [key[ti]] for name, shape in feats if name not in nones]
+        specs = [grad_specs] + [tf.TensorSpec([None], d) for d in (i32, f32)] + [tf.TensorSpec([len(key)], i32)] + \
+                [tf.TensorSpec([None], i32), tf.TensorSpec([len(key)], i32), tf.TensorSpec([len(upd)], f32)]
+
+        def values(grads, rows, gains, counts, inverse, ucounts, scales):
+            return self._graph_values(key, upd, nones, scaled, grads, rows, gains, counts, inverse, ucounts, scales)
+
+        if mode == "values":
+            return tf.function(values, autograph=False, input_signature=specs)
+        if mode == "step":
+            def step(grads, rows, gains, counts, inverse, ucounts, scales, unique, lrs):
+                v = values(grads, rows, gains, counts, inverse, ucounts, scales)
+                self._graph_apply(tuple(t for t, _ in key), upd, unique, ucounts, v, lrs)
+            return tf.function(step, autograph=False, input_signature=specs + [
+                tf.TensorSpec([None], i64), tf.TensorSpec([len(upd)], f32)])
+        p_names, p_upd, p_dims = pending_key
+
+        def pipelined(grads, rows, gains, counts, inverse, ucounts, scales, p_unique, p_ucounts, p_values, p_lrs):
+            v = values(grads, rows, gains, counts, inverse, ucounts, scales)
+            self._graph_apply(p_names, p_upd, p_unique, p_ucounts, p_values, p_lrs)
+            return v
+        return tf.function(pipelined, autograph=False, input_signature=specs + [
+            tf.TensorSpec([None], i64), tf.TensorSpec([len(p_names)], i32),
+            [tf.TensorSpec([None, d], f32) for d in p_dims], tf.TensorSpec([len(p_upd)], f32)])
+
+    def _apply_function(self, names, upd, dims):
+        import tensorflow as tf
+
+        def apply(unique, ucounts, values, lrs):
+            self._graph_apply(names, upd, unique, ucounts, values, lrs)
+        return tf.function(apply, autograph=False, input_signature=[
+            tf.TensorSpec([None], tf.int64), tf.TensorSpec([len(names)], tf.int32),
+            [tf.TensorSpec([None, d], tf.float32) for d in dims], tf.TensorSpec([len(upd)], tf.float32)])
+
+    def _values_call(self, packed, grads, upd, nones, scaled, scales, pending=None):
+        """This step's accumulated gradients (compiled); with `pending`, that update is applied in the same call."""
+        if not upd and pending is None:
+            return []
+        index = [packed.tensor(k) for k in ("rows", "gains", "counts", "inverse", "ucounts")]
+        if pending is None or not pending.upd:
+            if not upd:
+                return []
+            fn = self._function(("values", packed.key, upd, nones, scaled),
+                                lambda: self._values_function(packed.key, upd, nones, scaled, "values"))
+            return fn(grads, *index, scales)
+        p_key = (pending.names, pending.upd, _value_dims(self, pending))
+        fn = self._function(("pipelined", packed.key, upd, nones, scaled, p_key),
+                            lambda: self._values_function(packed.key, upd, nones, scaled, "pipelined", p_key))
+        return fn(grads, *index, scales, pending.unique, pending.ucounts, list(pending.values), pending.lrs)
+
+    def _gradient_inputs(self, flat: Dict[str, Any], step: StepLookup):
+        """(gradient tensors in packed order, indices of the tables to update, features with a None gradient)."""
+        import tensorflow as tf
+        packed = _packed(step)
+        grads, upd, nones = [], [], []
+        for ti, (table, feats) in enumerate(packed.key):
+            if not any(name in flat for name, _ in feats):
+                continue
+            upd.append(ti)
+            dim = int(self.tables[table].shape[1])
+            for name, shape in feats:
+                g = flat.get(name)
+                if g is None:
+                    nones.append(name)
+                    continue
+                g = tf.convert_to_tensor(g, tf.float32)
+                if tuple(g.shape) != shape + (dim,):
+                    raise ValueError(f"gradient of {name!r} has shape {tuple(g.shape)}, expected {shape + (dim,)}.")
+                grads.append(g)
+        return grads, tuple(upd), frozenset(nones)
 
     def _global_step(self):
         gs = self._config.global_step
@@ -732,6 +1122,41 @@ class HostEmbedding(_tf_module_base):
         return serving
 
 
+def _dense_batch(record: Any) -> Any:
+    """A record (or a list of records) without its CSR, every value a tensor (no retracing on Python ints)."""
+    import tensorflow as tf
+    if isinstance(record, (list, tuple)):
+        records = [r for r in record if isinstance(r, Mapping) and "sparse_core" in r]
+        return [_dense_batch(r) for r in records] if records and len(records) == len(record) else None
+    if not isinstance(record, Mapping) or "sparse_core" not in record:
+        return None  # per-chip CSR or a StepLookup: nothing dense to hand the model
+    return {k: v if tf.is_tensor(v) else tf.convert_to_tensor(v) for k, v in record.items()
+            if k not in ("sparse_core", "tensor_core")}
+
+
+def _num_rows(shape: Tuple[int, ...]) -> int:
+    return int(np.prod(shape, dtype=np.int64))
+
+
+def _packed(step: StepLookup) -> _Packed:
+    if step.packed is None:  # a StepLookup made elsewhere: pack it once
+        object.__setattr__(step, "packed", _finish(dict(step.features), step.num_chips).packed)
+    assert step.packed is not None
+    return step.packed
+
+
+def _value_dims(emb: "HostEmbedding", pending: _Pending) -> Tuple[int, ...]:
+    return tuple(int(emb.tables[pending.names[ti]].shape[1]) for ti in pending.upd)
+
+
+def _f32_vector(values: Sequence[Any]):
+    """A float32 vector of scalars (numbers or tensors), each rounded to float32 as tf.cast rounds it."""
+    import tensorflow as tf
+    if all(isinstance(v, (int, float, np.number)) or (isinstance(v, np.ndarray) and v.ndim == 0) for v in values):
+        return tf.constant(np.array([np.float64(v) for v in values], np.float64).astype(np.float32).reshape(-1))
+    return tf.stack([tf.cast(v, tf.float32) for v in values]) if values else tf.zeros((0,), tf.float32)
+
+
 def _leaves(structure: Any) -> List[Any]:
     import tensorflow as tf
     return tf.nest.flatten(structure)
@@ -758,16 +1183,56 @@ def _split_step(chips: Any, tensor_core: Any) -> Tuple[List[Mapping[str, Any]], 
     return out, tensor_core
 
 
-def _finish(features: Dict[str, FeatureLookup], num_chips: int) -> StepLookup:
+def _unique(ids: np.ndarray, vocabulary: int) -> Tuple[np.ndarray, np.ndarray]:
+    """`np.unique(ids, return_inverse=True)`; by marking rows instead of sorting when the table is small."""
+    if vocabulary > 8 * ids.size + 4096:
+        unique, inverse = np.unique(ids, return_inverse=True)
+        return unique, inverse.reshape(-1)
+    seen = np.zeros(vocabulary + 1, bool)  # + 1: an id past the table would be a bug upstream; keep it visible
+    seen[np.minimum(ids, vocabulary)] = True
+    unique = np.flatnonzero(seen)
+    if unique.size and unique[-1] == vocabulary:  # out of range: let np.unique give the exact answer
+        u, inverse = np.unique(ids, return_inverse=True)
+        return u, inverse.reshape(-1)
+    position = np.cumsum(seen) - 1
+    return unique.astype(np.int64), position[ids]
+
+
+def _finish(features: Dict[str, FeatureLookup], num_chips: int,
+            vocabulary: Optional[Mapping[str, int]] = None) -> StepLookup:
     by_table: Dict[str, List[str]] = {}
     for name, fl in features.items():
         by_table.setdefault(fl.table, []).append(name)
     tables = {}
+    ids_all, rows_all, gains_all, counts, inverse_all, unique_all, ucounts, key = [], [], [], [], [], [], [], []
     for table, names in by_table.items():
-        ids = np.concatenate([features[n].ids for n in names])
-        unique, inverse = np.unique(ids, return_inverse=True)
-        tables[table] = (unique, inverse.reshape(-1))
-    return StepLookup(features, {t: tuple(n) for t, n in by_table.items()}, tables, num_chips)
+        ids = np.concatenate([features[n].ids for n in names]) if len(names) > 1 else features[names[0]].ids
+        if vocabulary is not None and table in vocabulary and ids.size and ids.min() >= 0:
+            unique, inverse = _unique(ids, int(vocabulary[table]))
+        else:
+            unique, inverse = np.unique(ids, return_inverse=True)
+            inverse = inverse.reshape(-1)
+        tables[table] = (unique, inverse)
+        offset = 0
+        for n in names:
+            fl = features[n]
+            rows_all.append(fl.rows + offset)
+            gains_all.append(fl.gains)
+            offset += fl.num_rows
+        ids_all.append(ids)
+        counts.append(ids.size)
+        inverse_all.append(inverse)
+        unique_all.append(unique)
+        ucounts.append(unique.size)
+        key.append((table, tuple((n, tuple(features[n].shape)) for n in names)))
+
+    def cat(parts, dtype):
+        return np.concatenate(parts).astype(dtype, copy=False) if parts else np.zeros(0, dtype)
+
+    packed = _Packed(tuple(key), cat(ids_all, np.int64), cat(rows_all, np.int32), cat(gains_all, np.float32),
+                     np.array(counts, np.int32), cat(unique_all, np.int64), cat(inverse_all, np.int32),
+                     np.array(ucounts, np.int32))
+    return StepLookup(features, {t: tuple(n) for t, n in by_table.items()}, tables, num_chips, packed)
 
 
 @dataclasses.dataclass
@@ -787,7 +1252,20 @@ class _Config:
     structure: Any
 
 
+@dataclasses.dataclass(frozen=True)
+class _Pending:
+    """A computed, not yet applied update (pipelining): tables `names[i]` for i in `upd`."""
+
+    names: Tuple[str, ...]
+    upd: Tuple[int, ...]
+    unique: Any  # int64 tensor, every table's unique rows (`_Packed.unique`)
+    ucounts: Any  # int32 tensor [len(names)]
+    values: Tuple[Any, ...]  # per updated table, [unique rows, dim]
+    lrs: Any  # float32 tensor [len(upd)]
+
+
 @dataclasses.dataclass
 class _State:
     last_step: Optional[StepLookup] = None
-    pending: Optional[list] = None
+    pending: Optional[_Pending] = None
+    functions: Dict[Any, Any] = dataclasses.field(default_factory=dict)  # compiled lookups and updates
