@@ -332,8 +332,9 @@ def _one_arg(func) -> bool:
         return False
 
 
-_KNOWN_ERRORS = ("OutputError", "DiskFullError", "ArtifactDamagedError", "StrictModeError", "DataError", "PolicyError", "LimitExceededError", "FileNotFoundError", "SpecError",
-                 "ManifestError", "ManifestNotFoundError", "UserError", "DemoError", "MissingProfileError",
+_KNOWN_ERRORS = ("OutputError", "DiskFullError", "ArtifactDamagedError", "StrictModeError", "DataError",
+                 "PolicyError", "LimitExceededError", "FileNotFoundError", "SpecError", "ManifestError",
+                 "ManifestNotFoundError", "UserError", "DemoError", "MissingProfileError",
                  "CorruptProfileError", "SchemaVersionError", "ProfileError")
 
 

@@ -28,7 +28,7 @@ import uuid
 from typing import List, Optional
 
 from tpu_embed import io as tio
-from tpu_embed.manifest import FILENAME, Manifest, ManifestError, manifest_bytes, manifest_path, read_manifest
+from tpu_embed.manifest import Manifest, ManifestError, manifest_bytes, manifest_path, read_manifest
 
 SHARD_KINDS = ("shard", "profile", "plan")
 SHARD_KEYS = ("layout", "stacks", "limits", "vocab_sizes", "counts", "shards", "profile")
@@ -116,7 +116,7 @@ def sweep(output: str) -> List[str]:
         tio.delete(p)
         deleted.append(p)
     if not tio.is_url(output):  # empty directories left behind (old hosts' shard folders)
-        for root, dirs, names in sorted(os.walk(output), key=lambda t: -len(t[0])):
+        for root, _, _ in sorted(os.walk(output), key=lambda t: -len(t[0])):
             if root != output and not os.listdir(root):
                 os.rmdir(root)
     return deleted

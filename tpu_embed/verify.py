@@ -35,6 +35,7 @@ from tpu_embed.manifest import FileEntry, Manifest, ManifestError
 
 LEVELS = ("none", "size", "sha256")
 SMALL_KINDS = ("vocabulary",)  # always hashed at load (small; an edit changes which row a token gets)
+_VOCAB_NOTE = " (a vocabulary edited after sharding would map tokens to other rows)"
 _FIX = "Re-run `tpu-embed run` (or shard) with this --output (and --overwrite), or restore the directory."
 
 
@@ -88,8 +89,7 @@ def check_file(artifact_dir: str, entry: FileEntry, level: str = "size") -> None
         if digest != entry.sha256:
             raise ArtifactDamagedError(
                 f"{path}: {_what(entry)} has sha256 {digest[:16]}…, the manifest lists {entry.sha256[:16]}…: it was "
-                f"edited or damaged after the artifact was written"
-                f"{' (a vocabulary edited after sharding would map tokens to other rows)' if entry.kind == 'vocabulary' else ''}"
+                f"edited or damaged after the artifact was written{_VOCAB_NOTE if entry.kind == 'vocabulary' else ''}"
                 f". {_FIX}")
 
 
