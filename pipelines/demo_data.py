@@ -25,6 +25,8 @@ from typing import Dict, List, Sequence, Tuple
 
 import numpy as np
 
+from tpu_embed.shards import length_delimited, varint
+
 # Criteo Kaggle's categorical cardinalities, capped at 10^6 (the demo's tables stay in memory).
 CARDINALITIES = (1460, 583, 1_000_000, 1_000_000, 305, 24, 12517, 633, 3, 93145, 5683, 1_000_000, 3194, 27,
                  14992, 1_000_000, 10, 5652, 2173, 4, 1_000_000, 18, 15, 286181, 105, 142572)
@@ -42,35 +44,18 @@ DENSE_WEIGHTS = {"I1": 0.35, "I3": -0.25, "I6": 0.2, "I11": 0.3}
 
 # ---------------------------------------------------------------- protobuf pieces
 
-def _varint(n: int) -> bytes:
-    out = bytearray()
-    while True:
-        b = n & 0x7F
-        n >>= 7
-        if n:
-            out.append(b | 0x80)
-        else:
-            out.append(b)
-            return bytes(out)
-
-
-def _ld(field: int, payload: bytes) -> bytes:
-    """A length-delimited protobuf field."""
-    return bytes([(field << 3) | 2]) + _varint(len(payload)) + payload
-
-
 def _entry(key: str, feature: bytes) -> bytes:
     """One `Features.feature` map entry (field 1 of Features)."""
-    return _ld(1, _ld(1, key.encode()) + _ld(2, feature))
+    return length_delimited(1, length_delimited(1, key.encode()) + length_delimited(2, feature))
 
 
 def _fixed_prefix(key: str, kind: int, value_len: int) -> bytes:
     """Bytes of a map entry before a fixed-size value: kind 1 = one bytes value, 2 = one float."""
     if kind == 1:
-        lst = _ld(1, b"\0" * value_len)
-        full = _entry(key, _ld(1, lst))
+        lst = length_delimited(1, b"\0" * value_len)
+        full = _entry(key, length_delimited(1, lst))
     else:
-        full = _entry(key, _ld(2, _ld(1, b"\0" * value_len)))
+        full = _entry(key, length_delimited(2, length_delimited(1, b"\0" * value_len)))
     return full[:-value_len]
 
 
@@ -165,13 +150,15 @@ def encode_examples(cols: Dict[str, object], start: int, stop: int) -> List[byte
         lo, hi = int(off[start]), int(off[stop])
         toks = _hex_tokens(ids[lo:hi], _salt(name))
         enc = np.concatenate([np.tile(np.array([0x0A, 0x08], np.uint8), (toks.shape[0], 1)), toks], axis=1)
-        heads = {k: _entry(name, _ld(1, b"\0" * (10 * k)))[:-10 * k or None] for k in range(int(lengths.max()) + 1)}
+        heads = {k: _entry(name, length_delimited(1, b"\0" * (10 * k)))[:-10 * k or None]
+                 for k in range(int(lengths.max()) + 1)}
         variable.append((enc.tobytes(), 10, (off[start:stop + 1] - lo).tolist(), heads))
     wl, wv = cols[WEIGHTED[0] + "_weights"]
     woff = np.concatenate([[0], np.cumsum(wl)])
     lo, hi = int(woff[start]), int(woff[stop])
     wname = WEIGHTED[0] + "_weights"
-    wheads = {k: _entry(wname, _ld(2, _ld(1, b"\0" * (4 * k))))[:-4 * k or None] for k in range(int(wl.max()) + 1)}
+    wheads = {k: _entry(wname, length_delimited(2, length_delimited(1, b"\0" * (4 * k))))[:-4 * k or None]
+              for k in range(int(wl.max()) + 1)}
     variable.append((wv[lo:hi].tobytes(), 4, (woff[start:stop + 1] - lo).tolist(), wheads))
 
     out = []
@@ -182,7 +169,7 @@ def encode_examples(cols: Dict[str, object], start: int, stop: int) -> List[byte
             parts.append(heads[b - a])
             parts.append(buf[a * size:b * size])
         features = b"".join(parts)
-        out.append(b"\x0a" + _varint(len(features)) + features)
+        out.append(b"\x0a" + varint(len(features)) + features)
     return out
 
 

@@ -76,7 +76,8 @@ class ShardFormat:
 
 # ---------------------------------------------------------------- protobuf wire format
 
-def _varint(n: int) -> bytes:
+def varint(n: int) -> bytes:
+    """A protobuf base-128 varint (negative ints as their 64-bit two's complement)."""
     if n < 0:
         n += 1 << 64
     out = bytearray()
@@ -90,30 +91,31 @@ def _varint(n: int) -> bytes:
             return bytes(out)
 
 
-def _len_field(field: int, payload: bytes) -> bytes:
-    return _varint((field << 3) | 2) + _varint(len(payload)) + payload
+def length_delimited(field: int, payload: bytes) -> bytes:
+    """A length-delimited protobuf field (wire type 2)."""
+    return varint((field << 3) | 2) + varint(len(payload)) + payload
 
 
 def _feature_bytes(value) -> bytes:
     kind, v = value
     if kind == "bytes":
-        inner = b"".join(_len_field(1, x) for x in v)
-        return _len_field(1, inner)
+        inner = b"".join(length_delimited(1, x) for x in v)
+        return length_delimited(1, inner)
     if kind == "int64":
-        packed = b"".join(_varint(int(x)) for x in v)
-        return _len_field(3, _len_field(1, packed) if packed else b"")
+        packed = b"".join(varint(int(x)) for x in v)
+        return length_delimited(3, length_delimited(1, packed) if packed else b"")
     if kind == "float":
         packed = np.asarray(v, dtype="<f4").tobytes()
-        return _len_field(2, _len_field(1, packed) if packed else b"")
+        return length_delimited(2, length_delimited(1, packed) if packed else b"")
     raise ValueError(kind)
 
 
 def encode_example(features: Mapping[str, Tuple[str, Any]]) -> bytes:
     """A serialized tf.train.Example from {key: ("bytes"|"int64"|"float", values)}, keys sorted."""
     entries = b"".join(
-        _len_field(1, _len_field(1, k.encode("utf-8")) + _len_field(2, _feature_bytes(features[k])))
+        length_delimited(1, length_delimited(1, k.encode("utf-8")) + length_delimited(2, _feature_bytes(features[k])))
         for k in sorted(features))
-    return _len_field(1, entries)
+    return length_delimited(1, entries)
 
 
 def _read_varint(buf: bytes, pos: int) -> Tuple[int, int]:
