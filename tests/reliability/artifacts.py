@@ -9,8 +9,8 @@ import shutil
 import yaml
 
 ROWS = 400
-SPEC = {
-    "inputs": {"format": "csv", "patterns": ["in.csv"]},
+# The features, tables and optimizer of every small spec in the reliability suite (conftest.make_spec too).
+MODEL = {
     "label": {"column": "label"},
     "dense": [{"name": "x", "fill": 0.0}],
     "categorical": [
@@ -19,6 +19,10 @@ SPEC = {
     ],
     "defaults": {"table": {"dim": 8}},
     "optimizer": {"type": "sgd", "learning_rate": 0.1},
+}
+SPEC = {
+    "inputs": {"format": "csv", "patterns": ["in.csv"]},
+    **MODEL,
     "topology": {"num_chips": 2, "num_hosts": 2},
     "global_batch_size": 8,
 }

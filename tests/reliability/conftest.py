@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 
+from tests.reliability.artifacts import MODEL
 from tpu_embed.spec import parse_spec
 
 
@@ -11,14 +14,7 @@ def make_spec(tmp_path, fmt="csv", patterns=None, **over):
     patterns = patterns or {"csv": ["*.csv"], "tfrecord": ["*.tfrecord"], "parquet": ["*.parquet"]}[fmt]
     raw = {
         "inputs": {"format": fmt, "patterns": list(patterns)},
-        "label": {"column": "label"},
-        "dense": [{"name": "x", "fill": 0.0}],
-        "categorical": [
-            {"name": "cat", "delimiter": "|", "vocabulary": {"num_oov_buckets": 1}},
-            {"name": "id", "vocabulary": {"type": "identity", "num_buckets": 10}},
-        ],
-        "defaults": {"table": {"dim": 8}},
-        "optimizer": {"type": "sgd", "learning_rate": 0.1},
+        **copy.deepcopy(MODEL),
         "topology": {"num_chips": 1},
         "global_batch_size": 4,
     }
