@@ -122,7 +122,7 @@ FILE_REASONS = ("empty_file", "missing_columns", "bad_header", "not_parquet", "u
 
 
 def _csv_record_lines(data: bytes, delimiter: str):
-    """(start line of every data record, unterminated-quote start line or None) of a CSV file's bytes.
+    """(start line of every data record, its number of fields, unterminated-quote start line or None).
 
     Line numbers are 1-based (the header is line 1) and count every line break, also those inside
     quoted values, so a record's number is the line it starts on.  Empty lines are not records
@@ -136,10 +136,12 @@ def _csv_record_lines(data: bytes, delimiter: str):
     try:
         reader = csv.reader(io.StringIO(text, newline=""), delimiter=delimiter, strict=False)
         lines: List[int] = []
+        widths: List[int] = []
         prev = 0
         for row in reader:
             if row:
                 lines.append(prev + 1)
+                widths.append(len(row))
             prev = reader.line_num
     finally:
         csv.field_size_limit(old)
@@ -153,7 +155,35 @@ def _csv_record_lines(data: bytes, delimiter: str):
         except csv.Error as e:
             if "unexpected end of data" in str(e):
                 unterminated = last
-    return np.asarray(lines[1:], dtype=np.int64), unterminated
+    return np.asarray(lines[1:], dtype=np.int64), np.asarray(widths[1:], dtype=np.int64), unterminated
+
+
+def _blank_invalid_utf8(data: bytes, record_lines: np.ndarray, which: np.ndarray) -> bytes:
+    """`data` with every byte that is not UTF-8 replaced by `?` inside the records `which` selects.
+
+    pyarrow decodes a malformed row's text as UTF-8 before it calls the invalid-row handler; a row
+    that is both malformed and not UTF-8 makes that fail (an "Exception ignored" on stderr) and
+    stops the reader.  Such rows are dead-lettered as malformed anyway, so their bytes that are not
+    UTF-8 are blanked first (one byte for one byte: the framing and the offsets stay as they are).
+    """
+    try:
+        data.decode("utf-8")
+        return data
+    except UnicodeDecodeError:
+        pass
+    original = np.frombuffer(data, np.uint8)
+    cleaned = np.frombuffer(data.decode("utf-8", "surrogateescape").encode("utf-8", "replace"), np.uint8)
+    invalid = np.flatnonzero(original != cleaned)
+    line_starts = np.concatenate([[0], np.flatnonzero(original == ord("\n")) + 1])
+    # the record each invalid byte belongs to (the header, line 1, was checked before)
+    line = np.searchsorted(line_starts, invalid, side="right")
+    record = np.searchsorted(record_lines, line, side="right") - 1
+    hit = invalid[(record >= 0) & which[np.maximum(record, 0)]]
+    if not hit.size:
+        return data
+    out = original.copy()
+    out[hit] = ord("?")
+    return out.tobytes()
 
 
 def _line_offset(data: bytes, line: int) -> int:
@@ -217,7 +247,7 @@ def _read_csv(f: InputFile, columns: List[str], *, csv_delimiter: str, chunk_row
         return
     # Record numbers of CSV rows are the line numbers where the records start (the header is line 1),
     # also after quoted values with line breaks.
-    record_lines, unterminated = _csv_record_lines(data, csv_delimiter)
+    record_lines, widths, unterminated = _csv_record_lines(data, csv_delimiter)
     if unterminated is not None:
         cut = _line_offset(data, unterminated)
         nlines = data.count(b"\n", cut) + (0 if data.endswith(b"\n") else 1)
@@ -227,9 +257,10 @@ def _read_csv(f: InputFile, columns: List[str], *, csv_delimiter: str, chunk_row
                          "bytes, the rest of the file) cannot be split into records. Fix: close the quote "
                          "(a literal quote inside a quoted value is written \"\")", f.index)
         data = data[:cut]
-        record_lines = record_lines[:-1]
+        record_lines, widths = record_lines[:-1], widths[:-1]
         if not data.strip():
             return
+    data = _blank_invalid_utf8(data, record_lines, widths != len(header))
 
     def line_of(ordinal: int) -> int:
         if ordinal < record_lines.size:
@@ -237,29 +268,40 @@ def _read_csv(f: InputFile, columns: List[str], *, csv_delimiter: str, chunk_row
         base = int(record_lines[-1]) if record_lines.size else 1
         return base + 1 + ordinal - record_lines.size
 
-    bad: List[DeadLetter] = []
+    bad: List[Tuple[int, DeadLetter]] = []  # (ordinal, letter) of malformed rows not yielded yet
     bad_ordinals: set = set()
+    reported: set = set()  # ordinals of the malformed rows that were yielded
 
     def on_invalid(row):
         ordinal = int(row.number) - 2 if row.number is not None else len(bad_ordinals) + read_so_far
         bad_ordinals.add(ordinal)
-        try:
-            text = repr(row.text[:200])
-        except UnicodeDecodeError:  # pyarrow decodes the row's text as UTF-8
-            text = "(the row is not UTF-8 either)"
-        bad.append(DeadLetter(f.path, line_of(ordinal), "malformed_record",
-                              f"expected {row.expected_columns} columns, got {row.actual_columns}: {text}", f.index))
+        bad.append((ordinal, DeadLetter(f.path, line_of(ordinal), "malformed_record",
+                                        f"expected {row.expected_columns} columns, got {row.actual_columns}: "
+                                        f"{row.text[:200]!r}", f.index)))
         return "skip"
 
+    def drain_bad():
+        for ordinal, letter in bad:
+            reported.add(ordinal)
+            yield letter
+        bad.clear()
+
+    def lost_from() -> int:
+        """The line of the first record neither yielded in a batch nor reported as malformed."""
+        o = next_ordinal
+        while o in reported:
+            o += 1
+        return line_of(o)
+
+    next_ordinal = 0
     try:
         reader = _open_csv(pacsv, data, columns, csv_delimiter, on_invalid)
     except (pa.ArrowInvalid, UnicodeDecodeError) as e:
-        yield from bad
-        yield DeadLetter(f.path, line_of(len(bad_ordinals)), "framing_lost",
+        yield from drain_bad()
+        yield DeadLetter(f.path, lost_from(), "framing_lost",
                          f"CSV parsing failed in the first block: {str(e)[:200]}; the file cannot be split into "
-                         "records", f.index)
+                         "records from here on", f.index)
         return
-    next_ordinal = 0
     batch_index = 0
     pending: List[Tuple[pa.RecordBatch, np.ndarray]] = []
     pending_rows = 0
@@ -296,12 +338,12 @@ def _read_csv(f: InputFile, columns: List[str], *, csv_delimiter: str, chunk_row
         except StopIteration:
             break
         except (pa.ArrowInvalid, UnicodeDecodeError) as e:
-            yield DeadLetter(f.path, line_of(read_so_far + len(bad_ordinals)), "framing_lost",
+            yield from drain_bad()
+            yield DeadLetter(f.path, lost_from(), "framing_lost",
                              f"CSV parsing stopped after {read_so_far} records: {e}; the rest of the file cannot "
                              "be split into records", f.index)
             break
-        yield from bad
-        bad.clear()
+        yield from drain_bad()
         ordinals = ordinals_for(rb.num_rows)
         lines = lines_of(ordinals)
         ok = np.ones(rb.num_rows, bool)
@@ -321,7 +363,7 @@ def _read_csv(f: InputFile, columns: List[str], *, csv_delimiter: str, chunk_row
             read_so_far += rb.num_rows
         if pending_rows >= chunk_rows:
             yield flush()
-    yield from bad
+    yield from drain_bad()
     if pending_rows:
         yield flush()
 
