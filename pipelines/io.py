@@ -9,6 +9,7 @@ on the workers of any runner.
 
 from __future__ import annotations
 
+import csv
 import dataclasses
 import io
 from typing import Dict, Iterator, List, Optional, Sequence, Tuple
@@ -122,26 +123,23 @@ FILE_REASONS = ("empty_file", "missing_columns", "bad_header", "not_parquet", "u
 
 
 def _csv_record_lines(data: bytes, delimiter: str):
-    """(start line of every data record, its number of fields, unterminated-quote start line or None).
+    """(start line of every data record, unterminated-quote start line or None) of a CSV file's bytes.
 
     Line numbers are 1-based (the header is line 1) and count every line break, also those inside
     quoted values, so a record's number is the line it starts on.  Empty lines are not records
     (as in pyarrow's reader).  A quote left open at the end of the file is reported with the line of
     the record it opens in.
     """
-    import csv
     text = data.decode("latin-1")  # one char per byte: line breaks are where they are in the bytes
     old = csv.field_size_limit()
     csv.field_size_limit(1 << 30)
     try:
         reader = csv.reader(io.StringIO(text, newline=""), delimiter=delimiter, strict=False)
         lines: List[int] = []
-        widths: List[int] = []
         prev = 0
         for row in reader:
             if row:
                 lines.append(prev + 1)
-                widths.append(len(row))
             prev = reader.line_num
     finally:
         csv.field_size_limit(old)
@@ -155,35 +153,7 @@ def _csv_record_lines(data: bytes, delimiter: str):
         except csv.Error as e:
             if "unexpected end of data" in str(e):
                 unterminated = last
-    return np.asarray(lines[1:], dtype=np.int64), np.asarray(widths[1:], dtype=np.int64), unterminated
-
-
-def _blank_invalid_utf8(data: bytes, record_lines: np.ndarray, which: np.ndarray) -> bytes:
-    """`data` with every byte that is not UTF-8 replaced by `?` inside the records `which` selects.
-
-    pyarrow decodes a malformed row's text as UTF-8 before it calls the invalid-row handler; a row
-    that is both malformed and not UTF-8 makes that fail (an "Exception ignored" on stderr) and
-    stops the reader.  Such rows are dead-lettered as malformed anyway, so their bytes that are not
-    UTF-8 are blanked first (one byte for one byte: the framing and the offsets stay as they are).
-    """
-    try:
-        data.decode("utf-8")
-        return data
-    except UnicodeDecodeError:
-        pass
-    original = np.frombuffer(data, np.uint8)
-    cleaned = np.frombuffer(data.decode("utf-8", "surrogateescape").encode("utf-8", "replace"), np.uint8)
-    invalid = np.flatnonzero(original != cleaned)
-    line_starts = np.concatenate([[0], np.flatnonzero(original == ord("\n")) + 1])
-    # the record each invalid byte belongs to (the header, line 1, was checked before)
-    line = np.searchsorted(line_starts, invalid, side="right")
-    record = np.searchsorted(record_lines, line, side="right") - 1
-    hit = invalid[(record >= 0) & which[np.maximum(record, 0)]]
-    if not hit.size:
-        return data
-    out = original.copy()
-    out[hit] = ord("?")
-    return out.tobytes()
+    return np.asarray(lines[1:], dtype=np.int64), unterminated
 
 
 def _line_offset(data: bytes, line: int) -> int:
@@ -196,20 +166,48 @@ def _line_offset(data: bytes, line: int) -> int:
     return pos
 
 
-def _valid_utf8(values: pa.Array) -> np.ndarray:
-    """Mask of the values of a binary array that are UTF-8 (nulls count as valid)."""
+def _blank_invalid_utf8(data: bytes, record_lines: np.ndarray) -> Tuple[bytes, np.ndarray]:
+    """(`data` with every byte that is not UTF-8 replaced by `?`, the lines of the records that had such bytes).
+
+    pyarrow decodes a malformed row's text as UTF-8 before it calls the invalid-row handler; a row
+    that is both malformed and not UTF-8 makes that fail (an "Exception ignored" on stderr) and
+    stops the reader.  Blanking one byte for one byte keeps the framing and every offset; the
+    records that had such bytes are dead-lettered by the reader (`_utf8_letter`), so no value is
+    changed silently.
+    """
     try:
-        values.cast(pa.large_string())
-        return np.ones(len(values), bool)
-    except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
-        out = np.ones(len(values), bool)
-        for i, v in enumerate(values.to_pylist()):
-            if v is not None:
-                try:
-                    v.decode("utf-8")
-                except UnicodeDecodeError:
-                    out[i] = False
-        return out
+        data.decode("utf-8")
+        return data, np.zeros(0, np.int64)
+    except UnicodeDecodeError:
+        pass
+    original = np.frombuffer(data, np.uint8)
+    cleaned = np.frombuffer(data.decode("utf-8", "surrogateescape").encode("utf-8", "replace"), np.uint8)
+    invalid = np.flatnonzero(original != cleaned)
+    line_starts = np.concatenate([[0], np.flatnonzero(original == ord("\n")) + 1])
+    line = np.searchsorted(line_starts, invalid, side="right")  # 1-based line of each invalid byte
+    record = np.searchsorted(record_lines, line, side="right") - 1  # the header (line 1) was checked before
+    out = original.copy()
+    out[invalid] = ord("?")
+    return out.tobytes(), np.unique(record_lines[record[record >= 0]])
+
+
+def _utf8_letter(f: InputFile, data: bytes, line: int, record_lines: np.ndarray, header: List[str],
+                 columns: List[str], delimiter: str) -> Optional[DeadLetter]:
+    """The invalid_utf8 dead letter of the record at `line` (original bytes), or None when the bytes
+    that are not UTF-8 are only in columns the spec does not read."""
+    start = _line_offset(data, line)
+    nxt = record_lines[np.searchsorted(record_lines, line, side="right"):]
+    end = _line_offset(data, int(nxt[0])) if nxt.size else len(data)
+    fields = next(csv.reader(io.StringIO(data[start:end].decode("latin-1"), newline=""), delimiter=delimiter), [])
+    for name, value in zip(header, fields):
+        raw = value.encode("latin-1")
+        if name in columns:
+            try:
+                raw.decode("utf-8")
+            except UnicodeDecodeError:
+                return DeadLetter(f.path, line, "invalid_utf8", f"column {name!r}: {raw[:80]!r} is not UTF-8. Fix: "
+                                  "save the file as UTF-8 (CSV is read as UTF-8 text)", f.index)
+    return None
 
 
 def _open_csv(pacsv, data: bytes, columns, csv_delimiter, on_invalid):
@@ -235,8 +233,8 @@ def _read_csv(f: InputFile, columns: List[str], *, csv_delimiter: str, chunk_row
     header_end = data.find(b"\n")
     header_line = data[: header_end if header_end >= 0 else len(data)].rstrip(b"\r")
     try:
-        header = next(iter(__import__("csv").reader([header_line.decode("utf-8")], delimiter=csv_delimiter)))
-    except (UnicodeDecodeError, StopIteration):
+        header = next(iter(csv.reader([header_line.decode("utf-8")], delimiter=csv_delimiter)))
+    except (UnicodeDecodeError, StopIteration, csv.Error):
         yield DeadLetter(f.path, -1, "bad_header", "the header line (line 1) is not UTF-8 CSV; every record of "
                          "the file is sent to the dead letters. Fix: save the file as UTF-8 with a header row",
                          f.index)
@@ -247,7 +245,7 @@ def _read_csv(f: InputFile, columns: List[str], *, csv_delimiter: str, chunk_row
         return
     # Record numbers of CSV rows are the line numbers where the records start (the header is line 1),
     # also after quoted values with line breaks.
-    record_lines, widths, unterminated = _csv_record_lines(data, csv_delimiter)
+    record_lines, unterminated = _csv_record_lines(data, csv_delimiter)
     if unterminated is not None:
         cut = _line_offset(data, unterminated)
         nlines = data.count(b"\n", cut) + (0 if data.endswith(b"\n") else 1)
@@ -257,10 +255,11 @@ def _read_csv(f: InputFile, columns: List[str], *, csv_delimiter: str, chunk_row
                          "bytes, the rest of the file) cannot be split into records. Fix: close the quote "
                          "(a literal quote inside a quoted value is written \"\")", f.index)
         data = data[:cut]
-        record_lines, widths = record_lines[:-1], widths[:-1]
+        record_lines = record_lines[:-1]
         if not data.strip():
             return
-    data = _blank_invalid_utf8(data, record_lines, widths != len(header))
+    original = data
+    data, not_utf8_lines = _blank_invalid_utf8(data, record_lines)
 
     def line_of(ordinal: int) -> int:
         if ordinal < record_lines.size:
@@ -347,13 +346,11 @@ def _read_csv(f: InputFile, columns: List[str], *, csv_delimiter: str, chunk_row
         ordinals = ordinals_for(rb.num_rows)
         lines = lines_of(ordinals)
         ok = np.ones(rb.num_rows, bool)
-        for c in columns:
-            valid = _valid_utf8(rb.column(c))
-            for i in np.flatnonzero(~valid & ok):
-                yield DeadLetter(f.path, int(lines[i]), "invalid_utf8",
-                                 f"column {c!r}: {rb.column(c)[int(i)].as_py()[:80]!r} is not UTF-8. Fix: save the "
-                                 "file as UTF-8 (CSV is read as UTF-8 text)", f.index)
-            ok &= valid
+        for i in np.flatnonzero(np.isin(lines, not_utf8_lines)):
+            letter = _utf8_letter(f, original, int(lines[i]), record_lines, header, columns, csv_delimiter)
+            if letter is not None:
+                ok[i] = False
+                yield letter
         if not ok.all():
             rb = rb.filter(pa.array(ok))
             lines = lines[ok]
