@@ -138,6 +138,15 @@ DESCRIPTIONS: Dict[str, str] = {
     "policies.lost_framing": "A file whose framing is lost mid-way (TFRecord length CRC or truncation, an "
                              "unterminated CSV quote, unreadable Parquet pages): `error` fails the job naming file "
                              "and record; `dead_letter` dead-letters the rest of the file, counted, and goes on.",
+    "shuffle": "Absent (or `null`): steps hold the examples in (input file, record) order. `{seed: N}`: "
+               "example k (in that order) goes to position p(k) of its epoch, i.e. step p(k) // B, slot p(k) % B, "
+               "where p is a seeded bijection of [0, examples) computed per chunk without materialising anything "
+               "(`tpu_embed.permutation`: a keyed Feistel network with cycle walking; docs/design.md, "
+               "\"Shuffling\"). The same seed gives the same bytes on every runner and worker count.",
+    "shuffle.seed": "The permutation's seed (fingerprinted). Epoch e uses the key `splitmix64(seed, e)`.",
+    "epochs": "Step streams written one after the other (steps numbered consecutively), each shuffled with "
+              "its own key; the tail policy applies per epoch and the profile covers every written step. Needs "
+              "`shuffle` (unshuffled epochs would be identical: repeat the dataset instead).",
     "training": "Training-side settings. Not fingerprinted: the artifacts do not depend on them.",
     "training.pipeline_execution_with_tensor_core": "`TPUEmbeddingV2(pipeline_execution_with_tensor_core=...)`: "
                                                     "SparseCore runs ahead of the TensorCore, embedding updates "
@@ -211,6 +220,9 @@ BAD: Dict[str, Dict[str, Any]] = {
     "policies.nan_weights": {"policies": {"nan_weights": "skip"}},
     "policies.tail": {"policies": {"tail": "keep"}},
     "policies.lost_framing": {"policies": {"lost_framing": "skip"}},
+    "shuffle": {"shuffle": {"sed": 1}},
+    "shuffle.seed": {"shuffle": {"seed": -1}},
+    "epochs": {"epochs": 0, "shuffle": {"seed": 1}},
     "training": {"training": {"pipelining": True}},
     "training.pipeline_execution_with_tensor_core": {"training": {"pipeline_execution_with_tensor_core": 1}},
 }
@@ -241,6 +253,7 @@ CROSS: List[Tuple[str, Dict[str, Any]]] = [
     ("a `defaults.categorical.vocabulary` key no type has",
      {"defaults": {"categorical": {"vocabulary": {"topk": 5}}}}),
     ("a table missing from `tables` and no `defaults.table.dim`", {_C: ["C1", "C2"]}),
+    ("`epochs` > 1 without `shuffle`", {"epochs": 2}),
 ]
 
 

@@ -313,6 +313,13 @@ class TrainingSpec(_Model):
         False, fix="true lets SparseCore run ahead of the TensorCore (one-step-stale updates); default false.")
 
 
+class ShuffleSpec(_Model):
+    # Examples are permuted before batching by a seeded bijection of their global index
+    # (tpu_embed.permutation); the seed is fingerprinted (it changes the shards).
+    seed: Annotated[int, Field(strict=True, ge=0, lt=2 ** 64)] = _field(
+        fix="an integer in [0, 2**64), e.g. shuffle: {seed: 0}; another seed gives another order.")
+
+
 class _TopologySpec(_Model):
     num_chips: PosInt = _field(1, validation_alias=AliasChoices("num_chips", "chips"))
     num_sc_per_chip: PosInt = _field(4, validation_alias=AliasChoices("num_sc_per_chip", "sc_per_chip"))
@@ -387,6 +394,8 @@ class Spec(_Model):
     profile_data_directory: Optional[Annotated[str, Field(strict=True)]] = "profiles"
     limits: Annotated[LimitsSpec, NullIsDefault] = Field(default_factory=_no_limits)
     policies: Annotated[PoliciesSpec, NullIsDefault] = Field(default_factory=PoliciesSpec)
+    shuffle: Optional[ShuffleSpec] = None  # None: (input file, record) order
+    epochs: PosInt = _field(1, fix="a positive integer (epochs > 1 needs `shuffle`).")
     training: Annotated[TrainingSpec, NullIsDefault] = Field(default_factory=TrainingSpec)
     name: Annotated[str, Field(strict=True)] = "spec"
     _base_dir: str = PrivateAttr(".")
@@ -444,6 +453,10 @@ class Spec(_Model):
         if not self.sparse_core_features:
             raise SpecError("categorical", "no feature is looked up on SparseCore.",
                             "set embedding_lookup_device: tpu_embedding_core on at least one feature.")
+        if self.epochs > 1 and self.shuffle is None:
+            raise SpecError("epochs", f"epochs: {self.epochs} without `shuffle` would write the same steps "
+                            f"{self.epochs} times.", "add `shuffle: {seed: 0}` (each epoch is shuffled differently), "
+                            "or set epochs: 1 and repeat the dataset when training (`input_fn(...).repeat()`).")
         return self
 
     def _used_tables(self) -> Tuple[TableSpec, ...]:
@@ -560,7 +573,9 @@ class Spec(_Model):
                 "optimizer": d["optimizer"], "topology": self.topology.to_dict(),
                 "global_batch_size": self.global_batch_size, "profile_data_directory": self.profile_data_directory,
                 "limits": limits if self.limits.given else None, "policies": d["policies"],
-                "training": d["training"]}
+                "training": d["training"],
+                # shuffle/epochs only when shuffled: the fingerprints of unshuffled specs are unchanged
+                **({"shuffle": d["shuffle"], "epochs": self.epochs} if self.shuffle is not None else {})}
 
     def to_yaml(self) -> str:
         import yaml
