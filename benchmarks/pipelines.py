@@ -1,6 +1,6 @@
-"""Throughput of `tpu-embed run` on the local runner vs the same work in one process without Beam.
+"""Throughput of `tpu-embed run` on the local runner vs the same work in one process, and vs pyarrow.
 
-    .venv/bin/python benchmarks/pipelines.py [--examples 200000] [--workers 1] [--out build/bench]
+    .venv/bin/python benchmarks/pipelines.py [--examples 200000] [--workers 1] [--out build/bench] [--modes ...]
 
 Synthetic Criteo-like data (deterministic seed): label, 13 dense columns with
 blanks, 26 categorical columns of Zipf-distributed hex ids, two of them
@@ -128,6 +128,81 @@ def single_process(spec, out: str, candidates) -> int:
     return steps * spec.global_batch_size
 
 
+def pyarrow_baseline(spec) -> int:
+    """Read the CSV files with pyarrow on one core and map every categorical column to vocabulary ids.
+
+    The floor the jobs are compared with: `pyarrow.csv.read_csv` with explicit column types,
+    `pyarrow.compute.value_counts` per categorical column (multivalent ones split on '|'), the
+    vocabulary (tokens seen >= 2 times, by count) and `index_in` of every value.
+    """
+    import glob
+    import pyarrow.compute as pc
+    pa.set_cpu_count(1)
+    pa.set_io_thread_count(1)
+    files = sorted(glob.glob(spec.input_patterns()[0]))
+    names = ["label"] + [f"I{j + 1}" for j in range(13)] + [f"C{j + 1}" for j in range(NUM_CAT)]
+    types = {n: pa.string() for n in names}
+    tables = [pacsv.read_csv(f, read_options=pacsv.ReadOptions(use_threads=False),
+                             convert_options=pacsv.ConvertOptions(column_types=types)) for f in files]
+    rows = 0
+    per_column = collections.defaultdict(list)
+    for t in tables:
+        rows += t.num_rows
+        for j in range(NUM_CAT):
+            name = f"C{j + 1}"
+            col = t.column(name)
+            if name in MULTIVALENT:
+                col = pc.list_flatten(pc.split_pattern(col, "|"))
+            per_column[name].append(col)
+    for name, cols in per_column.items():
+        counts = pa.chunked_array([c for cc in cols for c in (cc.chunks if hasattr(cc, "chunks") else [cc])])
+        vc = pc.value_counts(counts).flatten()
+        keep = pc.greater_equal(vc[1], 2)
+        vocab = pc.filter(vc[0], keep)
+        ids = pc.index_in(counts, value_set=vocab)
+        assert len(ids) == len(counts)
+    return rows
+
+
+def _run_mode(mode: str, args) -> dict:
+    from pipelines import runner
+    from pipelines.jobs import JobConfig
+    candidates = [int(x) for x in args.candidates.split(",")]
+    spec = bench_spec(os.path.join(args.out, "data"), args.batch)
+    t = time.time()
+    if mode == "pyarrow":
+        n = pyarrow_baseline(spec)
+    elif mode == "single":
+        shutil.rmtree(os.path.join(args.out, "single"), ignore_errors=True)
+        n = single_process(spec, os.path.join(args.out, "single"), candidates)
+    else:
+        shutil.rmtree(os.path.join(args.out, "beam"), ignore_errors=True)
+        beam_args = []
+        if args.workers > 1:
+            beam_args = [f"--direct_num_workers={args.workers}", "--direct_running_mode=multi_processing"]
+        m = runner.run_all(JobConfig(spec=spec, output=os.path.join(args.out, "beam"),
+                                     candidate_chip_counts=candidates), beam_args)
+        n = m.counts.examples_written
+    return {"mode": mode, "examples": n, "seconds": time.time() - t}
+
+
+def _measure(mode: str, args) -> dict:
+    """Run one mode in a child process: its wall time and the peak RSS of it and its workers."""
+    import json
+    import subprocess
+    cmd = [sys.executable, os.path.abspath(__file__), "--mode", mode, "--examples", str(args.examples),
+           "--batch", str(args.batch), "--workers", str(args.workers), "--out", args.out,
+           "--candidates", args.candidates]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE)
+    out = proc.stdout.read()
+    _, status, usage = os.wait4(proc.pid, 0)
+    if status:
+        raise SystemExit(f"{mode} failed (status {status})")
+    res = json.loads(out.decode().strip().splitlines()[-1])
+    res["peak_rss_mb"] = usage.ru_maxrss / 1024  # KiB on Linux; the largest of the child and its workers
+    return res
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--examples", type=int, default=200_000)
@@ -135,37 +210,39 @@ def main():
     ap.add_argument("--workers", type=int, default=1)
     ap.add_argument("--out", default=os.path.join(ROOT, "build", "bench"))
     ap.add_argument("--candidates", default="4", help="profile candidate chip counts (comma-separated)")
+    ap.add_argument("--modes", default="pyarrow,single,beam", help="which measurements, in this order")
+    ap.add_argument("--mode", help=argparse.SUPPRESS)  # internal: run one measurement in this process
     args = ap.parse_args()
-    from pipelines import runner
-    from pipelines.jobs import JobConfig
-    candidates = [int(x) for x in args.candidates.split(",")]
+    args.out = os.path.abspath(args.out)
+    if args.mode:
+        import json
+        print(json.dumps(_run_mode(args.mode, args)))
+        return
     data = os.path.join(args.out, "data")
-    if not os.path.exists(os.path.join(data, "part-003.csv")):
+    marker = os.path.join(data, f".complete-{args.examples}")
+    if not os.path.exists(marker):
+        shutil.rmtree(data, ignore_errors=True)
         t = time.time()
         generate(data, args.examples)
+        open(marker, "w").close()
         print(f"generated {args.examples} examples in {time.time() - t:.1f} s", flush=True)
-    spec = bench_spec(data, args.batch)
-    for d in ("beam", "single"):
-        shutil.rmtree(os.path.join(args.out, d), ignore_errors=True)
-
-    t = time.time()
-    n_single = single_process(spec, os.path.join(args.out, "single"), candidates)
-    single = time.time() - t
-    print(f"single process: {n_single} examples in {single:.1f} s = {n_single / single:,.0f} examples/s", flush=True)
-
-    beam_args = []
-    if args.workers > 1:
-        beam_args = [f"--direct_num_workers={args.workers}", "--direct_running_mode=multi_processing"]
-    t = time.time()
-    m = runner.run_all(JobConfig(spec=spec, output=os.path.join(args.out, "beam"),
-                                 candidate_chip_counts=candidates), beam_args)
-    beam_s = time.time() - t
-    n_beam = m["counts"]["examples_written"]
-    print(f"tpu-embed run (DirectRunner, {args.workers} worker(s)): {n_beam} examples in {beam_s:.1f} s = "
-          f"{n_beam / beam_s:,.0f} examples/s", flush=True)
-    print(f"ratio Beam / single process: {beam_s / single:.2f}x")
-    print(f"| {args.examples:,} | {args.batch} | {args.workers} | {n_single / single:,.0f} | {n_beam / beam_s:,.0f} | "
-          f"{beam_s / single:.2f}x |")
+    results = {}
+    for mode in args.modes.split(","):
+        r = _measure(mode, args)
+        results[mode] = r
+        print(f"{mode:8s}: {r['examples']:,} examples in {r['seconds']:.1f} s = "
+              f"{r['examples'] / r['seconds']:,.0f} examples/s, peak RSS {r['peak_rss_mb']:,.0f} MB", flush=True)
+    rate = {k: v["examples"] / v["seconds"] for k, v in results.items()}
+    if "beam" in rate:
+        for base in ("single", "pyarrow"):
+            if base in rate:
+                print(f"tpu-embed run is {rate[base] / rate['beam']:.2f}x the time of {base}")
+    if len(rate) == 3:
+        print("| examples | batch | workers | pyarrow read+map ex/s | single process ex/s | tpu-embed run ex/s | "
+              "run / single | run / pyarrow | peak RSS run (MB) |")
+        print(f"| {args.examples:,} | {args.batch} | {args.workers} | {rate['pyarrow']:,.0f} | {rate['single']:,.0f} | "
+              f"{rate['beam']:,.0f} | {rate['single'] / rate['beam']:.2f}x | {rate['pyarrow'] / rate['beam']:.2f}x | "
+              f"{results['beam']['peak_rss_mb']:,.0f} |")
 
 
 if __name__ == "__main__":

@@ -42,13 +42,15 @@ def _tokens_of(fv) -> pa.Array:
     return pa.array(fv.ints.astype(str), pa.large_binary())
 
 
-def writable(tokens: pa.Array) -> pa.Array:
-    """Drop what tft.vocabulary drops: empty tokens and tokens with '\\n' or '\\r'."""
+def writable_mask(tokens: pa.Array) -> Optional[pa.Array]:
+    """Mask of the tokens tft.vocabulary keeps (not empty, no '\\n' or '\\r'); None when it keeps all."""
     if len(tokens) == 0:
-        return tokens
+        return None
     bad = pc.or_(pc.equal(pc.binary_length(tokens), 0),
                  pc.match_substring_regex(tokens.cast(pa.large_binary()), r"[\n\r]"))
-    return tokens.filter(pc.invert(bad))
+    if not pc.any(bad).as_py():
+        return None
+    return pc.invert(bad)
 
 
 def chunk_token_counts(chunk, spec) -> List[Tuple[str, pa.Table]]:
@@ -63,11 +65,15 @@ def chunk_token_counts(chunk, spec) -> List[Tuple[str, pa.Table]]:
 
 
 def value_counts(tokens: pa.Array) -> pa.Table:
-    tokens = writable(tokens)
+    """Table(token, count) of the writable tokens (counted first: the filter then sees distinct tokens only)."""
     if len(tokens) == 0:
         return pa.table({"token": pa.array([], pa.large_binary()), "count": pa.array([], pa.int64())})
     vc = pc.value_counts(tokens)
-    return pa.table({"token": vc.field("values").cast(pa.large_binary()), "count": vc.field("counts").cast(pa.int64())})
+    values, counts = vc.field("values").cast(pa.large_binary()), vc.field("counts").cast(pa.int64())
+    keep = writable_mask(values)
+    if keep is not None:
+        values, counts = values.filter(keep), counts.filter(keep)
+    return pa.table({"token": values, "count": counts})
 
 
 def merge_counts(tables: Sequence[pa.Table]) -> pa.Table:
