@@ -13,10 +13,9 @@ observed value, so a limit set to it is met by at least a q fraction of steps.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from fractions import Fraction
-from typing import Dict, Iterable, Mapping, Union
+from typing import Dict, Iterable, List, Mapping, Optional, Union
 
 import numpy as np
 
@@ -59,9 +58,38 @@ def quantile_label(q: QuantileLike) -> str:
     return "p" + (str(pct.numerator) if pct.denominator == 1 else f"{float(pct):g}")
 
 
-@dataclasses.dataclass
 class Histogram:
-    counts: Dict[int, int] = dataclasses.field(default_factory=dict)
+    """{value: count}.  `add_array` buffers its arrays and folds them in one pass when the buffer is
+    large or the histogram is read: the profiler adds hundreds of small arrays per step, and a
+    bincount + dict update per array cost more than the counting itself."""
+
+    _FOLD_AT = 1 << 16  # buffered values
+
+    __slots__ = ("_counts", "_pending", "_pending_size")
+
+    def __init__(self, counts: Optional[Dict[int, int]] = None):
+        self._counts: Dict[int, int] = {} if counts is None else counts
+        self._pending: List[np.ndarray] = []
+        self._pending_size = 0
+
+    @property
+    def counts(self) -> Dict[int, int]:
+        if self._pending:
+            self._fold()
+        return self._counts
+
+    @counts.setter
+    def counts(self, value: Dict[int, int]) -> None:
+        self._counts, self._pending, self._pending_size = value, [], 0
+
+    def __getstate__(self):
+        return self.counts
+
+    def __setstate__(self, state) -> None:
+        self._counts, self._pending, self._pending_size = state, [], 0
+
+    def __repr__(self) -> str:
+        return f"Histogram({self.counts!r})"
 
     # ------------------------------------------------------------ building
 
@@ -70,7 +98,7 @@ class Histogram:
         if value < 0:
             raise ValueError(f"Histogram values must be >= 0, got {value}")
         if n:
-            self.counts[value] = self.counts.get(value, 0) + n
+            self._counts[value] = self._counts.get(value, 0) + n
 
     def add_array(self, values: np.ndarray) -> None:
         values = np.asarray(values).reshape(-1)
@@ -78,20 +106,28 @@ class Histogram:
             return
         if values.min() < 0:
             raise ValueError("Histogram values must be >= 0")
+        self._pending.append(values.astype(np.int64, copy=False))
+        self._pending_size += values.size
+        if self._pending_size >= self._FOLD_AT:
+            self._fold()
+
+    def _fold(self) -> None:
+        values = np.concatenate(self._pending) if len(self._pending) > 1 else self._pending[0]
+        self._pending, self._pending_size = [], 0
         hi = int(values.max())
         if hi <= 4 * values.size + 64:  # small values: bincount is a single pass
-            binc = np.bincount(values.astype(np.int64, copy=False))
+            binc = np.bincount(values)
             nz = np.flatnonzero(binc)
             pairs = zip(nz.tolist(), binc[nz].tolist())
         else:
             u, c = np.unique(values, return_counts=True)
             pairs = zip(u.tolist(), c.tolist())
-        counts = self.counts
+        counts = self._counts
         for v, c in pairs:
             counts[v] = counts.get(v, 0) + c
 
     def merge_from(self, other: "Histogram") -> None:
-        counts = self.counts
+        counts = self._counts
         for v, c in other.counts.items():
             counts[v] = counts.get(v, 0) + c
 
