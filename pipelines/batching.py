@@ -7,12 +7,16 @@ per example).  Global batches are formed over the examples ordered by
 k // B.  A global batch's rows are split per host, then per chip, as
 contiguous blocks (host h owns examples [h*B/H, (h+1)*B/H), chip c owns
 [c*b, (c+1)*b)), which is how TPUStrategy splits a global batch.
+
+With `shuffle` in the spec, example k goes to position p(k) of its epoch instead
+(p a seeded bijection, `tpu_embed.permutation`): step p(k) // B, slot p(k) % B
+(`scatter_into_steps`, `assemble_shuffled_step`).
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Dict, Iterator, Optional, Sequence, Tuple
+from typing import Callable, Dict, Iterator, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -36,6 +40,17 @@ class FeatureBlock:
         s = np.zeros(self.lengths.size + 1, dtype=np.int64)
         np.cumsum(self.lengths, out=s[1:])
         return s
+
+    def take(self, rows: np.ndarray) -> "FeatureBlock":
+        """The examples `rows` (int64 indices), in that order."""
+        starts = self._starts()
+        lengths = self.lengths[rows]
+        total = int(lengths.sum())
+        new_starts = np.zeros(rows.size + 1, np.int64)
+        np.cumsum(lengths, out=new_starts[1:])
+        src = np.repeat(starts[:-1][rows] - new_starts[:-1], lengths) + np.arange(total, dtype=np.int64)
+        return FeatureBlock(lengths, self.ids[src], None if self.weights is None else self.weights[src],
+                            self.oov[rows])
 
     @staticmethod
     def concat(parts: Sequence["FeatureBlock"]) -> "FeatureBlock":
@@ -67,6 +82,11 @@ class ExampleBlock:
     def slice(self, a: int, b: int) -> "ExampleBlock":
         return ExampleBlock(self.label[a:b], self.dense[a:b], self.mask[a:b],
                             {k: v.slice(a, b) for k, v in self.features.items()})
+
+    def take(self, rows: np.ndarray) -> "ExampleBlock":
+        """The examples `rows` (int64 indices), in that order."""
+        return ExampleBlock(self.label[rows], self.dense[rows], self.mask[rows],
+                            {k: v.take(rows) for k, v in self.features.items()})
 
     @staticmethod
     def concat(parts: Sequence["ExampleBlock"]) -> "ExampleBlock":
@@ -133,6 +153,47 @@ def assemble_step(pieces: Sequence[Tuple[int, ExampleBlock]], batch: int, num_de
     if expect < batch:
         blocks.append(ExampleBlock.padding(batch - expect, num_dense, blocks[0]))
     return ExampleBlock.concat(blocks)
+
+
+# ---------------------------------------------------------------- shuffled global batches
+
+def scatter_into_steps(block: ExampleBlock, start: int, batch: int, steps: int,
+                       positions: Callable[[np.ndarray], np.ndarray], first_step: int = 0
+                       ) -> Iterator[Tuple[int, Tuple[np.ndarray, ExampleBlock]]]:
+    """(step, (slots, piece)) for a block starting at global `start`, under a permutation of the examples.
+
+    `positions` maps global example indices to positions in the epoch (`tpu_embed.permutation`):
+    example g goes to step `first_step + p // batch`, slot `p % batch` (p = positions(g)); positions at or
+    past `steps * batch` (the dropped tail) are not emitted. Each piece holds the block's examples of one
+    step in slot order, with their slots (int64, ascending).
+    """
+    n = block.num_examples
+    if n == 0:
+        return
+    pos = positions(np.arange(start, start + n, dtype=np.int64))
+    rows = np.flatnonzero(pos < steps * batch)
+    order = np.argsort(pos[rows], kind="stable")
+    rows, pos = rows[order], pos[rows][order]
+    step_of = pos // batch
+    bounds = np.concatenate([[0], np.flatnonzero(np.diff(step_of)) + 1, [rows.size]])
+    for a, b in zip(bounds[:-1].tolist(), bounds[1:].tolist()):
+        yield first_step + int(step_of[a]), (pos[a:b] % batch, block.take(rows[a:b]))
+
+
+def assemble_shuffled_step(pieces: Sequence[Tuple[np.ndarray, ExampleBlock]], batch: int, num_dense: int
+                           ) -> ExampleBlock:
+    """The global batch from scattered pieces, in slot order; a short last step is padded.
+
+    The result depends only on which example has which slot, not on the pieces' order or grouping.
+    """
+    slots = np.concatenate([np.asarray(s, np.int64) for s, _ in pieces])
+    order = np.argsort(slots, kind="stable")
+    if not np.array_equal(slots[order], np.arange(slots.size)):
+        raise RuntimeError("internal error: shuffled step pieces do not tile the batch")
+    block = ExampleBlock.concat([p for _, p in pieces]).take(order)
+    if slots.size < batch:
+        block = ExampleBlock.concat([block, ExampleBlock.padding(batch - slots.size, num_dense, block)])
+    return block
 
 
 def global_feature_ids(block: ExampleBlock, feature: str, sequence_length: int) -> FeatureIds:

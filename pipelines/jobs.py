@@ -28,7 +28,7 @@ import apache_beam as beam
 from apache_beam.metrics import Metrics
 
 from pipelines import batching, io as pio, manifest as pmanifest, mapping, parse, shard as pshard, vocab as pvocab
-from tpu_embed import io as tio
+from tpu_embed import io as tio, permutation
 
 NAMESPACE = "tpu_embed"
 
@@ -342,34 +342,62 @@ class MapToIds(beam.PTransform):
 # ---------------------------------------------------------------- global batches
 
 class FormGlobalBatches(beam.PTransform):
-    """((file, chunk), ExampleBlock) -> {"steps": (step, ExampleBlock), "info": dict}."""
+    """((file, chunk), ExampleBlock) -> {"steps": (step, ExampleBlock), "info": dict}.
 
-    def __init__(self, batch_size: int, num_dense: int, tail: str):
+    Unshuffled (`shuffle_seed` None): example k of the (file, record) order is slot k % B of step k // B.
+    Shuffled: epoch e puts example k at position p_e(k) (`tpu_embed.permutation`, key
+    `epoch_key(seed, e)`): step e * S + p_e(k) // B, slot p_e(k) % B, S the steps per epoch. Each chunk is
+    scattered on its own (no global table); a step's pieces are assembled in slot order, so the bytes do
+    not depend on the runner, the worker count or the pieces' arrival order.
+    """
+
+    def __init__(self, batch_size: int, num_dense: int, tail: str, shuffle_seed: Optional[int] = None,
+                 epochs: int = 1):
         super().__init__()
+        if epochs < 1 or (epochs > 1 and shuffle_seed is None):
+            raise ValueError(f"epochs={epochs}: needs epochs >= 1, and shuffling for more than one epoch")
         self.batch, self.num_dense, self.tail = batch_size, num_dense, tail
+        self.shuffle_seed, self.epochs = shuffle_seed, epochs
 
     def expand(self, blocks):
         batch, tail, nd = self.batch, self.tail, self.num_dense
+        seed, epochs = self.shuffle_seed, self.epochs
         sizes = (blocks | "Sizes" >> beam.Map(lambda kv: (kv[0], kv[1].num_examples))
                  | "AllSizes" >> beam.combiners.ToList())
 
         def info_of(sizes):
             total = sum(n for _, n in sizes)
             steps, dropped, padded = batching.step_count(total, batch, tail)
-            return {"examples": total, "steps": steps, "tail_dropped": dropped, "tail_padding": padded,
+            info = {"examples": total, "steps": steps, "tail_dropped": dropped, "tail_padding": padded,
                     "offsets": batching.chunk_offsets(sizes)}
+            if seed is not None:  # totals over the epochs; the per-epoch figures next to them
+                info.update(steps=steps * epochs, tail_dropped=dropped * epochs, tail_padding=padded * epochs,
+                            epochs=epochs, steps_per_epoch=steps, tail_dropped_per_epoch=dropped,
+                            tail_padding_per_epoch=padded, shuffle=permutation.shuffle_info(seed))
+            return info
 
         info = sizes | "Info" >> beam.Map(info_of)
 
-        def split(kv, info):
-            key, block = kv
-            start = info["offsets"][tuple(key)]
-            yield from batching.split_into_steps(block, start, batch, info["steps"])
+        if seed is None:
+            def split(kv, info):
+                key, block = kv
+                start = info["offsets"][tuple(key)]
+                yield from batching.split_into_steps(block, start, batch, info["steps"])
+
+            assemble = batching.assemble_step
+        else:
+            def split(kv, info):
+                key, block = kv
+                start, per_epoch = info["offsets"][tuple(key)], info["steps_per_epoch"]
+                for e in range(epochs):
+                    perm = permutation.Permutation(info["examples"], permutation.epoch_key(seed, e))
+                    yield from batching.scatter_into_steps(block, start, batch, per_epoch, perm, e * per_epoch)
+
+            assemble = batching.assemble_shuffled_step
 
         steps = (blocks | "Split" >> beam.FlatMap(split, beam.pvalue.AsSingleton(info))
                  | "ByStep" >> beam.GroupByKey()
-                 | "Assemble" >> beam.MapTuple(lambda step, pieces: (step, batching.assemble_step(
-                     list(pieces), batch, nd))))
+                 | "Assemble" >> beam.MapTuple(lambda step, pieces: (step, assemble(list(pieces), batch, nd))))
         return {"steps": steps, "info": info}
 
 
@@ -538,7 +566,8 @@ def build_shard_pipeline(p, cfg: JobConfig, files: Sequence[pio.InputFile], voca
     dead_files = read["dead"] | "DeadLetters" >> WriteDeadLetters(cfg.output, files, cfg.dead_letter_limit)
     mapped = read["chunks"] | "Ids" >> MapToIds(spec, cfg.vocab_dir or cfg.output)
     batches = mapped["blocks"] | "Batches" >> FormGlobalBatches(spec.global_batch_size, len(spec.dense),
-                                                                cfg.tail_policy)
+                                                                cfg.tail_policy, spec.shuffle and spec.shuffle.seed,
+                                                                spec.epochs)
     built = (batches["steps"], batches["info"]) | "Shards" >> BuildShards(
         spec, vocab_sizes, limits, cfg.output, cfg.steps_per_file, cfg.write_shards, cfg.write_profile)
     extras = [batches["info"] | "BatchInfo" >> beam.Map(lambda i: {"batching": {

@@ -103,6 +103,7 @@ def update_manifest(output: str, job: str, job_cfg: dict, *, stats: Dict[str, in
         m["vocab_sizes"] = job_cfg["vocab_sizes"]
         batching = extra.get("batching", {"examples": 0, "steps": 0, "tail_dropped": 0, "tail_padding": 0})
         m["counts"] = _summary_counts(stats, batching, job_cfg)
+        m["batching"] = _batching(batching, job_cfg)
         if job == "shard":
             m["shards"] = {"format": job_cfg["format"], "steps": batching["steps"],
                            "tail_policy": job_cfg["tail_policy"], "steps_per_file": job_cfg["steps_per_file"]}
@@ -117,6 +118,15 @@ def update_manifest(output: str, job: str, job_cfg: dict, *, stats: Dict[str, in
     typed = Manifest.from_json(m, manifest_path(output))  # what is written is what readers accept
     pio.write_atomic(output, FILENAME, manifest_bytes(m))
     return typed
+
+
+def _batching(b: dict, job_cfg: dict) -> dict:
+    """How examples became steps: per epoch (one unless shuffled) and in total; `shuffle` null = input order."""
+    return {"examples": b.get("examples", 0), "steps": b.get("steps", 0), "epochs": b.get("epochs", 1),
+            "steps_per_epoch": b.get("steps_per_epoch", b.get("steps", 0)), "tail_policy": job_cfg["tail_policy"],
+            "tail_dropped_per_epoch": b.get("tail_dropped_per_epoch", b.get("tail_dropped", 0)),
+            "tail_padding_per_epoch": b.get("tail_padding_per_epoch", b.get("tail_padding", 0)),
+            "shuffle": b.get("shuffle")}
 
 
 def _summary_counts(stats: Dict[str, int], batching: dict, job_cfg: dict) -> dict:

@@ -157,6 +157,26 @@ class ShardsInfo(_Section):
     steps_per_file: int
 
 
+class ShuffleInfo(_Section):
+    """`tpu_embed.permutation`'s algorithm and the spec's seed: enough to recompute every example's position."""
+    algorithm: str
+    version: int
+    rounds: int
+    seed: int
+
+
+class BatchingInfo(_Section):
+    """How examples became steps (`pipelines.jobs.FormGlobalBatches`); `steps` = epochs x steps_per_epoch."""
+    examples: int  # valid examples, one epoch
+    steps: int
+    epochs: int = 1
+    steps_per_epoch: int
+    tail_policy: str
+    tail_dropped_per_epoch: int
+    tail_padding_per_epoch: int
+    shuffle: Optional[ShuffleInfo] = None  # None: (input file, record) order
+
+
 class ProfileInfo(_Section):
     directory: str  # relative to the artifact directory when inside it
     files_written: int
@@ -193,8 +213,8 @@ class Manifest(_Section):
     """An artifact directory's manifest.json (schema 1).
 
     Sections written by the vocab job: `vocabularies`; by the shard/profile
-    jobs: `layout`, `stacks`, `limits`, `vocab_sizes`, `counts`, `profile`
-    and (shard) `shards`.  The others are always there.
+    jobs: `layout`, `stacks`, `limits`, `vocab_sizes`, `counts`, `batching`,
+    `profile` and (shard) `shards`.  The others are always there.
     """
 
     schema_version: int
@@ -214,6 +234,7 @@ class Manifest(_Section):
     counts: Optional[Counts] = None
     shards: Optional[ShardsInfo] = None
     profile: Optional[ProfileInfo] = None
+    batching: Optional[BatchingInfo] = None
 
     _source: str = PrivateAttr(default="<manifest>")
 

@@ -147,5 +147,4 @@ class Permutation:
 
 def shuffle_info(seed: int) -> Dict[str, Any]:
     """What the manifest records about the shuffle (enough to recompute every position)."""
-    return {"algorithm": ALGORITHM, "version": VERSION, "rounds": ROUNDS, "seed": int(seed),
-            "epoch_key": "splitmix64(seed, epoch)"}
+    return {"algorithm": ALGORITHM, "version": VERSION, "rounds": ROUNDS, "seed": int(seed)}
