@@ -33,7 +33,7 @@ import pyarrow.compute as pc
 import apache_beam as beam
 
 TFT_EMPTY_VOCABULARY_TOKEN = b"49d0cd50-04bb-48c0-bc6f-5b575dce351a"
-_COMPACT_AT = 8  # merge an accumulator's pending tables when it holds this many
+_COMPACT_MIN_ROWS = 1 << 16  # an accumulator's tables are merged once they hold at least this many rows
 
 
 def _tokens_of(fv) -> pa.Array:
@@ -121,7 +121,11 @@ class TokenCountCombineFn(beam.CombineFn):
 
     def add_input(self, acc, table):
         acc.append(table)
-        if len(acc) >= _COMPACT_AT:
+        # Compact when the tables added since the last compaction hold as many rows as its result:
+        # every token is then re-aggregated O(log n) times (a fixed period re-aggregates the whole,
+        # growing table every few chunks).
+        pending = sum(t.num_rows for t in acc[1:])
+        if len(acc) > 1 and pending >= max(acc[0].num_rows, _COMPACT_MIN_ROWS):
             acc[:] = [merge_counts(acc)]
         return acc
 
