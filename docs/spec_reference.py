@@ -147,6 +147,12 @@ DESCRIPTIONS: Dict[str, str] = {
     "epochs": "Step streams written one after the other (steps numbered consecutively), each shuffled with "
               "its own key; the tail policy applies per epoch and the profile covers every written step. Needs "
               "`shuffle` (unshuffled epochs would be identical: repeat the dataset instead).",
+    "shards": "How the shard files are stored (shard format version 2, docs/artifacts.md). Not fingerprinted: "
+              "every option decodes to the same tensors.",
+    "shards.compression": "`none`, `GZIP` or `ZLIB` (any case; TF's spelling is canonical): each shard file is "
+                          "one stream, as `tf.io.TFRecordWriter` with `TFRecordOptions(compression_type=...)` "
+                          "writes it and `tf.data.TFRecordDataset(compression_type=...)` reads it. Smaller files, "
+                          "slower `input_fn` (docs/benchmarks.md).",
     "training": "Training-side settings. Not fingerprinted: the artifacts do not depend on them.",
     "training.pipeline_execution_with_tensor_core": "`TPUEmbeddingV2(pipeline_execution_with_tensor_core=...)`: "
                                                     "SparseCore runs ahead of the TensorCore, embedding updates "
@@ -224,6 +230,8 @@ BAD: Dict[str, Dict[str, Any]] = {
     "shuffle.seed": {"shuffle": {"seed": -1}},
     "epochs": {"epochs": 0, "shuffle": {"seed": 1}},
     "training": {"training": {"pipelining": True}},
+    "shards": {"shards": "gzip"},
+    "shards.compression": {"shards": {"compression": "lz4"}},
     "training.pipeline_execution_with_tensor_core": {"training": {"pipeline_execution_with_tensor_core": 1}},
 }
 

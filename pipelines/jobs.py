@@ -429,15 +429,20 @@ class _BuildStep(beam.DoFn):
 
 @beam.typehints.with_output_types(typing.Any)
 class _WriteShardFile(beam.DoFn):
-    def __init__(self, output: str, steps_per_file: int):
-        self.output, self.steps_per_file = output, steps_per_file
+    """One shard file from its steps' records: TFRecord frames in step order, then the spec's
+    `shards.compression` over the whole file (`tpu_embed.shards.compress_chunks`: the bytes TF's
+    TFRecordWriter with TFRecordOptions writes; no time or name in a GZIP header, so deterministic)."""
+
+    def __init__(self, output: str, steps_per_file: int, compression: str = "none"):
+        self.output, self.steps_per_file, self.compression = output, steps_per_file, compression
 
     def process(self, kv, info):
+        from tpu_embed.shards import compress_chunks
         (host, file_no), records = kv
         records = sorted(records, key=lambda r: r[0])
         num_files = max(1, -(-info["steps"] // self.steps_per_file))
         rel = pshard.shard_file_name(host, file_no, num_files)
-        frames = [pio.tfrecord_frame(rec) for _, rec in records]
+        frames = compress_chunks((pio.tfrecord_frame(rec) for _, rec in records), self.compression)
         yield pio.write_atomic(self.output, rel, frames, records=len(records),
                                extra={"kind": "shard", "host": host, "first_step": records[0][0],
                                       "last_step": records[-1][0]})
@@ -458,7 +463,8 @@ class BuildShards(beam.PTransform):
             self.spec, self.vocab_sizes, self.limits, self.steps_per_file, self.write_shards, self.profile)),
             ("records", "profile", "stats"))
         files = (out["records"] | "ByFile" >> beam.GroupByKey()
-                 | "WriteFile" >> beam.ParDo(_WriteShardFile(self.output, self.steps_per_file),
+                 | "WriteFile" >> beam.ParDo(_WriteShardFile(self.output, self.steps_per_file,
+                                                             self.spec.shards.compression),
                                              beam.pvalue.AsSingleton(info)))
         return {"files": files, "profile": out["profile"], "stats": out["stats"]}
 

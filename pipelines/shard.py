@@ -112,7 +112,31 @@ def resolve_limits(spec, layout, plan_path: Optional[str] = None, *, auto: bool 
                   lim.allow_id_dropping, "spec" if lim.given else "tf-defaults")
 
 
-def shard_format_for(spec, layout, limits: Limits) -> shard_format.ShardFormat:
+def stack_encodings(layout, compact: bool = True) -> Tuple[Tuple[str, shard_format.StackEncoding], ...]:
+    """Per stack, how its CSR arrays are stored (shard format 2), from the layout alone (not the data or limits).
+
+    `compact`: gains left out of a record when they are all 1.0; sample ids in the narrowest unsigned type
+    whose maximum (the padding marker) is above every sample row of a SparseCore (stack samples per chip /
+    SCs per chip), token ids likewise below the stack's rows per SparseCore (padded rows / all SCs); the
+    padding entries left out (row pointers stored as per-partition counts) when a chip's padding can
+    reach the size of its samples (8 x row pointers >= samples per chip: small per-chip batches, where
+    the padding of mostly near-empty partitions dominates). Not compact: version 1's encoding.
+    """
+    if not compact:
+        return ()
+    topo = layout.topology
+    rows = topo.num_sc_per_chip * -(-topo.num_sparse_cores // shard_format.XLA_PAD) * shard_format.XLA_PAD
+    return tuple((name, shard_format.StackEncoding(
+        gains="omitted_if_unit",
+        sample_ids=shard_format.narrowest_id_dtype(-(-st.sample_count // topo.num_sc_per_chip)),
+        token_ids=shard_format.narrowest_id_dtype(-(-st.total_padded_vocabulary // topo.num_sparse_cores)),
+        padding="omitted" if shard_format.XLA_PAD * rows >= st.sample_count else "stored"))
+        for name, st in layout.stacks.items())
+
+
+def shard_format_for(spec, layout, limits: Limits, *, compact: bool = True) -> shard_format.ShardFormat:
+    """The shard format (manifest `shards.format`) of `spec`'s shards: version 2, the spec's
+    `shards.compression`; `compact`: short keys and `stack_encodings(layout)` (else version 1's records)."""
     stacks = []
     for name, st in layout.stacks.items():
         sizes = buffer_sizes(st, layout.topology, limits.max_ids_per_chip_per_sample)
@@ -122,16 +146,21 @@ def shard_format_for(spec, layout, limits: Limits) -> shard_format.ShardFormat:
         host_batch_size=spec.per_host_batch_size, dense_features=tuple(d.name for d in spec.dense),
         tensor_core_features=tuple((f.name, f.weight_column is not None, int(f.tensor_core_width))
                                    for f in spec.tensor_core_features),
-        stacks=tuple(stacks))
+        stacks=tuple(stacks), version=shard_format.FORMAT_VERSION, compression=spec.shards.compression,
+        encodings=stack_encodings(layout, compact), keys="short" if compact else "names")
 
 
 def global_ids_of(block: ExampleBlock, spec) -> Dict[str, object]:
     return {f.name: global_feature_ids(block, f.name, f.sequence_length) for f in spec.sparse_core_features}
 
 
-def build_step(step: int, block: ExampleBlock, spec, layout, limits: Limits, *, encode: bool = True
+def build_step(step: int, block: ExampleBlock, spec, layout, limits: Limits, *, encode: bool = True,
+               compact: bool = True
                ) -> Tuple[List[Tuple[int, bytes]], Dict[str, object], Dict[str, int], collections.Counter]:
-    """(records [(host, bytes)], global ids, OOV counts per feature, counters) of one step."""
+    """(records [(host, bytes)], global ids, OOV counts per feature, counters) of one step.
+
+    `compact`: the records use `stack_encodings(layout)` (what `shard_format_for` records); False: version 1's
+    encoding (for comparisons: benchmarks/shard_size.py)."""
     topo = spec.topology
     counts: collections.Counter = collections.Counter()
     gids = global_ids_of(block, spec)
@@ -140,6 +169,7 @@ def build_step(step: int, block: ExampleBlock, spec, layout, limits: Limits, *, 
     if encode:
         cph = topo.chips_per_host
         hb = spec.per_host_batch_size
+        fmt = shard_format_for(spec, layout, limits, compact=compact)
         for h in range(topo.num_hosts):
             chips = list(range(h * cph, (h + 1) * cph))
             per_chip = split_global_batch(gids, layout, chips=chips)
@@ -166,7 +196,8 @@ def build_step(step: int, block: ExampleBlock, spec, layout, limits: Limits, *, 
                 fb = block.features[f.name].slice(sl.start, sl.stop)
                 tc[f.name] = (fb.lengths, fb.ids, fb.weights)
             rec = shard_format.encode_step_record(step=step, host=h, label=block.label[sl], mask=block.mask[sl],
-                                                  dense=block.dense[sl], tensor_core=tc, chips=csr)
+                                                  dense=block.dense[sl], tensor_core=tc, chips=csr,
+                                                  fmt=fmt)
             records.append((h, rec))
     counts["steps"] += 1
     counts["examples_in_steps"] += block.num_examples

@@ -138,6 +138,10 @@ class StackFormat(_Section):
     name: str
     row_pointers_buffer: int
     ids_buffer: int
+    gains: Optional[str] = None  # shard format 2: "stored" | "omitted_if_unit"
+    sample_ids: Optional[str] = None  # shard format 2: "int32" | "uint16" | "uint8"
+    token_ids: Optional[str] = None  # shard format 2: "int32" | "uint16" | "uint8"
+    padding: Optional[str] = None  # shard format 2: "stored" | "omitted"
 
 
 class ShardFormatInfo(_Section):
@@ -148,6 +152,8 @@ class ShardFormatInfo(_Section):
     dense_features: List[str]
     tensor_core_features: List[TensorCoreFeatureFormat]
     stacks: List[StackFormat]
+    compression: Optional[str] = None  # shard format 2: "none" | "GZIP" | "ZLIB"
+    keys: Optional[str] = None  # shard format 2: "names" | "short"
 
 
 class ShardsInfo(_Section):
@@ -275,7 +281,8 @@ class Manifest(_Section):
     def shard_format(self):
         """`tpu_embed.shards.ShardFormat` of the shards."""
         from tpu_embed.shards import ShardFormat
-        return ShardFormat.from_json(self._require_shards().format.model_dump(mode="json", by_alias=True))
+        return ShardFormat.from_json(self._require_shards().format.model_dump(mode="json", by_alias=True),
+                                     source=self.source)
 
     def _require_shards(self) -> ShardsInfo:
         if self.shards is None:

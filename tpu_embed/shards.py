@@ -32,21 +32,95 @@ in sorted order, so equal content gives equal bytes.
 from __future__ import annotations
 
 import dataclasses
+import functools
+import os
 import struct
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # what this tpu_embed writes
+READ_VERSIONS = (1, 2)  # what it reads
 SIZES_FIELDS = ("row_pointers_unpadded_size", "ids_unpadded_size", "sample_count",
                 "num_minibatches_per_physical_sparse_core", "dropped_ids")
 CSR_ARRAYS = (("row_pointers", np.int32), ("sorted_sample_ids", np.int32), ("sorted_token_ids", np.int32),
               ("sorted_gains", np.float32))
+PAD_VALUE = (1 << 31) - 1  # TF's kXlaPadValue (= sparsecore.PAD_VALUE): ids and, as float32, gains of padding
+XLA_PAD = 8  # each (SparseCore, destination) partition's entries are padded to a multiple of 8
+
+COMPRESSIONS = ("none", "GZIP", "ZLIB")  # TFRecordDataset's compression_type ("none" is its "")
+GAINS = ("stored", "omitted_if_unit")
+PADDING = ("stored", "omitted")
+KEYS = ("names", "short")
+ID_DTYPES: Dict[str, Any] = {"int32": np.int32, "uint16": np.uint16, "uint8": np.uint8}
+# Array keys of a stack's record entry: "names" (version 1) sc/<chip>/<stack>/<name>, "short" sc/<chip>/<i>/<short>
+# (i: the stack's index in the format's `stacks`). `counts` replaces `row_pointers` when padding is omitted.
+SHORT_KEYS = {"row_pointers": "rp", "counts": "cnt", "sorted_sample_ids": "sid", "sorted_token_ids": "tid",
+              "sorted_gains": "g", "sizes": "n"}
+
+
+def canonical_compression(value: Optional[str]) -> str:
+    """"none" | "GZIP" | "ZLIB" from any case ("" and None mean "none"); ValueError otherwise."""
+    v = "none" if value in (None, "") else str(value)
+    for c in COMPRESSIONS:
+        if v.lower() == c.lower():
+            return c
+    raise ValueError(f"compression must be one of {COMPRESSIONS} (any case), got {value!r}")
+
+
+@dataclasses.dataclass(frozen=True)
+class StackEncoding:
+    """How one stack's CSR arrays are stored in format version 2 (the defaults are version 1's encoding).
+
+    * `gains`: "stored" (always a gains key), or "omitted_if_unit": the key is left out of a record
+      when every gain of that chip's prefix is 1.0 (padding entries: float32(PAD_VALUE), as always);
+      readers rebuild exactly those float32 values.
+    * `sample_ids` / `token_ids`: the little-endian integer type of the sample / token ids: "int32", or
+      "uint16" / "uint8" when every real id of the stack is below the type's maximum, which then stands
+      for PAD_VALUE. Readers widen them to int32.
+    * `padding`: "stored" (the prefixes as TF lays them out, padding entries included), or "omitted":
+      only the real entries are stored, and instead of the row pointers the number of real entries of
+      each (SparseCore, destination) partition (`counts`: uint8, uint16 or int32, whichever is the
+      narrowest that holds the record's counts; readers tell the width from the byte length). TF's
+      layout follows from them: partition i starts at the sum of the earlier counts rounded up to
+      multiples of 8, its row pointer is start + count, the rest up to the next multiple of 8 is
+      padding (ids PAD_VALUE, gains float32(PAD_VALUE)).
+    """
+
+    gains: str = "stored"
+    sample_ids: str = "int32"
+    token_ids: str = "int32"
+    padding: str = "stored"
+
+    def __post_init__(self):
+        if self.gains not in GAINS:
+            raise ValueError(f"gains must be one of {GAINS}, got {self.gains!r}")
+        if self.padding not in PADDING:
+            raise ValueError(f"padding must be one of {PADDING}, got {self.padding!r}")
+        for k in ("sample_ids", "token_ids"):
+            if getattr(self, k) not in ID_DTYPES:
+                raise ValueError(f"{k} must be one of {tuple(ID_DTYPES)}, got {getattr(self, k)!r}")
+
+
+V1_ENCODING = StackEncoding()
+
+
+def narrowest_id_dtype(bound: int) -> str:
+    """The narrowest id type for ids in [0, bound) that keeps its maximum free for PAD_VALUE."""
+    for name in ("uint8", "uint16"):
+        if bound <= int(np.iinfo(ID_DTYPES[name]).max):
+            return name
+    return "int32"
 
 
 @dataclasses.dataclass(frozen=True)
 class ShardFormat:
-    """What a reader needs to know about the records of an artifact (stored in manifest.json)."""
+    """What a reader needs to know about the records of an artifact (stored in manifest.json).
+
+    Version 2 adds `compression` (of each whole shard file, as TFRecordDataset reads it), `keys` (the
+    record's key names: "names" as in version 1, or "short") and per-stack `StackEncoding`s
+    (`encodings` lists the stacks not encoded as in version 1). A version-1 format has none of them.
+    """
 
     num_hosts: int
     chips_per_host: int
@@ -55,23 +129,72 @@ class ShardFormat:
     tensor_core_features: Tuple[Tuple[str, bool, int], ...]  # (name, weighted, width)
     stacks: Tuple[Tuple[str, int, int], ...]  # (stack, row_pointers buffer size, ids buffer size)
     version: int = FORMAT_VERSION
+    compression: str = "none"
+    encodings: Tuple[Tuple[str, StackEncoding], ...] = ()  # (stack, encoding), stacks not encoded as in v1
+    keys: str = "names"
+
+    def __post_init__(self):
+        object.__setattr__(self, "compression", canonical_compression(self.compression))
+        object.__setattr__(self, "encodings", tuple((s, e) for s, e in self.encodings if e != V1_ENCODING))
+        if self.keys not in KEYS:
+            raise ValueError(f"keys must be one of {KEYS}, got {self.keys!r}")
+        if self.version == 1 and (self.compression != "none" or self.encodings or self.keys != "names"):
+            raise ValueError("shard format version 1 has no compression, no stack encodings and no short keys")
+
+    def encoding(self, stack: str) -> StackEncoding:
+        return dict(self.encodings).get(stack, V1_ENCODING)
+
+    def key(self, chip: int, stack: str, array: str) -> str:
+        """The record key of one chip's stack array (`CSR_ARRAYS` names, "counts" or "sizes")."""
+        if self.keys == "names":
+            return f"sc/{chip}/{stack}/{array}"
+        return f"sc/{chip}/{[s for s, _, _ in self.stacks].index(stack)}/{SHORT_KEYS[array]}"
 
     def to_json(self) -> dict:
-        return {"version": self.version, "num_hosts": self.num_hosts, "chips_per_host": self.chips_per_host,
-                "host_batch_size": self.host_batch_size, "dense_features": list(self.dense_features),
-                "tensor_core_features": [{"name": n, "weighted": w, "width": k}
-                                         for n, w, k in self.tensor_core_features],
-                "stacks": [{"name": s, "row_pointers_buffer": r, "ids_buffer": i} for s, r, i in self.stacks]}
+        d: Dict[str, Any] = {
+            "version": self.version, "num_hosts": self.num_hosts, "chips_per_host": self.chips_per_host,
+            "host_batch_size": self.host_batch_size, "dense_features": list(self.dense_features),
+            "tensor_core_features": [{"name": n, "weighted": w, "width": k} for n, w, k in self.tensor_core_features],
+            "stacks": [{"name": s, "row_pointers_buffer": r, "ids_buffer": i} for s, r, i in self.stacks]}
+        if self.version >= 2:
+            d["compression"], d["keys"] = self.compression, self.keys
+            for st in d["stacks"]:
+                st.update(dataclasses.asdict(self.encoding(st["name"])))
+        return d
 
     @classmethod
-    def from_json(cls, d: Mapping) -> "ShardFormat":
-        if int(d.get("version", 0)) != FORMAT_VERSION:
-            raise ValueError(f"shard format version {d.get('version')} is not supported by this tpu_embed "
-                             f"(expects {FORMAT_VERSION}); regenerate the shards or upgrade tpu_embed.")
+    def from_json(cls, d: Mapping, source: Optional[str] = None) -> "ShardFormat":
+        """The format of `manifest.json["shards"]["format"]`; ValueError (naming `source`) if this version
+        cannot read it."""
+        where = f"{source}: " if source else ""
+        v = d.get("version")
+        if not isinstance(v, int) or isinstance(v, bool) or v not in READ_VERSIONS:
+            newer = isinstance(v, int) and not isinstance(v, bool) and v > FORMAT_VERSION
+            raise ValueError(
+                f"{where}shard format version {v!r} is not supported by this tpu_embed (it reads versions "
+                f"{', '.join(map(str, READ_VERSIONS))})" + (
+                    ": the shards were written by a newer tpu_embed. Upgrade tpu_embed, or regenerate the shards "
+                    "with this version (`tpu-embed run` / `shard`)." if newer else
+                    ". Regenerate the shards with this version (`tpu-embed run` / `shard`)."))
+        encodings = []
+        try:
+            compression = canonical_compression(d.get("compression")) if v >= 2 else "none"
+            keys = (d.get("keys") or "names") if v >= 2 else "names"
+            if keys not in KEYS:
+                raise ValueError(f"keys must be one of {KEYS}, got {keys!r}")
+            for s in d["stacks"]:
+                if v >= 2:
+                    encodings.append((s["name"], StackEncoding(
+                        s.get("gains") or "stored", s.get("sample_ids") or "int32", s.get("token_ids") or "int32",
+                        s.get("padding") or "stored")))
+        except ValueError as e:
+            raise ValueError(f"{where}shard format version {v}: {e}. The manifest was edited, or written by a "
+                             "newer tpu_embed: upgrade tpu_embed, or regenerate the shards.") from None
         return cls(int(d["num_hosts"]), int(d["chips_per_host"]), int(d["host_batch_size"]),
                    tuple(d["dense_features"]),
                    tuple((t["name"], bool(t["weighted"]), int(t["width"])) for t in d["tensor_core_features"]),
-                   tuple((s["name"], int(s["row_pointers_buffer"]), int(s["ids_buffer"])) for s in d["stacks"]))
+                   tuple((s["name"], int(s["row_pointers_buffer"]), int(s["ids_buffer"])) for s in d["stacks"]),
+                   version=v, compression=compression, encodings=tuple(encodings), keys=keys)
 
 
 # ---------------------------------------------------------------- protobuf wire format
@@ -198,10 +321,72 @@ def _raw(a: np.ndarray, dtype) -> Tuple[str, List[bytes]]:
     return "bytes", [np.ascontiguousarray(a, dtype=np.dtype(dtype).newbyteorder("<")).tobytes()]
 
 
+def narrow_ids(a: np.ndarray, dtype_name: str, what: str = "ids") -> np.ndarray:
+    """int32 ids -> `dtype_name` ("int32" | "uint16" | "uint8"), PAD_VALUE -> the type's maximum.
+
+    ValueError if a real id does not fit below that maximum (the format's width was chosen from the
+    layout's bounds, so this means the layout and the data disagree).
+    """
+    a = np.asarray(a, np.int32)
+    if dtype_name == "int32":
+        return a
+    dt = ID_DTYPES[dtype_name]
+    top = int(np.iinfo(dt).max)
+    pad = a == PAD_VALUE
+    real = a[~pad]
+    if real.size and (int(real.min()) < 0 or int(real.max()) >= top):
+        raise ValueError(f"{what}: id {int(real.max()) if int(real.max()) >= top else int(real.min())} does not "
+                         f"fit the shard format's {dtype_name} (ids must be in [0, {top}))")
+    return np.where(pad, top, a).astype(dt)
+
+
+def widen_ids(a: np.ndarray, dtype_name: str) -> np.ndarray:
+    """Inverse of `narrow_ids`: int32, the type's maximum back to PAD_VALUE."""
+    if dtype_name == "int32":
+        return np.asarray(a, np.int32)
+    top = int(np.iinfo(ID_DTYPES[dtype_name]).max)
+    return np.where(a == top, np.int32(PAD_VALUE), a.astype(np.int32))
+
+
+def unit_gains(sample_ids: np.ndarray) -> np.ndarray:
+    """The gains a record without `sorted_gains` stands for: 1.0, and float32(PAD_VALUE) at padding entries."""
+    return np.where(np.asarray(sample_ids) == PAD_VALUE, np.float32(PAD_VALUE), np.float32(1)).astype(np.float32)
+
+
+def _round8(a):
+    return (a + (XLA_PAD - 1)) // XLA_PAD * XLA_PAD
+
+
+def partition_counts(row_pointers: np.ndarray) -> np.ndarray:
+    """Real entries per partition from TF's row pointers: rp[i] - (rp[i-1] rounded up to a multiple of 8)."""
+    rp = np.asarray(row_pointers, np.int64)
+    starts = np.concatenate([[0], _round8(rp[:-1])]) if rp.size else rp
+    return rp - starts
+
+
+def layout_from_counts(counts: np.ndarray) -> Tuple[np.ndarray, np.ndarray, int]:
+    """(row pointers, positions of the real entries, ids_unpadded_size) of TF's layout, from `partition_counts`."""
+    c = np.asarray(counts, np.int64)
+    padded = _round8(c)
+    starts = np.cumsum(padded) - padded
+    real_before = np.cumsum(c) - c
+    positions = np.repeat(starts - real_before, c) + np.arange(int(c.sum()), dtype=np.int64)
+    return (starts + c).astype(np.int32), positions, int(padded.sum())
+
+
+def _narrowest_uint(a: np.ndarray):
+    m = int(a.max()) if a.size else 0
+    return np.uint8 if m <= 0xFF else np.uint16 if m <= 0xFFFF else np.int32
+
+
 def encode_step_record(*, step: int, host: int, label: np.ndarray, mask: np.ndarray, dense: np.ndarray,
                        tensor_core: Mapping[str, Tuple[np.ndarray, np.ndarray, Optional[np.ndarray]]],
-                       chips: Sequence[Mapping[str, Any]]) -> bytes:
-    """One host's record of one step. `chips[c]` is `{stack: CsrBatch}` for the host's chip c."""
+                       chips: Sequence[Mapping[str, Any]], fmt: Optional[ShardFormat] = None) -> bytes:
+    """One host's record of one step. `chips[c]` is `{stack: CsrBatch}` for the host's chip c.
+
+    `fmt`: the format whose keys and `StackEncoding`s to write (narrow ids, omitted unit gains, omitted
+    padding); None: version 1's record. ValueError if a batch does not fit the format's encoding.
+    """
     feats: Dict[str, Tuple[str, Any]] = {
         "step": ("int64", [int(step)]),
         "host": ("int64", [int(host)]),
@@ -216,19 +401,49 @@ def encode_step_record(*, step: int, host: int, label: np.ndarray, mask: np.ndar
             feats[f"tc/{name}/weights"] = _raw(weights, np.float32)
     for c, batches in enumerate(chips):
         for stack, b in batches.items():
-            p = f"sc/{c}/{stack}/"
+            enc = fmt.encoding(stack) if fmt is not None else V1_ENCODING
+            key = {a: fmt.key(c, stack, a) if fmt is not None else f"sc/{c}/{stack}/{a}"
+                   for a in ("row_pointers", "counts", "sorted_sample_ids", "sorted_token_ids", "sorted_gains",
+                             "sizes")}
+            what = f"step {step}, chip {c}, stack {stack}"
             r, n = int(b.row_pointers_unpadded_size), int(b.ids_unpadded_size)
-            feats[p + "row_pointers"] = _raw(b.row_pointers[:r], np.int32)
-            feats[p + "sorted_sample_ids"] = _raw(b.sorted_sample_ids[:n], np.int32)
-            feats[p + "sorted_token_ids"] = _raw(b.sorted_token_ids[:n], np.int32)
-            feats[p + "sorted_gains"] = _raw(b.sorted_gains[:n], np.float32)
-            feats[p + "sizes"] = ("int64", [r, n, int(b.sample_count),
-                                            int(b.num_minibatches_per_physical_sparse_core), int(b.dropped_ids)])
+            rp = np.asarray(b.row_pointers[:r], np.int32)
+            sample_ids = np.asarray(b.sorted_sample_ids[:n], np.int32)
+            token_ids = np.asarray(b.sorted_token_ids[:n], np.int32)
+            gains = np.asarray(b.sorted_gains[:n], np.float32)
+            unit = enc.gains == "omitted_if_unit" and np.array_equal(gains.view(np.int32),
+                                                                     unit_gains(sample_ids).view(np.int32))
+            if enc.padding == "omitted":
+                counts = partition_counts(rp)
+                rp2, positions, n2 = layout_from_counts(counts)
+                pad = np.ones(n, bool)
+                pad[positions] = False
+                if not (np.array_equal(rp2, rp) and n2 == n and np.all(sample_ids[pad] == PAD_VALUE)
+                        and np.all(token_ids[pad] == PAD_VALUE) and np.all(gains[pad] == np.float32(PAD_VALUE))
+                        and not np.any(sample_ids[positions] == PAD_VALUE)):
+                    raise ValueError(f"{what}: the CSR prefixes are not in TF's padded layout; they cannot be "
+                                     "stored with padding: omitted")
+                feats[key["counts"]] = _raw(counts, _narrowest_uint(counts))
+                sample_ids, token_ids, gains = sample_ids[positions], token_ids[positions], gains[positions]
+            else:
+                feats[key["row_pointers"]] = _raw(rp, np.int32)
+            feats[key["sorted_sample_ids"]] = _raw(narrow_ids(sample_ids, enc.sample_ids, f"{what}: sample ids"),
+                                                   ID_DTYPES[enc.sample_ids])
+            feats[key["sorted_token_ids"]] = _raw(narrow_ids(token_ids, enc.token_ids, f"{what}: token ids"),
+                                                  ID_DTYPES[enc.token_ids])
+            if not unit:
+                feats[key["sorted_gains"]] = _raw(gains, np.float32)
+            feats[key["sizes"]] = ("int64", [r, n, int(b.sample_count),
+                                             int(b.num_minibatches_per_physical_sparse_core), int(b.dropped_ids)])
     return encode_example(feats)
 
 
 def decode_record(data: bytes, fmt: ShardFormat) -> Dict[str, Any]:
-    """numpy view of one record: {"step", "host", "label", "mask", "dense", "tensor_core", "sparse_core"}."""
+    """numpy view of one record: {"step", "host", "label", "mask", "dense", "tensor_core", "sparse_core"}.
+
+    The CSR arrays are TF's int32 / float32 prefixes whatever the encoding (narrow ids widened, omitted
+    gains and padding rebuilt).
+    """
     ex = decode_example(data)
 
     def arr(key, dtype):
@@ -248,9 +463,36 @@ def decode_record(data: bytes, fmt: ShardFormat) -> Dict[str, Any]:
     for c in range(fmt.chips_per_host):
         chip = {}
         for stack, _, _ in fmt.stacks:
-            p = f"sc/{c}/{stack}/"
-            d = {name: arr(p + name, dt) for name, dt in CSR_ARRAYS}
-            d.update(dict(zip(SIZES_FIELDS, (int(x) for x in ex[p + "sizes"][1]))))
+            enc = fmt.encoding(stack)
+            sizes = dict(zip(SIZES_FIELDS, (int(x) for x in ex[fmt.key(c, stack, "sizes")][1])))
+            sample_ids = widen_ids(arr(fmt.key(c, stack, "sorted_sample_ids"), ID_DTYPES[enc.sample_ids]),
+                                   enc.sample_ids)
+            token_ids = widen_ids(arr(fmt.key(c, stack, "sorted_token_ids"), ID_DTYPES[enc.token_ids]), enc.token_ids)
+            gkey = fmt.key(c, stack, "sorted_gains")
+            gains = arr(gkey, np.float32) if gkey in ex else None
+            if gains is None and enc.gains != "omitted_if_unit":
+                raise ValueError(f"step {out['step']}: the record has no {gkey} (the format stores the gains)")
+            if enc.padding == "omitted":
+                raw = ex[fmt.key(c, stack, "counts")][1][0]
+                r = sizes["row_pointers_unpadded_size"]
+                width = len(raw) // r if r else 4
+                counts = np.frombuffer(raw, {1: "<u1", 2: "<u2", 4: "<i4"}[width]).astype(np.int64)
+                rp, positions, n = layout_from_counts(counts)
+                full = np.full(n, PAD_VALUE, np.int32)
+                full[positions] = sample_ids
+                sample_ids = full
+                full = np.full(n, PAD_VALUE, np.int32)
+                full[positions] = token_ids
+                token_ids = full
+                if gains is not None:
+                    full_g = np.full(n, PAD_VALUE, np.float32)
+                    full_g[positions] = gains
+                    gains = full_g
+            else:
+                rp = arr(fmt.key(c, stack, "row_pointers"), np.int32)
+            d = {"row_pointers": rp, "sorted_sample_ids": sample_ids, "sorted_token_ids": token_ids,
+                 "sorted_gains": gains if gains is not None else unit_gains(sample_ids)}
+            d.update(sizes)
             chip[stack] = d
         out["sparse_core"].append(chip)
     return out
@@ -319,16 +561,120 @@ def tfrecord_frame(payload: bytes) -> bytes:
             + struct.pack("<I", _mask_crc(google_crc32c.value(payload))))
 
 
-def read_records(path: str) -> List[bytes]:
-    """Every record of a TFRecord file, local or in an object store (numpy-only reader, checks CRCs)."""
+# ---------------------------------------------------------------- compression (whole files, as TF's writer)
+
+# TF's TFRecordWriter with TFRecordOptions("GZIP" / "ZLIB") deflates the whole framed stream with zlib's
+# defaults as TF sets them (ZlibCompressionOptions: level Z_DEFAULT_COMPRESSION = 6, mem_level 9, 15-bit
+# window, Z_NO_FLUSH until the end). GZIP: zlib's own header for windowBits 31 -- no file name, mtime 0,
+# extra flags 0, OS 3 (Unix) -- written here explicitly, so the bytes do not depend on the platform.
+GZIP_HEADER = b"\x1f\x8b\x08\x00\x00\x00\x00\x00\x00\x03"
+ZLIB_LEVEL, ZLIB_MEM_LEVEL = 6, 9
+
+
+def compress_chunks(chunks: Iterable[bytes], compression: str) -> Iterator[bytes]:
+    """The bytes of a shard file from its framed records: as they are ("none"), or one GZIP / ZLIB stream."""
+    import zlib
+    c = canonical_compression(compression)
+    if c == "none":
+        yield from chunks
+        return
+    z = zlib.compressobj(ZLIB_LEVEL, zlib.DEFLATED, 15 if c == "ZLIB" else -15, ZLIB_MEM_LEVEL)
+    crc = size = 0
+    if c == "GZIP":
+        yield GZIP_HEADER
+    for chunk in chunks:
+        if c == "GZIP":
+            crc, size = zlib.crc32(chunk, crc), size + len(chunk)
+        out = z.compress(chunk)
+        if out:
+            yield out
+    tail = z.flush()
+    if c == "GZIP":
+        tail += struct.pack("<II", crc, size & 0xFFFFFFFF)
+    yield tail
+
+
+def _decompressor(compression: str):
+    import zlib
+    return zlib.decompressobj(31 if compression == "GZIP" else 15)
+
+
+def decompress(data: bytes, compression: str, name: str = "<bytes>") -> bytes:
+    """Inverse of `compress_chunks` (checks the stream's CRC / Adler-32 and length); ValueError naming `name`."""
+    import zlib
+    c = canonical_compression(compression)
+    if c == "none":
+        return data
+    d = _decompressor(c)
+    try:
+        out = d.decompress(data)
+    except zlib.error as e:
+        raise ValueError(f"{name}: not a valid {c} stream ({e})") from None
+    if not d.eof:
+        raise ValueError(f"{name}: the {c} stream is truncated after {len(data)} bytes")
+    if d.unused_data:
+        raise ValueError(f"{name}: {len(d.unused_data)} bytes after the end of the {c} stream")
+    return out
+
+
+class _Inflating:
+    """A binary file object's decompressed bytes, read(n) at a time (the streaming reader's input)."""
+
+    def __init__(self, fh, compression: str, name: str):
+        self.fh, self.c, self.name, self.d = fh, compression, name, _decompressor(compression)
+        self.buf = b""
+
+    def read(self, n: int) -> bytes:
+        import zlib
+        while len(self.buf) < n and not self.d.eof:
+            chunk = self.fh.read(1 << 20)
+            try:
+                self.buf += self.d.decompress(chunk) if chunk else b""
+            except zlib.error as e:
+                raise ValueError(f"{self.name}: not a valid {self.c} stream ({e})") from None
+            if not chunk:
+                if not self.d.eof:
+                    raise ValueError(f"{self.name}: the {self.c} stream is truncated")
+                break
+        out, self.buf = self.buf[:n], self.buf[n:]
+        return out
+
+
+def sniff_compression(data: bytes) -> str:
+    """"none" if `data` starts with a TFRecord header whose length CRC checks (or is empty), else "GZIP" /
+    "ZLIB" by the stream's magic bytes, else "none" (and the TFRecord reader reports the damage)."""
+    import google_crc32c
+    if not data or (len(data) >= 12 and _mask_crc(google_crc32c.value(data[:8]))
+                    == struct.unpack_from("<I", data, 8)[0]):
+        return "none"
+    if data[:2] == b"\x1f\x8b":
+        return "GZIP"
+    if len(data) >= 2 and data[0] & 0x0F == 8 and (data[0] << 8 | data[1]) % 31 == 0:
+        return "ZLIB"
+    return "none"
+
+
+def read_records(path: str, compression: Optional[str] = None) -> List[bytes]:
+    """Every record of a shard (TFRecord) file, local or in an object store (numpy-only reader, checks CRCs).
+
+    `compression`: the format's ("none" / "GZIP" / "ZLIB"); None: recognised from the file's first bytes.
+    """
     from tpu_embed import io as tio
-    return [payload for _, payload in iter_tfrecords(tio.read_bytes(path))]
+    data = tio.read_bytes(path)
+    c = sniff_compression(data) if compression is None else canonical_compression(compression)
+    return [payload for _, payload in iter_tfrecords(decompress(data, c, path))]
 
 
 # ---------------------------------------------------------------- tf.data
 
 def parse_fn(fmt: ShardFormat):
-    """A `tf.data` map function: serialized record -> tensors, CSR buffers restored to full size."""
+    """A `tf.data` map function: serialized record -> tensors, CSR buffers restored to full size.
+
+    One `parse_single_example`. A stored prefix is one `decode_raw(..., fixed_length=buffer)`, which
+    zero-pads it to TF's static buffer size in the same copy; narrow ids are widened to int32, omitted
+    unit gains and omitted padding rebuilt (`StackEncoding`). The sizes of every chip and stack are
+    checked against the buffers, cast and split once.
+    """
     import tensorflow as tf
 
     spec: Dict[str, Any] = {"step": tf.io.FixedLenFeature([], tf.int64), "host": tf.io.FixedLenFeature([], tf.int64)}
@@ -339,17 +685,60 @@ def parse_fn(fmt: ShardFormat):
         spec[f"tc/{name}/ids"] = tf.io.FixedLenFeature([], tf.string)
         if weighted:
             spec[f"tc/{name}/weights"] = tf.io.FixedLenFeature([], tf.string)
+    cells = []  # (chip, stack, row pointers buffer, ids buffer, encoding, {array: key})
     for c in range(fmt.chips_per_host):
-        for stack, _, _ in fmt.stacks:
-            p = f"sc/{c}/{stack}/"
-            for name, _ in CSR_ARRAYS:
-                spec[p + name] = tf.io.FixedLenFeature([], tf.string)
-            spec[p + "sizes"] = tf.io.FixedLenFeature([len(SIZES_FIELDS)], tf.int64)
+        for stack, rp_buf, ids_buf in fmt.stacks:
+            enc = fmt.encoding(stack)
+            keys = {a: fmt.key(c, stack, a) for a in ("row_pointers", "counts", "sorted_sample_ids",
+                                                      "sorted_token_ids", "sorted_gains", "sizes")}
+            cells.append((c, stack, rp_buf, ids_buf, enc, keys))
+            spec[keys["counts" if enc.padding == "omitted" else "row_pointers"]] = tf.io.FixedLenFeature([], tf.string)
+            for a in ("sorted_sample_ids", "sorted_token_ids"):
+                spec[keys[a]] = tf.io.FixedLenFeature([], tf.string)
+            spec[keys["sorted_gains"]] = tf.io.FixedLenFeature(
+                [], tf.string, **({"default_value": ""} if enc.gains == "omitted_if_unit" else {}))
+            spec[keys["sizes"]] = tf.io.FixedLenFeature([len(SIZES_FIELDS)], tf.int64)
     b = fmt.host_batch_size
     nd = len(fmt.dense_features)
+    nsizes = len(SIZES_FIELDS)
+    # row_pointers_unpadded_size <= row pointers buffer, ids_unpadded_size <= ids buffer (fixed_length would
+    # silently cut a longer prefix)
+    buffers = tf.constant([[cell[2], cell[3]] for cell in cells], tf.int64, shape=[len(cells), 2])
+    pad_gain = tf.constant(float(PAD_VALUE), tf.float32)
+    byte_weights = tf.constant([1, 1 << 8, 1 << 16, 1 << 24], tf.int32)
 
-    def pad_to(x, n):
-        return tf.pad(x, [[0, n - tf.shape(x)[0]]])
+    def ids(raw, dtype_name: str, n: Optional[int]):
+        """Ids as int32, zero-padded to n (None: as stored), the narrow type's maximum back to PAD_VALUE."""
+        dt = ID_DTYPES[dtype_name]
+        x = tf.io.decode_raw(raw, tf.as_dtype(dt), **({} if n is None else {"fixed_length": n * dt().itemsize}))
+        if dtype_name == "int32":
+            return x
+        return tf.where(tf.equal(x, int(np.iinfo(dt).max)), PAD_VALUE, tf.cast(x, tf.int32))
+
+    def scattered_gains(raw, positions, in_prefix):
+        return tf.tensor_scatter_nd_update(tf.where(in_prefix, pad_gain, 0.0), positions,
+                                           tf.io.decode_raw(raw, tf.float32))
+
+    def unit_gains_of(sample_ids, n, ids_buf: int):
+        return tf.where(tf.equal(sample_ids, PAD_VALUE), pad_gain, tf.cast(tf.range(ids_buf) < n, tf.float32))
+
+    def padded_layout(raw_counts, r, n, rp_buf: int, ids_buf: int):
+        """(row pointers [rp_buf], [m, 1] positions of the real entries, scatter base) from the counts."""
+        width = tf.strings.length(raw_counts) // tf.maximum(r, 1)
+        by_byte = tf.reshape(tf.cast(tf.io.decode_raw(raw_counts, tf.uint8), tf.int32), [r, width])
+        counts = tf.reduce_sum(by_byte * byte_weights[:width], axis=1)
+        padded = (counts + (XLA_PAD - 1)) // XLA_PAD * XLA_PAD
+        starts = tf.cumsum(padded, exclusive=True)
+        rp = tf.pad(starts + counts, [[0, rp_buf - r]])
+        ends = tf.cumsum(counts)  # real entry j belongs to the first partition whose cumulative count exceeds j
+        real = tf.range(ends[-1])
+        part = tf.searchsorted(ends, real, side="right")
+        positions = real + tf.gather(starts - ends + counts, part)
+        check = tf.debugging.assert_equal(tf.reduce_sum(padded), n, message="shard record: the partition counts "
+                                          "do not add up to ids_unpadded_size")
+        with tf.control_dependencies([check]):
+            in_prefix = tf.range(ids_buf) < n
+        return tf.ensure_shape(rp, [rp_buf]), positions[:, None], in_prefix
 
     def parse(serialized):
         ex = tf.io.parse_single_example(serialized, spec)
@@ -360,32 +749,49 @@ def parse_fn(fmt: ShardFormat):
         tc = {}
         for name, weighted, _ in fmt.tensor_core_features:
             lengths = tf.cast(tf.io.decode_raw(ex[f"tc/{name}/lengths"], tf.int32), tf.int64)
-            ids = tf.io.decode_raw(ex[f"tc/{name}/ids"], tf.int64)
-            tc[name] = tf.RaggedTensor.from_row_lengths(ids, lengths)
+            tc_ids = tf.io.decode_raw(ex[f"tc/{name}/ids"], tf.int64)
+            tc[name] = tf.RaggedTensor.from_row_lengths(tc_ids, lengths)
             if weighted:
                 w = tf.io.decode_raw(ex[f"tc/{name}/weights"], tf.float32)
                 tc[name + "/weights"] = tf.RaggedTensor.from_row_lengths(w, lengths)
         out["tensor_core"] = tc
-        chips = []
-        for c in range(fmt.chips_per_host):
-            chip = {}
-            for stack, rp_buf, ids_buf in fmt.stacks:
-                p = f"sc/{c}/{stack}/"
-                sizes = tf.cast(ex[p + "sizes"], tf.int32)
-                chip[stack] = {
-                    "row_pointers": tf.ensure_shape(pad_to(tf.io.decode_raw(ex[p + "row_pointers"], tf.int32),
-                                                           rp_buf), [rp_buf]),
-                    "sorted_sample_ids": tf.ensure_shape(
-                        pad_to(tf.io.decode_raw(ex[p + "sorted_sample_ids"], tf.int32), ids_buf), [ids_buf]),
-                    "sorted_token_ids": tf.ensure_shape(
-                        pad_to(tf.io.decode_raw(ex[p + "sorted_token_ids"], tf.int32), ids_buf), [ids_buf]),
-                    "sorted_gains": tf.ensure_shape(
-                        pad_to(tf.io.decode_raw(ex[p + "sorted_gains"], tf.float32), ids_buf), [ids_buf]),
-                    "row_pointers_unpadded_size": sizes[0], "ids_unpadded_size": sizes[1],
-                    "sample_count": sizes[2], "num_minibatches_per_physical_sparse_core": sizes[3],
-                    "dropped_ids": sizes[4],
-                }
-            chips.append(chip)
+        chips: List[Dict[str, Any]] = [{} for _ in range(fmt.chips_per_host)]
+        sizes: List[Any] = []
+        if cells:
+            sizes64 = tf.stack([ex[cell[5]["sizes"]] for cell in cells])
+            check = tf.debugging.assert_less_equal(
+                sizes64[:, :2], buffers, message="shard record: a CSR prefix is longer than the format's buffer "
+                                                 "(row pointers, ids); the manifest does not match the shards")
+            with tf.control_dependencies([check]):
+                sizes = tf.unstack(tf.reshape(tf.cast(sizes64, tf.int32), [-1]))
+        for i, (c, stack, rp_buf, ids_buf, enc, keys) in enumerate(cells):
+            d = dict(zip(SIZES_FIELDS, sizes[i * nsizes:(i + 1) * nsizes]))
+            n = d["ids_unpadded_size"]
+            raw_gains = ex[keys["sorted_gains"]]
+            if enc.padding == "stored":
+                rp = tf.io.decode_raw(ex[keys["row_pointers"]], tf.int32, fixed_length=4 * rp_buf)
+                sample_ids = ids(ex[keys["sorted_sample_ids"]], enc.sample_ids, ids_buf)
+                token_ids = ids(ex[keys["sorted_token_ids"]], enc.token_ids, ids_buf)
+
+                stored_gains = functools.partial(tf.io.decode_raw, raw_gains, tf.float32, fixed_length=4 * ids_buf)
+            else:
+                rp, positions, in_prefix = padded_layout(ex[keys["counts"]], d["row_pointers_unpadded_size"], n,
+                                                         rp_buf, ids_buf)
+                pad_ids = tf.where(in_prefix, PAD_VALUE, 0)
+                sample_ids = tf.tensor_scatter_nd_update(
+                    pad_ids, positions, ids(ex[keys["sorted_sample_ids"]], enc.sample_ids, None))
+                token_ids = tf.tensor_scatter_nd_update(
+                    pad_ids, positions, ids(ex[keys["sorted_token_ids"]], enc.token_ids, None))
+
+                stored_gains = functools.partial(scattered_gains, raw_gains, positions, in_prefix)
+            if enc.gains == "stored":
+                gains = stored_gains()
+            else:
+                gains = tf.cond(tf.strings.length(raw_gains) > 0, stored_gains,
+                                lambda sample_ids=sample_ids, n=n, ids_buf=ids_buf: unit_gains_of(sample_ids, n,
+                                                                                                  ids_buf))
+            chips[c][stack] = {"row_pointers": rp, "sorted_sample_ids": sample_ids, "sorted_token_ids": token_ids,
+                               "sorted_gains": gains, **d}
         out["sparse_core"] = tuple(chips)
         return out
 
@@ -439,7 +845,7 @@ def _tensorflow_reads(path: str) -> bool:
 
 def input_fn(artifact_dir: str, *, host_index: int = 0, num_epochs: Optional[int] = 1,
              prefetch: int = 2, num_parallel_calls: Optional[int] = None, expected_fingerprint: Optional[str] = None,
-             reader: str = "auto", verify: str = "size"):
+             reader: str = "auto", verify: str = "size", shuffle_steps: Optional[int] = None):
     """`tf.data.Dataset` of this host's steps, in step order: one element per training step.
 
     Each element is the dict `parse_fn` makes; `element["sparse_core"][c]`
@@ -453,17 +859,30 @@ def input_fn(artifact_dir: str, *, host_index: int = 0, num_epochs: Optional[int
 
     * `reader="tensorflow"`: `tf.data.TFRecordDataset` over the paths, i.e.
       TensorFlow's own filesystems (local files; gs:// through TF's GCS
-      filesystem, which has its own credentials and retries);
+      filesystem, which has its own credentials and retries), with the
+      format's `compression_type`;
     * `reader="io"`: `tpu_embed.io` (fsspec: gs:// through gcsfs, s3://,
-      memory://, ...), records streamed from each file and CRC-checked, fed
-      to tf.data with `Dataset.from_generator` (serialized records; one file
-      read at a time, in step order);
+      memory://, ...), records streamed (and decompressed) from each file and
+      CRC-checked, fed to tf.data with `Dataset.from_generator` (serialized
+      records; one file read at a time, in step order);
     * `reader="auto"` (default): "tensorflow" when TF has a filesystem for
       the paths' scheme (`tf.io.gfile.get_registered_schemes()`: local, gs://),
       else "io".
 
     Either way the same `parse_fn` runs as a parallel `map`
     (`num_parallel_calls`, default AUTOTUNE, deterministic order).
+
+    `shuffle_steps`: None (default) reads the steps in step order, every
+    epoch. An integer seed reads epoch e in the order of the permutation
+    `tpu_embed.permutation.Permutation(steps, epoch_key(seed, e))` of the
+    steps: every step exactly once per epoch, another order each epoch, the
+    same orders every time the dataset is iterated. The order depends only on
+    the seed, the epoch and the number of steps, so every host (whose records
+    of a step belong together) reads the steps in the same order. Records are
+    then read by position through `tpu_embed.io` (`reader` is not used):
+    uncompressed files are read in place; a compressed file is decompressed
+    once, when first needed, into a temporary file that is removed when the
+    iteration ends.
 
     `verify` ("none" | "size" | "sha256", see `tpu_embed.verify`): at load,
     the host's shard files exist with the listed sizes and cover every step;
@@ -476,6 +895,9 @@ def input_fn(artifact_dir: str, *, host_index: int = 0, num_epochs: Optional[int
     from tpu_embed.manifest import read_manifest
     if reader not in READERS:
         raise ValueError(f"reader must be one of {READERS}, got {reader!r}")
+    if shuffle_steps is not None and (isinstance(shuffle_steps, bool) or not isinstance(shuffle_steps, int)
+                                      or not 0 <= shuffle_steps < 1 << 64):
+        raise ValueError(f"shuffle_steps must be None or an integer seed in [0, 2**64), got {shuffle_steps!r}")
     tverify.check_level(verify)
     manifest = read_manifest(artifact_dir)
     if expected_fingerprint is not None and manifest.spec_fingerprint != expected_fingerprint:
@@ -489,22 +911,116 @@ def input_fn(artifact_dir: str, *, host_index: int = 0, num_epochs: Optional[int
         tverify.check_files(artifact_dir, manifest, "size", kinds=("shard",), host=host_index)  # sha256: lazily
     if reader == "auto":
         reader = "tensorflow" if all(_tensorflow_reads(f) for f in files) else "io"
-    if reader == "tensorflow":
+    compression = "" if fmt.compression == "none" else fmt.compression
+    if shuffle_steps is not None:
+        steps = int(manifest.shards.steps) if manifest.shards is not None else 0
+        ds = tf.data.Dataset.from_generator(
+            lambda: _shuffled_records(artifact_dir, entries, fmt.compression, verify, steps, shuffle_steps,
+                                      num_epochs), output_signature=tf.TensorSpec([], tf.string))
+    elif reader == "tensorflow":
         if verify == "none":
-            ds = tf.data.TFRecordDataset(files)
+            ds = tf.data.TFRecordDataset(files, compression_type=compression)
         else:  # each file verified as it is first opened, then read by TF
-            ds = tverify.checked_shard_paths(artifact_dir, entries, verify).flat_map(tf.data.TFRecordDataset)
+            ds = tverify.checked_shard_paths(artifact_dir, entries, verify, fmt.compression).flat_map(
+                lambda path: tf.data.TFRecordDataset(path, compression_type=compression))
     else:
-        ds = tf.data.Dataset.from_generator(lambda: _stream_records(files),
+        ds = tf.data.Dataset.from_generator(lambda: _stream_records(files, fmt.compression),
                                             output_signature=tf.TensorSpec([], tf.string))
     ds = ds.map(parse_fn(fmt), num_parallel_calls=num_parallel_calls or tf.data.AUTOTUNE, deterministic=True)
-    if num_epochs != 1:
+    if num_epochs != 1 and shuffle_steps is None:  # the shuffled reader makes its epochs itself
         ds = ds.repeat(num_epochs)
     return ds.prefetch(prefetch)
 
 
-def _stream_records(files: Sequence[str]):
+def _stream_records(files: Sequence[str], compression: str = "none"):
     from tpu_embed import io as tio
     for path in files:
         with tio.open_read(path) as fh:
-            yield from iter_tfrecord_stream(fh, path)
+            yield from iter_tfrecord_stream(fh if compression == "none" else _Inflating(fh, compression, path), path)
+
+
+def step_order(steps: int, seed: int, epoch: int) -> np.ndarray:
+    """The steps in the order `input_fn(..., shuffle_steps=seed)` reads epoch `epoch` (0-based)."""
+    from tpu_embed.permutation import Permutation, epoch_key
+    return Permutation(steps, epoch_key(seed, epoch))(np.arange(steps, dtype=np.int64))
+
+
+def _shuffled_records(artifact_dir: str, entries, compression: str, verify: str, steps: int, seed: int,
+                      num_epochs: Optional[int]):
+    """Serialized records, epoch after epoch, each epoch in `step_order`; read by position (see `input_fn`)."""
+    import shutil
+    import tempfile
+    import google_crc32c
+    from tpu_embed import io as tio
+    from tpu_embed import verify as tverify
+    owner = {}  # step -> (file index, record index in the file)
+    for i, e in enumerate(entries):
+        for k in range((e.last_step or 0) - (e.first_step or 0) + 1):
+            owner[(e.first_step or 0) + k] = (i, k)
+    missing = [s for s in range(steps) if s not in owner]
+    if missing:
+        raise ValueError(f"{artifact_dir}: no shard file holds step {missing[0]} (of {steps}); the manifest does "
+                         "not list every shard. Re-run `tpu-embed run` (or shard) with this --output.")
+    tmp = tempfile.mkdtemp(prefix="tpu_embed_shuffle-") if compression != "none" else None
+    handles: Dict[int, Any] = {}
+    offsets: Dict[int, List[Tuple[int, int]]] = {}  # file index -> [(payload offset, length)] per record
+
+    def open_file(i: int):
+        e = entries[i]
+        path = tverify.path_of(artifact_dir, e)
+        if compression == "none" and verify == "none":
+            fh = tio.open_read(path)
+            table, pos = [], 0
+            while True:
+                header = fh.read(12)
+                if not header:
+                    break
+                if len(header) < 12 or _mask_crc(google_crc32c.value(header[:8])) != struct.unpack_from("<I", header,
+                                                                                                        8)[0]:
+                    raise ValueError(f"{path}: corrupt or truncated record header at byte {pos}")
+                length, = struct.unpack_from("<Q", header, 0)
+                table.append((pos + 12, length))
+                pos += 12 + length + 4
+                fh.seek(pos)
+        else:  # read (and check) the whole file once
+            data = tio.read_bytes(path)
+            if verify != "none":
+                tverify.verify_shard_bytes(path, data, e, verify, compression)
+            data = decompress(data, compression, path)
+            table = [(pos + 12, len(payload)) for pos, payload in iter_tfrecords(data)]
+            if tmp is None:
+                fh = tio.open_read(path)
+            else:
+                local = os.path.join(tmp, f"{i}.tfrecord")
+                with open(local, "wb") as out:
+                    out.write(data)
+                fh = open(local, "rb")
+            del data
+        handles[i], offsets[i] = fh, table
+
+    try:
+        epoch = 0
+        while num_epochs is None or epoch < num_epochs:
+            for s in step_order(steps, seed, epoch):
+                i, k = owner[int(s)]
+                if i not in handles:
+                    open_file(i)
+                if k >= len(offsets[i]):
+                    raise ValueError(f"{tverify.path_of(artifact_dir, entries[i])}: has {len(offsets[i])} records, "
+                                     f"the manifest lists steps {entries[i].first_step}..{entries[i].last_step}")
+                start, length = offsets[i][k]
+                fh = handles[i]
+                fh.seek(start)
+                body = fh.read(length + 4)
+                payload = body[:length]
+                if len(body) < length + 4 or _mask_crc(google_crc32c.value(payload)) != struct.unpack_from(
+                        "<I", body, length)[0]:
+                    raise ValueError(f"{tverify.path_of(artifact_dir, entries[i])}: step {int(s)}: corrupt or "
+                                     "truncated record")
+                yield payload
+            epoch += 1
+    finally:
+        for fh in handles.values():
+            fh.close()
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)

@@ -34,6 +34,7 @@ A spec file looks like this (every key is documented in docs/spec.md)::
              allow_id_dropping: false}
     policies: {invalid_ids: drop, nan_weights: drop, tail: drop, lost_framing: error}
     training: {pipeline_execution_with_tensor_core: false}   # TPUEmbeddingV2 flag; not fingerprinted
+    shards: {compression: none}        # none | GZIP | ZLIB (shard files); not fingerprinted
 
 The format is a set of pydantic models: every default is the default of its
 field, unknown keys are refused.  Validation errors are `SpecError`s whose
@@ -313,6 +314,22 @@ class TrainingSpec(_Model):
         False, fix="true lets SparseCore run ahead of the TensorCore (one-step-stale updates); default false.")
 
 
+def _compression(v: Any) -> Any:
+    """`shards.compression` in any case; TF's spelling ("GZIP", "ZLIB") is canonical, null means none."""
+    if v is None:
+        return "none"
+    if isinstance(v, str):
+        return {"none": "none", "gzip": "GZIP", "zlib": "ZLIB"}.get(v.lower(), v)
+    return v
+
+
+class ShardsSpec(_Model):
+    # How the shard files are stored (tpu_embed.shards format 2). Not part of the fingerprint: every
+    # option decodes to the same tensors.
+    compression: Annotated[Literal["none", "GZIP", "ZLIB"], BeforeValidator(_compression)] = _field(
+        "none", fix="use none, GZIP or ZLIB (any case): tf.data.TFRecordDataset's compression_type.")
+
+
 class ShuffleSpec(_Model):
     # Examples are permuted before batching by a seeded bijection of their global index
     # (tpu_embed.permutation); the seed is fingerprinted (it changes the shards).
@@ -397,6 +414,7 @@ class Spec(_Model):
     shuffle: Optional[ShuffleSpec] = None  # None: (input file, record) order
     epochs: PosInt = _field(1, fix="a positive integer (epochs > 1 needs `shuffle`).")
     training: Annotated[TrainingSpec, NullIsDefault] = Field(default_factory=TrainingSpec)
+    shards: Annotated[ShardsSpec, NullIsDefault] = Field(default_factory=ShardsSpec)
     name: Annotated[str, Field(strict=True)] = "spec"
     _base_dir: str = PrivateAttr(".")
     _source_path: Optional[str] = PrivateAttr(None)
@@ -573,7 +591,7 @@ class Spec(_Model):
                 "optimizer": d["optimizer"], "topology": self.topology.to_dict(),
                 "global_batch_size": self.global_batch_size, "profile_data_directory": self.profile_data_directory,
                 "limits": limits if self.limits.given else None, "policies": d["policies"],
-                "training": d["training"],
+                "training": d["training"], "shards": d["shards"],
                 # shuffle/epochs only when shuffled: the fingerprints of unshuffled specs are unchanged
                 **({"shuffle": d["shuffle"], "epochs": self.epochs} if self.shuffle is not None else {})}
 
@@ -586,7 +604,8 @@ class Spec(_Model):
         """sha256 of the canonical JSON of `to_dict()` without where the data lives.
 
         `inputs` (where the data lives and how it is encoded: patterns, format, csv
-        options), `name`, `profile_data_directory` and `training` are left out: the
+        options), `name`, `profile_data_directory`, `training` and `shards` (how the
+        shard files are stored; every option decodes to the same tensors) are left out: the
         same spec run on another copy of the data -- CSV or Parquet or TFRecord --
         (or by the training job, which does not read raw data) has the same fingerprint.
         """
@@ -595,6 +614,7 @@ class Spec(_Model):
         d.pop("name")
         d.pop("profile_data_directory")
         d.pop("training")
+        d.pop("shards")
         return _fingerprint(d)
 
     def with_inputs(self, patterns: Sequence[str], base_dir: Optional[str] = None) -> "Spec":

@@ -132,10 +132,15 @@ def check_shard_steps(m: Manifest, host_index: int) -> None:
             f"{m.shards.steps} steps: a shard file is missing from the manifest. {_FIX}")
 
 
-def verify_shard_bytes(path: str, data: bytes, entry: FileEntry, level: str = "size") -> None:
-    """Framing and record CRCs of a shard file's bytes (and sha256 at level "sha256"); names file, step, byte."""
+def verify_shard_bytes(path: str, data: bytes, entry: FileEntry, level: str = "size",
+                       compression: str = "none") -> None:
+    """Framing and record CRCs of a shard file's bytes (and sha256 at level "sha256"); names file, step, byte.
+
+    `compression` (the shard format's): size and sha256 are the file's; the stream is then decompressed
+    (its own CRC / Adler-32 checked) and the framing checked in the decompressed bytes.
+    """
     import google_crc32c
-    from tpu_embed.shards import _mask_crc
+    from tpu_embed.shards import _mask_crc, decompress
     if level == "none":
         return
     if len(data) != entry.bytes:
@@ -146,6 +151,11 @@ def verify_shard_bytes(path: str, data: bytes, entry: FileEntry, level: str = "s
         if digest != entry.sha256:
             raise ArtifactDamagedError(f"{path}: {_what(entry)} has sha256 {digest[:16]}…, the manifest lists "
                                        f"{entry.sha256[:16]}…: its content changed. {_FIX}")
+    if compression != "none":
+        try:
+            data = decompress(data, compression, path)
+        except ValueError as e:
+            raise ArtifactDamagedError(f"{e}: the shard file is damaged; no record of it was used. {_FIX}") from None
     pos, n, i = 0, len(data), 0
     first = entry.first_step or 0
     while pos < n:
@@ -165,7 +175,8 @@ def verify_shard_bytes(path: str, data: bytes, entry: FileEntry, level: str = "s
                 if _mask_crc(google_crc32c.value(data[pos + 12:pos + 12 + length])) != crc:
                     problem = "corrupt record data (CRC mismatch)"
         if problem:
-            raise ArtifactDamagedError(f"{path}: step {step} (record {i} of the file, byte {pos}): {problem}. The "
+            where = f"byte {pos}" if compression == "none" else f"byte {pos} of the decompressed {compression} stream"
+            raise ArtifactDamagedError(f"{path}: step {step} (record {i} of the file, {where}): {problem}. The "
                                        f"shard file is damaged; no record of it was used. {_FIX}")
         pos += 12 + length + 4
         i += 1
@@ -173,7 +184,7 @@ def verify_shard_bytes(path: str, data: bytes, entry: FileEntry, level: str = "s
         raise ArtifactDamagedError(f"{path}: {i} records, the manifest lists {entry.records}. {_FIX}")
 
 
-def checked_shard_paths(artifact_dir: str, entries: List[FileEntry], level: str):
+def checked_shard_paths(artifact_dir: str, entries: List[FileEntry], level: str, compression: str = "none"):
     """A `tf.data.Dataset` of the shard paths that verifies each file as it is first opened (lazily).
 
     A verified file is remembered (by path, size and mtime where available) and not read again in
@@ -186,7 +197,7 @@ def checked_shard_paths(artifact_dir: str, entries: List[FileEntry], level: str)
     def check(p):
         path = p.numpy().decode("utf-8")
         if path not in done:
-            verify_shard_bytes(path, tio.read_bytes(path), by_path[path], level)
+            verify_shard_bytes(path, tio.read_bytes(path), by_path[path], level, compression)
             done.add(path)
         return p
 

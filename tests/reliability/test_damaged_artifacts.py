@@ -80,7 +80,8 @@ def test_shard_missing_from_the_manifest(art):
 def test_corrupted_record_same_size_names_file_and_step(art):
     p = os.path.join(art, SHARD)
     data = bytearray(open(p, "rb").read())
-    data[len(data) // 2] ^= 0x10  # inside a record of steps 20..29, size unchanged
+    pos, payload = list(shards.iter_tfrecords(bytes(data)))[5]
+    data[pos + 12 + len(payload) // 2] ^= 0x10  # inside record 5's payload (steps 20..29), size unchanged
     open(p, "wb").write(bytes(data))
     load_artifact(art)  # size level: sizes match
     with pytest.raises(ArtifactDamagedError, match="sha256"):
@@ -194,8 +195,8 @@ def test_profile_of_another_configuration(art):
 
 
 def test_newer_manifest_schema_and_shard_format(art):
-    edit_manifest(art, lambda d: d["shards"]["format"].update(version=2))
-    with pytest.raises(ValueError, match="shard format version 2 is not supported"):
+    edit_manifest(art, lambda d: d["shards"]["format"].update(version=shards.FORMAT_VERSION + 1))
+    with pytest.raises(ValueError, match=f"shard format version {shards.FORMAT_VERSION + 1} is not supported"):
         shards.input_fn(art)
     edit_manifest(art, lambda d: d.update(schema_version=2))
     with pytest.raises(ManifestError, match="written by a newer tpu_embed"):
