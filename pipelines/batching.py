@@ -16,7 +16,7 @@ With `shuffle` in the spec, example k goes to position p(k) of its epoch instead
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable, Dict, Iterator, Optional, Sequence, Tuple
+from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -157,15 +157,77 @@ def assemble_step(pieces: Sequence[Tuple[int, ExampleBlock]], batch: int, num_de
 
 # ---------------------------------------------------------------- shuffled global batches
 
+@dataclasses.dataclass
+class PackedPiece:
+    """Examples of one step from one chunk, with their slots, in a few flat arrays.
+
+    A shuffled chunk is cut into up to one piece per step, so pieces can be small; an ExampleBlock
+    would cost four arrays per feature to send through the GroupByKey, this costs ten in all. Per
+    example: slot, label, dense row, mask and, per feature (in `names` order), its value count and OOV
+    count; the ids (and weights) example-major: example 0's ids of every feature in order, then
+    example 1's, ... Weights of unweighted features are ones; `weights` is None if no feature is weighted.
+    """
+    slots: np.ndarray  # int64 [n]
+    label: np.ndarray  # float32 [n]
+    dense: np.ndarray  # float32 [n, D]
+    mask: np.ndarray  # float32 [n]
+    names: Tuple[str, ...]
+    weighted: Tuple[bool, ...]
+    lengths: np.ndarray  # int64 [n, F]
+    oov: np.ndarray  # int32 [n, F]
+    ids: np.ndarray  # int64 [lengths.sum()]
+    weights: Optional[np.ndarray]  # float32 [lengths.sum()]
+
+    @property
+    def num_examples(self) -> int:
+        return int(self.slots.size)
+
+    @staticmethod
+    def pack(block: ExampleBlock, slots: np.ndarray) -> "PackedPiece":
+        names = tuple(block.features)
+        n, nf = block.num_examples, len(names)
+        lengths = np.empty((n, nf), np.int64)
+        oov = np.empty((n, nf), np.int32)
+        for f, k in enumerate(names):
+            lengths[:, f] = block.features[k].lengths
+            oov[:, f] = block.features[k].oov
+        flat = np.zeros(n * nf + 1, np.int64)
+        np.cumsum(lengths.ravel(), out=flat[1:])
+        total = int(flat[-1])
+        weighted = tuple(block.features[k].weights is not None for k in names)
+        ids = np.empty(total, np.int64)
+        weights = np.ones(total, np.float32) if any(weighted) else None
+        for f, k in enumerate(names):
+            fb = block.features[k]
+            dest = np.repeat(flat[f:n * nf:nf] - fb._starts()[:-1], fb.lengths) + np.arange(fb.ids.size)
+            ids[dest] = fb.ids
+            if fb.weights is not None and weights is not None:
+                weights[dest] = fb.weights
+        return PackedPiece(np.asarray(slots, np.int64), block.label, block.dense, block.mask, names, weighted,
+                           lengths, oov, ids, weights)
+
+    def split(self, bounds: Sequence[int]) -> List["PackedPiece"]:
+        """The examples [bounds[i], bounds[i+1]) as pieces (views)."""
+        row = np.zeros(self.num_examples + 1, np.int64)
+        np.cumsum(self.lengths.sum(axis=1), out=row[1:])
+        out = []
+        for a, b in zip(bounds[:-1], bounds[1:]):
+            lo, hi = int(row[a]), int(row[b])
+            out.append(PackedPiece(self.slots[a:b], self.label[a:b], self.dense[a:b], self.mask[a:b], self.names,
+                                   self.weighted, self.lengths[a:b], self.oov[a:b], self.ids[lo:hi],
+                                   None if self.weights is None else self.weights[lo:hi]))
+        return out
+
+
 def scatter_into_steps(block: ExampleBlock, start: int, batch: int, steps: int,
                        positions: Callable[[np.ndarray], np.ndarray], first_step: int = 0
-                       ) -> Iterator[Tuple[int, Tuple[np.ndarray, ExampleBlock]]]:
-    """(step, (slots, piece)) for a block starting at global `start`, under a permutation of the examples.
+                       ) -> Iterator[Tuple[int, PackedPiece]]:
+    """(step, piece) for a block starting at global `start`, under a permutation of the examples.
 
     `positions` maps global example indices to positions in the epoch (`tpu_embed.permutation`):
     example g goes to step `first_step + p // batch`, slot `p % batch` (p = positions(g)); positions at or
     past `steps * batch` (the dropped tail) are not emitted. Each piece holds the block's examples of one
-    step in slot order, with their slots (int64, ascending).
+    step in slot order.
     """
     n = block.num_examples
     if n == 0:
@@ -175,24 +237,55 @@ def scatter_into_steps(block: ExampleBlock, start: int, batch: int, steps: int,
     order = np.argsort(pos[rows], kind="stable")
     rows, pos = rows[order], pos[rows][order]
     step_of = pos // batch
-    bounds = np.concatenate([[0], np.flatnonzero(np.diff(step_of)) + 1, [rows.size]])
-    for a, b in zip(bounds[:-1].tolist(), bounds[1:].tolist()):
-        yield first_step + int(step_of[a]), (pos[a:b] % batch, block.take(rows[a:b]))
+    bounds = np.concatenate([[0], np.flatnonzero(np.diff(step_of)) + 1, [rows.size]]).tolist()
+    # One gather and one packing for the whole block, then views per step.
+    packed = PackedPiece.pack(block.take(rows), pos % batch)
+    for a, piece in zip(bounds[:-1], packed.split(bounds)):
+        yield first_step + int(step_of[a]), piece
 
 
-def assemble_shuffled_step(pieces: Sequence[Tuple[np.ndarray, ExampleBlock]], batch: int, num_dense: int
-                           ) -> ExampleBlock:
+def assemble_shuffled_step(pieces: Sequence[PackedPiece], batch: int, num_dense: int) -> ExampleBlock:
     """The global batch from scattered pieces, in slot order; a short last step is padded.
 
-    The result depends only on which example has which slot, not on the pieces' order or grouping.
+    The result depends only on which example has which slot, not on the pieces' order or grouping;
+    it is the ExampleBlock `ExampleBlock.concat` of the examples in slot order would give.
     """
-    slots = np.concatenate([np.asarray(s, np.int64) for s, _ in pieces])
+    names = pieces[0].names
+    nf = len(names)
+    slots = np.concatenate([p.slots for p in pieces])
+    n = slots.size
     order = np.argsort(slots, kind="stable")
-    if not np.array_equal(slots[order], np.arange(slots.size)):
+    if not np.array_equal(slots[order], np.arange(n)):
         raise RuntimeError("internal error: shuffled step pieces do not tile the batch")
-    block = ExampleBlock.concat([p for _, p in pieces]).take(order)
-    if slots.size < batch:
-        block = ExampleBlock.concat([block, ExampleBlock.padding(batch - slots.size, num_dense, block)])
+    lengths_in = np.concatenate([p.lengths for p in pieces])
+    lengths, oov = lengths_in[order], np.concatenate([p.oov for p in pieces])[order]
+    weighted = [any(p.weighted[f] for p in pieces) for f in range(nf)]
+    ids_in = np.concatenate([p.ids for p in pieces])
+    w_in = np.concatenate([p.weights if p.weights is not None else np.ones(p.ids.size, np.float32)
+                           for p in pieces]) if any(weighted) else None
+    # Rows into slot order (example-major), then each feature's ids together in example order.
+    row_in = np.zeros(n + 1, np.int64)
+    np.cumsum(lengths_in.sum(axis=1), out=row_in[1:])
+    tot = lengths.sum(axis=1)
+    row = np.zeros(n + 1, np.int64)
+    np.cumsum(tot, out=row[1:])
+    src = np.repeat(row_in[:-1][order] - row[:-1], tot) + np.arange(int(row[-1]), dtype=np.int64)
+    by_feature = np.argsort(np.repeat(np.tile(np.arange(nf), n), lengths.ravel()), kind="stable")
+    src = src[by_feature]
+    ids, w = ids_in[src], None if w_in is None else w_in[src]
+    fstart = np.zeros(nf + 1, np.int64)
+    np.cumsum(lengths.sum(axis=0), out=fstart[1:])
+    features = {}
+    for f, k in enumerate(names):
+        lo, hi = int(fstart[f]), int(fstart[f + 1])
+        features[k] = FeatureBlock(np.ascontiguousarray(lengths[:, f]), ids[lo:hi],
+                                   w[lo:hi] if weighted[f] and w is not None else None,
+                                   np.ascontiguousarray(oov[:, f]))
+    block = ExampleBlock(np.concatenate([p.label for p in pieces])[order],
+                         np.concatenate([p.dense for p in pieces])[order],
+                         np.concatenate([p.mask for p in pieces])[order], features)
+    if n < batch:
+        block = ExampleBlock.concat([block, ExampleBlock.padding(batch - n, num_dense, block)])
     return block
 
 

@@ -157,17 +157,22 @@ def synthetic_block(n, rng, start=0):
     ids = rng.integers(0, 50, int(lengths.sum())).astype(np.int64)
     weights = rng.random(ids.size).astype(np.float32)
     g = np.arange(start, start + n)
+    lengths2 = rng.integers(0, 3, n).astype(np.int64)
     return ExampleBlock(g.astype(np.float32), np.stack([g * 2.0], 1).astype(np.float32), np.ones(n, np.float32),
-                        {"f": FeatureBlock(lengths, ids, weights, (g % 3).astype(np.int32))})
+                        {"f": FeatureBlock(lengths, ids, weights, (g % 3).astype(np.int32)),
+                         "u": FeatureBlock(lengths2, rng.integers(0, 9, int(lengths2.sum())).astype(np.int64), None,
+                                           (g % 2).astype(np.int32))})
 
 
 def assert_blocks_equal(a, b):
     for x, y in ((a.label, b.label), (a.dense, b.dense), (a.mask, b.mask)):
-        assert np.array_equal(x, y)
+        assert x.dtype == y.dtype and np.array_equal(x, y)
+    assert list(a.features) == list(b.features)
     for k in a.features:
         fa, fb = a.features[k], b.features[k]
+        assert (fa.weights is None) == (fb.weights is None)
         for x, y in ((fa.lengths, fb.lengths), (fa.ids, fb.ids), (fa.weights, fb.weights), (fa.oov, fb.oov)):
-            assert np.array_equal(x, y)
+            assert x is None or (x.dtype == y.dtype and np.array_equal(x, y))
 
 
 def test_take_gathers_ragged_rows():
