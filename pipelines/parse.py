@@ -91,6 +91,11 @@ def list_form(col) -> Tuple[np.ndarray, pa.Array]:
     if pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t):
         lengths = pc.fill_null(pc.list_value_length(col), 0).to_numpy(zero_copy_only=False).astype(np.int64)
         values = _as_array(pc.list_flatten(col))
+        if values.null_count:  # a null inside a list is no value, as a null cell is
+            rows = pc.list_parent_indices(col).to_numpy(zero_copy_only=False)
+            null = np.asarray(pc.is_null(values).to_numpy(zero_copy_only=False), dtype=bool)
+            lengths = lengths - np.bincount(rows[null], minlength=lengths.size).astype(np.int64)
+            values = values.drop_null()
         return lengths, values
     lengths = np.ones(len(col), dtype=np.int64)
     if col.null_count:
