@@ -44,6 +44,9 @@ def _add_common(sp: argparse.ArgumentParser, output_required: bool = True):
                     help="stop at the first bad record (message names file and record) instead of writing "
                          "it to dead_letter/ and counting it")
     sp.add_argument("--chunk-rows", type=int, default=None, help="rows per Arrow batch (default 32768)")
+    sp.add_argument("--split-bytes", type=int, default=None, metavar="N",
+                    help="input files larger than N bytes are read by several workers: CSV by byte range, "
+                         "Parquet by row group (default 67108864, 64 MiB); the output does not depend on it")
     sp.add_argument("--overwrite", action="store_true",
                     help="replace an existing artifact in --output (run/vocab refuse a non-empty --output, shard "
                          "one with shards, without it); files the new manifest does not list are deleted")
@@ -132,6 +135,10 @@ def _config(args, **kw):
     c = dict(spec=spec, output=args.output, strict=args.strict)
     if args.chunk_rows:
         c["chunk_rows"] = args.chunk_rows
+    if args.split_bytes is not None:
+        if args.split_bytes < 1:
+            raise UserError(f"--split-bytes must be a positive number of bytes, got {args.split_bytes}")
+        c["split_bytes"] = args.split_bytes
     for a, k in (("vocab", "vocab_dir"), ("plan", "plan"), ("tail", "tail"), ("steps_per_file", "steps_per_file"),
                  ("profile_dir", "profile_dir"), ("vocab_engine", "vocab_engine")):
         if getattr(args, a, None) is not None:

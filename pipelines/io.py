@@ -1,10 +1,19 @@
 """Input files -> Arrow record batches, and atomic output files.
 
-Readers work per file and yield `RawBatch`es (Arrow columns + the record
-number of every row) plus `DeadLetter`s for what cannot be read; they never
-drop anything silently.  All file access goes through `tpu_embed.io`
-(local paths and object stores alike: gs://, s3://, ...), on the launcher and
-on the workers of any runner.
+Readers work per *input split* and yield `RawBatch`es (Arrow columns + the
+record number of every row) plus `DeadLetter`s for what cannot be read; they
+never drop anything silently.  A split is a byte range of one file
+(`plan_splits`): CSV files are split by byte range, Parquet files by row group
+(a row group belongs to the split holding its first byte), TFRecord files are
+one split each.  Every record belongs to exactly one split, so the records,
+their numbers and the dead letters are the same for any split size and any
+number of workers (docs/pipelines.md, "Splittable reads").
+
+Readers stream: memory is bounded by a block (`READ_BYTES`), a batch of
+`chunk_rows` records and the largest record, not by the file.  All file access
+goes through `tpu_embed.io` (local paths and object stores alike: gs://,
+s3://, ...; splits are ranged reads), on the launcher and on the workers of
+any runner.
 """
 
 from __future__ import annotations
@@ -12,7 +21,8 @@ from __future__ import annotations
 import csv
 import dataclasses
 import io
-from typing import Dict, Iterator, List, Optional, Sequence, Tuple
+import struct
+from typing import Any, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 import pyarrow as pa
@@ -22,6 +32,9 @@ from tpu_embed import io as tio
 from tpu_embed.shards import iter_tfrecords, tfrecord_frame  # noqa: F401  (one TFRecord codec)
 
 DEFAULT_CHUNK_ROWS = 32768
+DEFAULT_SPLIT_BYTES = 64 << 20  # input files larger than this are read by several workers
+READ_BYTES = 4 << 20  # bytes per read of the streaming readers
+_CSV_BATCH_BYTES = 32 << 20  # a CSV batch is at most chunk_rows records or about this many bytes
 
 
 class StrictModeError(RuntimeError):
@@ -33,6 +46,20 @@ class InputFile:
     index: int  # position in the sorted list of all matched files
     path: str
     size: int
+
+
+@dataclasses.dataclass(frozen=True)
+class InputSplit:
+    """Bytes [start, end) of an input file: the records that *start* there (the last split: to the end)."""
+    file: InputFile
+    index: int  # 0-based split of the file
+    count: int  # splits of the file
+    start: int
+    end: int
+
+    @property
+    def last(self) -> bool:
+        return self.index == self.count - 1
 
 
 @dataclasses.dataclass
@@ -53,7 +80,7 @@ class RawBatch:
     file_index: int
     path: str
     batch_index: int
-    record_numbers: np.ndarray  # int64, per row
+    record_numbers: np.ndarray  # int64, per row, increasing
     columns: Dict[str, pa.Array]
 
     @property
@@ -61,7 +88,7 @@ class RawBatch:
         return int(self.record_numbers.size)
 
 
-# ---------------------------------------------------------------- listing
+# ---------------------------------------------------------------- listing and splits
 
 def list_input_files(patterns: Sequence[str]) -> List[InputFile]:
     """Every file matching the patterns, sorted by path (the order global batches follow)."""
@@ -77,15 +104,38 @@ def list_input_files(patterns: Sequence[str]) -> List[InputFile]:
     return [InputFile(i, p, found[p]) for i, p in enumerate(sorted(found))]
 
 
+def whole_file(f: InputFile) -> InputSplit:
+    return InputSplit(f, 0, 1, 0, f.size)
+
+
+def plan_splits(fmt: str, files: Sequence[InputFile], split_bytes: int = DEFAULT_SPLIT_BYTES) -> List[InputSplit]:
+    """The splits of every file: [k*split_bytes, (k+1)*split_bytes) for CSV and Parquet, whole TFRecord files."""
+    if split_bytes < 1:
+        raise ValueError(f"split size must be a positive number of bytes, got {split_bytes}")
+    out = []
+    for f in files:
+        count = 1 if fmt == "tfrecord" or f.size <= split_bytes else -(-f.size // split_bytes)
+        for k in range(count):
+            out.append(InputSplit(f, k, count, k * split_bytes, f.size if k == count - 1 else (k + 1) * split_bytes))
+    return out
+
+
 # ---------------------------------------------------------------- readers
 
-def read_file(fmt: str, f: InputFile, columns: Sequence[str], *, csv_delimiter: str = ",",
-              chunk_rows: int = DEFAULT_CHUNK_ROWS, strict: bool = False
-              ) -> Iterator[object]:
-    """Yield `RawBatch` and `DeadLetter` objects for one input file."""
-    reader = {"csv": _read_csv, "tfrecord": _read_tfrecord, "parquet": _read_parquet}[fmt]
+def read_split(fmt: str, split: InputSplit, columns: Sequence[str], *, csv_delimiter: str = ",",
+               chunk_rows: int = DEFAULT_CHUNK_ROWS, strict: bool = False,
+               csv_state: Optional[Tuple[int, int]] = None) -> Iterator[object]:
+    """Yield `RawBatch` and `DeadLetter` objects for the records that start in one split.
+
+    Whole-file letters come from the file's split 0 only. `csv_state` is the CSV quote state and line
+    count at the split's start (`csv_split_states`); without it a split of a CSV file that is not the
+    first computes it by scanning the bytes before it.
+    """
+    f = split.file
+    readers = {"csv": _read_csv, "tfrecord": _read_tfrecord, "parquet": _read_parquet}
     any_rows = False
-    for item in reader(f, list(columns), csv_delimiter=csv_delimiter, chunk_rows=chunk_rows, strict=strict):
+    for item in readers[fmt](split, list(columns), csv_delimiter=csv_delimiter, chunk_rows=chunk_rows,
+                             csv_state=csv_state):
         if isinstance(item, DeadLetter):
             item.file_index = f.index
             if strict and item.record < 0:  # record-level letters: the caller raises on the first one
@@ -94,15 +144,37 @@ def read_file(fmt: str, f: InputFile, columns: Sequence[str], *, csv_delimiter: 
             any_rows = True
             progress.advance(item.num_rows)
         yield item
-    if not any_rows and f.size == 0:
+    if split.index == 0 and not any_rows and f.size == 0:
         dl = DeadLetter(f.path, -1, "empty_file", "the file is empty (0 bytes)", f.index)
         if strict:
             raise StrictModeError(f"--strict: {f.path}: empty file")
         yield dl
 
 
+def read_file(fmt: str, f: InputFile, columns: Sequence[str], *, csv_delimiter: str = ",",
+              chunk_rows: int = DEFAULT_CHUNK_ROWS, strict: bool = False) -> Iterator[object]:
+    """Yield `RawBatch` and `DeadLetter` objects for one input file (one split)."""
+    return read_split(fmt, whole_file(f), columns, csv_delimiter=csv_delimiter, chunk_rows=chunk_rows,
+                      strict=strict)
+
+
 def _open(path: str):
     return tio.open_read(path)
+
+
+class _Source:
+    """Ranged reads of an open input file (a local file or an fsspec file: seek + read)."""
+
+    def __init__(self, fh):
+        self.fh = fh
+        fh.seek(0, 2)
+        self.size = int(fh.tell())
+
+    def read(self, offset: int, n: int) -> bytes:
+        if n <= 0 or offset >= self.size:
+            return b""
+        self.fh.seek(offset)
+        return bytes(self.fh.read(min(n, self.size - offset)))
 
 
 def _missing_columns_letter(f: InputFile, missing: List[str], have: List[str]) -> DeadLetter:
@@ -122,83 +194,355 @@ FRAMING_REASONS = ("framing_lost", "after_framing_loss")
 FILE_REASONS = ("empty_file", "missing_columns", "bad_header", "not_parquet", "unreadable_file")
 
 
-def _csv_record_lines(data: bytes, delimiter: str):
-    """(start line of every data record, unterminated-quote start line or None) of a CSV file's bytes.
+# ---------------------------------------------------------------- CSV: record boundaries, vectorised
+#
+# Records are found as pyarrow's parser finds them (quoting on, "" escapes, values may hold line breaks):
+# a line break (\n, \r\n or a lone \r) ends a record unless a quoted value is open there. Only the
+# quote characters change that state, and they come in runs (maximal stretches of quote characters).
+# A run of length L changes "a quoted value is open" (q) as follows:
+#   q = 1:                     q' = (L even)             ("" pairs are quotes, an odd one closes)
+#   q = 0 at a field start:    q' = (L odd)              (the first opens, the rest are pairs)
+#   q = 0 inside a field:      q' = 0                    (quote characters inside an unquoted value are text)
+# "At a field start" is: the byte before the run is the delimiter, \n or \r, or the run starts the file
+# (after a UTF-8 byte order mark, which pyarrow skips). With q = 1 the byte before does not matter, so each
+# run is one of three functions of q (identity, not, zero), known from the bytes alone: their composition is
+# a cumulative sum, and so is the line count. That makes a byte range's effect a (q at its end for q = 0 at
+# its start, same for q = 1, line breaks) triple, and a split can start reading anywhere once the triples of
+# the ranges before it are known (`csv_split_summary`, `csv_split_states`).
 
-    Line numbers are 1-based (the header is line 1) and count every line break, also those inside
-    quoted values, so a record's number is the line it starts on.  Empty lines are not records
-    (as in pyarrow's reader).  A quote left open at the end of the file is reported with the line of
-    the record it opens in.
+_QUOTE, _LF, _CR = 0x22, 0x0A, 0x0D
+_BOM = b"\xef\xbb\xbf"
+
+
+def _delimiter_byte(delimiter: str) -> int:
+    b = delimiter.encode("utf-8")
+    return b[0] if len(b) == 1 else -1
+
+
+def _scan(b: np.ndarray, lo: int, hi: int, q: int, bof: int, delim: int, after: int, both: bool = False):
+    """Line breaks and quote state of b[lo:hi] (uint8), with a quoted value open at lo iff q.
+
+    b[lo - 1] must be the byte before lo (or lo = 0 the file start), every run of quote characters that
+    starts in [lo, hi) must end before hi, and `after` is b[hi] (-1 at the end of the file; only looked at
+    when b[hi - 1] is \\r). `bof` is the index in b of the file's first field, if b holds it.
+    Returns (positions in b of the line breaks, which of them end a record, q at hi for q = 0 at lo,
+    q at hi for q = 1 at lo); with both=False only the one for the given q is right.
     """
-    text = data.decode("latin-1")  # one char per byte: line breaks are where they are in the bytes
-    old = csv.field_size_limit()
-    csv.field_size_limit(1 << 30)
+    seg = b[lo:hi]
+    brk = seg == _LF
+    cr = seg == _CR
+    if cr.any():
+        nxt = np.empty_like(seg)
+        nxt[:-1] = seg[1:]
+        nxt[-1] = after if after >= 0 else 0
+        brk |= cr & (nxt != _LF)
+    breaks = np.flatnonzero(brk)
+    quotes = np.flatnonzero(seg == _QUOTE)
+    if not quotes.size:
+        return breaks + lo, np.full(breaks.size, q == 0), 0, 1
+    quotes += lo
+    fixes = _parity_fixes(b, quotes, q, bof, delim)
+    if fixes is None:
+        return _scan_runs(b, quotes, breaks + lo, q, bof, delim)
+    before = np.searchsorted(quotes, breaks + lo)  # quote characters before each break
+    state = (q + before + np.searchsorted(fixes, before, side="right")) & 1
+    end = (q + quotes.size + fixes.size) & 1
+    other = end ^ 1
+    if both:
+        fixes1 = _parity_fixes(b, quotes, 1 - q, bof, delim)
+        other = (1 - q + quotes.size + fixes1.size) & 1 if fixes1 is not None else \
+            _scan_runs(b, quotes, breaks[:0] + lo, 1 - q, bof, delim)[3 - q]
+    return breaks + lo, state == 0, (other if q else end), (end if q else other)
+
+
+def _parity_fixes(b: np.ndarray, quotes: np.ndarray, q: int, bof: int, delim: int, most: int = 16):
+    """The quote state as a parity: q at a position is (q + quote characters before it + fixes before them) % 2.
+
+    That holds as long as every quote character met outside a quoted value starts a field (or is the second
+    of a pair); a run of an odd number of them inside an unquoted value (text, not a quote) adds a fix after
+    it. Returns the fixes (quote counts after which one more flip applies), None after `most` of them (the
+    caller then takes the run-by-run way, `_scan_runs`).
+    """
+    fixes: List[int] = []
+    k0 = 0
+    nq = quotes.size
+    ok_byte = np.zeros(256, bool)
+    ok_byte[[_QUOTE, _LF, _CR] + ([delim] if delim >= 0 else [])] = True
+    while k0 < nq:
+        pos = quotes[k0 + ((q + k0 + len(fixes)) & 1)::2]  # quote characters met with no quoted value open
+        ok = ok_byte[b[pos - 1]]
+        if pos.size and pos[0] == 0:
+            ok[0] = bof == 0
+        if 0 < bof < b.size and b[bof] == _QUOTE:
+            ok[pos == bof] = True
+        stray = np.flatnonzero(~ok)
+        if not stray.size:
+            break
+        if len(fixes) >= most:
+            return None
+        k = k0 + ((q + k0 + len(fixes)) & 1) + 2 * int(stray[0])
+        gaps = np.flatnonzero(np.diff(quotes[k:]) != 1)
+        run = int(gaps[0]) + 1 if gaps.size else nq - k
+        if run & 1:
+            fixes.append(k + run)
+        k0 = k + run
+    return np.asarray(fixes, np.int64)
+
+
+def _scan_runs(b: np.ndarray, quotes: np.ndarray, breaks: np.ndarray, q: int, bof: int, delim: int):
+    """`_scan` run by run (any number of quote characters inside unquoted values); quotes and breaks are
+    positions in b."""
+    cut = np.flatnonzero(np.diff(quotes) != 1) + 1
+    first = np.concatenate(([0], cut))
+    pos = quotes[first]
+    odd = (np.diff(np.concatenate((first, [quotes.size]))) & 1).astype(bool)
+    prev = b[np.maximum(pos - 1, 0)]
+    at_start = (prev == _LF) | (prev == _CR) | (prev == delim) | (pos == bof)
+    if pos[0] == 0:
+        at_start[0] = bof == 0
+    flip = at_start & odd
+    zero = ~at_start & odd
+    flips = np.cumsum(flip, dtype=np.int64)
+    last_zero = np.maximum.accumulate(np.where(zero, np.arange(zero.size), -1))
+    since_zero = (flips - flips[np.maximum(last_zero, 0)]) & 1
+    reset = last_zero >= 0
+    after_run = np.where(reset, since_zero, (q + flips) & 1)
+    k = np.searchsorted(pos, breaks) - 1
+    state = np.where(k >= 0, after_run[np.maximum(k, 0)], q)
+    end0 = int(since_zero[-1]) if reset[-1] else int(flips[-1] & 1)
+    end1 = end0 if reset[-1] else end0 ^ 1
+    return breaks, state == 0, end0, end1
+
+
+class _Scanner:
+    """Streams a file's bytes forward from `pos` and scans them (`_scan`): line breaks, record ends, quote state.
+
+    The buffer holds [base, base + len(buf)); `release` drops what the caller no longer needs, so memory is
+    what the caller keeps plus one read.
+    """
+
+    def __init__(self, src: _Source, pos: int, q: int, delim: int, bof: int, both: bool = False):
+        self.src, self.delim, self.bof, self.both = src, delim, bof, both
+        self.base = max(pos - 1, 0)
+        self.buf = src.read(self.base, READ_BYTES + (pos - self.base) + 1)
+        self.pos, self.q = pos, q
+        self.f0, self.f1 = 0, 1  # with both: the quote state now, had it been 0 / 1 where the scan started
+        self.lines = 0  # line breaks scanned
+
+    def _more(self) -> bool:
+        more = self.src.read(self.base + len(self.buf), READ_BYTES)
+        self.buf += more
+        return bool(more)
+
+    def byte(self, p: int) -> int:
+        """The byte at offset p (>= base), -1 past the end of the file."""
+        while p - self.base >= len(self.buf):
+            if not self._more():
+                return -1
+        return self.buf[p - self.base]
+
+    def skip_run(self) -> None:
+        """Skip quote characters at pos that go on a run started before it (the scan before counted them)."""
+        if self.pos > 0 and self.byte(self.pos - 1) == _QUOTE:
+            while self.byte(self.pos) == _QUOTE:
+                self.pos += 1
+
+    def run_end(self, p: int) -> int:
+        """p, or the end of the run of quote characters ending at p - 1."""
+        if p > 0 and self.byte(p - 1) == _QUOTE:
+            while self.byte(p) == _QUOTE:
+                p += 1
+        return p
+
+    def step(self, limit: Optional[int] = None):
+        """Scan the next part [pos, stop), stop <= limit (which must not cut a quote run); None at the end.
+
+        Returns (offsets of the line breaks, which of them end a record) and advances pos, q, lines.
+        """
+        size = self.src.size
+        while True:
+            end = self.base + len(self.buf)
+            if self.pos >= size or (limit is not None and self.pos >= limit):
+                return None
+            eof = end >= size
+            if limit is not None and (limit < end or (limit == end and eof)):
+                stop = limit
+            else:
+                stop = self.base + _scan_end(self.buf, self.pos - self.base, eof)
+            if stop > self.pos:
+                break
+            self._more()
+        arr = np.frombuffer(self.buf, np.uint8)
+        after = int(arr[stop - self.base]) if stop - self.base < arr.size else -1
+        breaks, record, e0, e1 = _scan(arr, self.pos - self.base, stop - self.base, self.q, self.bof - self.base,
+                                       self.delim, after, self.both)
+        self.q = e1 if self.q else e0
+        self.f0, self.f1 = (e1 if self.f0 else e0), (e1 if self.f1 else e0)
+        self.lines += int(breaks.size)
+        self.pos = stop
+        return breaks + self.base, record
+
+    def get(self, lo: int, hi: int) -> bytes:
+        """Bytes [lo, hi) (from the buffer, or read again if released)."""
+        if lo >= self.base and hi <= self.base + len(self.buf):
+            return self.buf[lo - self.base:hi - self.base]
+        return self.src.read(lo, hi - lo)
+
+    def release(self, keep_from: int) -> None:
+        keep_from = min(keep_from, self.pos - 1)
+        if keep_from > self.base:
+            self.buf, self.base = self.buf[keep_from - self.base:], keep_from
+
+
+def _scan_end(b: bytes, lo: int, eof: bool) -> int:
+    """The end of the part of b[lo:] that can be scanned now: all of it at the end of the file, else
+    without a trailing run of quote characters (it may go on) or a trailing \\r (it may be a \\r\\n)."""
+    hi = len(b)
+    if eof:
+        return hi
+    while hi > lo and b[hi - 1] in (_QUOTE, _CR):
+        hi -= 1
+    return hi
+
+
+def _csv_bof(src: _Source) -> int:
+    return 3 if src.read(0, 3) == _BOM else 0
+
+
+def _csv_range_summary(src: _Source, lo: int, hi: int, delim: int, bof: int) -> Tuple[int, int, int]:
+    """(q at hi for q = 0 at lo, q at hi for q = 1 at lo, line breaks in [lo, hi)) of a file's bytes.
+
+    The quote runs counted are those that start in [lo, hi), to their end; a run going on at lo belongs
+    to the range before.
+    """
+    sc = _Scanner(src, lo, 0, delim, bof, both=True)
+    sc.skip_run()
+    limit = sc.run_end(hi)
+    while sc.step(limit) is not None:
+        sc.release(sc.pos - 1)
+    return sc.f0, sc.f1, sc.lines
+
+
+def csv_split_summary(split: InputSplit, delimiter: str) -> Tuple[int, int, int]:
+    """The quote-state function and line-break count of a CSV split's bytes (see `_scan`): one pass over
+    them, for the splits after it to start reading at their first record (`csv_split_states`)."""
+    with _open(split.file.path) as fh:
+        src = _Source(fh)
+        hi = src.size if split.last else min(split.end, src.size)
+        return _csv_range_summary(src, split.start, hi, _delimiter_byte(delimiter), _csv_bof(src))
+
+
+def csv_split_states(summaries: Iterable[Tuple[int, Tuple[int, int, int]]]) -> Dict[int, Tuple[int, int]]:
+    """{split index: (quote state, line breaks before it)} for splits 1.. of a file from the summaries of
+    splits 0.. (index, `csv_split_summary`), which must all be there."""
+    out: Dict[int, Tuple[int, int]] = {}
+    q, lines = 0, 0
+    for expect, (index, (e0, e1, nbreaks)) in enumerate(sorted(summaries)):
+        if index != expect:
+            raise ValueError(f"CSV split summaries: split {expect} is missing")
+        q, lines = (e1 if q else e0), lines + nbreaks
+        out[index + 1] = (q, lines)
+    return out
+
+
+@dataclasses.dataclass
+class _CsvHead:
+    names: List[str]  # the header's fields
+    end: int  # offset after the header record (its line break included)
+    lines: int  # line breaks before `end`
+    bof: int  # 0, or 3 after a UTF-8 byte order mark
+
+
+def _csv_head(src: _Source, f: InputFile, columns: List[str], delimiter: str
+              ) -> Tuple[Optional[_CsvHead], Optional[DeadLetter]]:
+    """The header record (the first line, or the first record if a quoted value in it holds line breaks),
+    or the whole-file letter (empty, bad header, missing columns) / the letter of an unterminated header."""
+    bof = _csv_bof(src)
+    sc = _Scanner(src, 0, 0, _delimiter_byte(delimiter), bof)
+    first_break = header_break = None
+    lines = 0
+    while True:
+        got = sc.step()
+        if got is None:
+            break
+        breaks, record = got
+        if first_break is None and breaks.size:
+            first_break = int(breaks[0])
+        if record.any():
+            k = int(np.argmax(record))
+            header_break, lines = int(breaks[k]), sc.lines - breaks.size + k + 1
+            break
+        sc.release(sc.pos - 1)
+    unterminated = header_break is None and sc.q == 1
+    if header_break is not None:
+        text = sc.get(0, header_break)
+    elif unterminated:  # every line is lost with the open quote; the fields of the first line are checked
+        text = sc.get(0, src.size if first_break is None else first_break)
+    else:
+        text = sc.get(0, src.size)
+    if not text.strip() and not _has_content(src):
+        return None, DeadLetter(f.path, -1, "empty_file", "the file has no header and no records", f.index)
+    text = text.rstrip(b"\r")
     try:
-        reader = csv.reader(io.StringIO(text, newline=""), delimiter=delimiter, strict=False)
-        lines: List[int] = []
-        prev = 0
-        for row in reader:
-            if row:
-                lines.append(prev + 1)
-            prev = reader.line_num
-    finally:
-        csv.field_size_limit(old)
-    unterminated = None
-    if lines and '"' in text:
-        last = lines[-1]
-        tail = "\n".join(text.split("\n")[last - 1:]) if last > 1 else text
-        try:
-            for _ in csv.reader(io.StringIO(tail, newline=""), delimiter=delimiter, strict=True):
-                pass
-        except csv.Error as e:
-            if "unexpected end of data" in str(e):
-                unterminated = last
-    return np.asarray(lines[1:], dtype=np.int64), unterminated
+        decoded = text.decode("utf-8")
+        rows = csv.reader(io.StringIO(decoded, newline="") if ("\n" in decoded or "\r" in decoded) else [decoded],
+                          delimiter=delimiter)
+        header = next(iter(rows))
+    except (UnicodeDecodeError, StopIteration, csv.Error):
+        return None, DeadLetter(f.path, -1, "bad_header", "the header line (line 1) is not UTF-8 CSV; every record "
+                                "of the file is sent to the dead letters. Fix: save the file as UTF-8 with a header "
+                                "row", f.index)
+    missing = [c for c in columns if c not in header]
+    if missing:
+        return None, _missing_columns_letter(f, missing, header)
+    if unterminated:
+        return None, _unterminated_letter(f, 1, sc.lines + 1 - _ends_with_break(src), src.size)
+    if header_break is None:  # a header and no line break after it: no records
+        return _CsvHead(header, src.size, sc.lines, bof), None
+    return _CsvHead(header, header_break + 1, lines, bof), None
 
 
-def _line_offset(data: bytes, line: int) -> int:
-    """Byte offset where 1-based `line` starts (\\n line breaks)."""
-    pos = 0
-    for _ in range(line - 1):
-        pos = data.find(b"\n", pos) + 1
-        if pos == 0:
-            return len(data)
-    return pos
+def _ends_with_break(src: _Source) -> int:
+    return int(src.read(src.size - 1, 1) in (b"\n", b"\r"))
 
 
-def _blank_invalid_utf8(data: bytes, record_lines: np.ndarray) -> Tuple[bytes, np.ndarray]:
-    """(`data` with every byte that is not UTF-8 replaced by `?`, the lines of the records that had such bytes).
+def _has_content(src: _Source) -> bool:
+    """Whether the file has a byte that is not ASCII white space."""
+    for off in range(0, src.size, READ_BYTES):
+        if src.read(off, READ_BYTES).strip():
+            return True
+    return False
+
+
+def _unterminated_letter(f: InputFile, line: int, last: int, nbytes: int) -> DeadLetter:
+    return DeadLetter(f.path, line, "framing_lost",
+                      f"unterminated quote: a quoted value opened in the record at line {line} is never closed, so "
+                      f"lines {line}..{max(last, line)} ({nbytes} bytes, the rest of the file) cannot be split into "
+                      "records. Fix: close the quote (a literal quote inside a quoted value is written \"\")", f.index)
+
+
+def _blank_invalid_utf8(data: bytes) -> Tuple[bytes, np.ndarray]:
+    """(`data` with every byte that is not UTF-8 replaced by `?`, the offsets of those bytes).
 
     pyarrow decodes a malformed row's text as UTF-8 before it calls the invalid-row handler; a row
     that is both malformed and not UTF-8 makes that fail (an "Exception ignored" on stderr) and
-    stops the reader.  Blanking one byte for one byte keeps the framing and every offset; the
-    records that had such bytes are dead-lettered by the reader (`_utf8_letter`), so no value is
-    changed silently.
+    stops the reader.  Only bytes >= 0x80 are replaced, one byte for one byte, so the framing and
+    every offset stay; the records that had such bytes are dead-lettered by the reader
+    (`_utf8_letter`) when a column the spec reads has them, so no value is changed silently.
     """
-    try:
-        data.decode("utf-8")
-        return data, np.zeros(0, np.int64)
-    except UnicodeDecodeError:
-        pass
     original = np.frombuffer(data, np.uint8)
     cleaned = np.frombuffer(data.decode("utf-8", "surrogateescape").encode("utf-8", "replace"), np.uint8)
     invalid = np.flatnonzero(original != cleaned)
-    line_starts = np.concatenate([[0], np.flatnonzero(original == ord("\n")) + 1])
-    line = np.searchsorted(line_starts, invalid, side="right")  # 1-based line of each invalid byte
-    record = np.searchsorted(record_lines, line, side="right") - 1  # the header (line 1) was checked before
     out = original.copy()
     out[invalid] = ord("?")
-    return out.tobytes(), np.unique(record_lines[record[record >= 0]])
+    return out.tobytes(), invalid
 
 
-def _utf8_letter(f: InputFile, data: bytes, line: int, record_lines: np.ndarray, header: List[str],
-                 columns: List[str], delimiter: str) -> Optional[DeadLetter]:
-    """The invalid_utf8 dead letter of the record at `line` (original bytes), or None when the bytes
-    that are not UTF-8 are only in columns the spec does not read."""
-    start = _line_offset(data, line)
-    nxt = record_lines[np.searchsorted(record_lines, line, side="right"):]
-    end = _line_offset(data, int(nxt[0])) if nxt.size else len(data)
-    fields = next(csv.reader(io.StringIO(data[start:end].decode("latin-1"), newline=""), delimiter=delimiter), [])
+def _utf8_letter(f: InputFile, record: bytes, line: int, header: List[str], columns: List[str],
+                 delimiter: str) -> Optional[DeadLetter]:
+    """The invalid_utf8 dead letter of a record (its original bytes), or None when the bytes that are not
+    UTF-8 are only in columns the spec does not read."""
+    fields = next(csv.reader(io.StringIO(record.decode("latin-1"), newline=""), delimiter=delimiter), [])
     for name, value in zip(header, fields):
         raw = value.encode("latin-1")
         if name in columns:
@@ -210,200 +554,364 @@ def _utf8_letter(f: InputFile, data: bytes, line: int, record_lines: np.ndarray,
     return None
 
 
-def _open_csv(pacsv, data: bytes, columns, csv_delimiter, on_invalid):
-    # Values are read as bytes and checked for UTF-8 by the caller, row by row.
-    return pacsv.open_csv(
+def _pyarrow_csv(data: bytes, names: List[str], columns: List[str], delimiter: str, on_invalid):
+    import pyarrow.csv as pacsv
+    # The caller made `data` valid UTF-8, and values split at ASCII bytes stay valid: no second check.
+    return pacsv.read_csv(
         io.BytesIO(data),
-        read_options=pacsv.ReadOptions(use_threads=False, block_size=1 << 22),
-        parse_options=pacsv.ParseOptions(delimiter=csv_delimiter, invalid_row_handler=on_invalid,
+        read_options=pacsv.ReadOptions(use_threads=False, block_size=max(1 << 20, len(data) + 1),
+                                       column_names=names),
+        parse_options=pacsv.ParseOptions(delimiter=delimiter, invalid_row_handler=on_invalid,
                                          newlines_in_values=True),
         convert_options=pacsv.ConvertOptions(include_columns=columns,
-                                             column_types={c: pa.large_binary() for c in columns},
-                                             strings_can_be_null=False, quoted_strings_can_be_null=False))
+                                             column_types={c: pa.large_string() for c in columns},
+                                             strings_can_be_null=False, quoted_strings_can_be_null=False,
+                                             check_utf8=False))
 
 
-def _read_csv(f: InputFile, columns: List[str], *, csv_delimiter: str, chunk_rows: int, strict: bool):
-    import pyarrow.csv as pacsv
-    with _open(f.path) as fh:
-        data = fh.read()
-    if not data.strip():
-        if data:
-            yield DeadLetter(f.path, -1, "empty_file", "the file has no header and no records", f.index)
-        return
-    header_end = data.find(b"\n")
-    header_line = data[: header_end if header_end >= 0 else len(data)].rstrip(b"\r")
-    try:
-        header = next(iter(csv.reader([header_line.decode("utf-8")], delimiter=csv_delimiter)))
-    except (UnicodeDecodeError, StopIteration, csv.Error):
-        yield DeadLetter(f.path, -1, "bad_header", "the header line (line 1) is not UTF-8 CSV; every record of "
-                         "the file is sent to the dead letters. Fix: save the file as UTF-8 with a header row",
-                         f.index)
-        return
-    missing = [c for c in columns if c not in header]
-    if missing:
-        yield _missing_columns_letter(f, missing, header)
-        return
-    # Record numbers of CSV rows are the line numbers where the records start (the header is line 1),
-    # also after quoted values with line breaks.
-    record_lines, unterminated = _csv_record_lines(data, csv_delimiter)
-    if unterminated is not None:
-        cut = _line_offset(data, unterminated)
-        nlines = data.count(b"\n", cut) + (0 if data.endswith(b"\n") else 1)
-        yield DeadLetter(f.path, unterminated, "framing_lost",
-                         f"unterminated quote: a quoted value opened in the record at line {unterminated} is "
-                         f"never closed, so lines {unterminated}..{unterminated + nlines - 1} ({len(data) - cut} "
-                         "bytes, the rest of the file) cannot be split into records. Fix: close the quote "
-                         "(a literal quote inside a quoted value is written \"\")", f.index)
-        data = data[:cut]
-        record_lines = record_lines[:-1]
-        if not data.strip():
-            return
+def _parse_records(f: InputFile, head: _CsvHead, columns: List[str], delimiter: str, data: bytes,
+                   starts: np.ndarray, ends: np.ndarray, lines: np.ndarray, batch_index: int):
+    """(RawBatch or None, letters) for consecutive records: data[starts[i]:ends[i]] is record i (at line
+    lines[i]); only empty lines are between them."""
+    m = int(starts.size)
     original = data
-    data, not_utf8_lines = _blank_invalid_utf8(data, record_lines)
-
-    def line_of(ordinal: int) -> int:
-        if ordinal < record_lines.size:
-            return int(record_lines[ordinal])
-        base = int(record_lines[-1]) if record_lines.size else 1
-        return base + 1 + ordinal - record_lines.size
-
-    bad: List[Tuple[int, DeadLetter]] = []  # (ordinal, letter) of malformed rows not yielded yet
-    bad_ordinals: set = set()
-    reported: set = set()  # ordinals of the malformed rows that were yielded
+    try:
+        data.decode("utf-8")
+        not_utf8 = np.zeros(0, np.int64)
+    except UnicodeDecodeError:
+        data, invalid = _blank_invalid_utf8(data)
+        not_utf8 = np.unique(np.searchsorted(starts, invalid, side="right") - 1)
+    bad: Dict[int, DeadLetter] = {}
+    lost = []
 
     def on_invalid(row):
-        ordinal = int(row.number) - 2 if row.number is not None else len(bad_ordinals) + read_so_far
-        bad_ordinals.add(ordinal)
-        bad.append((ordinal, DeadLetter(f.path, line_of(ordinal), "malformed_record",
-                                        f"expected {row.expected_columns} columns, got {row.actual_columns}: "
-                                        f"{row.text[:200]!r}", f.index)))
+        k = -1 if row.number is None else int(row.number) - 1  # rows are numbered from 1, empty lines skipped
+        if 0 <= k < m and k not in bad:
+            bad[k] = DeadLetter(f.path, int(lines[k]), "malformed_record",
+                                f"expected {row.expected_columns} columns, got {row.actual_columns}: "
+                                f"{row.text[:200]!r}", f.index)
+        else:
+            lost.append(row)
         return "skip"
 
-    def drain_bad():
-        for ordinal, letter in bad:
-            reported.add(ordinal)
-            yield letter
-        bad.clear()
-
-    def lost_from() -> int:
-        """The line of the first record neither yielded in a batch nor reported as malformed."""
-        o = next_ordinal
-        while o in reported:
-            o += 1
-        return line_of(o)
-
-    next_ordinal = 0
     try:
-        reader = _open_csv(pacsv, data, columns, csv_delimiter, on_invalid)
-    except (pa.ArrowInvalid, UnicodeDecodeError) as e:
-        yield from drain_bad()
-        yield DeadLetter(f.path, lost_from(), "framing_lost",
-                         f"CSV parsing failed in the first block: {str(e)[:200]}; the file cannot be split into "
-                         "records from here on", f.index)
-        return
-    batch_index = 0
-    pending: List[Tuple[pa.RecordBatch, np.ndarray]] = []
-    pending_rows = 0
-    read_so_far = 0
-
-    def ordinals_for(n: int) -> np.ndarray:
-        nonlocal next_ordinal
-        cand = np.arange(next_ordinal, next_ordinal + n + len(bad_ordinals), dtype=np.int64)
-        if bad_ordinals:
-            cand = cand[~np.isin(cand, np.fromiter(bad_ordinals, dtype=np.int64, count=len(bad_ordinals)))]
-        out = cand[:n]
-        if n:
-            next_ordinal = int(out[-1]) + 1
-        return out
-
-    def lines_of(ordinals: np.ndarray) -> np.ndarray:
-        inside = ordinals < record_lines.size
-        if inside.all():
-            return record_lines[ordinals]
-        return np.asarray([line_of(int(o)) for o in ordinals], dtype=np.int64)
-
-    def flush():
-        nonlocal batch_index, pending, pending_rows
-        table = pa.Table.from_batches([b for b, _ in pending])
-        rb = RawBatch(f.index, f.path, batch_index, np.concatenate([lines for _, lines in pending]),
-                      {c: table.column(c).combine_chunks().cast(pa.large_string()) for c in columns})
-        batch_index += 1
-        pending, pending_rows = [], 0
-        return rb
-
-    while True:
-        try:
-            rb = reader.read_next_batch()
-        except StopIteration:
-            break
-        except (pa.ArrowInvalid, UnicodeDecodeError) as e:
-            yield from drain_bad()
-            yield DeadLetter(f.path, lost_from(), "framing_lost",
-                             f"CSV parsing stopped after {read_so_far} records: {e}; the rest of the file cannot "
-                             "be split into records", f.index)
-            break
-        yield from drain_bad()
-        ordinals = ordinals_for(rb.num_rows)
-        lines = lines_of(ordinals)
-        ok = np.ones(rb.num_rows, bool)
-        for i in np.flatnonzero(np.isin(lines, not_utf8_lines)):
-            letter = _utf8_letter(f, original, int(lines[i]), record_lines, header, columns, csv_delimiter)
+        table = _pyarrow_csv(data, head.names, columns, delimiter, on_invalid)
+        together = not lost and table.num_rows + len(bad) == m
+    except (pa.ArrowException, UnicodeDecodeError, ValueError):
+        together = False
+    if not together:  # the parser and the record boundaries disagree: each record alone (not seen in practice)
+        table, bad = _parse_one_by_one(f, head, columns, delimiter, data, starts, ends, lines)
+    keep = np.ones(m, bool)
+    keep[list(bad)] = False
+    letters = [bad[k] for k in sorted(bad)]
+    rows = np.flatnonzero(keep)
+    if not_utf8.size:
+        ok = np.ones(rows.size, bool)
+        for i in np.flatnonzero(np.isin(rows, not_utf8)):
+            k = int(rows[i])
+            letter = _utf8_letter(f, original[starts[k]:ends[k]], int(lines[k]), head.names, columns, delimiter)
             if letter is not None:
                 ok[i] = False
-                yield letter
+                letters.append(letter)
         if not ok.all():
-            rb = rb.filter(pa.array(ok))
-            lines = lines[ok]
-        if rb.num_rows:
-            pending.append((rb, lines))
-            pending_rows += rb.num_rows
-            read_so_far += rb.num_rows
-        if pending_rows >= chunk_rows:
-            yield flush()
-    yield from drain_bad()
-    if pending_rows:
-        yield flush()
+            table = table.filter(pa.array(ok))
+            rows = rows[ok]
+    if not rows.size:
+        return None, letters
+    cols = {c: table.column(c).combine_chunks() for c in columns}
+    return RawBatch(f.index, f.path, batch_index, lines[rows].astype(np.int64), cols), letters
 
 
-def _read_parquet(f: InputFile, columns: List[str], *, csv_delimiter: str, chunk_rows: int, strict: bool):
-    import pyarrow.parquet as pq
+def _parse_one_by_one(f, head, columns, delimiter, data, starts, ends, lines):
+    tables, bad = [], {}
+    for k in range(int(starts.size)):
+        got: List[Any] = []
+        try:
+            t = _pyarrow_csv(data[starts[k]:ends[k]], head.names, columns, delimiter,
+                             lambda row, got=got: got.append(row) or "skip")
+        except (pa.ArrowException, UnicodeDecodeError, ValueError) as e:
+            bad[k] = DeadLetter(f.path, int(lines[k]), "malformed_record",
+                                f"the CSV parser cannot read it: {str(e)[:200]}", f.index)
+            continue
+        if t.num_rows == 1 and not got:
+            tables.append(t)
+            continue
+        why = (f"expected {got[0].expected_columns} columns, got {got[0].actual_columns}: {got[0].text[:200]!r}"
+               if len(got) == 1 and t.num_rows == 0 else f"the CSV parser reads it as {t.num_rows + len(got)} records")
+        bad[k] = DeadLetter(f.path, int(lines[k]), "malformed_record", why, f.index)
+    if tables:
+        table = pa.concat_tables(tables)
+    else:
+        table = pa.table({c: pa.array([], pa.large_string()) for c in columns})
+    return table, bad
+
+
+def _read_csv(split: InputSplit, columns: List[str], *, csv_delimiter: str, chunk_rows: int,
+              csv_state: Optional[Tuple[int, int]] = None, **_):
+    f = split.file
     with _open(f.path) as fh:
-        data = fh.read()
-    if not data:
+        src = _Source(fh)
+        if src.size == 0:
+            return
+        head, letter = _csv_head(src, f, columns, csv_delimiter)
+        if letter is not None and split.index == 0:
+            yield letter
+        if head is not None:
+            yield from _csv_records(split, src, head, columns, csv_delimiter, chunk_rows, csv_state)
+
+
+def _csv_records(split: InputSplit, src: _Source, head: _CsvHead, columns: List[str], delimiter: str,
+                 chunk_rows: int, csv_state: Optional[Tuple[int, int]]):
+    """The records that start in the split (after the header), in batches of at most chunk_rows.
+
+    A record is the bytes after a record-ending line break (or the header) up to and including the next
+    one (or the end of the file); empty lines are not records.
+    """
+    f = split.file
+    size = src.size
+    end = size if split.last else min(split.end, size)
+    first = max(split.start, head.end)
+    if first >= end:
         return
-    try:
-        pf = pq.ParquetFile(io.BytesIO(data))
-    except (pa.ArrowException, OSError, ValueError) as e:
-        yield DeadLetter(f.path, -1, "not_parquet", f"not a Parquet file ({str(e)[:200]}). Fix: check inputs.format "
-                         "and the input patterns", f.index)
-        return
-    have = pf.schema_arrow.names
-    missing = [c for c in columns if c not in have]
-    if missing:
-        yield _missing_columns_letter(f, missing, have)
-        return
-    ordinal = 0
-    batches = pf.iter_batches(batch_size=chunk_rows, columns=columns, use_threads=False)
-    bi = 0
+    delim = _delimiter_byte(delimiter)
+    prev_rb: Optional[int] = None  # offset of the last record-ending line break seen
+    if first == head.end:
+        q, lines = 0, head.lines
+        prev_rb = first - 1
+    else:
+        q, lines = csv_state if csv_state is not None else _csv_range_summary(src, 0, first, delim, head.bof)[0::2]
+    sc = _Scanner(src, first, q, delim, head.bof)
+    if prev_rb is None:
+        before = sc.byte(first - 1)
+        if q == 0 and (before == _LF or (before == _CR and sc.byte(first) != _LF)):
+            prev_rb = first - 1
+        sc.skip_run()
+    prev_line = lines + 1  # the line where the record after prev_rb starts
+    pending: List[Tuple[np.ndarray, np.ndarray, np.ndarray]] = []  # complete records: starts, ends, lines
+    npend = 0
+    batch_index = 0
     while True:
+        got = sc.step()
+        done = got is None
+        if got is not None:
+            breaks, record = got
+            line_after = lines + 2 + np.arange(breaks.size, dtype=np.int64)  # the line after each break
+            lines += int(breaks.size)
+            rb = breaks[record]
+            if rb.size:
+                rb_line = line_after[record]
+                starts = np.concatenate(([-1 if prev_rb is None else prev_rb], rb[:-1])) + 1
+                start_lines = np.concatenate(([prev_line], rb_line[:-1]))
+                cr_before = np.frombuffer(sc.buf, np.uint8)[rb - 1 - sc.base] == _CR  # rb > pos - 1 >= base
+                empty = (rb == starts) | ((rb == starts + 1) & cr_before)
+                keep = (starts >= first) & (starts < end) & ~empty
+                if prev_rb is None:
+                    keep[0] = False  # it started before the split
+                prev_rb, prev_line = int(rb[-1]), int(rb_line[-1])
+                if keep.any():
+                    pending.append((starts[keep], rb[keep] + 1, start_lines[keep]))
+                    npend += int(np.count_nonzero(keep))
+                done = prev_rb + 1 >= end
+            elif prev_rb is None and sc.pos >= end:
+                done = True  # no record starts in the split
+        if got is None and prev_rb is not None and first <= prev_rb + 1 < min(end, size):
+            # the end of the file, and the last record has no line break after it
+            s0 = prev_rb + 1
+            if sc.q:
+                yield _unterminated_letter(f, prev_line, lines + 1 - _ends_with_break(src), size - s0)
+            else:
+                pending.append((np.array([s0], np.int64), np.array([size], np.int64),
+                                np.array([prev_line], np.int64)))
+                npend += 1
+        batch_bytes = int(pending[-1][1][-1] - pending[0][0][0]) if npend else 0
+        if npend and (done or npend >= chunk_rows or batch_bytes >= _CSV_BATCH_BYTES):
+            rest = yield from _csv_batches(f, head, columns, delimiter, sc, pending, chunk_rows, batch_index,
+                                           done or batch_bytes >= _CSV_BATCH_BYTES)
+            batch_index, pending = rest
+            npend = sum(int(s.size) for s, _, _ in pending)
+        if done:
+            return
+        # Keep the pending records and, up to a point, the record going on (else it is read again).
+        keep_from = sc.pos - 1
+        if npend:
+            keep_from = min(keep_from, int(pending[0][0][0]))
+        if prev_rb is not None and sc.pos - prev_rb <= _CSV_BATCH_BYTES:
+            keep_from = min(keep_from, prev_rb + 1)
+        sc.release(keep_from)
+
+
+def _csv_batches(f, head, columns, delimiter, sc: _Scanner, pending, chunk_rows: int, batch_index: int, all_: bool):
+    """Parse the pending records in batches of chunk_rows (all of them, or only full batches);
+    returns (next batch index, the records left pending)."""
+    s, e, ln = (np.concatenate(x) for x in zip(*pending))
+    n = s.size if all_ else s.size - s.size % chunk_rows
+    for a in range(0, n, chunk_rows):
+        b = min(a + chunk_rows, n)
+        lo = int(s[a])
+        raw, letters = _parse_records(f, head, columns, delimiter, sc.get(lo, int(e[b - 1])), s[a:b] - lo,
+                                      e[a:b] - lo, ln[a:b], batch_index)
+        yield from letters
+        if raw is not None:
+            batch_index += 1
+            yield raw
+    return batch_index, ([(s[n:], e[n:], ln[n:])] if n < s.size else [])
+
+
+# ---------------------------------------------------------------- Parquet
+
+def _row_group_starts(md, size: int) -> List[int]:
+    """Where each row group starts in the file, as the footer's row-group sizes place them: row group g at
+    size * (bytes of the row groups before g) / (bytes of all). Only row-group metadata is read (pyarrow's
+    column-chunk metadata of a damaged footer can abort the process instead of raising)."""
+    sizes = [max(int(md.row_group(g).total_byte_size), 0) for g in range(md.num_row_groups)]
+    total = sum(sizes)
+    out, before = [], 0
+    for n in sizes:
+        out.append(size * before // total if total else 0)
+        before += n
+    return out
+
+
+def _read_parquet(split: InputSplit, columns: List[str], *, chunk_rows: int, **_):
+    import pyarrow.parquet as pq
+    f = split.file
+    with _open(f.path) as fh:
+        if _Source(fh).size == 0:
+            return
+        fh.seek(0)
+        try:
+            pf = pq.ParquetFile(fh)
+            md = pf.metadata
+            have = pf.schema_arrow.names
+        except (pa.ArrowException, OSError, ValueError) as e:
+            if split.index == 0:
+                yield DeadLetter(f.path, -1, "not_parquet", f"not a Parquet file ({str(e)[:200]}). Fix: check "
+                                 "inputs.format and the input patterns", f.index)
+            return
+        missing = [c for c in columns if c not in have]
+        if missing:
+            if split.index == 0:
+                yield _missing_columns_letter(f, missing, have)
+            return
+        # A row group belongs to the split that holds its start; record numbers count the rows before it.
+        starts = _row_group_starts(md, f.size) if split.count > 1 else [0] * md.num_row_groups
+        first = 0
+        bi = 0
+        for g, off in enumerate(starts):
+            n = int(md.row_group(g).num_rows)
+            if (off >= split.start or split.index == 0) and (off < split.end or split.last):
+                for item in _row_group(pf, g, first, n, f, columns, chunk_rows, bi):
+                    bi += isinstance(item, RawBatch)
+                    yield item
+            first += max(n, 0)
+
+
+def _row_group(pf, g: int, first: int, n: int, f: InputFile, columns: List[str], chunk_rows: int, bi: int):
+    """The records of row group g (records first..first+n-1); reading stops at the first damaged page (the
+    rest of the row group is one framing_lost letter) and goes on with the next row group."""
+    got = 0
+    batches = pf.iter_batches(batch_size=chunk_rows, row_groups=[g], columns=columns, use_threads=False)
+    while got < n:
+        rb = None
         try:
             rb = next(batches)
         except StopIteration:
-            break
-        except (pa.ArrowException, OSError, ValueError) as e:
-            total = pf.metadata.num_rows if pf.metadata is not None else ordinal
-            yield DeadLetter(f.path, ordinal, "framing_lost",
-                             f"Parquet data cannot be read from record {ordinal} on ({total - ordinal} of {total} "
-                             f"records): {str(e)[:200]}. Fix: re-create or re-copy the file", f.index)
-            break
-        n = rb.num_rows
-        yield RawBatch(f.index, f.path, bi, np.arange(ordinal, ordinal + n, dtype=np.int64),
-                       {c: rb.column(c) for c in columns})
-        ordinal += n
-        bi += 1
+            problem = f"the row group ends after {got} of the {n} records its metadata lists"
+        except (pa.ArrowException, OSError, ValueError, IndexError) as e:
+            problem = str(e)[:200]
+        else:
+            damage = next((f"column {c!r}: {why}" for c in columns for why in [_damaged(rb.column(c))] if why), None)
+            if damage is not None:
+                problem = damage
+                rb = None
+        if rb is not None:
+            k = rb.num_rows
+            over = k > n - got  # more rows than the metadata lists: the last number is the letter's
+            take = n - got - 1 if over else k
+            if take:
+                numbers = np.arange(first + got, first + got + take, dtype=np.int64)
+                cols = {c: rb.column(c).slice(0, take) for c in columns}
+                ok = np.ones(take, bool)
+                for c in columns:
+                    for r, value in _not_utf8(cols[c]):
+                        if ok[r]:
+                            ok[r] = False
+                            yield DeadLetter(f.path, int(numbers[r]), "invalid_utf8",
+                                             f"column {c!r}: {value[:80]!r} is not UTF-8. Fix: write string "
+                                             "columns as UTF-8 (Parquet's string type is UTF-8)", f.index)
+                if not ok.all():
+                    keep = pa.array(ok)
+                    numbers, cols = numbers[ok], {c: v.filter(keep) for c, v in cols.items()}
+                if numbers.size:
+                    yield RawBatch(f.index, f.path, bi, numbers, cols)
+                    bi += 1
+                got += take
+            if not over:
+                continue
+            problem = f"the row group holds more than the {n} records its metadata lists"
+        yield DeadLetter(f.path, first + got, "framing_lost",
+                         f"Parquet data cannot be read from record {first + got} on ({n - got} of the {n} records of "
+                         f"row group {g}): {problem}. Fix: re-create or re-copy the file", f.index)
+        return
 
 
-def _tfrecord_frames(data: bytes):
+def _binary_view(t):
+    """The type with every string replaced by binary (the same buffers, no UTF-8 to check)."""
+    if pa.types.is_string(t):
+        return pa.binary()
+    if pa.types.is_large_string(t):
+        return pa.large_binary()
+    if pa.types.is_list(t):
+        return pa.list_(_binary_view(t.value_type))
+    if pa.types.is_large_list(t):
+        return pa.large_list(_binary_view(t.value_type))
+    return t
+
+
+def _damaged(col) -> Optional[str]:
+    """Why a column read from a Parquet file is not a well-formed Arrow array (offsets, lengths), or None.
+
+    pyarrow does not check what it decodes; a damaged page can give list offsets that point anywhere.
+    UTF-8 is not checked here (`_not_utf8`: one record's letter, not the rest of the row group)."""
+    try:
+        view = col.view(_binary_view(col.type))
+        view.validate(full=True)
+    except (pa.ArrowException, ValueError, TypeError) as e:
+        return str(e)[:200]
+    return None
+
+
+def _not_utf8(col) -> List[Tuple[int, bytes]]:
+    """(row, value) of the string values of a column (or of its lists) that are not UTF-8: Parquet files are
+    not checked when read, and the parser needs valid strings."""
+    values, rows = col, None
+    if pa.types.is_list(col.type) or pa.types.is_large_list(col.type):
+        import pyarrow.compute as pc
+        values, rows = pc.list_flatten(col), pc.list_parent_indices(col)
+    if not (pa.types.is_string(values.type) or pa.types.is_large_string(values.type)):
+        return []
+    try:
+        values.validate(full=True)
+        return []
+    except pa.ArrowInvalid:
+        pass
+    out = []
+    for i, v in enumerate(values.cast(pa.large_binary()).to_pylist()):
+        if v is not None:
+            try:
+                v.decode("utf-8")
+            except UnicodeDecodeError:
+                out.append((i if rows is None else int(rows[i].as_py()), v))
+    return out
+
+
+# ---------------------------------------------------------------- TFRecord
+
+_HEADER = struct.Struct("<QI")
+_U32 = struct.Struct("<I")
+
+
+def _tfrecord_frames(src: _Source):
     """Walk a TFRecord file: ("ok", pos, payload) | ("corrupt", pos, detail) | ("lost", pos, detail).
 
     A record whose length field is intact (its CRC matches) but whose data CRC does not is "corrupt":
@@ -411,105 +919,139 @@ def _tfrecord_frames(data: bytes):
     record means the framing is "lost" at `pos`; the rest of the file is then scanned for frames
     whose two CRCs both match (each is yielded as ("after_loss", pos, payload)), so that what is lost
     can be counted; bytes between frames are reported as further ("lost", ...) gaps.
+    Streams: memory is one read plus the largest record.
     """
-    import struct
     import google_crc32c
     from tpu_embed.shards import _mask_crc
-
-    def frame_at(pos):
-        if pos + 12 > n:
-            return None
-        length, = struct.unpack_from("<Q", data, pos)
-        if _mask_crc(google_crc32c.value(data[pos:pos + 8])) != struct.unpack_from("<I", data, pos + 8)[0]:
-            return None
-        end = pos + 12 + length
-        if end + 4 > n:
-            return None
-        return end
-
-    n = len(data)
+    crc = google_crc32c.value
+    n = src.size
+    buf, base = b"", 0
     pos = 0
     lost = False
     while pos < n:
-        end = frame_at(pos)
+        if pos + 12 > base + len(buf):
+            buf, base = buf[pos - base:] + src.read(base + len(buf), READ_BYTES), pos
+        o = pos - base
+        end = None
+        if pos + 12 <= n:
+            length, lcrc = _HEADER.unpack_from(buf, o)
+            if _mask_crc(crc(buf[o:o + 8])) == lcrc and pos + 16 + length <= n:
+                end = pos + 12 + length
         if end is None:
-            why = ("truncated record header" if pos + 12 > n else
-                   "corrupt record length" if _mask_crc(google_crc32c.value(data[pos:pos + 8])) !=
-                   struct.unpack_from("<I", data, pos + 8)[0] else "truncated record")
-            # Scan for the next frame whose length CRC and data CRC both match.
-            nxt = pos + 1
-            while nxt < n:
-                e = frame_at(nxt)
-                if e is not None and _mask_crc(google_crc32c.value(data[nxt + 12:e])) == \
-                        struct.unpack_from("<I", data, e)[0]:
-                    break
-                nxt += 1
+            why = ("truncated record header" if pos + 12 > n else "truncated record" if _mask_crc(
+                crc(buf[o:o + 8])) == _HEADER.unpack_from(buf, o)[1] else "corrupt record length")
+            nxt = _next_frame(src, pos + 1)
             yield "lost", pos, f"{why} at byte {pos}; bytes {pos}..{nxt - 1} cannot be read as records"
             lost = True
             pos = nxt
             continue
-        payload = data[pos + 12:end]
-        if _mask_crc(google_crc32c.value(payload)) != struct.unpack_from("<I", data, end)[0]:
-            yield "corrupt", pos, f"record data CRC mismatch at byte {pos} ({end - pos - 12} bytes)"
+        if end + 4 > base + len(buf):
+            buf, base = buf[pos - base:] + src.read(base + len(buf), max(READ_BYTES, end + 4 - base - len(buf))), pos
+            o = 0
+        payload = buf[o + 12:o + 12 + length]
+        if _mask_crc(crc(payload)) != _U32.unpack_from(buf, o + 12 + length)[0]:
+            yield "corrupt", pos, f"record data CRC mismatch at byte {pos} ({length} bytes)"
         else:
             yield ("after_loss" if lost else "ok"), pos, payload
         pos = end + 4
 
 
-def _read_tfrecord(f: InputFile, columns: List[str], *, csv_delimiter: str, chunk_rows: int, strict: bool):
+def _next_frame(src: _Source, start: int) -> int:
+    """The offset of the first frame at or after `start` whose length CRC and data CRC both match (the
+    size of the file if there is none). Only offsets whose length fits in the file are checked."""
+    import google_crc32c
+    from tpu_embed.shards import _mask_crc
+    n = src.size
+    window = READ_BYTES
+    p0 = start
+    while p0 + 16 <= n:
+        chunk = src.read(p0, window + 11)
+        arr = np.frombuffer(chunk, np.uint8)
+        m = arr.size - 11  # offsets p0 .. p0 + m - 1 have their 12 header bytes here
+        if m <= 0:
+            break
+        length = np.zeros(m, np.uint64)
+        for k in range(8):
+            length |= arr[k:k + m].astype(np.uint64) << np.uint64(8 * k)
+        room = np.maximum(n - 16 - (p0 + np.arange(m, dtype=np.int64)), -1)
+        cand = np.flatnonzero((room >= 0) & (length <= room.astype(np.uint64)))
+        for i in cand.tolist():
+            lcrc = int.from_bytes(chunk[i + 8:i + 12], "little")
+            if _mask_crc(google_crc32c.value(chunk[i:i + 8])) != lcrc:
+                continue
+            p, ln = p0 + i, int(length[i])
+            body = src.read(p + 12, ln + 4)
+            if _mask_crc(google_crc32c.value(body[:ln])) == int.from_bytes(body[ln:ln + 4], "little"):
+                return p
+        p0 += m
+    return n
+
+
+def _read_tfrecord(split: InputSplit, columns: List[str], *, chunk_rows: int, **_):
     from tfx_bsl.coders import example_coder
     decoder = example_coder.ExamplesToRecordBatchDecoder()
-    with _open(f.path) as fh:
-        data = fh.read()
+    f = split.file
     # Record numbers are 0-based record indexes; a lost stretch of framing counts as one record.
-    records: List[Tuple[int, bytes]] = []
-    letters: List[DeadLetter] = []
     first_loss: Optional[int] = None
-    for ordinal, (kind, pos, x) in enumerate(_tfrecord_frames(data)):
-        if kind == "ok":
-            records.append((ordinal, x))
-        elif kind == "corrupt":
-            letters.append(DeadLetter(f.path, ordinal, "corrupt_record",
-                                      f"record {ordinal}: {x}; the framing is intact, the reader goes on with "
-                                      "the next record. Fix: re-create or re-copy the file", f.index))
-        elif kind == "lost":
-            if first_loss is None:
-                first_loss = pos
-            letters.append(DeadLetter(f.path, ordinal, "framing_lost",
-                                      f"record {ordinal}: TFRecord framing lost: {x}. Every record after it is "
-                                      "dead-lettered (policies.lost_framing). Fix: re-create or re-copy the file "
-                                      "(a truncated upload or a damaged disk)", f.index))
-        else:
-            letters.append(DeadLetter(f.path, ordinal, "after_framing_loss",
-                                      f"record {ordinal} at byte {pos}: found by scanning for a valid frame after "
-                                      f"the framing was lost at byte {first_loss}; not used", f.index))
-    for bi, start in enumerate(range(0, len(records), chunk_rows)):
-        chunk = [p for _, p in records[start:start + chunk_rows]]
-        rows = np.asarray([r for r, _ in records[start:start + chunk_rows]], dtype=np.int64)
-        try:
-            rb = decoder.DecodeBatch(chunk)
-        except Exception:  # noqa: BLE001 - find the records that do not parse, one by one
-            good, good_rows = [], []
-            for r, payload in zip(rows, chunk, strict=True):
-                try:
-                    decoder.DecodeBatch([payload])
-                except Exception as e:  # noqa: BLE001
-                    yield DeadLetter(f.path, int(r), "malformed_record",
-                                     f"record {int(r)} is not a tf.train.Example ({str(e)[:200]}). Fix: write "
-                                     "tf.train.Example protos, or set inputs.format to the file's format", f.index)
-                    continue
-                good.append(payload)
-                good_rows.append(r)
-            if not good:
+    payloads: List[bytes] = []
+    rows: List[int] = []
+    bi = 0
+    with _open(f.path) as fh:
+        for ordinal, (kind, pos, x) in enumerate(_tfrecord_frames(_Source(fh))):
+            if kind == "ok":
+                payloads.append(x)
+                rows.append(ordinal)
+                if len(payloads) >= chunk_rows:
+                    batch = yield from _decode_examples(decoder, f, columns, payloads, rows, bi)
+                    bi += batch
+                    payloads, rows = [], []
+            elif kind == "corrupt":
+                yield DeadLetter(f.path, ordinal, "corrupt_record",
+                                 f"record {ordinal}: {x}; the framing is intact, the reader goes on with "
+                                 "the next record. Fix: re-create or re-copy the file", f.index)
+            elif kind == "lost":
+                if first_loss is None:
+                    first_loss = pos
+                yield DeadLetter(f.path, ordinal, "framing_lost",
+                                 f"record {ordinal}: TFRecord framing lost: {x}. Every record after it is "
+                                 "dead-lettered (policies.lost_framing). Fix: re-create or re-copy the file "
+                                 "(a truncated upload or a damaged disk)", f.index)
+            else:
+                yield DeadLetter(f.path, ordinal, "after_framing_loss",
+                                 f"record {ordinal} at byte {pos}: found by scanning for a valid frame after "
+                                 f"the framing was lost at byte {first_loss}; not used", f.index)
+    if payloads:
+        yield from _decode_examples(decoder, f, columns, payloads, rows, bi)
+
+
+def _decode_examples(decoder, f: InputFile, columns: List[str], payloads: List[bytes], rows_: List[int], bi: int):
+    """tf.train.Examples -> one RawBatch (tfx_bsl's batch decoder); records that are not Examples are found one
+    by one and dead-lettered. Returns the number of batches yielded (0 or 1)."""
+    rows = np.asarray(rows_, dtype=np.int64)
+    try:
+        rb = decoder.DecodeBatch(payloads)
+    except Exception:  # noqa: BLE001 - find the records that do not parse, one by one
+        good, good_rows = [], []
+        for r, payload in zip(rows_, payloads, strict=True):
+            try:
+                decoder.DecodeBatch([payload])
+            except Exception as e:  # noqa: BLE001
+                yield DeadLetter(f.path, int(r), "malformed_record",
+                                 f"record {int(r)} is not a tf.train.Example ({str(e)[:200]}). Fix: write "
+                                 "tf.train.Example protos, or set inputs.format to the file's format", f.index)
                 continue
-            rb = decoder.DecodeBatch(good)
-            rows = np.asarray(good_rows, dtype=np.int64)
-        cols = {}
-        for c in columns:
-            idx = rb.schema.get_field_index(c)
-            cols[c] = rb.column(idx) if idx >= 0 else pa.nulls(rb.num_rows, pa.large_list(pa.large_binary()))
-        yield RawBatch(f.index, f.path, bi, rows, cols)
-    yield from letters
+            good.append(payload)
+            good_rows.append(r)
+        if not good:
+            return 0
+        rb = decoder.DecodeBatch(good)
+        rows = np.asarray(good_rows, dtype=np.int64)
+    cols = {}
+    for c in columns:
+        idx = rb.schema.get_field_index(c)
+        cols[c] = rb.column(idx) if idx >= 0 else pa.nulls(rb.num_rows, pa.large_list(pa.large_binary()))
+    yield RawBatch(f.index, f.path, bi, rows, cols)
+    return 1
 
 
 # ---------------------------------------------------------------- output files

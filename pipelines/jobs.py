@@ -45,6 +45,7 @@ class JobConfig:
     tail: Optional[str] = None  # overrides spec.policies.tail
     plan: Optional[str] = None
     chunk_rows: int = pio.DEFAULT_CHUNK_ROWS
+    split_bytes: int = pio.DEFAULT_SPLIT_BYTES  # input files larger than this are read by several workers
     steps_per_file: int = 1000
     vocab_engine: str = "combine"
     write_shards: bool = True
@@ -109,15 +110,21 @@ def split_tagged(tagged, tags: Sequence[str]) -> Dict[str, Any]:
 
 @beam.typehints.with_output_types(typing.Any)
 class _ReadAndParse(beam.DoFn):
+    """One input split -> ("chunks", ParsedChunk) | ("dead", DeadLetter) | ("stats", counts).
+
+    A chunk's `chunk_index` is the record number of its first record: unique within the file and in
+    (file, record) order whatever the splits, which is the order global batches follow.
+    """
+
     def __init__(self, spec, strict: bool, chunk_rows: int):
         self.spec = spec
         self.strict = strict
         self.chunk_rows = chunk_rows
 
-    def process(self, f: pio.InputFile):
+    def process(self, split: pio.InputSplit, csv_states=()):
         spec = self.spec
-        counts = collections.Counter(files_read=1)
-        chunk_index = 0
+        counts = collections.Counter(files_read=int(split.index == 0))
+        state = dict(csv_states).get((split.file.index, split.index)) if csv_states else None
         held: List[pio.DeadLetter] = []  # --strict: reader letters wait for the batch they precede
 
         def stop(letters):
@@ -125,9 +132,9 @@ class _ReadAndParse(beam.DoFn):
             raise pio.StrictModeError(f"--strict: {first.file} record {first.record}: {first.reason}: "
                                       f"{first.detail}")
 
-        for item in pio.read_file(spec.inputs.format, f, spec.required_columns(),
-                                  csv_delimiter=spec.inputs.csv_delimiter, chunk_rows=self.chunk_rows,
-                                  strict=self.strict):
+        for item in pio.read_split(spec.inputs.format, split, spec.required_columns(),
+                                   csv_delimiter=spec.inputs.csv_delimiter, chunk_rows=self.chunk_rows,
+                                   strict=self.strict, csv_state=state):
             if isinstance(item, pio.DeadLetter):
                 if self.strict:
                     held.append(item)
@@ -140,7 +147,9 @@ class _ReadAndParse(beam.DoFn):
                     counts["files_dead_lettered"] += 1
                 yield "dead", item
                 continue
-            chunk, letters = parse.parse_batch(item, spec, chunk_index)
+            if not item.num_rows:
+                continue
+            chunk, letters = parse.parse_batch(item, spec, int(item.record_numbers[0]))
             if self.strict and (letters or held):
                 stop(letters + held)
             counts["records_read"] += item.num_rows
@@ -149,7 +158,6 @@ class _ReadAndParse(beam.DoFn):
                 counts["records_dead_lettered"] += 1
                 yield "dead", dl
             counts["records_valid"] += chunk.num_rows
-            chunk_index += 1
             yield "chunks", chunk
         if held:
             stop(held)
@@ -157,18 +165,45 @@ class _ReadAndParse(beam.DoFn):
         yield "stats", dict(counts)
 
 
+def _csv_summary(split: pio.InputSplit, delimiter: str):
+    if split.count > 1 and not split.last:
+        yield split.file.index, (split.index, pio.csv_split_summary(split, delimiter))
+
+
+def _csv_states(kv):
+    index, summaries = kv
+    for k, state in pio.csv_split_states(summaries).items():
+        yield (index, k), state
+
+
 class ReadExamples(beam.PTransform):
-    """PBegin -> {"chunks": ParsedChunk, "dead": DeadLetter, "stats": counter dicts}."""
+    """PBegin -> {"chunks": ParsedChunk, "dead": DeadLetter, "stats": counter dicts}.
+
+    Files larger than `split_bytes` are read as several splits, by as many workers (`pio.plan_splits`):
+    the same records, record numbers, chunks' order and dead letters for any split size. CSV splits
+    after the first start at the quote state and line count the splits before them end with: one
+    vectorised pass over those splits first ("CsvScan", in parallel), then the reads.
+    """
 
     def __init__(self, spec, files: Sequence[pio.InputFile], strict: bool = False,
-                 chunk_rows: int = pio.DEFAULT_CHUNK_ROWS):
+                 chunk_rows: int = pio.DEFAULT_CHUNK_ROWS, split_bytes: int = pio.DEFAULT_SPLIT_BYTES):
         super().__init__()
         self.spec, self.files, self.strict, self.chunk_rows = spec, list(files), strict, chunk_rows
+        self.split_bytes = split_bytes
 
     def expand(self, pbegin):
-        files = (pbegin | "Files" >> beam.Create(self.files)
-                 | "Spread" >> beam.Reshuffle())
-        out = files | "ReadParse" >> beam.ParDo(_ReadAndParse(self.spec, self.strict, self.chunk_rows))
+        fmt = self.spec.inputs.format
+        splits = pio.plan_splits(fmt, self.files, self.split_bytes)
+        spread = (pbegin | "Files" >> beam.Create(splits)
+                  | "Spread" >> beam.Reshuffle())
+        read = _ReadAndParse(self.spec, self.strict, self.chunk_rows)
+        if fmt == "csv" and any(s.count > 1 for s in splits):
+            states = (spread | "CsvScan" >> beam.FlatMap(_csv_summary, self.spec.inputs.csv_delimiter)
+                      | "CsvScanByFile" >> beam.GroupByKey()
+                      | "CsvStates" >> beam.FlatMap(_csv_states))
+            out = spread | "ReadParse" >> beam.ParDo(read, beam.pvalue.AsList(states))
+        else:
+            out = spread | "ReadParse" >> beam.ParDo(read)
         return split_tagged(out, ("chunks", "dead", "stats"))
 
 
@@ -549,7 +584,7 @@ def _file_json(info: pio.FileInfo) -> dict:
 
 def build_vocab_pipeline(p, cfg: JobConfig, files: Sequence[pio.InputFile]):
     spec = cfg.spec
-    read = p | "Read" >> ReadExamples(spec, files, cfg.strict, cfg.chunk_rows)
+    read = p | "Read" >> ReadExamples(spec, files, cfg.strict, cfg.chunk_rows, cfg.split_bytes)
     vocab = read["chunks"] | "Vocabulary" >> ComputeVocabulary(spec, cfg.output, cfg.vocab_engine)
     stats = _stats_of(p, "VocabStats", [read["stats"]])
     vocab_info = (vocab["vocabularies"] | "VocabInfoList" >> beam.combiners.ToList()
@@ -568,7 +603,7 @@ def build_shard_pipeline(p, cfg: JobConfig, files: Sequence[pio.InputFile], voca
     layout = spec.layout(vocab_sizes)
     limits = pshard.resolve_limits(spec, layout, cfg.plan, auto=cfg.write_shards and cfg.write_profile)
     fmt = pshard.shard_format_for(spec, layout, limits)
-    read = p | "Read" >> ReadExamples(spec, files, cfg.strict, cfg.chunk_rows)
+    read = p | "Read" >> ReadExamples(spec, files, cfg.strict, cfg.chunk_rows, cfg.split_bytes)
     dead_files = read["dead"] | "DeadLetters" >> WriteDeadLetters(cfg.output, files, cfg.dead_letter_limit)
     mapped = read["chunks"] | "Ids" >> MapToIds(spec, cfg.vocab_dir or cfg.output)
     batches = mapped["blocks"] | "Batches" >> FormGlobalBatches(spec.global_batch_size, len(spec.dense),
