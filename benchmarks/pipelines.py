@@ -154,7 +154,7 @@ def pyarrow_baseline(spec) -> int:
             if name in MULTIVALENT:
                 col = pc.list_flatten(pc.split_pattern(col, "|"))
             per_column[name].append(col)
-    for name, cols in per_column.items():
+    for cols in per_column.values():
         counts = pa.chunked_array([c for cc in cols for c in (cc.chunks if hasattr(cc, "chunks") else [cc])])
         vc = pc.value_counts(counts).flatten()
         keep = pc.greater_equal(vc[1], 2)
