@@ -32,7 +32,6 @@ in sorted order, so equal content gives equal bytes.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import os
 import struct
 from typing import Any, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence, Tuple
@@ -80,11 +79,10 @@ class StackEncoding:
       for PAD_VALUE. Readers widen them to int32.
     * `padding`: "stored" (the prefixes as TF lays them out, padding entries included), or "omitted":
       only the real entries are stored, and instead of the row pointers the number of real entries of
-      each (SparseCore, destination) partition (`counts`: uint8, uint16 or int32, whichever is the
-      narrowest that holds the record's counts; readers tell the width from the byte length). TF's
-      layout follows from them: partition i starts at the sum of the earlier counts rounded up to
-      multiples of 8, its row pointer is start + count, the rest up to the next multiple of 8 is
-      padding (ids PAD_VALUE, gains float32(PAD_VALUE)).
+      each row pointer's partition (`counts`, an int64_list: protobuf varints, one byte per count
+      below 128). TF's layout follows from them: partition i starts at the sum of the earlier counts
+      each rounded up to a multiple of 8, its row pointer is start + count, and the entries from there
+      to the next multiple of 8 are padding (ids PAD_VALUE, gains float32(PAD_VALUE)).
     """
 
     gains: str = "stored"
@@ -374,11 +372,6 @@ def layout_from_counts(counts: np.ndarray) -> Tuple[np.ndarray, np.ndarray, int]
     return (starts + c).astype(np.int32), positions, int(padded.sum())
 
 
-def _narrowest_uint(a: np.ndarray):
-    m = int(a.max()) if a.size else 0
-    return np.uint8 if m <= 0xFF else np.uint16 if m <= 0xFFFF else np.int32
-
-
 def encode_step_record(*, step: int, host: int, label: np.ndarray, mask: np.ndarray, dense: np.ndarray,
                        tensor_core: Mapping[str, Tuple[np.ndarray, np.ndarray, Optional[np.ndarray]]],
                        chips: Sequence[Mapping[str, Any]], fmt: Optional[ShardFormat] = None) -> bytes:
@@ -423,7 +416,7 @@ def encode_step_record(*, step: int, host: int, label: np.ndarray, mask: np.ndar
                         and not np.any(sample_ids[positions] == PAD_VALUE)):
                     raise ValueError(f"{what}: the CSR prefixes are not in TF's padded layout; they cannot be "
                                      "stored with padding: omitted")
-                feats[key["counts"]] = _raw(counts, _narrowest_uint(counts))
+                feats[key["counts"]] = ("int64", counts.tolist())
                 sample_ids, token_ids, gains = sample_ids[positions], token_ids[positions], gains[positions]
             else:
                 feats[key["row_pointers"]] = _raw(rp, np.int32)
@@ -473,11 +466,7 @@ def decode_record(data: bytes, fmt: ShardFormat) -> Dict[str, Any]:
             if gains is None and enc.gains != "omitted_if_unit":
                 raise ValueError(f"step {out['step']}: the record has no {gkey} (the format stores the gains)")
             if enc.padding == "omitted":
-                raw = ex[fmt.key(c, stack, "counts")][1][0]
-                r = sizes["row_pointers_unpadded_size"]
-                width = len(raw) // r if r else 4
-                counts = np.frombuffer(raw, {1: "<u1", 2: "<u2", 4: "<i4"}[width]).astype(np.int64)
-                rp, positions, n = layout_from_counts(counts)
+                rp, positions, n = layout_from_counts(np.asarray(ex[fmt.key(c, stack, "counts")][1], np.int64))
                 full = np.full(n, PAD_VALUE, np.int32)
                 full[positions] = sample_ids
                 sample_ids = full
@@ -670,21 +659,25 @@ def read_records(path: str, compression: Optional[str] = None) -> List[bytes]:
 def parse_fn(fmt: ShardFormat):
     """A `tf.data` map function: serialized record -> tensors, CSR buffers restored to full size.
 
-    One `parse_single_example`. A stored prefix is one `decode_raw(..., fixed_length=buffer)`, which
-    zero-pads it to TF's static buffer size in the same copy; narrow ids are widened to int32, omitted
-    unit gains and omitted padding rebuilt (`StackEncoding`). The sizes of every chip and stack are
-    checked against the buffers, cast and split once.
+    Built for few graph nodes (tf.data optimizes and instantiates the function for every iterator, at a
+    cost that grows with its size) and few passes over the buffers:
+
+    * one `ParseSingleExample` op (all required keys share one empty default);
+    * the sizes of every chip and stack are checked against the buffers (one assert: `fixed_length`
+      would silently cut a longer prefix), cast and split once;
+    * a stack whose padding is stored is decoded for all chips at once: the chips' strings are stacked
+      and one `decode_raw(..., fixed_length=buffer)` per array zero-pads every prefix to TF's static
+      buffer size in the same copy, giving [chips, buffer] tensors that are widened (narrow ids), given
+      their unit gains where those were omitted (no control flow: a select per chip), then unstacked;
+    * a stack whose padding is omitted (small batches) is rebuilt per chip: row pointers from the
+      partition counts, real entries scattered into a buffer of PAD_VALUE (prefix) and zeros.
     """
     import tensorflow as tf
 
-    spec: Dict[str, Any] = {"step": tf.io.FixedLenFeature([], tf.int64), "host": tf.io.FixedLenFeature([], tf.int64)}
-    for k in ("label", "mask", "dense"):
-        spec[k] = tf.io.FixedLenFeature([], tf.string)
+    required: List[str] = ["label", "mask", "dense"]  # string keys every record has
     for name, weighted, _ in fmt.tensor_core_features:
-        spec[f"tc/{name}/lengths"] = tf.io.FixedLenFeature([], tf.string)
-        spec[f"tc/{name}/ids"] = tf.io.FixedLenFeature([], tf.string)
-        if weighted:
-            spec[f"tc/{name}/weights"] = tf.io.FixedLenFeature([], tf.string)
+        required += [f"tc/{name}/lengths", f"tc/{name}/ids"] + ([f"tc/{name}/weights"] if weighted else [])
+    optional: List[str] = []  # string keys a record may leave out (omitted unit gains)
     cells = []  # (chip, stack, row pointers buffer, ids buffer, encoding, {array: key})
     for c in range(fmt.chips_per_host):
         for stack, rp_buf, ids_buf in fmt.stacks:
@@ -692,56 +685,31 @@ def parse_fn(fmt: ShardFormat):
             keys = {a: fmt.key(c, stack, a) for a in ("row_pointers", "counts", "sorted_sample_ids",
                                                       "sorted_token_ids", "sorted_gains", "sizes")}
             cells.append((c, stack, rp_buf, ids_buf, enc, keys))
-            spec[keys["counts" if enc.padding == "omitted" else "row_pointers"]] = tf.io.FixedLenFeature([], tf.string)
-            for a in ("sorted_sample_ids", "sorted_token_ids"):
-                spec[keys[a]] = tf.io.FixedLenFeature([], tf.string)
-            spec[keys["sorted_gains"]] = tf.io.FixedLenFeature(
-                [], tf.string, **({"default_value": ""} if enc.gains == "omitted_if_unit" else {}))
-            spec[keys["sizes"]] = tf.io.FixedLenFeature([len(SIZES_FIELDS)], tf.int64)
+            required += ([] if enc.padding == "omitted" else [keys["row_pointers"]]) + [
+                keys["sorted_sample_ids"], keys["sorted_token_ids"]]
+            (optional if enc.gains == "omitted_if_unit" else required).append(keys["sorted_gains"])
+    size_keys = [cell[5]["sizes"] for cell in cells]
+    omitted = [i for i, cell in enumerate(cells) if cell[4].padding == "omitted"]
+    count_keys = [cells[i][5]["counts"] for i in omitted]  # int64 lists, read as sparse values
+    stored_groups = [(stack, [i for i, cell in enumerate(cells) if cell[1] == stack]) for stack, _, _ in fmt.stacks
+                     if fmt.encoding(stack).padding == "stored"]
     b = fmt.host_batch_size
     nd = len(fmt.dense_features)
     nsizes = len(SIZES_FIELDS)
-    # row_pointers_unpadded_size <= row pointers buffer, ids_unpadded_size <= ids buffer (fixed_length would
-    # silently cut a longer prefix)
-    buffers = tf.constant([[cell[2], cell[3]] for cell in cells], tf.int64, shape=[len(cells), 2])
-    pad_gain = tf.constant(float(PAD_VALUE), tf.float32)
-    byte_weights = tf.constant([1, 1 << 8, 1 << 16, 1 << 24], tf.int32)
-
-    def ids(raw, dtype_name: str, n: Optional[int]):
-        """Ids as int32, zero-padded to n (None: as stored), the narrow type's maximum back to PAD_VALUE."""
-        dt = ID_DTYPES[dtype_name]
-        x = tf.io.decode_raw(raw, tf.as_dtype(dt), **({} if n is None else {"fixed_length": n * dt().itemsize}))
-        if dtype_name == "int32":
-            return x
-        return tf.where(tf.equal(x, int(np.iinfo(dt).max)), PAD_VALUE, tf.cast(x, tf.int32))
-
-    def scattered_gains(raw, positions, in_prefix):
-        return tf.tensor_scatter_nd_update(tf.where(in_prefix, pad_gain, 0.0), positions,
-                                           tf.io.decode_raw(raw, tf.float32))
-
-    def unit_gains_of(sample_ids, n, ids_buf: int):
-        return tf.where(tf.equal(sample_ids, PAD_VALUE), pad_gain, tf.cast(tf.range(ids_buf) < n, tf.float32))
-
-    def padded_layout(raw_counts, r, n, rp_buf: int, ids_buf: int):
-        """(row pointers [rp_buf], [m, 1] positions of the real entries, scatter base) from the counts."""
-        width = tf.strings.length(raw_counts) // tf.maximum(r, 1)
-        by_byte = tf.reshape(tf.cast(tf.io.decode_raw(raw_counts, tf.uint8), tf.int32), [r, width])
-        counts = tf.reduce_sum(by_byte * byte_weights[:width], axis=1)
-        padded = (counts + (XLA_PAD - 1)) // XLA_PAD * XLA_PAD
-        starts = tf.cumsum(padded, exclusive=True)
-        rp = tf.pad(starts + counts, [[0, rp_buf - r]])
-        ends = tf.cumsum(counts)  # real entry j belongs to the first partition whose cumulative count exceeds j
-        real = tf.range(ends[-1])
-        part = tf.searchsorted(ends, real, side="right")
-        positions = real + tf.gather(starts - ends + counts, part)
-        check = tf.debugging.assert_equal(tf.reduce_sum(padded), n, message="shard record: the partition counts "
-                                          "do not add up to ids_unpadded_size")
-        with tf.control_dependencies([check]):
-            in_prefix = tf.range(ids_buf) < n
-        return tf.ensure_shape(rp, [rp_buf]), positions[:, None], in_prefix
+    buffers = [[cell[2], cell[3]] for cell in cells]
 
     def parse(serialized):
-        ex = tf.io.parse_single_example(serialized, spec)
+        no_default = tf.zeros([0], tf.string)
+        empty = tf.constant("")
+        no_int = tf.zeros([0], tf.int64)
+        dense_keys = ["step", "host"] + required + optional + size_keys
+        parsed = tf.raw_ops.ParseSingleExample(
+            serialized=serialized, dense_defaults=[no_int, no_int] + [no_default] * len(required)
+            + [empty] * len(optional) + [no_int] * len(size_keys), num_sparse=len(count_keys), sparse_keys=count_keys,
+            dense_keys=dense_keys, sparse_types=[tf.int64] * len(count_keys),
+            dense_shapes=[[], []] + [[]] * (len(required) + len(optional)) + [[nsizes]] * len(size_keys))
+        ex = dict(zip(dense_keys, parsed.dense_values))
+        ex.update(zip(count_keys, parsed.sparse_values))
         out = {"step": ex["step"], "host": ex["host"],
                "label": tf.ensure_shape(tf.io.decode_raw(ex["label"], tf.float32), [b]),
                "mask": tf.ensure_shape(tf.io.decode_raw(ex["mask"], tf.float32), [b]),
@@ -756,46 +724,102 @@ def parse_fn(fmt: ShardFormat):
                 tc[name + "/weights"] = tf.RaggedTensor.from_row_lengths(w, lengths)
         out["tensor_core"] = tc
         chips: List[Dict[str, Any]] = [{} for _ in range(fmt.chips_per_host)]
-        sizes: List[Any] = []
-        if cells:
-            sizes64 = tf.stack([ex[cell[5]["sizes"]] for cell in cells])
-            check = tf.debugging.assert_less_equal(
-                sizes64[:, :2], buffers, message="shard record: a CSR prefix is longer than the format's buffer "
-                                                 "(row pointers, ids); the manifest does not match the shards")
-            with tf.control_dependencies([check]):
-                sizes = tf.unstack(tf.reshape(tf.cast(sizes64, tf.int32), [-1]))
-        for i, (c, stack, rp_buf, ids_buf, enc, keys) in enumerate(cells):
-            d = dict(zip(SIZES_FIELDS, sizes[i * nsizes:(i + 1) * nsizes]))
-            n = d["ids_unpadded_size"]
-            raw_gains = ex[keys["sorted_gains"]]
-            if enc.padding == "stored":
-                rp = tf.io.decode_raw(ex[keys["row_pointers"]], tf.int32, fixed_length=4 * rp_buf)
-                sample_ids = ids(ex[keys["sorted_sample_ids"]], enc.sample_ids, ids_buf)
-                token_ids = ids(ex[keys["sorted_token_ids"]], enc.token_ids, ids_buf)
+        if not cells:
+            out["sparse_core"] = tuple(chips)
+            return out
+        sizes64 = tf.stack([ex[k] for k in size_keys])
+        check = tf.debugging.assert_less_equal(
+            sizes64[:, :2], tf.constant(buffers, tf.int64), message="shard record: a CSR prefix is longer than the "
+            "format's buffer (row pointers, ids): the manifest does not match the shards")
+        with tf.control_dependencies([check]):
+            sizes_mat = tf.cast(sizes64, tf.int32)
+        sizes = tf.unstack(tf.reshape(sizes_mat, [-1]))
 
-                stored_gains = functools.partial(tf.io.decode_raw, raw_gains, tf.float32, fixed_length=4 * ids_buf)
-            else:
-                rp, positions, in_prefix = padded_layout(ex[keys["counts"]], d["row_pointers_unpadded_size"], n,
-                                                         rp_buf, ids_buf)
-                pad_ids = tf.where(in_prefix, PAD_VALUE, 0)
-                sample_ids = tf.tensor_scatter_nd_update(
-                    pad_ids, positions, ids(ex[keys["sorted_sample_ids"]], enc.sample_ids, None))
-                token_ids = tf.tensor_scatter_nd_update(
-                    pad_ids, positions, ids(ex[keys["sorted_token_ids"]], enc.token_ids, None))
+        def sizes_of(i):
+            return dict(zip(SIZES_FIELDS, sizes[i * nsizes:(i + 1) * nsizes]))
 
-                stored_gains = functools.partial(scattered_gains, raw_gains, positions, in_prefix)
-            if enc.gains == "stored":
-                gains = stored_gains()
-            else:
-                gains = tf.cond(tf.strings.length(raw_gains) > 0, stored_gains,
-                                lambda sample_ids=sample_ids, n=n, ids_buf=ids_buf: unit_gains_of(sample_ids, n,
-                                                                                                  ids_buf))
-            chips[c][stack] = {"row_pointers": rp, "sorted_sample_ids": sample_ids, "sorted_token_ids": token_ids,
-                               "sorted_gains": gains, **d}
+        for stack, members in stored_groups:  # the stack on every chip at once ([chips, buffer] tensors)
+            _, _, rp_buf, ids_buf, enc, _ = cells[members[0]]
+
+            def stacked(array, members=members):
+                return tf.stack([ex[cells[i][5][array]] for i in members])
+            rp_all = tf.io.decode_raw(stacked("row_pointers"), tf.int32, fixed_length=4 * rp_buf)
+            sid_all = _decode_ids(tf, stacked("sorted_sample_ids"), enc.sample_ids, ids_buf)
+            tid_all = _decode_ids(tf, stacked("sorted_token_ids"), enc.token_ids, ids_buf)
+            raw_gains = stacked("sorted_gains")
+            g_all = tf.io.decode_raw(raw_gains, tf.float32, fixed_length=4 * ids_buf)
+            if enc.gains == "omitted_if_unit":  # chips without gains: 1.0 in the prefix, PAD_VALUE at padding
+                n_all = tf.gather(sizes_mat[:, 1], members)
+                unit = tf.where(tf.equal(sid_all, PAD_VALUE), float(PAD_VALUE),
+                                tf.cast(tf.range(ids_buf)[None, :] < n_all[:, None], tf.float32))
+                g_all = tf.where(tf.strings.length(raw_gains)[:, None] > 0, g_all, unit)
+            for i, rp, sid, tid, g in zip(members, tf.unstack(rp_all), tf.unstack(sid_all), tf.unstack(tid_all),
+                                          tf.unstack(g_all)):
+                chips[cells[i][0]][stack] = {"row_pointers": rp, "sorted_sample_ids": sid, "sorted_token_ids": tid,
+                                             "sorted_gains": g, **sizes_of(i)}
+        if omitted:
+            for i, d in zip(omitted, _rebuild_padding(tf, ex, [cells[i] for i in omitted],
+                                                      tf.gather(sizes_mat[:, 1], omitted))):
+                chips[cells[i][0]][cells[i][1]] = {**d, **sizes_of(i)}
         out["sparse_core"] = tuple(chips)
         return out
 
     return parse
+
+
+def _decode_ids(tf, raw, dtype_name: str, n: Optional[int]):
+    """Stored ids (strings of `dtype_name`) as int32, zero-padded to n entries (None: as stored), the narrow
+    type's maximum back to PAD_VALUE."""
+    dt = ID_DTYPES[dtype_name]
+    x = tf.io.decode_raw(raw, tf.as_dtype(dt), **({} if n is None else {"fixed_length": n * np.dtype(dt).itemsize}))
+    if dtype_name == "int32":
+        return x
+    return tf.where(tf.equal(x, int(np.iinfo(dt).max)), PAD_VALUE, tf.cast(x, tf.int32))
+
+
+def _rebuild_padding(tf, ex, cells, n):
+    """The stacks stored with padding omitted (`cells`: (chip, stack, row pointers buffer, ids buffer,
+    encoding, keys), all with the same number of row pointers) -> TF's full buffers, all at once.
+
+    `n`: their ids_unpadded_size. Partition i of a cell starts at the exclusive cumulative sum of the
+    counts rounded up to multiples of 8; the real entries of every cell are scattered, in one op per
+    array, into the cells' buffers laid end to end (PAD_VALUE in each prefix, zeros after it).
+    """
+    bufs = [cell[3] for cell in cells]
+    offsets = np.cumsum([0] + bufs[:-1])
+    counts = tf.cast(tf.stack([ex[cell[5]["counts"]] for cell in cells]), tf.int32)  # [cells, row pointers]
+    padded = (counts + (XLA_PAD - 1)) // XLA_PAD * XLA_PAD
+    starts = tf.cumsum(padded, axis=1, exclusive=True)
+    check = tf.debugging.assert_equal(tf.reduce_sum(padded, axis=1), n, message="shard record: the partition "
+                                      "counts do not add up to ids_unpadded_size")
+    flat = tf.reshape(counts, [-1])
+    ends = tf.cumsum(flat)  # real entry j belongs to the first partition whose cumulative count exceeds j
+    real = tf.range(ends[-1])
+    first = tf.reshape(starts + tf.constant(offsets, tf.int32)[:, None], [-1]) - ends + flat
+    positions = (real + tf.gather(first, tf.searchsorted(ends, real, side="right")))[:, None]
+    slot_cell = np.repeat(np.arange(len(cells)), bufs)
+    with tf.control_dependencies([check]):
+        in_prefix = tf.constant(np.arange(sum(bufs)) - offsets[slot_cell], tf.int32) < tf.gather(n, slot_cell)
+    real_per_cell = tf.unstack(tf.reduce_sum(counts, axis=1))
+    gains = []
+    for cell, m in zip(cells, real_per_cell):  # omitted gains: the real entries' are 1.0
+        raw = ex[cell[5]["sorted_gains"]]
+        gains += [tf.io.decode_raw(raw, tf.float32), tf.ones([m - tf.strings.length(raw) // 4], tf.float32)]
+
+    def scattered(base, parts):
+        return tf.split(tf.tensor_scatter_nd_update(base, positions, tf.concat(parts, 0)), bufs)
+    pad_ids = tf.where(in_prefix, PAD_VALUE, 0)
+    sids = scattered(pad_ids, [tf.cast(tf.io.decode_raw(ex[c[5]["sorted_sample_ids"]],
+                                                        tf.as_dtype(ID_DTYPES[c[4].sample_ids])), tf.int32)
+                               for c in cells])
+    tids = scattered(pad_ids, [tf.cast(tf.io.decode_raw(ex[c[5]["sorted_token_ids"]],
+                                                        tf.as_dtype(ID_DTYPES[c[4].token_ids])), tf.int32)
+                               for c in cells])
+    gs = scattered(tf.where(in_prefix, float(PAD_VALUE), 0.0), gains)
+    rps = tf.unstack(starts + counts)
+    return [{"row_pointers": tf.ensure_shape(tf.pad(rp, [[0, cell[2] - tf.shape(rp)[0]]]), [cell[2]]),
+             "sorted_sample_ids": sid, "sorted_token_ids": tid, "sorted_gains": g}
+            for cell, rp, sid, tid, g in zip(cells, rps, sids, tids, gs)]
 
 
 def dequeue_inputs(chip: Mapping[str, Mapping[str, Any]], sample_counts: Optional[Mapping[str, int]] = None):
