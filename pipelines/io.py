@@ -171,10 +171,19 @@ class _Source:
         self.size = int(fh.tell())
 
     def read(self, offset: int, n: int) -> bytes:
-        if n <= 0 or offset >= self.size:
+        """Bytes [offset, offset + n), fewer only at the end of the file."""
+        n = min(n, self.size - offset)
+        if n <= 0:
             return b""
         self.fh.seek(offset)
-        return bytes(self.fh.read(min(n, self.size - offset)))
+        out = bytes(self.fh.read(n))
+        while len(out) < n:
+            more = self.fh.read(n - len(out))
+            if not more:
+                raise OSError(f"{getattr(self.fh, 'name', 'input file')}: the file ended at byte {offset + len(out)} "
+                              f"while it had {self.size} bytes when opened (it changed while being read)")
+            out += more
+        return out
 
 
 def _missing_columns_letter(f: InputFile, missing: List[str], have: List[str]) -> DeadLetter:
@@ -398,11 +407,14 @@ def _scan_end(b: bytes, lo: int, eof: bool) -> int:
     """The end of the part of b[lo:] that can be scanned now: all of it at the end of the file, else
     without a trailing run of quote characters (it may go on) or a trailing \\r (it may be a \\r\\n)."""
     hi = len(b)
-    if eof:
+    if eof or hi <= lo or b[hi - 1] not in (_QUOTE, _CR):
         return hi
-    while hi > lo and b[hi - 1] in (_QUOTE, _CR):
-        hi -= 1
-    return hi
+    a = max(lo, hi - 4096)
+    kept = b[a:hi].rstrip(b'"\r')
+    if kept or a == lo:
+        return a + len(kept)
+    ends = np.flatnonzero(~np.isin(np.frombuffer(b, np.uint8)[lo:hi], (_QUOTE, _CR)))
+    return lo + int(ends[-1]) + 1 if ends.size else lo
 
 
 def _csv_bof(src: _Source) -> int:
@@ -911,49 +923,70 @@ _HEADER = struct.Struct("<QI")
 _U32 = struct.Struct("<I")
 
 
-def _tfrecord_frames(src: _Source):
-    """Walk a TFRecord file: ("ok", pos, payload) | ("corrupt", pos, detail) | ("lost", pos, detail).
+def _tfrecord_frames(src: _Source, most: int = 4096):
+    """Walk a TFRecord file: ("ok", pos, [payloads]) | ("corrupt", pos, detail) | ("lost", pos, detail).
 
     A record whose length field is intact (its CRC matches) but whose data CRC does not is "corrupt":
     that record is bad, the next one starts where the length says. A bad length CRC or a truncated
     record means the framing is "lost" at `pos`; the rest of the file is then scanned for frames
-    whose two CRCs both match (each is yielded as ("after_loss", pos, payload)), so that what is lost
-    can be counted; bytes between frames are reported as further ("lost", ...) gaps.
-    Streams: memory is one read plus the largest record.
+    whose two CRCs both match (yielded as ("after_loss", pos, [payloads])), so that what is lost
+    can be counted; bytes between frames are reported as further ("lost", ...) gaps. Good frames come
+    in runs of at most `most` (one event per run, the first one's offset). Streams: memory is one read
+    plus the largest record.
     """
     import google_crc32c
-    from tpu_embed.shards import _mask_crc
     crc = google_crc32c.value
+    header, u32 = _HEADER.unpack_from, _U32.unpack_from
     n = src.size
     buf, base = b"", 0
     pos = 0
     lost = False
+
+    def masked(c: int) -> int:
+        return (((c >> 15) | (c << 17)) + 0xA282EAD8) & 0xFFFFFFFF
+
     while pos < n:
-        if pos + 12 > base + len(buf):
-            buf, base = buf[pos - base:] + src.read(base + len(buf), READ_BYTES), pos
-        o = pos - base
-        end = None
-        if pos + 12 <= n:
-            length, lcrc = _HEADER.unpack_from(buf, o)
-            if _mask_crc(crc(buf[o:o + 8])) == lcrc and pos + 16 + length <= n:
-                end = pos + 12 + length
-        if end is None:
-            why = ("truncated record header" if pos + 12 > n else "truncated record" if _mask_crc(
-                crc(buf[o:o + 8])) == _HEADER.unpack_from(buf, o)[1] else "corrupt record length")
-            nxt = _next_frame(src, pos + 1)
-            yield "lost", pos, f"{why} at byte {pos}; bytes {pos}..{nxt - 1} cannot be read as records"
-            lost = True
-            pos = nxt
+        start = pos
+        good: List[bytes] = []
+        while pos < n and len(good) < most:  # the fast path: consecutive good frames
+            o = pos - base
+            if o + 12 > len(buf):  # read on (from pos, if it is past the buffer: after a skipped record)
+                more = max(READ_BYTES, 16)
+                buf = buf[o:] + src.read(base + len(buf), more) if o < len(buf) else src.read(pos, more)
+                base, o = pos, 0
+            if pos + 12 > n:
+                break
+            length, lcrc = header(buf, o)
+            end = pos + 16 + length
+            if end > n or masked(crc(buf[o:o + 8])) != lcrc:
+                break
+            if end - base > len(buf):
+                buf, base = buf[o:] + src.read(base + len(buf), max(READ_BYTES, end - base - len(buf))), pos
+                o = 0
+            payload = buf[o + 12:o + 12 + length]
+            if masked(crc(payload)) != u32(buf, o + 12 + length)[0]:
+                break
+            good.append(payload)
+            pos = end
+        if good:
+            yield ("after_loss" if lost else "ok"), start, good
             continue
-        if end + 4 > base + len(buf):
-            buf, base = buf[pos - base:] + src.read(base + len(buf), max(READ_BYTES, end + 4 - base - len(buf))), pos
-            o = 0
-        payload = buf[o + 12:o + 12 + length]
-        if _mask_crc(crc(payload)) != _U32.unpack_from(buf, o + 12 + length)[0]:
-            yield "corrupt", pos, f"record data CRC mismatch at byte {pos} ({length} bytes)"
+        if pos >= n:
+            break
+        o = pos - base  # the frame at pos is bad; the buffer holds its header if the file does
+        if pos + 12 > n:
+            why = "truncated record header"
         else:
-            yield ("after_loss" if lost else "ok"), pos, payload
-        pos = end + 4
+            length, lcrc = header(buf, o)
+            if masked(crc(buf[o:o + 8])) == lcrc and pos + 16 + length <= n:
+                yield "corrupt", pos, f"record data CRC mismatch at byte {pos} ({length} bytes)"
+                pos += 16 + length
+                continue
+            why = "truncated record" if masked(crc(buf[o:o + 8])) == lcrc else "corrupt record length"
+        nxt = _next_frame(src, pos + 1)
+        yield "lost", pos, f"{why} at byte {pos}; bytes {pos}..{nxt - 1} cannot be read as records"
+        lost = True
+        pos = nxt
 
 
 def _next_frame(src: _Source, start: int) -> int:
@@ -994,21 +1027,30 @@ def _read_tfrecord(split: InputSplit, columns: List[str], *, chunk_rows: int, **
     # Record numbers are 0-based record indexes; a lost stretch of framing counts as one record.
     first_loss: Optional[int] = None
     payloads: List[bytes] = []
-    rows: List[int] = []
+    first_row = 0  # the record number of payloads[0]
+    ordinal = 0
     bi = 0
     with _open(f.path) as fh:
-        for ordinal, (kind, pos, x) in enumerate(_tfrecord_frames(_Source(fh))):
+        for kind, pos, x in _tfrecord_frames(_Source(fh), chunk_rows):
             if kind == "ok":
-                payloads.append(x)
-                rows.append(ordinal)
-                if len(payloads) >= chunk_rows:
-                    batch = yield from _decode_examples(decoder, f, columns, payloads, rows, bi)
-                    bi += batch
-                    payloads, rows = [], []
-            elif kind == "corrupt":
+                if not payloads:
+                    first_row = ordinal
+                payloads += x
+                ordinal += len(x)
+                while len(payloads) >= chunk_rows:
+                    bi += yield from _decode_examples(decoder, f, columns, payloads[:chunk_rows],
+                                                      np.arange(first_row, first_row + chunk_rows), bi)
+                    payloads, first_row = payloads[chunk_rows:], first_row + chunk_rows
+                continue
+            if payloads:
+                bi += yield from _decode_examples(decoder, f, columns, payloads,
+                                                  np.arange(first_row, first_row + len(payloads)), bi)
+                payloads = []
+            if kind == "corrupt":
                 yield DeadLetter(f.path, ordinal, "corrupt_record",
                                  f"record {ordinal}: {x}; the framing is intact, the reader goes on with "
                                  "the next record. Fix: re-create or re-copy the file", f.index)
+                ordinal += 1
             elif kind == "lost":
                 if first_loss is None:
                     first_loss = pos
@@ -1016,15 +1058,19 @@ def _read_tfrecord(split: InputSplit, columns: List[str], *, chunk_rows: int, **
                                  f"record {ordinal}: TFRecord framing lost: {x}. Every record after it is "
                                  "dead-lettered (policies.lost_framing). Fix: re-create or re-copy the file "
                                  "(a truncated upload or a damaged disk)", f.index)
-            else:
-                yield DeadLetter(f.path, ordinal, "after_framing_loss",
-                                 f"record {ordinal} at byte {pos}: found by scanning for a valid frame after "
-                                 f"the framing was lost at byte {first_loss}; not used", f.index)
+                ordinal += 1
+            else:  # after_loss: the records found by scanning, each at its own offset
+                for payload in x:
+                    yield DeadLetter(f.path, ordinal, "after_framing_loss",
+                                     f"record {ordinal} at byte {pos}: found by scanning for a valid frame after "
+                                     f"the framing was lost at byte {first_loss}; not used", f.index)
+                    ordinal += 1
+                    pos += 16 + len(payload)
     if payloads:
-        yield from _decode_examples(decoder, f, columns, payloads, rows, bi)
+        yield from _decode_examples(decoder, f, columns, payloads, np.arange(first_row, first_row + len(payloads)), bi)
 
 
-def _decode_examples(decoder, f: InputFile, columns: List[str], payloads: List[bytes], rows_: List[int], bi: int):
+def _decode_examples(decoder, f: InputFile, columns: List[str], payloads: List[bytes], rows_: np.ndarray, bi: int):
     """tf.train.Examples -> one RawBatch (tfx_bsl's batch decoder); records that are not Examples are found one
     by one and dead-lettered. Returns the number of batches yielded (0 or 1)."""
     rows = np.asarray(rows_, dtype=np.int64)

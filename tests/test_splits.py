@@ -10,6 +10,7 @@ byte-identical vocabularies, shards, profiles, manifest and dead letters.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import os
 
@@ -66,12 +67,28 @@ def parquet_bytes(n: int = 160, row_group_size: int = 16) -> bytes:
 
 
 def tfrecord_bytes(n: int = 150) -> bytes:
+    """A record that is not an Example (33), a data CRC mismatch (50), a damaged length (120: framing lost,
+    the frames after it found by scanning) and a truncated header at the end."""
     payloads = [example_bytes(label=float(i % 2), x=float(i), cat=(b"t%d" % (i % 7),), ident=(i % 10,))
                 for i in range(n)]
     payloads[33] = b"not an example"
     data = bytearray(tfrecord_file(payloads))
-    data[len(tfrecord_file(payloads[:50])) + 20] ^= 1  # record 50: data CRC mismatch
-    return bytes(data) + b"\x07" * 9  # a truncated header at the end: framing lost
+    if n > 50:
+        data[len(tfrecord_file(payloads[:50])) + 20] ^= 1
+    if n > 120:
+        data[len(tfrecord_file(payloads[:120])) + 2] ^= 1
+    return bytes(data) + b"\x07" * 9
+
+
+@contextlib.contextmanager
+def read_bytes(n: int):
+    """The readers' block size set to n (every block boundary case in small files)."""
+    old = pio.READ_BYTES
+    pio.READ_BYTES = n
+    try:
+        yield
+    finally:
+        pio.READ_BYTES = old
 
 
 def write(tmp_path, name: str, data: bytes) -> pio.InputFile:
@@ -116,6 +133,9 @@ def test_every_split_size_reads_the_same_records_and_letters(tmp_path, fmt, make
     assert rows and len(numbers) == len(set(numbers))  # each record once: a row or one letter
     for split_bytes in (1, 5, 64, 300, 1000, f.size // 3, f.size):
         assert read_splits(fmt, f, split_bytes) == whole, split_bytes
+    with read_bytes(13):  # streaming in tiny blocks
+        assert _norm(pio.read_file(fmt, f, COLUMNS, chunk_rows=7)) == whole
+        assert read_splits(fmt, f, 100) == whole
     if fmt == "csv":  # without the summaries of the splits before, a split scans the bytes before it itself
         assert read_splits(fmt, f, 300, states=False) == whole
     if fmt == "parquet":
@@ -196,8 +216,9 @@ def _model_record_lines(data: bytes):
 
 
 @settings(max_examples=300)
-@given(st.lists(st.sampled_from(list(b'ab,"\n\r ')), max_size=80).map(bytes), st.integers(1, 90))
-def test_csv_framing_matches_pyarrow_and_a_byte_model(tmp_path_factory, body, split_bytes):
+@given(st.lists(st.sampled_from(list(b'ab,"\n\r ')), max_size=80).map(bytes), st.integers(1, 90),
+       st.integers(1, 40))
+def test_csv_framing_matches_pyarrow_and_a_byte_model(tmp_path_factory, body, split_bytes, block):
     import pyarrow.csv as pacsv
     data = b"label,x,cat,id\n" + body
     d = tmp_path_factory.mktemp("framing")
@@ -215,6 +236,29 @@ def test_csv_framing_matches_pyarrow_and_a_byte_model(tmp_path_factory, body, sp
     else:
         assert letters and letters[-1][1] == "framing_lost" and letters[-1][0] == lines[-1]
     assert read_splits("csv", f, split_bytes) == (rows, letters)
+    with read_bytes(block):
+        assert read_splits("csv", f, split_bytes) == (rows, letters)
+
+
+@settings(max_examples=150)
+@given(st.lists(st.tuples(st.sampled_from(["flip", "cut", "insert", "delete"]), st.integers(0, 10 ** 6),
+                          st.integers(1, 255)), min_size=1, max_size=4), st.integers(1, 200))
+def test_damaged_tfrecord_reads_the_same_in_any_block_size(tmp_path_factory, edits, block):
+    b = bytearray(tfrecord_bytes(60))
+    for kind, pos, val in edits:
+        pos %= max(len(b), 1)
+        if kind == "flip" and b:
+            b[pos] ^= val
+        elif kind == "cut":
+            del b[pos:]
+        elif kind == "insert":
+            b[pos:pos] = bytes([val])
+        elif b:
+            del b[pos]
+    f = write(tmp_path_factory.mktemp("tfr"), "in.tfrecord", bytes(b))
+    whole = _norm(pio.read_file("tfrecord", f, COLUMNS, chunk_rows=7))
+    with read_bytes(block):
+        assert _norm(pio.read_file("tfrecord", f, COLUMNS, chunk_rows=7)) == whole
 
 
 # ---------------------------------------------------------------- streaming, object stores
@@ -290,10 +334,10 @@ def _tree(d):
 
 MULTI = ["--direct_num_workers=2", "--direct_running_mode=multi_processing"]
 JOB_CASES = {
-    # format: (files, [(split bytes, beam args)] compared with whole files on 1 worker)
-    "csv": ({"a_quoted.csv": csv_quoted(), "b_plain.csv": csv_plain()}, [(230, []), (900, MULTI), (230, MULTI)]),
-    "parquet": ({"a.parquet": parquet_bytes(), "b.parquet": parquet_bytes(48, 10)}, [(300, []), (1500, MULTI)]),
-    "tfrecord": ({"a.tfrecord": tfrecord_bytes()}, [(100, MULTI)]),
+    # format: (files, [(split bytes, Beam args)] each compared with whole files on 1 worker)
+    "csv": ({"a_quoted.csv": csv_quoted(), "b_plain.csv": csv_plain()}, [(230, []), (230, MULTI)]),
+    "parquet": ({"a.parquet": parquet_bytes(), "b.parquet": parquet_bytes(48, 10)}, [(900, MULTI)]),
+    "tfrecord": ({"a.tfrecord": tfrecord_bytes(), "b.tfrecord": tfrecord_bytes(60)}, [(100, MULTI)]),
 }
 
 
