@@ -147,7 +147,8 @@ def shard_format_for(spec, layout, limits: Limits, *, compact: bool = True) -> s
         tensor_core_features=tuple((f.name, f.weight_column is not None, int(f.tensor_core_width))
                                    for f in spec.tensor_core_features),
         stacks=tuple(stacks), version=shard_format.FORMAT_VERSION, compression=spec.shards.compression,
-        encodings=stack_encodings(layout, compact), keys="short" if compact else "names")
+        encodings=stack_encodings(layout, compact), keys="short" if compact else "names",
+        samples=tuple((name, st.sample_count) for name, st in layout.stacks.items()))
 
 
 def global_ids_of(block: ExampleBlock, spec) -> Dict[str, object]:

@@ -142,6 +142,7 @@ class StackFormat(_Section):
     sample_ids: Optional[str] = None  # shard format 2: "int32" | "uint16" | "uint8"
     token_ids: Optional[str] = None  # shard format 2: "int32" | "uint16" | "uint8"
     padding: Optional[str] = None  # shard format 2: "stored" | "omitted"
+    samples: Optional[int] = None  # shard format 2: the stack's samples per chip
 
 
 class ShardFormatInfo(_Section):

@@ -46,6 +46,7 @@ CSR_ARRAYS = (("row_pointers", np.int32), ("sorted_sample_ids", np.int32), ("sor
               ("sorted_gains", np.float32))
 PAD_VALUE = (1 << 31) - 1  # TF's kXlaPadValue (= sparsecore.PAD_VALUE): ids and, as float32, gains of padding
 XLA_PAD = 8  # each (SparseCore, destination) partition's entries are padded to a multiple of 8
+LOOSE_IDS_PER_SAMPLE = 8  # parse_fn: an ids buffer above this many per sample is "loose" (see parse_fn)
 
 COMPRESSIONS = ("none", "GZIP", "ZLIB")  # TFRecordDataset's compression_type ("none" is its "")
 GAINS = ("stored", "omitted_if_unit")
@@ -116,8 +117,10 @@ class ShardFormat:
     """What a reader needs to know about the records of an artifact (stored in manifest.json).
 
     Version 2 adds `compression` (of each whole shard file, as TFRecordDataset reads it), `keys` (the
-    record's key names: "names" as in version 1, or "short") and per-stack `StackEncoding`s
-    (`encodings` lists the stacks not encoded as in version 1). A version-1 format has none of them.
+    record's key names: "names" as in version 1, or "short"), per-stack `StackEncoding`s (`encodings`
+    lists the stacks not encoded as in version 1) and each stack's samples per chip (`samples`: the
+    layout's `sample_count`; informational, `parse_fn` uses it to tell ids buffers much larger than the
+    data from tight ones). A version-1 format has none of them.
     """
 
     num_hosts: int
@@ -130,14 +133,16 @@ class ShardFormat:
     compression: str = "none"
     encodings: Tuple[Tuple[str, StackEncoding], ...] = ()  # (stack, encoding), stacks not encoded as in v1
     keys: str = "names"
+    samples: Tuple[Tuple[str, int], ...] = ()  # (stack, samples per chip), where known
 
     def __post_init__(self):
         object.__setattr__(self, "compression", canonical_compression(self.compression))
         object.__setattr__(self, "encodings", tuple((s, e) for s, e in self.encodings if e != V1_ENCODING))
         if self.keys not in KEYS:
             raise ValueError(f"keys must be one of {KEYS}, got {self.keys!r}")
-        if self.version == 1 and (self.compression != "none" or self.encodings or self.keys != "names"):
-            raise ValueError("shard format version 1 has no compression, no stack encodings and no short keys")
+        if self.version == 1 and (self.compression != "none" or self.encodings or self.keys != "names"
+                                  or self.samples):
+            raise ValueError("shard format version 1 has no compression, stack encodings, short keys or samples")
 
     def encoding(self, stack: str) -> StackEncoding:
         return dict(self.encodings).get(stack, V1_ENCODING)
@@ -156,8 +161,11 @@ class ShardFormat:
             "stacks": [{"name": s, "row_pointers_buffer": r, "ids_buffer": i} for s, r, i in self.stacks]}
         if self.version >= 2:
             d["compression"], d["keys"] = self.compression, self.keys
+            samples = dict(self.samples)
             for st in d["stacks"]:
                 st.update(dataclasses.asdict(self.encoding(st["name"])))
+                if st["name"] in samples:
+                    st["samples"] = samples[st["name"]]
         return d
 
     @classmethod
@@ -174,7 +182,7 @@ class ShardFormat:
                     ": the shards were written by a newer tpu_embed. Upgrade tpu_embed, or regenerate the shards "
                     "with this version (`tpu-embed run` / `shard`)." if newer else
                     ". Regenerate the shards with this version (`tpu-embed run` / `shard`)."))
-        encodings = []
+        encodings, samples = [], []
         try:
             compression = canonical_compression(d.get("compression")) if v >= 2 else "none"
             keys = (d.get("keys") or "names") if v >= 2 else "names"
@@ -185,6 +193,8 @@ class ShardFormat:
                     encodings.append((s["name"], StackEncoding(
                         s.get("gains") or "stored", s.get("sample_ids") or "int32", s.get("token_ids") or "int32",
                         s.get("padding") or "stored")))
+                    if s.get("samples") is not None:
+                        samples.append((s["name"], int(s["samples"])))
         except ValueError as e:
             raise ValueError(f"{where}shard format version {v}: {e}. The manifest was edited, or written by a "
                              "newer tpu_embed: upgrade tpu_embed, or regenerate the shards.") from None
@@ -192,7 +202,7 @@ class ShardFormat:
                    tuple(d["dense_features"]),
                    tuple((t["name"], bool(t["weighted"]), int(t["width"])) for t in d["tensor_core_features"]),
                    tuple((s["name"], int(s["row_pointers_buffer"]), int(s["ids_buffer"])) for s in d["stacks"]),
-                   version=v, compression=compression, encodings=tuple(encodings), keys=keys)
+                   version=v, compression=compression, encodings=tuple(encodings), keys=keys, samples=tuple(samples))
 
 
 # ---------------------------------------------------------------- protobuf wire format
@@ -691,8 +701,14 @@ def parse_fn(fmt: ShardFormat):
     size_keys = [cell[5]["sizes"] for cell in cells]
     omitted = [i for i, cell in enumerate(cells) if cell[4].padding == "omitted"]
     count_keys = [cells[i][5]["counts"] for i in omitted]  # int64 lists, read as sparse values
+    samples = dict(fmt.samples)
+    # Narrow ids or omitted gains in an ids buffer much larger than the data (e.g. TF's default limits):
+    # widened per chip on the stored prefix, then padded, instead of over [chips, buffer].
+    loose = {stack for stack, _, ids_buf in fmt.stacks if fmt.encoding(stack) not in (V1_ENCODING,)
+             and fmt.encoding(stack).padding == "stored" and stack in samples
+             and ids_buf > LOOSE_IDS_PER_SAMPLE * samples[stack]}
     stored_groups = [(stack, [i for i, cell in enumerate(cells) if cell[1] == stack]) for stack, _, _ in fmt.stacks
-                     if fmt.encoding(stack).padding == "stored"]
+                     if fmt.encoding(stack).padding == "stored" and stack not in loose]
     b = fmt.host_batch_size
     nd = len(fmt.dense_features)
     nsizes = len(SIZES_FIELDS)
@@ -757,6 +773,9 @@ def parse_fn(fmt: ShardFormat):
                                           tf.unstack(g_all)):
                 chips[cells[i][0]][stack] = {"row_pointers": rp, "sorted_sample_ids": sid, "sorted_token_ids": tid,
                                              "sorted_gains": g, **sizes_of(i)}
+        for i, cell in enumerate(cells):
+            if cell[1] in loose:
+                chips[cell[0]][cell[1]] = {**_decode_loose(tf, ex, cell), **sizes_of(i)}
         if omitted:
             for i, d in zip(omitted, _rebuild_padding(tf, ex, [cells[i] for i in omitted],
                                                       tf.gather(sizes_mat[:, 1], omitted))):
@@ -775,6 +794,27 @@ def _decode_ids(tf, raw, dtype_name: str, n: Optional[int]):
     if dtype_name == "int32":
         return x
     return tf.where(tf.equal(x, int(np.iinfo(dt).max)), PAD_VALUE, tf.cast(x, tf.int32))
+
+
+def _decode_loose(tf, ex, cell):
+    """One chip's stack with stored padding, widened on its stored prefix, then zero-padded to the buffers."""
+    _, _, rp_buf, ids_buf, enc, keys = cell
+
+    def padded(x):
+        return tf.ensure_shape(tf.pad(x, [[0, ids_buf - tf.shape(x)[0]]]), [ids_buf])
+    xs = tf.io.decode_raw(ex[keys["sorted_sample_ids"]], tf.as_dtype(ID_DTYPES[enc.sample_ids]))
+    xt = tf.io.decode_raw(ex[keys["sorted_token_ids"]], tf.as_dtype(ID_DTYPES[enc.token_ids]))
+    is_pad = tf.equal(xs, PAD_VALUE if enc.sample_ids == "int32" else int(np.iinfo(ID_DTYPES[enc.sample_ids]).max))
+    raw_gains = ex[keys["sorted_gains"]]
+    gains = tf.io.decode_raw(raw_gains, tf.float32)
+    if enc.gains == "omitted_if_unit":  # no gains stored: 1.0, PAD_VALUE at the padding entries
+        gains = tf.concat([gains, tf.where(is_pad[tf.strings.length(raw_gains) // 4:], float(PAD_VALUE), 1.0)], 0)
+    return {"row_pointers": tf.io.decode_raw(ex[keys["row_pointers"]], tf.int32, fixed_length=4 * rp_buf),
+            "sorted_sample_ids": padded(xs if enc.sample_ids == "int32" else
+                                        tf.where(is_pad, PAD_VALUE, tf.cast(xs, tf.int32))),
+            "sorted_token_ids": padded(xt if enc.token_ids == "int32" else
+                                       tf.where(is_pad, PAD_VALUE, tf.cast(xt, tf.int32))),
+            "sorted_gains": padded(gains)}
 
 
 def _rebuild_padding(tf, ex, cells, n):
