@@ -1,0 +1,464 @@
+"""Shard format 2: compression (none / GZIP / ZLIB), compact encodings, version rules, shuffled step order.
+
+Every option must give `input_fn` (and `decode_record`) exactly the tensors of version 1's records:
+same structure, dtypes, static shapes and values (gains compared as float32 bits).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import types
+
+import numpy as np
+import pytest
+
+from pipelines import runner
+from pipelines import shard as pshard
+from pipelines.jobs import JobConfig
+from tpu_embed import shards
+from tpu_embed.manifest import manifest_bytes, read_manifest
+from tpu_embed.spec import SpecError, load_spec, parse_spec
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+MOVIELENS = os.path.join(ROOT, "examples", "movielens", "spec.yaml")  # 2 hosts, per-chip batch 8: padding omitted
+CRITEO = os.path.join(ROOT, "examples", "criteo", "spec.yaml")
+
+
+def _spec(path, **changes):
+    spec = load_spec(path)
+    raw = dict(spec.to_dict(), **changes)
+    raw["inputs"] = dict(raw["inputs"], patterns=spec.input_patterns())
+    return parse_spec(raw, base_dir=os.path.dirname(path))
+
+
+def _run(spec, out, *args, **kw):
+    runner.run_all(JobConfig(spec=spec, output=out, **kw), list(args))
+    return out
+
+
+@pytest.fixture(scope="module")
+def movielens(tmp_path_factory):
+    """The movielens example (2 hosts, padding omitted) as none / GZIP / ZLIB artifacts."""
+    d = tmp_path_factory.mktemp("movielens")
+    return {c: _run(_spec(MOVIELENS, shards={"compression": c}), str(d / c), steps_per_file=5)
+            for c in shards.COMPRESSIONS}
+
+
+@pytest.fixture(scope="module")
+def criteo(tmp_path_factory):
+    """The Criteo example at global batch 64 on one chip (padding stored, uint16/uint8 ids)."""
+    d = tmp_path_factory.mktemp("criteo")
+    top = {"num_chips": 1, "num_sc_per_chip": 4, "num_hosts": 1}
+    return {"none": _run(_spec(CRITEO, topology=top, global_batch_size=64), str(d / "none"))}
+
+
+# ---------------------------------------------------------------- helpers
+
+def flat(element):
+    import tensorflow as tf
+    return tf.nest.flatten(element, expand_composites=True)
+
+
+def assert_same_tensors(a, b):
+    import tensorflow as tf
+    tf.nest.assert_same_structure(a, b, expand_composites=True)
+    for x, y in zip(flat(a), flat(b)):
+        assert x.dtype == y.dtype and x.shape == y.shape, (x.dtype, y.dtype, x.shape, y.shape)
+        xn, yn = x.numpy(), y.numpy()
+        if xn.dtype.kind == "f":
+            xn, yn = xn.view(np.int32), yn.view(np.int32)
+        np.testing.assert_array_equal(xn, yn)
+
+
+def assert_same_records(a, b):
+    """Two `decode_record` dicts hold the same arrays (gains as float32 bits)."""
+    assert a.keys() == b.keys()
+    for k in ("step", "host"):
+        assert a[k] == b[k]
+    for k in ("label", "mask", "dense"):
+        np.testing.assert_array_equal(a[k], b[k])
+    assert len(a["sparse_core"]) == len(b["sparse_core"])
+    for ca, cb in zip(a["sparse_core"], b["sparse_core"]):
+        assert ca.keys() == cb.keys()
+        for stack in ca:
+            assert ca[stack].keys() == cb[stack].keys()
+            for k, v in ca[stack].items():
+                w = cb[stack][k]
+                if isinstance(v, np.ndarray):
+                    assert v.dtype == w.dtype, (stack, k)
+                    np.testing.assert_array_equal(v.view(np.int32) if v.dtype == np.float32 else v,
+                                                  w.view(np.int32) if w.dtype == np.float32 else w)
+                else:
+                    assert v == w, (stack, k)
+
+
+def reencode(src: str, dst: str, fmt_new: shards.ShardFormat) -> str:
+    """A copy of artifact `src` whose records are re-encoded with `fmt_new` (version 1's records when its
+    version is 1) and compressed as it says; the manifest's format and file entries updated."""
+    m = read_manifest(src)
+    fmt = m.shard_format
+    shutil.rmtree(dst, ignore_errors=True)
+    shutil.copytree(src, dst)
+    d = m.to_json()
+    for entry in d["files"]:
+        if entry["kind"] != "shard":
+            continue
+        frames = []
+        for rec in shards.read_records(os.path.join(src, entry["path"])):
+            r = shards.decode_record(rec, fmt)
+            chips = [{s: types.SimpleNamespace(**x) for s, x in chip.items()} for chip in r["sparse_core"]]
+            tc = {n: (t["lengths"], t["ids"], t["weights"]) for n, t in r["tensor_core"].items()}
+            frames.append(shards.tfrecord_frame(shards.encode_step_record(
+                step=r["step"], host=r["host"], label=r["label"], mask=r["mask"], dense=r["dense"],
+                tensor_core=tc, chips=chips, fmt=None if fmt_new.version == 1 else fmt_new)))
+        data = b"".join(shards.compress_chunks(frames, fmt_new.compression))
+        with open(os.path.join(dst, entry["path"]), "wb") as fh:
+            fh.write(data)
+        entry["bytes"], entry["sha256"] = len(data), hashlib.sha256(data).hexdigest()
+    d["shards"]["format"] = fmt_new.to_json()
+    with open(os.path.join(dst, "manifest.json"), "wb") as fh:
+        fh.write(manifest_bytes(d))
+    return dst
+
+
+def v1_format(fmt: shards.ShardFormat) -> shards.ShardFormat:
+    return dataclasses.replace(fmt, version=1, compression="none", encodings=(), keys="names", samples=())
+
+
+def elements(art, **kw):
+    return list(shards.input_fn(art, **kw))
+
+
+# ---------------------------------------------------------------- compression
+
+@pytest.mark.parametrize("compression", ["GZIP", "ZLIB"])
+def test_compression_round_trips_through_input_fn(movielens, compression):
+    import tensorflow as tf
+    plain, packed = movielens["none"], movielens[compression]
+    m = read_manifest(packed)
+    assert m.shard_format.compression == compression and m.shard_format.version == 2
+    for h in range(m.shard_format.num_hosts):
+        files = shards.shard_files(packed, h, m)
+        assert len(files) == 3  # 13 steps, 5 per file
+        # TF's own reader with compression_type reads the records the uncompressed artifact holds
+        got = [x.numpy() for x in tf.data.TFRecordDataset(files, compression_type=compression)]
+        want = [r for p in shards.shard_files(plain, h) for r in shards.read_records(p)]
+        assert got == want
+        assert [r for p in files for r in shards.read_records(p)] == want  # numpy reader, format sniffed
+        assert [r for p in files for r in shards.read_records(p, compression)] == want
+        with open(files[0], "rb") as fh:
+            head = fh.read(2)
+        assert head == (b"\x1f\x8b" if compression == "GZIP" else b"\x78\x9c")
+        a, b = elements(plain, host_index=h), elements(packed, host_index=h)
+        assert len(a) == len(b) == m.shards.steps
+        for x, y in zip(a, b):
+            assert_same_tensors(x, y)
+        for x, y in zip(a, elements(packed, host_index=h, reader="io")):  # fsspec stream, decompressed
+            assert_same_tensors(x, y)
+    plain_bytes = sum(f.bytes for f in read_manifest(plain).files_of("shard"))
+    assert sum(f.bytes for f in m.files_of("shard")) < plain_bytes / 2
+
+
+@pytest.mark.parametrize("compression", ["GZIP", "ZLIB"])
+def test_compressed_files_are_tf_writer_bytes(movielens, tmp_path, compression):
+    """The job's files equal what tf.io.TFRecordWriter with TFRecordOptions writes for the same records."""
+    import tensorflow as tf
+    art = movielens[compression]
+    for f in read_manifest(art).files_of("shard"):
+        path = os.path.join(art, f.path)
+        theirs = str(tmp_path / os.path.basename(path))
+        with tf.io.TFRecordWriter(theirs, tf.io.TFRecordOptions(compression_type=compression)) as w:
+            for rec in shards.read_records(path):
+                w.write(rec)
+        assert open(theirs, "rb").read() == open(path, "rb").read(), f.path
+    if compression == "GZIP":  # no file name, no time: flags 0, mtime 0
+        data = open(path, "rb").read()
+        assert data[:10] == shards.GZIP_HEADER and data[3] == 0 and data[4:8] == b"\0\0\0\0"
+
+
+def test_compressed_shards_decode_to_raw_rows(movielens):
+    """The end-to-end decode (every step, chip, feature, example against the raw rows) on GZIP shards."""
+    from tests.test_pipelines_e2e import test_shards_decode_to_raw_rows
+    test_shards_decode_to_raw_rows({"movielens": (load_spec(MOVIELENS), movielens["GZIP"])}, "movielens")
+    test_shards_decode_to_raw_rows({"movielens": (load_spec(MOVIELENS), movielens["ZLIB"])}, "movielens")
+
+
+def test_damaged_compressed_shard_is_refused(movielens, tmp_path):
+    from tpu_embed.verify import ArtifactDamagedError
+    art = str(tmp_path / "gz")
+    shutil.copytree(movielens["GZIP"], art)
+    path = shards.shard_files(art, 0)[0]
+    data = bytearray(open(path, "rb").read())
+    data[len(data) // 2] ^= 0x01
+    open(path, "wb").write(bytes(data))
+    with pytest.raises(Exception, match=r"ArtifactDamagedError: .*part-00000-of-00003.tfrecord: not a valid GZIP"):
+        elements(art)
+    with pytest.raises(ValueError, match="GZIP"):
+        shards.read_records(path)
+    with pytest.raises(ArtifactDamagedError):
+        from tpu_embed import verify
+        entry = read_manifest(art).shard_files(0)[0]
+        verify.verify_shard_bytes(path, bytes(data), entry, "size", "GZIP")
+
+
+# ---------------------------------------------------------------- compact encodings
+
+@pytest.mark.parametrize("which", ["movielens", "criteo"])
+def test_compact_records_decode_like_version_1(movielens, criteo, tmp_path, which):
+    """The job's compact records (narrow ids, omitted unit gains, omitted or stored padding) give the same
+    tensors as the same steps written with version 1's encoding under a version-1 manifest."""
+    art = (movielens if which == "movielens" else criteo)["none"]
+    fmt = read_manifest(art).shard_format
+    padding = {e.padding for _, e in fmt.encodings}
+    assert padding == ({"omitted"} if which == "movielens" else {"stored"})
+    assert all(e.sample_ids in ("uint8", "uint16") and e.gains == "omitted_if_unit" for _, e in fmt.encodings)
+    old = reencode(art, str(tmp_path / "v1"), v1_format(fmt))
+    assert read_manifest(old).shard_format.version == 1 and "keys" not in read_manifest(old)["shards"]["format"]
+    old_bytes = sum(f.bytes for f in read_manifest(old).files_of("shard"))
+    assert sum(f.bytes for f in read_manifest(art).files_of("shard")) < 0.6 * old_bytes
+    for h in range(fmt.num_hosts):
+        a = [shards.decode_record(r, fmt) for p in shards.shard_files(art, h) for r in shards.read_records(p)]
+        b = [shards.decode_record(r, v1_format(fmt)) for p in shards.shard_files(old, h)
+             for r in shards.read_records(p)]
+        assert len(a) == len(b) > 0
+        for x, y in zip(a, b):
+            assert_same_records(x, y)
+        for x, y in zip(elements(art, host_index=h), elements(old, host_index=h)):
+            assert_same_tensors(x, y)
+    # the job's encoding is reproduced by encode_step_record from the decoded records
+    same = reencode(art, str(tmp_path / "again"), fmt)
+    for f in read_manifest(art).files_of("shard"):
+        assert open(os.path.join(art, f.path), "rb").read() == open(os.path.join(same, f.path), "rb").read()
+
+
+def _random_batches(seed: int, allow_dropping: bool):
+    """CSR of random multivalent / weighted / duplicate-id batches of a 3-stack model on 2 chips x 4 SCs."""
+    from tpu_embed.sparsecore import RaggedIds, preprocess_with_layout
+    raw = {"inputs": {"format": "csv", "patterns": ["x.csv"]},
+           "categorical": [{"name": "a", "vocabulary": {"type": "identity", "num_buckets": 300}},
+                           {"name": "b", "vocabulary": {"type": "identity", "num_buckets": 70000}},
+                           {"name": "w", "vocabulary": {"type": "identity", "num_buckets": 50},
+                            "weight_column": "ww"},
+                           {"name": "s", "vocabulary": {"type": "identity", "num_buckets": 40},
+                            "sequence_length": 3}],
+           "tables": [{"name": "a", "dim": 8, "combiner": "sum"}, {"name": "b", "dim": 8, "combiner": "mean"},
+                      {"name": "w", "dim": 16, "combiner": "sqrtn"}, {"name": "s", "dim": 32}],
+           "optimizer": {"type": "sgd", "learning_rate": 0.1},
+           "topology": {"num_chips": 2, "num_sc_per_chip": 4}, "global_batch_size": 64}
+    spec = parse_spec(raw)
+    layout = spec.layout({})
+    rng = np.random.default_rng(seed)
+    per_chip = spec.per_chip_batch_size
+    chips = []
+    for _ in range(2):
+        feats, weights = {}, {}
+        for f in layout.features:
+            lengths = rng.integers(0, 5, per_chip * (3 if f.path == "s" else 1))
+            if f.path == "s":
+                lengths = np.minimum(lengths, 1)
+            vocab = f.vocabulary_size
+            values = rng.integers(0, min(vocab, 6) if rng.random() < 0.5 else vocab, int(lengths.sum()))
+            feats[f.path] = RaggedIds(values.astype(np.int64), np.concatenate([[0], np.cumsum(lengths)]))
+            weights[f.path] = (rng.random(values.size).astype(np.float32) if f.path == "w" else None)
+        big = {s: 10 ** 6 for s in layout.stacks}
+        chips.append(preprocess_with_layout(feats, layout, weights=weights,
+                                            max_ids_per_chip_per_sample=2 if allow_dropping else 16,
+                                            max_ids_per_table=big, max_unique_ids_per_table=big,
+                                            allow_id_dropping=allow_dropping))
+    return spec, layout, chips
+
+
+@pytest.mark.parametrize("seed,dropping", [(0, False), (1, True), (2, False)])
+@pytest.mark.parametrize("padding", ["stored", "omitted"])
+def test_encodings_round_trip_random_csr(seed, dropping, padding):
+    """Duplicate ids (gains 2.0), weights, mean / sqrtn gains, sequence features and dropped ids: every
+    encoding decodes (numpy and tf.data) to version 1's arrays."""
+    spec, layout, chips = _random_batches(seed, dropping)
+    if dropping:
+        assert any(b.dropped_ids for chip in chips for b in chip.values())
+    limits = pshard.Limits(2 if dropping else 16, {}, {}, dropping, "test")
+    fmt = pshard.shard_format_for(spec, layout, limits)
+    fmt = dataclasses.replace(fmt, encodings=tuple((s, dataclasses.replace(e, padding=padding))
+                                                   for s, e in fmt.encodings))
+    dtypes = {s: (e.sample_ids, e.token_ids) for s, e in fmt.encodings}
+    assert dtypes == {"a_b": ("uint8", "uint16"), "w": ("uint8", "uint8"), "s": ("uint8", "uint8")}
+    hb = spec.per_host_batch_size
+    common = dict(step=7, host=0, label=np.arange(hb, dtype=np.float32), mask=np.ones(hb, np.float32),
+                  dense=np.zeros((hb, 0), np.float32), tensor_core={}, chips=chips)
+    new, old = shards.encode_step_record(**common, fmt=fmt), shards.encode_step_record(**common)
+    assert len(new) < len(old)
+    assert_same_records(shards.decode_record(new, fmt), shards.decode_record(old, v1_format(fmt)))
+    for c, chip in enumerate(chips):  # v1 decode = the packer's own prefixes
+        for s, b in chip.items():
+            d = shards.decode_record(old, v1_format(fmt))["sparse_core"][c][s]
+            np.testing.assert_array_equal(d["sorted_sample_ids"], b.sorted_sample_ids[:b.ids_unpadded_size])
+    gains_kept = sum(k.endswith("/g") for k in shards.decode_example(new))
+    assert 0 < gains_kept < len(chips) * len(layout.stacks)  # sum without duplicates: omitted; mean: stored
+    assert_same_tensors(shards.parse_fn(fmt)(new), shards.parse_fn(v1_format(fmt))(old))
+
+
+def test_narrow_ids_that_do_not_fit_are_refused():
+    with pytest.raises(ValueError, match="does not fit the shard format's uint8"):
+        shards.narrow_ids(np.array([3, 255], np.int32), "uint8", "ids")
+    assert shards.narrow_ids(np.array([3, shards.PAD_VALUE], np.int32), "uint8").tolist() == [3, 255]
+    assert shards.widen_ids(np.array([3, 255], np.uint8), "uint8").tolist() == [3, shards.PAD_VALUE]
+    from tpu_embed.sparsecore import PAD_VALUE
+    assert shards.PAD_VALUE == PAD_VALUE
+
+
+def test_tf_default_size_buffers_decode_the_same(criteo):
+    """Buffers far larger than the data take parse_fn's per-chip path: still version 1's tensors."""
+    from tpu_embed.artifact import load_artifact
+    from tpu_embed.sparsecore import buffer_sizes
+    art = criteo["none"]
+    fmt = read_manifest(art).shard_format
+    layout = load_artifact(art).model.layout()
+    big = dataclasses.replace(fmt, stacks=tuple((s, rp, buffer_sizes(layout.stacks[s], layout.topology, 64).ids)
+                                                for s, rp, _ in fmt.stacks))
+    recs = [r for p in shards.shard_files(art, 0) for r in shards.read_records(p)]
+    for rec in recs:
+        old = shards.encode_step_record(**{k: v for k, v in _as_encode_args(shards.decode_record(rec, fmt)).items()})
+        assert_same_tensors(shards.parse_fn(big)(rec), shards.parse_fn(v1_format(big))(old))
+
+
+def _as_encode_args(r):
+    return dict(step=r["step"], host=r["host"], label=r["label"], mask=r["mask"], dense=r["dense"],
+                tensor_core={n: (t["lengths"], t["ids"], t["weights"]) for n, t in r["tensor_core"].items()},
+                chips=[{s: types.SimpleNamespace(**x) for s, x in chip.items()} for chip in r["sparse_core"]])
+
+
+# ---------------------------------------------------------------- versions
+
+def test_newer_format_version_is_refused(movielens, tmp_path):
+    art = str(tmp_path / "newer")
+    shutil.copytree(movielens["none"], art)
+    path = os.path.join(art, "manifest.json")
+    d = json.load(open(path))
+    d["shards"]["format"]["version"] = shards.FORMAT_VERSION + 1
+    open(path, "wb").write(manifest_bytes(d))
+    msg = (rf"{path}: shard format version {shards.FORMAT_VERSION + 1} is not supported by this tpu_embed \(it "
+           r"reads versions 1, 2\): the shards were written by a newer tpu_embed. Upgrade tpu_embed")
+    with pytest.raises(ValueError, match=msg):
+        shards.input_fn(art)
+    with pytest.raises(ValueError, match=msg):
+        assert read_manifest(art).shard_format
+    d["shards"]["format"].update(version=2, compression="lz4")
+    open(path, "wb").write(manifest_bytes(d))
+    with pytest.raises(ValueError, match="shard format version 2: compression must be one of .*upgrade tpu_embed"):
+        shards.input_fn(art)
+
+
+def test_version_1_reader_refuses_version_2(movielens, tmp_path):
+    """tpu_embed's shards.py as it was before format 2 (git history) refuses the new manifests clearly."""
+    try:
+        src = subprocess.run(["git", "log", "--format=%H", "-1", "--", "tpu_embed/shards.py"], cwd=ROOT,
+                             capture_output=True, text=True, check=True)
+        first_v2 = subprocess.run(["git", "log", "--format=%H", "-S", "FORMAT_VERSION = 2", "--reverse", "--",
+                                   "tpu_embed/shards.py"], cwd=ROOT, capture_output=True, text=True, check=True)
+        commit = first_v2.stdout.split()[0] + "~1"
+        old_src = subprocess.run(["git", "show", f"{commit}:tpu_embed/shards.py"], cwd=ROOT, capture_output=True,
+                                 text=True, check=True).stdout
+    except (OSError, subprocess.CalledProcessError, IndexError):
+        pytest.skip("no git history")
+    assert src.stdout and "FORMAT_VERSION = 1" in old_src
+    old = types.ModuleType("shards_v1")
+    import sys
+    sys.modules["shards_v1"] = old  # dataclasses look their module up
+    try:
+        exec(compile(old_src, "shards_v1.py", "exec"), old.__dict__)
+    finally:
+        del sys.modules["shards_v1"]
+    fmt = read_manifest(movielens["none"])["shards"]["format"]
+    with pytest.raises(ValueError, match="shard format version 2 is not supported by this tpu_embed .expects 1.; "
+                                         "regenerate the shards or upgrade tpu_embed"):
+        old.ShardFormat.from_json(fmt)
+    v1 = dict(v1_format(shards.ShardFormat.from_json(fmt)).to_json())
+    assert old.ShardFormat.from_json(v1).stacks == shards.ShardFormat.from_json(v1).stacks
+
+
+# ---------------------------------------------------------------- determinism
+
+@pytest.mark.slow
+def test_compressed_bytes_do_not_depend_on_workers(tmp_path):
+    spec = _spec(MOVIELENS, shards={"compression": "gzip"})
+    a = _run(spec, str(tmp_path / "one"), chunk_rows=37, steps_per_file=5)
+    b = _run(spec, str(tmp_path / "two"), "--direct_num_workers=2", "--direct_running_mode=multi_processing",
+             chunk_rows=37, steps_per_file=5)
+    files = sorted(os.path.relpath(os.path.join(r, x), a) for r, _, xs in os.walk(a) for x in xs)
+    assert files == sorted(os.path.relpath(os.path.join(r, x), b) for r, _, xs in os.walk(b) for x in xs)
+    for p in files:
+        assert open(os.path.join(a, p), "rb").read() == open(os.path.join(b, p), "rb").read(), p
+    assert read_manifest(a).shard_format.compression == "GZIP"
+
+
+def test_same_input_same_compressed_bytes(movielens, tmp_path):
+    again = _run(_spec(MOVIELENS, shards={"compression": "GZIP"}), str(tmp_path / "again"), steps_per_file=5)
+    for f in read_manifest(movielens["GZIP"]).files:
+        assert open(os.path.join(again, f.path), "rb").read() == open(
+            os.path.join(movielens["GZIP"], f.path), "rb").read(), f.path
+
+
+# ---------------------------------------------------------------- spec
+
+def test_spec_compression_key():
+    base = {"inputs": {"format": "csv", "patterns": ["x.csv"]}, "categorical": ["C1"],
+            "tables": [{"name": "C1", "dim": 8}], "optimizer": {"type": "sgd", "learning_rate": 0.1},
+            "global_batch_size": 8}
+    plain = parse_spec(base)
+    assert plain.shards.compression == "none" and plain.to_dict()["shards"] == {"compression": "none"}
+    for given, canonical in (("gzip", "GZIP"), ("Zlib", "ZLIB"), ("NONE", "none"), (None, "none")):
+        s = parse_spec(dict(base, shards={"compression": given}))
+        assert s.shards.compression == canonical
+        assert s.fingerprint == plain.fingerprint  # how the files are stored is not part of the fingerprint
+        assert parse_spec(s.to_dict()).shards == s.shards
+    with pytest.raises(SpecError, match=r"spec key 'shards.compression': 'lz4' is not supported. Fix: use none, "
+                                        r"GZIP or ZLIB"):
+        parse_spec(dict(base, shards={"compression": "lz4"}))
+
+
+# ---------------------------------------------------------------- shuffled step order
+
+def test_shuffled_step_order(movielens):
+    art = movielens["none"]
+    m = read_manifest(art)
+    steps = m.shards.steps
+    plain = {int(e["step"]): e for e in elements(art)}
+    ds = shards.input_fn(art, num_epochs=3, shuffle_steps=11)
+    order = [int(e["step"]) for e in ds]
+    epochs = [order[i * steps:(i + 1) * steps] for i in range(3)]
+    for e, got in enumerate(epochs):
+        assert sorted(got) == list(range(steps))  # every step exactly once per epoch
+        assert got == shards.step_order(steps, 11, e).tolist()
+    assert len({tuple(x) for x in epochs}) == 3  # another order each epoch
+    assert [int(e["step"]) for e in ds] == order  # the same orders when iterated again
+    assert [int(e["step"]) for e in shards.input_fn(art, num_epochs=3, shuffle_steps=11)] == order
+    assert [int(e["step"]) for e in shards.input_fn(art, num_epochs=1, shuffle_steps=12)] != epochs[0]
+    for e in shards.input_fn(art, shuffle_steps=11):  # the elements are the steps' own
+        assert_same_tensors(e, plain[int(e["step"])])
+
+
+def test_shuffled_step_order_is_the_same_on_every_host(movielens):
+    for c in ("none", "GZIP"):
+        art = movielens[c]
+        per_host = [[(int(e["step"]), int(e["host"])) for e in shards.input_fn(art, host_index=h, num_epochs=2,
+                                                                              shuffle_steps=5)]
+                    for h in range(read_manifest(art).shard_format.num_hosts)]
+        assert [s for s, _ in per_host[0]] == [s for s, _ in per_host[1]]
+        assert {h for _, h in per_host[1]} == {1}
+
+
+def test_shuffled_reading_of_compressed_and_unverified_shards(movielens):
+    ref = {int(e["step"]): e for e in elements(movielens["none"], host_index=1)}
+    for c in ("GZIP", "ZLIB"):
+        for verify in ("none", "sha256"):
+            got = elements(movielens[c], host_index=1, shuffle_steps=3, verify=verify)
+            assert [int(e["step"]) for e in got] == shards.step_order(len(ref), 3, 0).tolist()
+            for e in got:
+                assert_same_tensors(e, ref[int(e["step"])])
+    with pytest.raises(ValueError, match="shuffle_steps must be None or an integer seed"):
+        shards.input_fn(movielens["none"], shuffle_steps=-1)
