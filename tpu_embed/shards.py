@@ -27,6 +27,24 @@ chip is host * chips_per_host + chip.  Only the meaningful prefixes are
 stored; `parse_fn` pads them back to TF's static buffer sizes (zeros, where
 TF leaves uninitialised memory).  Encoding is hand-written protobuf with keys
 in sorted order, so equal content gives equal bytes.
+
+That is format version 1, and version 2 with its defaults.  Version 2
+(`FORMAT_VERSION`; written by the jobs since) adds, recorded in the manifest's
+`shards.format` (`ShardFormat`):
+
+* `compression`: "none", "GZIP" or "ZLIB" -- each shard file is one zlib
+  stream over its TFRecord frames, byte for byte what `tf.io.TFRecordWriter`
+  with `TFRecordOptions(compression_type=...)` writes (`compress_chunks`);
+* `keys: "short"`: `sc/<chip>/<stack index>/{rp,cnt,sid,tid,g,n}` instead of
+  the names above;
+* per stack a `StackEncoding`: sample / token ids as uint8 or uint16 when the
+  layout bounds them (the type's maximum stands for PAD_VALUE), gains left out
+  of a record when they are all 1.0, and for small per-chip batches the
+  padding entries left out (row pointers stored as per-partition counts).
+
+Readers accept versions 1 and 2 (`READ_VERSIONS`) and refuse others, naming the
+manifest, the version and the fix.  Whatever the encoding, `decode_record` and
+`parse_fn` give version 1's arrays and tensors.
 """
 
 from __future__ import annotations
