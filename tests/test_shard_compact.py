@@ -462,3 +462,15 @@ def test_shuffled_reading_of_compressed_and_unverified_shards(movielens):
                 assert_same_tensors(e, ref[int(e["step"])])
     with pytest.raises(ValueError, match="shuffle_steps must be None or an integer seed"):
         shards.input_fn(movielens["none"], shuffle_steps=-1)
+
+
+@pytest.mark.parametrize("which", ["movielens", "criteo"])
+def test_prefix_longer_than_the_buffer_is_refused(movielens, criteo, which):
+    """decode_raw(fixed_length) would cut a longer prefix silently: parse_fn checks the sizes first."""
+    import tensorflow as tf
+    art = (movielens if which == "movielens" else criteo)["none"]
+    fmt = read_manifest(art).shard_format
+    small = dataclasses.replace(fmt, stacks=tuple((s, rp, 8) for s, rp, _ in fmt.stacks))
+    rec = shards.read_records(shards.shard_files(art, 0)[0])[0]
+    with pytest.raises(tf.errors.InvalidArgumentError, match="a CSR prefix is longer than the format"):
+        list(tf.data.Dataset.from_tensors(rec).map(shards.parse_fn(small)))

@@ -762,9 +762,10 @@ def parse_fn(fmt: ShardFormat):
             out["sparse_core"] = tuple(chips)
             return out
         sizes64 = tf.stack([ex[k] for k in size_keys])
-        check = tf.debugging.assert_less_equal(
-            sizes64[:, :2], tf.constant(buffers, tf.int64), message="shard record: a CSR prefix is longer than the "
-            "format's buffer (row pointers, ids): the manifest does not match the shards")
+        check = tf.raw_ops.Assert(  # no control flow: runs in tf.data's single-threaded executor too
+            condition=tf.reduce_all(sizes64[:, :2] <= tf.constant(buffers, tf.int64)),
+            data=[tf.constant("shard record: a CSR prefix is longer than the format's buffer (row pointers, ids): "
+                              "the manifest does not match the shards")])
         with tf.control_dependencies([check]):
             sizes_mat = tf.cast(sizes64, tf.int32)
         sizes = tf.unstack(tf.reshape(sizes_mat, [-1]))
@@ -848,8 +849,8 @@ def _rebuild_padding(tf, ex, cells, n):
     counts = tf.cast(tf.stack([ex[cell[5]["counts"]] for cell in cells]), tf.int32)  # [cells, row pointers]
     padded = (counts + (XLA_PAD - 1)) // XLA_PAD * XLA_PAD
     starts = tf.cumsum(padded, axis=1, exclusive=True)
-    check = tf.debugging.assert_equal(tf.reduce_sum(padded, axis=1), n, message="shard record: the partition "
-                                      "counts do not add up to ids_unpadded_size")
+    check = tf.raw_ops.Assert(condition=tf.reduce_all(tf.equal(tf.reduce_sum(padded, axis=1), n)), data=[
+        tf.constant("shard record: the partition counts do not add up to ids_unpadded_size")])
     flat = tf.reshape(counts, [-1])
     ends = tf.cumsum(flat)  # real entry j belongs to the first partition whose cumulative count exceeds j
     real = tf.range(ends[-1])
