@@ -356,13 +356,6 @@ class _Scanner:
             while self.byte(self.pos) == _QUOTE:
                 self.pos += 1
 
-    def run_end(self, p: int) -> int:
-        """p, or the end of the run of quote characters ending at p - 1."""
-        if p > 0 and self.byte(p - 1) == _QUOTE:
-            while self.byte(p) == _QUOTE:
-                p += 1
-        return p
-
     def step(self, limit: Optional[int] = None):
         """Scan the next part [pos, stop), stop <= limit (which must not cut a quote run); None at the end.
 
@@ -421,15 +414,28 @@ def _csv_bof(src: _Source) -> int:
     return 3 if src.read(0, 3) == _BOM else 0
 
 
+def _run_end(src: _Source, p: int) -> int:
+    """p, or the end of the run of quote characters that goes on at p (small reads from p - 1 on)."""
+    if p <= 0 or src.read(p - 1, 1) != b'"':
+        return p
+    while p < src.size:
+        chunk = src.read(p, min(4096, READ_BYTES))
+        rest = chunk.lstrip(b'"')
+        p += len(chunk) - len(rest)
+        if rest:
+            break
+    return p
+
+
 def _csv_range_summary(src: _Source, lo: int, hi: int, delim: int, bof: int) -> Tuple[int, int, int]:
     """(q at hi for q = 0 at lo, q at hi for q = 1 at lo, line breaks in [lo, hi)) of a file's bytes.
 
     The quote runs counted are those that start in [lo, hi), to their end; a run going on at lo belongs
     to the range before.
     """
+    limit = _run_end(src, hi)
     sc = _Scanner(src, lo, 0, delim, bof, both=True)
     sc.skip_run()
-    limit = sc.run_end(hi)
     while sc.step(limit) is not None:
         sc.release(sc.pos - 1)
     return sc.f0, sc.f1, sc.lines
@@ -808,17 +814,33 @@ def _read_parquet(split: InputSplit, columns: List[str], *, chunk_rows: int, **_
         # A row group belongs to the split that holds its start; record numbers count the rows before it.
         starts = _row_group_starts(md, f.size) if split.count > 1 else [0] * md.num_row_groups
         first = 0
+        merged: List[RawBatch] = []  # batches of small row groups, given on together up to chunk_rows rows
         bi = 0
         for g, off in enumerate(starts):
             n = int(md.row_group(g).num_rows)
             if (off >= split.start or split.index == 0) and (off < split.end or split.last):
-                for item in _row_group(pf, g, first, n, f, columns, chunk_rows, bi):
-                    bi += isinstance(item, RawBatch)
-                    yield item
+                for item in _row_group(pf, g, first, n, f, columns, chunk_rows):
+                    if not isinstance(item, RawBatch):
+                        yield item
+                        continue
+                    if merged and sum(b.num_rows for b in merged) + item.num_rows > chunk_rows:
+                        yield _merge(merged, bi)
+                        merged, bi = [], bi + 1
+                    merged.append(item)
             first += max(n, 0)
+        if merged:
+            yield _merge(merged, bi)
 
 
-def _row_group(pf, g: int, first: int, n: int, f: InputFile, columns: List[str], chunk_rows: int, bi: int):
+def _merge(batches: List[RawBatch], bi: int) -> RawBatch:
+    b = batches[0]
+    if len(batches) == 1:
+        return dataclasses.replace(b, batch_index=bi)
+    return RawBatch(b.file_index, b.path, bi, np.concatenate([x.record_numbers for x in batches]),
+                    {c: pa.concat_arrays([x.columns[c] for x in batches]) for c in b.columns})
+
+
+def _row_group(pf, g: int, first: int, n: int, f: InputFile, columns: List[str], chunk_rows: int):
     """The records of row group g (records first..first+n-1); reading stops at the first damaged page (the
     rest of the row group is one framing_lost letter) and goes on with the next row group."""
     got = 0
@@ -832,7 +854,8 @@ def _row_group(pf, g: int, first: int, n: int, f: InputFile, columns: List[str],
         except (pa.ArrowException, OSError, ValueError, IndexError) as e:
             problem = str(e)[:200]
         else:
-            damage = next((f"column {c!r}: {why}" for c in columns for why in [_damaged(rb.column(c))] if why), None)
+            checked = {c: _check_column(rb.column(c)) for c in columns}
+            damage = next((f"column {c!r}: {why}" for c, (why, _) in checked.items() if why), None)
             if damage is not None:
                 problem = damage
                 rb = None
@@ -845,8 +868,8 @@ def _row_group(pf, g: int, first: int, n: int, f: InputFile, columns: List[str],
                 cols = {c: rb.column(c).slice(0, take) for c in columns}
                 ok = np.ones(take, bool)
                 for c in columns:
-                    for r, value in _not_utf8(cols[c]):
-                        if ok[r]:
+                    for r, value in checked[c][1]:
+                        if r < take and ok[r]:
                             ok[r] = False
                             yield DeadLetter(f.path, int(numbers[r]), "invalid_utf8",
                                              f"column {c!r}: {value[:80]!r} is not UTF-8. Fix: write string "
@@ -855,8 +878,7 @@ def _row_group(pf, g: int, first: int, n: int, f: InputFile, columns: List[str],
                     keep = pa.array(ok)
                     numbers, cols = numbers[ok], {c: v.filter(keep) for c, v in cols.items()}
                 if numbers.size:
-                    yield RawBatch(f.index, f.path, bi, numbers, cols)
-                    bi += 1
+                    yield RawBatch(f.index, f.path, 0, numbers, cols)
                 got += take
             if not over:
                 continue
@@ -880,41 +902,37 @@ def _binary_view(t):
     return t
 
 
-def _damaged(col) -> Optional[str]:
-    """Why a column read from a Parquet file is not a well-formed Arrow array (offsets, lengths), or None.
+def _check_column(col) -> Tuple[Optional[str], List[Tuple[int, bytes]]]:
+    """(why a column read from a Parquet file is not a well-formed Arrow array, or None; the (row, value) of
+    its strings that are not UTF-8).
 
-    pyarrow does not check what it decodes; a damaged page can give list offsets that point anywhere.
-    UTF-8 is not checked here (`_not_utf8`: one record's letter, not the rest of the row group)."""
+    pyarrow does not check what it decodes: a damaged page can give list offsets that point anywhere
+    (then the rest of the row group is lost), and a string column can hold bytes that are not UTF-8
+    (then only that record is dead-lettered). One full validation when all is well.
+    """
     try:
-        view = col.view(_binary_view(col.type))
-        view.validate(full=True)
+        col.validate(full=True)
+        return None, []
+    except (pa.ArrowException, ValueError, TypeError):
+        pass
+    try:
+        col.view(_binary_view(col.type)).validate(full=True)
     except (pa.ArrowException, ValueError, TypeError) as e:
-        return str(e)[:200]
-    return None
-
-
-def _not_utf8(col) -> List[Tuple[int, bytes]]:
-    """(row, value) of the string values of a column (or of its lists) that are not UTF-8: Parquet files are
-    not checked when read, and the parser needs valid strings."""
+        return str(e)[:200], []
     values, rows = col, None
     if pa.types.is_list(col.type) or pa.types.is_large_list(col.type):
         import pyarrow.compute as pc
-        values, rows = pc.list_flatten(col), pc.list_parent_indices(col)
+        values, rows = pc.list_flatten(col), pc.list_parent_indices(col).to_numpy(zero_copy_only=False)
     if not (pa.types.is_string(values.type) or pa.types.is_large_string(values.type)):
-        return []
-    try:
-        values.validate(full=True)
-        return []
-    except pa.ArrowInvalid:
-        pass
+        return "the column does not validate", []
     out = []
     for i, v in enumerate(values.cast(pa.large_binary()).to_pylist()):
         if v is not None:
             try:
                 v.decode("utf-8")
             except UnicodeDecodeError:
-                out.append((i if rows is None else int(rows[i].as_py()), v))
-    return out
+                out.append((i if rows is None else int(rows[i]), v))
+    return None, out
 
 
 # ---------------------------------------------------------------- TFRecord
@@ -958,13 +976,15 @@ def _tfrecord_frames(src: _Source, most: int = 4096):
                 break
             length, lcrc = header(buf, o)
             end = pos + 16 + length
-            if end > n or masked(crc(buf[o:o + 8])) != lcrc:
+            c = crc(buf[o:o + 8])
+            if end > n or ((((c >> 15) | (c << 17)) + 0xA282EAD8) & 0xFFFFFFFF) != lcrc:
                 break
             if end - base > len(buf):
                 buf, base = buf[o:] + src.read(base + len(buf), max(READ_BYTES, end - base - len(buf))), pos
                 o = 0
             payload = buf[o + 12:o + 12 + length]
-            if masked(crc(payload)) != u32(buf, o + 12 + length)[0]:
+            c = crc(payload)
+            if ((((c >> 15) | (c << 17)) + 0xA282EAD8) & 0xFFFFFFFF) != u32(buf, o + 12 + length)[0]:
                 break
             good.append(payload)
             pos = end

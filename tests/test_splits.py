@@ -296,6 +296,7 @@ def test_reads_are_streamed_in_bounded_blocks(tmp_path, monkeypatch):
         monkeypatch.setattr(pio, "_open", lambda path: Counting(tio.open_read(path)))
         sizes.clear()
         assert _norm(pio.read_file(fmt, f, COLUMNS, chunk_rows=50)) == whole
+        assert read_splits(fmt, f, 4000, chunk_rows=50) == whole  # CSV: with the summaries of the splits
         assert len(data) > 40 * 256 and 0 < max(sizes) <= 2 * 256 + 64, (fmt, len(data), max(sizes))
         monkeypatch.undo()
 
@@ -335,7 +336,7 @@ def _tree(d):
 MULTI = ["--direct_num_workers=2", "--direct_running_mode=multi_processing"]
 JOB_CASES = {
     # format: (files, [(split bytes, Beam args)] each compared with whole files on 1 worker)
-    "csv": ({"a_quoted.csv": csv_quoted(), "b_plain.csv": csv_plain()}, [(230, []), (230, MULTI)]),
+    "csv": ({"a_quoted.csv": csv_quoted(), "b_plain.csv": csv_plain()}, [(230, []), (230, MULTI), (1000, [])]),
     "parquet": ({"a.parquet": parquet_bytes(), "b.parquet": parquet_bytes(48, 10)}, [(900, MULTI)]),
     "tfrecord": ({"a.tfrecord": tfrecord_bytes(), "b.tfrecord": tfrecord_bytes(60)}, [(100, MULTI)]),
 }
