@@ -434,6 +434,9 @@ def encode_step_record(*, step: int, host: int, label: np.ndarray, mask: np.ndar
             gains = np.asarray(b.sorted_gains[:n], np.float32)
             unit = enc.gains == "omitted_if_unit" and np.array_equal(gains.view(np.int32),
                                                                      unit_gains(sample_ids).view(np.int32))
+            if enc != V1_ENCODING and enc.padding == "stored" and not np.array_equal(sample_ids == PAD_VALUE,
+                                                                                  token_ids == PAD_VALUE):
+                raise ValueError(f"{what}: sample and token ids are not PAD_VALUE at the same entries")
             if enc.padding == "omitted":
                 counts = partition_counts(rp)
                 rp2, positions, n2 = layout_from_counts(counts)
@@ -779,14 +782,18 @@ def parse_fn(fmt: ShardFormat):
             def stacked(array, members=members):
                 return tf.stack([ex[cells[i][5][array]] for i in members])
             rp_all = tf.io.decode_raw(stacked("row_pointers"), tf.int32, fixed_length=4 * rp_buf)
-            sid_all = _decode_ids(tf, stacked("sorted_sample_ids"), enc.sample_ids, ids_buf)
-            tid_all = _decode_ids(tf, stacked("sorted_token_ids"), enc.token_ids, ids_buf)
+            # sample and token ids are PAD_VALUE at the same entries (the padding): found once
+            xs = _decode_ids(tf, stacked("sorted_sample_ids"), enc.sample_ids, ids_buf)
+            is_pad = tf.equal(xs, _pad_of(enc.sample_ids)) if enc != V1_ENCODING else None
+            sid_all = _widen(tf, xs, enc.sample_ids, is_pad)
+            tid_all = _widen(tf, _decode_ids(tf, stacked("sorted_token_ids"), enc.token_ids, ids_buf), enc.token_ids,
+                             is_pad)
             raw_gains = stacked("sorted_gains")
             g_all = tf.io.decode_raw(raw_gains, tf.float32, fixed_length=4 * ids_buf)
             if enc.gains == "omitted_if_unit":  # chips without gains: 1.0 in the prefix, PAD_VALUE at padding
                 n_all = tf.gather(sizes_mat[:, 1], members)
-                unit = tf.where(tf.equal(sid_all, PAD_VALUE), float(PAD_VALUE),
-                                tf.cast(tf.range(ids_buf)[None, :] < n_all[:, None], tf.float32))
+                unit = tf.where(is_pad, float(PAD_VALUE), tf.cast(tf.range(ids_buf)[None, :] < n_all[:, None],
+                                                                  tf.float32))
                 g_all = tf.where(tf.strings.length(raw_gains)[:, None] > 0, g_all, unit)
             for i, rp, sid, tid, g in zip(members, tf.unstack(rp_all), tf.unstack(sid_all), tf.unstack(tid_all),
                                           tf.unstack(g_all)):
@@ -805,14 +812,22 @@ def parse_fn(fmt: ShardFormat):
     return parse
 
 
-def _decode_ids(tf, raw, dtype_name: str, n: Optional[int]):
-    """Stored ids (strings of `dtype_name`) as int32, zero-padded to n entries (None: as stored), the narrow
-    type's maximum back to PAD_VALUE."""
+def _pad_of(dtype_name: str) -> int:
+    """How PAD_VALUE is stored in ids of `dtype_name`: itself, or the narrow type's maximum."""
+    return PAD_VALUE if dtype_name == "int32" else int(np.iinfo(ID_DTYPES[dtype_name]).max)
+
+
+def _decode_ids(tf, raw, dtype_name: str, n: int):
+    """Stored ids (strings of `dtype_name`, not widened) zero-padded to n entries."""
     dt = ID_DTYPES[dtype_name]
-    x = tf.io.decode_raw(raw, tf.as_dtype(dt), **({} if n is None else {"fixed_length": n * np.dtype(dt).itemsize}))
-    if dtype_name == "int32":
+    return tf.io.decode_raw(raw, tf.as_dtype(dt), fixed_length=n * np.dtype(dt).itemsize)
+
+
+def _widen(tf, x, dtype_name: str, is_pad):
+    """Decoded ids as int32: `is_pad` (where the ids are padding) becomes PAD_VALUE."""
+    if dtype_name == "int32" or is_pad is None:
         return x
-    return tf.where(tf.equal(x, int(np.iinfo(dt).max)), PAD_VALUE, tf.cast(x, tf.int32))
+    return tf.where(is_pad, PAD_VALUE, tf.cast(x, tf.int32))
 
 
 def _decode_loose(tf, ex, cell):
