@@ -1,7 +1,7 @@
 """Shard size and `input_fn` speed per shard format option (compression x compact encoding).
 
     .venv/bin/python benchmarks/shard_size.py [--workloads movielens criteo] [--movielens-rows 100000]
-        [--criteo-rows 40960] [--epochs 3] [--rounds 3] [--out build/bench_shard_size]
+        [--criteo-rows 40960] [--min-steps 300] [--rounds 5] [--out build/bench_shard_size]
 
 Workloads (each: CSV written, then the real job, `pipelines.runner.run_all`, limits planned from its own
 profile, as `tpu-embed run` does):
@@ -22,8 +22,9 @@ Every option is checked to give `input_fn` the same tensors as the job's uncompr
 every host, every tensor, bit for bit).
 
 Reported per option: shard bytes, bytes per id (shard bytes / ids of the manifest's counts, every
-feature), x the CSV, and `input_fn` steps/s of host 0 (`for element in input_fn(dir, num_epochs=E)`),
-median of --rounds alternating rounds, with steps per CPU-second of the whole process.
+feature), x the CSV, and `input_fn` steps/s of host 0 (`for element in input_fn(dir, num_epochs=E)`, E
+whole passes making at least --min-steps steps, a new iterator each time), median of --rounds
+alternating rounds, with steps per CPU-second of the whole process.
 """
 
 from __future__ import annotations
@@ -175,6 +176,8 @@ def breakdown(art: str) -> dict:
             used = 0
             for k, (kind, v) in ex.items():
                 n = len(v[0]) if kind == "bytes" and v else 0
+                if kind == "int64" and k.rsplit("/", 1)[-1] in ("cnt", "counts"):  # varints
+                    n = sum(len(shards.varint(int(x))) for x in v)
                 last = k.rsplit("/", 1)[-1]
                 if k.startswith("sc/") and last in ("sorted_sample_ids", "sorted_token_ids", "sid", "tid"):
                     out["CSR ids (sample + token)"] += n
@@ -222,8 +225,9 @@ def main(argv=None):
     ap.add_argument("--workloads", nargs="+", default=["movielens", "criteo"], choices=["movielens", "criteo"])
     ap.add_argument("--movielens-rows", type=int, default=100_000)
     ap.add_argument("--criteo-rows", type=int, default=40960)
-    ap.add_argument("--epochs", type=int, default=3, help="passes over host 0's steps per timed measurement")
-    ap.add_argument("--rounds", type=int, default=3, help="alternating timing rounds (median reported)")
+    ap.add_argument("--min-steps", type=int, default=300,
+                    help="steps per timed measurement at least (whole passes over host 0's steps)")
+    ap.add_argument("--rounds", type=int, default=5, help="alternating timing rounds (median reported)")
     ap.add_argument("--out", default=os.path.join(ROOT, "build", "bench_shard_size"))
     args = ap.parse_args(argv)
 
@@ -272,7 +276,8 @@ def main(argv=None):
             total = sum(parts.values())
             print(f"uncompressed records, {label}: " + ", ".join(
                 f"{k} {v / total:.0%}" for k, v in parts.items() if v))
-        datasets = {label: input_fn(art, num_epochs=args.epochs) for label, art in options.items()}
+        epochs = max(1, -(-args.min_steps // int(m.counts.steps)))
+        datasets = {label: input_fn(art, num_epochs=epochs) for label, art in options.items()}
         for ds in datasets.values():  # warm up: traces parse_fn, verifies every file once
             time_input_fn(ds)
         timing = {label: [] for label in datasets}
@@ -282,7 +287,8 @@ def main(argv=None):
             print(f"round {r + 1}: " + ", ".join(f"{k} {v[-1]['steps'] / v[-1]['seconds']:.0f}"
                                                   for k, v in timing.items())
                   + f" steps/s; load average {os.getloadavg()[0]:.2f}", flush=True)
-        print()
+        print(f"\n{args.rounds} rounds; each measurement iterates `input_fn(dir, num_epochs={epochs})` once "
+              f"({epochs * int(m.counts.steps)} steps of host 0, a new iterator each time)\n")
         print("| option | shard MB | bytes per id | × CSV | × v1 uncompressed | input_fn steps/s (median, "
               "min–max) | steps per core-second |")
         print("| --- | --- | --- | --- | --- | --- | --- |")
