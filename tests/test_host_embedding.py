@@ -264,7 +264,10 @@ def test_activations_and_gradients_equal_tensorflow_on_raw_ids(case):
     for t, g in ours.items():
         want = tf.convert_to_tensor(expected[t]) if expected[t] is not None else tf.zeros_like(ref_vars[t])
         got = tf.convert_to_tensor(g)
-        np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-5, atol=1e-5, err_msg=t)
+        # float32 sums of upstream terms: the rounding error scales with the terms' magnitude, so an entry
+        # that cancels to ~0 may differ by ~eps * n * max|term| (CI found 1.2e-5 beside entries of 31).
+        scale = max(1.0, float(np.abs(want.numpy()).max())) if want.shape.num_elements() else 1.0
+        np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-5, atol=1e-5 * scale, err_msg=t)
         _diff(got, want, "grad")
     STATS["examples"] += 1
 
