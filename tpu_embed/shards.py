@@ -700,8 +700,10 @@ def parse_fn(fmt: ShardFormat):
       and one `decode_raw(..., fixed_length=buffer)` per array zero-pads every prefix to TF's static
       buffer size in the same copy, giving [chips, buffer] tensors that are widened (narrow ids), given
       their unit gains where those were omitted (no control flow: a select per chip), then unstacked;
-    * a stack whose padding is omitted (small batches) is rebuilt per chip: row pointers from the
-      partition counts, real entries scattered into a buffer of PAD_VALUE (prefix) and zeros.
+      when the ids buffer is far larger than the data (over `LOOSE_IDS_PER_SAMPLE` ids per sample, e.g.
+      TF's default limits) narrow ids and unit gains are made per chip on the stored prefix, then padded;
+    * the stacks whose padding is omitted (small batches) are rebuilt together: row pointers from the
+      partition counts, real entries scattered into buffers of PAD_VALUE (prefix) and zeros.
     """
     import tensorflow as tf
 
