@@ -106,6 +106,25 @@ def expected_gains(ids, weights, combiner):
     return dict(out)
 
 
+def expected_chip_entries(spec, vocabs, rows, slot_rows):
+    """{(feature, chip-local example, vocabulary id): gain} a chip's CSR must hold when its slot i holds
+    raw row `slot_rows[i]` (None: a padding slot, no entries): what `decode_chip` returns."""
+    expect = {}
+    for f in spec.sparse_core_features:
+        table = spec.table(f.table)
+        for i, k in enumerate(slot_rows):
+            if k is None:
+                continue
+            ids = plain_ids(spec, f, rows[k], vocabs)
+            if f.sequence_length:
+                for p_, ident in enumerate(ids):
+                    expect[(f.name, i * f.sequence_length + p_, ident)] = 1.0
+            else:
+                for ident, g in expected_gains(ids, None, table.combiner).items():
+                    expect[(f.name, i, ident)] = g
+    return expect
+
+
 # ---------------------------------------------------------------- CSR decoding
 
 def decode_chip(chip, layout_json, topology):
@@ -204,20 +223,9 @@ def test_shards_decode_to_raw_rows(artifacts, name):
             for c in range(cph):
                 gchip = h * cph + c
                 got = decode_chip(r["sparse_core"][c], layout, topo)
-                expect = {}
-                for f in spec.sparse_core_features:
-                    table = spec.table(f.table)
-                    for i in range(per_chip):
-                        k = r["step"] * B + gchip * per_chip + i
-                        if k >= len(rows):
-                            continue
-                        ids = plain_ids(spec, f, rows[k], vocabs)
-                        if f.sequence_length:
-                            for p_, ident in enumerate(ids):
-                                expect[(f.name, i * f.sequence_length + p_, ident)] = 1.0
-                        else:
-                            for ident, g in expected_gains(ids, None, table.combiner).items():
-                                expect[(f.name, i, ident)] = g
+                first = r["step"] * B + gchip * per_chip
+                slots = [k if k < len(rows) else None for k in range(first, first + per_chip)]
+                expect = expected_chip_entries(spec, vocabs, rows, slots)
                 assert set(got) == set(expect), (name, r["step"], gchip, sorted(set(got) ^ set(expect))[:5])
                 for key, g in expect.items():
                     assert got[key] == pytest.approx(g, rel=1e-6), key

@@ -27,7 +27,8 @@ from apache_beam.testing.util import assert_that
 from pipelines import batching, jobs, runner
 from pipelines.batching import ExampleBlock, FeatureBlock
 from pipelines.jobs import JobConfig
-from tests.test_pipelines_e2e import SPECS, decode_chip, expected_gains, plain_ids, plain_vocabulary, raw_rows
+from tests.test_pipelines_e2e import (SPECS, decode_chip, expected_chip_entries, plain_ids, plain_vocabulary,
+                                      raw_rows)
 from tpu_embed import shards
 from tpu_embed.manifest import read_manifest
 from tpu_embed.permutation import ALGORITHM, MAX_N, ROUNDS, VERSION, Permutation, epoch_key
@@ -348,20 +349,7 @@ def test_shuffled_shards_decode_to_the_permuted_rows(shuffled, name):
                     assert tc["ids"][starts[pos]:starts[pos + 1]].tolist() == expect
             for c in range(cph):
                 got = decode_chip(r["sparse_core"][c], m["layout"], m["topology"])
-                expect = {}
-                for f in spec.sparse_core_features:
-                    table = spec.table(f.table)
-                    for i in range(per_chip):
-                        k = ks[c * per_chip + i]
-                        if k is None:
-                            continue
-                        ids = plain_ids(spec, f, rows[k], vocabs)
-                        if f.sequence_length:
-                            for p_, ident in enumerate(ids):
-                                expect[(f.name, i * f.sequence_length + p_, ident)] = 1.0
-                        else:
-                            for ident, g in expected_gains(ids, None, table.combiner).items():
-                                expect[(f.name, i, ident)] = g
+                expect = expected_chip_entries(spec, vocabs, rows, ks[c * per_chip:(c + 1) * per_chip])
                 assert set(got) == set(expect), (name, r["step"], c, sorted(set(got) ^ set(expect))[:5])
                 for key, g in expect.items():
                     assert got[key] == pytest.approx(g, rel=1e-6), key
