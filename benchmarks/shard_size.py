@@ -38,7 +38,6 @@ import resource
 import shutil
 import sys
 import time
-import types
 
 import numpy as np
 
@@ -141,12 +140,7 @@ def transcode(src: str, dst: str, compact: bool, compression: str) -> str:
         path = os.path.join(dst, entry["path"])
         frames = []
         for rec in shards.read_records(os.path.join(src, entry["path"])):
-            r = shards.decode_record(rec, fmt)
-            chips = [{s: types.SimpleNamespace(**x) for s, x in chip.items()} for chip in r["sparse_core"]]
-            tc = {n: (t["lengths"], t["ids"], t["weights"]) for n, t in r["tensor_core"].items()}
-            frames.append(shards.tfrecord_frame(shards.encode_step_record(
-                step=r["step"], host=r["host"], label=r["label"], mask=r["mask"], dense=r["dense"], tensor_core=tc,
-                chips=chips, fmt=new)))
+            frames.append(shards.tfrecord_frame(shards.reencode_record(rec, fmt, new)))
         data = b"".join(shards.compress_chunks(frames, compression))
         with open(path, "wb") as fh:
             fh.write(data)

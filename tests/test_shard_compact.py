@@ -110,12 +110,7 @@ def reencode(src: str, dst: str, fmt_new: shards.ShardFormat) -> str:
             continue
         frames = []
         for rec in shards.read_records(os.path.join(src, entry["path"])):
-            r = shards.decode_record(rec, fmt)
-            chips = [{s: types.SimpleNamespace(**x) for s, x in chip.items()} for chip in r["sparse_core"]]
-            tc = {n: (t["lengths"], t["ids"], t["weights"]) for n, t in r["tensor_core"].items()}
-            frames.append(shards.tfrecord_frame(shards.encode_step_record(
-                step=r["step"], host=r["host"], label=r["label"], mask=r["mask"], dense=r["dense"],
-                tensor_core=tc, chips=chips, fmt=None if fmt_new.version == 1 else fmt_new)))
+            frames.append(shards.tfrecord_frame(shards.reencode_record(rec, fmt, fmt_new)))
         data = b"".join(shards.compress_chunks(frames, fmt_new.compression))
         with open(os.path.join(dst, entry["path"]), "wb") as fh:
             fh.write(data)

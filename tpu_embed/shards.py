@@ -52,6 +52,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import struct
+import types
 from typing import Any, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
@@ -571,6 +572,16 @@ def iter_tfrecord_stream(fh, name: str = "<stream>"):
 
 def _mask_crc(crc: int) -> int:
     return (((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF
+
+
+def reencode_record(data: bytes, fmt: ShardFormat, new: ShardFormat) -> bytes:
+    """Record `data` of format `fmt` written again in format `new` (version 1's record when `new.version`
+    is 1): the same step, decoded by `decode_record` and encoded by `encode_step_record`."""
+    r = decode_record(data, fmt)
+    chips = [{s: types.SimpleNamespace(**x) for s, x in chip.items()} for chip in r["sparse_core"]]
+    tc = {n: (t["lengths"], t["ids"], t["weights"]) for n, t in r["tensor_core"].items()}
+    return encode_step_record(step=r["step"], host=r["host"], label=r["label"], mask=r["mask"], dense=r["dense"],
+                              tensor_core=tc, chips=chips, fmt=None if new.version == 1 else new)
 
 
 def tfrecord_frame(payload: bytes) -> bytes:
