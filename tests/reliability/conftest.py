@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 
 import pytest
+from hypothesis import strategies as st
 
 from tests.reliability.artifacts import MODEL
 from tpu_embed.spec import parse_spec
@@ -44,3 +45,24 @@ def tfrecord_file(payloads):
 def examples_200():
     return [example_bytes(label=float(i % 2), x=float(i), cat=(b"t%d" % (i % 7),), ident=(i % 10,))
             for i in range(200)]
+
+
+def mutations(base: bytes):
+    """A valid file with 1-4 byte flips / truncation / insertions / deletions."""
+    edit = st.tuples(st.sampled_from(["flip", "cut", "insert", "delete"]), st.integers(0, len(base) - 1),
+                     st.integers(0, 255))
+
+    def apply(edits):
+        b = bytearray(base)
+        for kind, pos, val in edits:
+            pos = min(pos, max(len(b) - 1, 0))
+            if kind == "flip" and b:
+                b[pos] ^= (val or 1)
+            elif kind == "cut":
+                del b[pos:]
+            elif kind == "insert":
+                b[pos:pos] = bytes([val])
+            elif b:
+                del b[pos]
+        return bytes(b)
+    return st.lists(edit, min_size=1, max_size=4).map(apply)

@@ -17,7 +17,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from pipelines import io as pio, parse
-from tests.reliability.conftest import example_bytes, make_spec, tfrecord_file
+from tests.reliability.conftest import example_bytes, make_spec, mutations, tfrecord_file
 
 N = int(os.environ.get("TPU_EMBED_HYPOTHESIS_EXAMPLES", "100"))
 SETTINGS = dict(deadline=None, suppress_health_check=list(HealthCheck), database=None)
@@ -65,27 +65,6 @@ def _fuzz(name, tmp_path_factory, fmt, strategy, spec_kw=None):
     return tried[0]
 
 
-def _mutations(base: bytes):
-    """A valid file with 1-4 byte flips / truncation / insertions / deletions."""
-    edit = st.tuples(st.sampled_from(["flip", "cut", "insert", "delete"]), st.integers(0, len(base) - 1),
-                     st.integers(0, 255))
-
-    def apply(edits):
-        b = bytearray(base)
-        for kind, pos, val in edits:
-            pos = min(pos, max(len(b) - 1, 0))
-            if kind == "flip" and b:
-                b[pos] ^= (val or 1)
-            elif kind == "cut":
-                del b[pos:]
-            elif kind == "insert":
-                b[pos:pos] = bytes([val])
-            elif b:
-                del b[pos]
-        return bytes(b)
-    return st.lists(edit, min_size=1, max_size=4).map(apply)
-
-
 CSV_BASE = ('label,x,cat,id\n1,0.5,a|b,3\n0,,"q,""r""\nline",4\n1,2,,\n0,3,a|a|c,9\n'
             '1,4,b,1\n0,x,c,2\n1,5,"d",12\n').encode()
 CSV_ALPHABET = st.sampled_from(list(b'abc01,|"\n\r. -\xff\xc3'))
@@ -95,7 +74,7 @@ def test_fuzz_csv_reader(tmp_path_factory):
     n = _fuzz("csv_random", tmp_path_factory, "csv",
               st.binary(max_size=200) | st.lists(CSV_ALPHABET, max_size=200).map(
                   lambda xs: b"label,x,cat,id\n" + bytes(xs)))
-    n += _fuzz("csv_mutated", tmp_path_factory, "csv", _mutations(CSV_BASE))
+    n += _fuzz("csv_mutated", tmp_path_factory, "csv", mutations(CSV_BASE))
     assert n >= 2 * min(N, 50)
 
 
@@ -103,7 +82,7 @@ def test_fuzz_tfrecord_reader(tmp_path_factory):
     base = tfrecord_file([example_bytes(label=float(i % 2), x=i, cat=(b"t%d" % i,), ident=(i,)) for i in range(6)]
                          + [b"not an example"])
     n = _fuzz("tfrecord_random", tmp_path_factory, "tfrecord", st.binary(max_size=300))
-    n += _fuzz("tfrecord_mutated", tmp_path_factory, "tfrecord", _mutations(base))
+    n += _fuzz("tfrecord_mutated", tmp_path_factory, "tfrecord", mutations(base))
     assert n >= 2 * min(N, 50)
 
 
@@ -112,7 +91,7 @@ def test_fuzz_parquet_reader(tmp_path_factory):
     pq.write_table(pa.table({"label": [1.0, 0.0, None, 1.0], "x": ["1", "x", "", "2"],
                              "cat": [["a", "b"], [], None, ["c"]], "id": [1, 2, 30, -1]}), buf)
     n = _fuzz("parquet_random", tmp_path_factory, "parquet", st.binary(max_size=300))
-    n += _fuzz("parquet_mutated", tmp_path_factory, "parquet", _mutations(buf.getvalue()))
+    n += _fuzz("parquet_mutated", tmp_path_factory, "parquet", mutations(buf.getvalue()))
     assert n >= 2 * min(N, 50)
 
 
