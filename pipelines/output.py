@@ -54,12 +54,27 @@ def check_writable(output: str) -> None:
         tio.makedirs(output)
         tio.write_atomic(probe, b"ok")
         tio.delete(probe)
-    except OSError as e:
-        why = e.strerror or str(e)
-        if e.errno in (errno.EROFS,):
-            why = "read-only file system"
-        raise OutputError(f"--output {output} is not writable ({why}); nothing was run. Fix: choose a writable "
-                          "--output (or fix its permissions / mount).") from None
+    except Exception as e:  # noqa: BLE001 - see below
+        # Object-store clients raise their own errors too (gcsfs: HttpError for 401 / 5xx, ValueError for some
+        # 400s), not only OSError: for a URL any failure of the probe means the location cannot be written.
+        if not (isinstance(e, OSError) or tio.is_url(output)):
+            raise
+        raise OutputError(f"--output {output} is not writable ({_why(e, output)}); nothing was run. Fix: choose "
+                          "a writable --output (or fix its permissions / mount).") from None
+
+
+def _why(e: Exception, output: str) -> str:
+    """Why the probe write failed, in a few words (never the store's API endpoint alone)."""
+    if isinstance(e, OSError) and e.errno == errno.EROFS:
+        return "read-only file system"
+    if tio.is_url(output) and isinstance(e, FileNotFoundError):
+        # An upload answered 404 (gcsfs: FileNotFoundError(<the upload endpoint URL>)): no such bucket.
+        scheme, rest = output.split("://", 1)
+        return f"bucket {scheme}://{rest.split('/', 1)[0]} does not exist"
+    if isinstance(e, OSError) and e.strerror:
+        return e.strerror
+    msg = " ".join(str(e).split()).strip(" ,")  # gcsfs's HttpError reads "<message>, <status>"
+    return msg if isinstance(e, OSError) else f"{type(e).__name__}: {msg}".rstrip(": ")
 
 
 def _existing(output: str) -> Optional[Manifest]:

@@ -275,8 +275,10 @@ def list_files(pattern: str) -> List[FileStat]:
         except FileNotFoundError:
             return []
         found = {p: info}
+    # A key ending in '/' is a directory placeholder (the GCS console's "Create folder", `gsutil` and other
+    # tools write zero-byte `dir/` objects), not a file: an output "folder" made that way is empty.
     out = [FileStat(_full(fs, name, proto), int(info.get("size") or 0))
-           for name, info in found.items() if info.get("type", "file") == "file"]
+           for name, info in found.items() if info.get("type", "file") == "file" and not name.endswith("/")]
     return sorted(out, key=lambda f: f.path)
 
 
