@@ -27,7 +27,8 @@ import pyarrow as pa
 import apache_beam as beam
 from apache_beam.metrics import Metrics
 
-from pipelines import batching, io as pio, manifest as pmanifest, mapping, parse, shard as pshard, vocab as pvocab
+from pipelines import batching, chunk_sizes, io as pio, manifest as pmanifest, mapping, parse
+from pipelines import shard as pshard, vocab as pvocab
 from tpu_embed import io as tio, permutation
 
 NAMESPACE = "tpu_embed"
@@ -52,6 +53,10 @@ class JobConfig:
     write_profile: bool = True
     candidate_chip_counts: Optional[Sequence[int]] = None
     dead_letter_limit: int = 0  # 0: all; else at most this many per input file are written (all counted)
+    # `run`: the vocabulary job records every chunk's valid examples (pipelines.chunk_sizes) and the shard job
+    # gets them, so its batching needs no side input over the mapped data (FormGlobalBatches).
+    record_chunk_sizes: bool = False
+    known_chunk_sizes: Optional[List[Any]] = None
 
     @property
     def tail_policy(self) -> str:
@@ -376,64 +381,124 @@ class MapToIds(beam.PTransform):
 
 # ---------------------------------------------------------------- global batches
 
+class InputChangedError(RuntimeError):
+    """The chunks the shard job read differ from those the vocabulary job recorded."""
+
+
 class FormGlobalBatches(beam.PTransform):
-    """((file, chunk), ExampleBlock) -> {"steps": (step, ExampleBlock), "info": dict}.
+    """((file, chunk), ExampleBlock) -> {"steps": (step, ExampleBlock), "whole": (step, ExampleBlock), "info": dict}.
 
     Unshuffled (`shuffle_seed` None): example k of the (file, record) order is slot k % B of step k // B.
     Shuffled: epoch e puts example k at position p_e(k) (`tpu_embed.permutation`, key
     `epoch_key(seed, e)`): step e * S + p_e(k) // B, slot p_e(k) % B, S the steps per epoch. Each chunk is
     scattered on its own (no global table); a step's pieces are assembled in slot order, so the bytes do
     not depend on the runner, the worker count or the pieces' arrival order.
+
+    `known_sizes` ([((file, chunk), examples)] of every chunk, as `run`'s vocabulary job records them):
+    the chunks' offsets are then plain data instead of a side input computed from every mapped block, so
+    the runner streams each chunk from the read through the mapping without holding the mapped data
+    (with the side input, the DirectRunner held all of it: 6.4 GB at 2 M examples). Unshuffled, the steps
+    a chunk holds whole come out in "whole", where the chunk was mapped; only the pieces of steps that
+    straddle chunks go through the GroupByKey ("steps"). The sizes the job sees are checked against
+    them before any manifest is written (`InputChangedError`: the input changed after the vocabulary job).
     """
 
     def __init__(self, batch_size: int, num_dense: int, tail: str, shuffle_seed: Optional[int] = None,
-                 epochs: int = 1):
+                 epochs: int = 1, known_sizes: Optional[Sequence[Any]] = None):
         super().__init__()
         if epochs < 1 or (epochs > 1 and shuffle_seed is None):
             raise ValueError(f"epochs={epochs}: needs epochs >= 1, and shuffling for more than one epoch")
         self.batch, self.num_dense, self.tail = batch_size, num_dense, tail
         self.shuffle_seed, self.epochs = shuffle_seed, epochs
+        self.known_sizes = None if known_sizes is None else sorted((tuple(k), int(n)) for k, n in known_sizes)
+
+    def _info(self, sizes) -> dict:
+        batch, seed, epochs = self.batch, self.shuffle_seed, self.epochs
+        total = sum(n for _, n in sizes)
+        steps, dropped, padded = batching.step_count(total, batch, self.tail)
+        info = {"examples": total, "steps": steps, "tail_dropped": dropped, "tail_padding": padded,
+                "offsets": batching.chunk_offsets(sizes)}
+        if seed is not None:  # totals over the epochs; the per-epoch figures next to them
+            info.update(steps=steps * epochs, tail_dropped=dropped * epochs, tail_padding=padded * epochs,
+                        epochs=epochs, steps_per_epoch=steps, tail_dropped_per_epoch=dropped,
+                        tail_padding_per_epoch=padded, shuffle=permutation.shuffle_info(seed))
+        return info
 
     def expand(self, blocks):
-        batch, tail, nd = self.batch, self.tail, self.num_dense
-        seed, epochs = self.shuffle_seed, self.epochs
-        sizes = (blocks | "Sizes" >> beam.Map(lambda kv: (kv[0], kv[1].num_examples))
+        batch, nd = self.batch, self.num_dense
+        seed, epochs, known = self.shuffle_seed, self.epochs, self.known_sizes
+        sizes = (blocks | "Sizes" >> beam.Map(lambda kv: (tuple(kv[0]), kv[1].num_examples))
                  | "AllSizes" >> beam.combiners.ToList())
+        if known is None:
+            info = sizes | "Info" >> beam.Map(self._info)
+            split_info: Any = beam.pvalue.AsSingleton(info)
+        else:
+            split_info = static = self._info(known)
 
-        def info_of(sizes):
-            total = sum(n for _, n in sizes)
-            steps, dropped, padded = batching.step_count(total, batch, tail)
-            info = {"examples": total, "steps": steps, "tail_dropped": dropped, "tail_padding": padded,
-                    "offsets": batching.chunk_offsets(sizes)}
-            if seed is not None:  # totals over the epochs; the per-epoch figures next to them
-                info.update(steps=steps * epochs, tail_dropped=dropped * epochs, tail_padding=padded * epochs,
-                            epochs=epochs, steps_per_epoch=steps, tail_dropped_per_epoch=dropped,
-                            tail_padding_per_epoch=padded, shuffle=permutation.shuffle_info(seed))
-            return info
+            def checked(seen):
+                seen = sorted(seen)
+                if seen != known:
+                    diff = sorted(set(seen) ^ set(known))[:3]
+                    raise InputChangedError(
+                        f"the input changed after the vocabulary job: the shard job read {len(seen)} chunks with "
+                        f"{sum(n for _, n in seen)} valid examples, the vocabulary job {len(known)} with "
+                        f"{static['examples']} (first differences, ((file, first record), examples): {diff}). "
+                        "Fix: re-run `tpu-embed run` on input that does not change while it runs.")
+                return static
 
-        info = sizes | "Info" >> beam.Map(info_of)
+            info = sizes | "Info" >> beam.Map(checked)
+
+        recorded = None if known is None else dict(known)
+
+        def where(key, block, info):
+            key = tuple(key)
+            start = info["offsets"].get(key)
+            if start is None or (recorded is not None and recorded[key] != block.num_examples):
+                raise InputChangedError(
+                    f"the input changed after the vocabulary job: chunk (file {key[0]}, first record {key[1]}) has "
+                    f"{block.num_examples} valid examples, the vocabulary job read "
+                    f"{'no such chunk' if start is None else recorded and recorded[key]}. Fix: re-run `tpu-embed "
+                    "run` on input that does not change while it runs.")
+            return start
+
+        def assemble_checked(step, pieces):
+            try:
+                return step, assemble(list(pieces), batch, nd)
+            except RuntimeError as e:
+                if known is None:
+                    raise
+                raise InputChangedError(f"the input changed after the vocabulary job: step {step}'s examples do not "
+                                        f"match the chunks it recorded ({e}). Fix: re-run `tpu-embed run` on input "
+                                        "that does not change while it runs.") from None
 
         if seed is None:
             def split(kv, info):
                 key, block = kv
-                start = info["offsets"][tuple(key)]
-                yield from batching.split_into_steps(block, start, batch, info["steps"])
+                in_place = known is not None
+                for step, (offset, piece) in batching.split_into_steps(block, where(key, block, info), batch,
+                                                                       info["steps"]):
+                    if in_place and offset == 0 and piece.num_examples == batch:
+                        yield "whole", (step, piece)
+                    else:
+                        yield "pieces", (step, (offset, piece))
 
             assemble = batching.assemble_step
         else:
             def split(kv, info):
                 key, block = kv
-                start, per_epoch = info["offsets"][tuple(key)], info["steps_per_epoch"]
+                start, per_epoch = where(key, block, info), info["steps_per_epoch"]
                 for e in range(epochs):
                     perm = permutation.Permutation(info["examples"], permutation.epoch_key(seed, e))
-                    yield from batching.scatter_into_steps(block, start, batch, per_epoch, perm, e * per_epoch)
+                    for step, piece in batching.scatter_into_steps(block, start, batch, per_epoch, perm,
+                                                                   e * per_epoch):
+                        yield "pieces", (step, piece)
 
             assemble = batching.assemble_shuffled_step
 
-        steps = (blocks | "Split" >> beam.FlatMap(split, beam.pvalue.AsSingleton(info))
-                 | "ByStep" >> beam.GroupByKey()
-                 | "Assemble" >> beam.MapTuple(lambda step, pieces: (step, assemble(list(pieces), batch, nd))))
-        return {"steps": steps, "info": info}
+        parts = split_tagged(blocks | "Split" >> beam.FlatMap(split, split_info), ("whole", "pieces"))
+        steps = (parts["pieces"] | "ByStep" >> beam.GroupByKey()
+                 | "Assemble" >> beam.MapTuple(assemble_checked))
+        return {"steps": steps, "whole": parts["whole"], "info": info}
 
 
 # ---------------------------------------------------------------- shards
@@ -483,8 +548,23 @@ class _WriteShardFile(beam.DoFn):
                                       "last_step": records[-1][0]})
 
 
+class _BuildTagged(beam.PTransform):
+    def __init__(self, build: "_BuildStep"):
+        super().__init__()
+        self.build = build
+
+    def expand(self, steps):
+        return split_tagged(steps | "BuildStep" >> beam.ParDo(self.build), ("records", "profile", "stats"))
+
+
 class BuildShards(beam.PTransform):
-    """(step, ExampleBlock) -> {"files": FileInfo, "profile": (step, global ids, oov), "stats": dicts}."""
+    """((step, ExampleBlock) PCollections, info) -> {"files": FileInfo, "profile": [(step, global ids, oov)
+    PCollections], "stats": dicts}.
+
+    Each step stream is built where it arrives (a stream of whole steps stays fused with the read that
+    produced it); their records meet in one GroupByKey per shard file. The profile inputs stay one
+    PCollection per stream (`CollectProfile` combines each where it is produced).
+    """
 
     def __init__(self, spec, vocab_sizes, limits, output: str, steps_per_file: int = 1000,
                  write_shards: bool = True, profile: bool = True):
@@ -494,23 +574,28 @@ class BuildShards(beam.PTransform):
 
     def expand(self, steps_and_info):
         steps, info = steps_and_info
-        out = split_tagged(steps | "BuildStep" >> beam.ParDo(_BuildStep(
-            self.spec, self.vocab_sizes, self.limits, self.steps_per_file, self.write_shards, self.profile)),
-            ("records", "profile", "stats"))
-        files = (out["records"] | "ByFile" >> beam.GroupByKey()
+        streams = steps if isinstance(steps, (tuple, list)) else (steps,)
+        build = _BuildStep(self.spec, self.vocab_sizes, self.limits, self.steps_per_file, self.write_shards,
+                           self.profile)
+        built = [stream | f"Build{i}" >> _BuildTagged(build) for i, stream in enumerate(streams)]
+        records = tuple(b["records"] for b in built) | "AllRecords" >> beam.Flatten()
+        stats = tuple(b["stats"] for b in built) | "AllBuildStats" >> beam.Flatten()
+        files = (records | "ByFile" >> beam.GroupByKey()
                  | "WriteFile" >> beam.ParDo(_WriteShardFile(self.output, self.steps_per_file,
                                                              self.spec.shards.compression),
                                              beam.pvalue.AsSingleton(info)))
-        return {"files": files, "profile": out["profile"], "stats": out["stats"]}
+        return {"files": files, "profile": tuple(b["profile"] for b in built), "stats": stats}
 
 
 # ---------------------------------------------------------------- profile
 
 class ProfileCombineFn(beam.CombineFn):
-    """profiles.ProfileCollector as a beam.CombineFn over (step, global ids, oov counts)."""
+    """profiles.ProfileCollector as a beam.CombineFn over (step, global ids, oov counts).
 
-    def __init__(self, collector):
-        self.collector = collector
+    `extract=False`: the output is the accumulator itself (a partial profile for `MergeProfiles`)."""
+
+    def __init__(self, collector, extract: bool = True):
+        self.collector, self.extract = collector, extract
 
     def create_accumulator(self):
         return self.collector.create_accumulator()
@@ -523,11 +608,34 @@ class ProfileCombineFn(beam.CombineFn):
         return self.collector.merge_accumulators(list(accs))
 
     def extract_output(self, acc):
+        return self.collector.extract_output(acc) if self.extract else acc
+
+
+class MergeProfiles(beam.CombineFn):
+    """Partial profiles (ProfileCombineFn(extract=False) outputs) -> the profile."""
+
+    def __init__(self, collector):
+        self.collector = collector
+
+    def create_accumulator(self):
+        return self.collector.create_accumulator()
+
+    def add_input(self, acc, partial):
+        return self.collector.merge_accumulators([acc, partial])
+
+    def merge_accumulators(self, accs):
+        return self.collector.merge_accumulators(list(accs))
+
+    def extract_output(self, acc):
         return self.collector.extract_output(acc)
 
 
 class CollectProfile(beam.PTransform):
-    """(step, global ids, oov) -> paths written by profiles.ProfileStore(directory)."""
+    """(step, global ids, oov) PCollection(s) -> paths written by profiles.ProfileStore(directory).
+
+    Several streams (BuildShards' "profile") are each combined where they are produced, then their
+    partial profiles merged: flattening the streams first would make the runner hold every step's ids.
+    """
 
     def __init__(self, spec, vocab_sizes, directory: str, candidate_chip_counts=None):
         super().__init__()
@@ -547,7 +655,11 @@ class CollectProfile(beam.PTransform):
             paths = profiles.ProfileStore(directory).write(profile)
             return sorted(paths)
 
-        return (steps | "Collect" >> beam.CombineGlobally(ProfileCombineFn(collector)).without_defaults()
+        streams = steps if isinstance(steps, (tuple, list)) else (steps,)
+        partial = [stream | f"Collect{i}" >> beam.CombineGlobally(ProfileCombineFn(collector, extract=False))
+                   .without_defaults() for i, stream in enumerate(streams)]
+        return (tuple(partial) | "Partials" >> beam.Flatten()
+                | "Merge" >> beam.CombineGlobally(MergeProfiles(collector)).without_defaults()
                 | "Write" >> beam.Map(write))
 
 
@@ -594,6 +706,11 @@ def build_vocab_pipeline(p, cfg: JobConfig, files: Sequence[pio.InputFile]):
     dead_files = read["dead"] | "DeadLetters" >> WriteDeadLetters(cfg.output, files, cfg.dead_letter_limit)
     file_json = ((vocab["files"], dead_files) | "VocabFiles" >> beam.Flatten()
                  | "VocabFileJson" >> beam.Map(_file_json))
+    if cfg.record_chunk_sizes:
+        output, key = cfg.output, chunk_sizes.read_key(cfg, files)
+        _ = (read["chunks"] | "ChunkSizes" >> beam.Map(lambda c: ((c.file_index, c.chunk_index), c.num_rows))
+             | "AllChunkSizes" >> beam.combiners.ToList()
+             | "WriteChunkSizes" >> beam.Map(lambda sizes: chunk_sizes.write(output, key, sizes)))
     return write_manifest(p, cfg.output, "vocab", pmanifest.job_json(cfg, files, "vocab"), stats, file_json,
                           vocab_info)
 
@@ -608,8 +725,8 @@ def build_shard_pipeline(p, cfg: JobConfig, files: Sequence[pio.InputFile], voca
     mapped = read["chunks"] | "Ids" >> MapToIds(spec, cfg.vocab_dir or cfg.output)
     batches = mapped["blocks"] | "Batches" >> FormGlobalBatches(spec.global_batch_size, len(spec.dense),
                                                                 cfg.tail_policy, spec.shuffle and spec.shuffle.seed,
-                                                                spec.epochs)
-    built = (batches["steps"], batches["info"]) | "Shards" >> BuildShards(
+                                                                spec.epochs, cfg.known_chunk_sizes)
+    built = ((batches["whole"], batches["steps"]), batches["info"]) | "Shards" >> BuildShards(
         spec, vocab_sizes, limits, cfg.output, cfg.steps_per_file, cfg.write_shards, cfg.write_profile)
     extras = [batches["info"] | "BatchInfo" >> beam.Map(lambda i: {"batching": {
         k: v for k, v in i.items() if k != "offsets"}})]

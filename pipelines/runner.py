@@ -11,6 +11,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import apache_beam as beam
 from apache_beam.options.pipeline_options import PipelineOptions
 
+from pipelines import chunk_sizes
 from pipelines import io as pio
 from pipelines import jobs
 from pipelines import manifest as pmanifest
@@ -228,6 +229,10 @@ def run_profile(cfg: jobs.JobConfig, beam_args: Sequence[str] = ()) -> Manifest:
 
 
 def run_all(cfg: jobs.JobConfig, beam_args: Sequence[str] = ()) -> Manifest:
-    """Vocabulary job, then shards + profile in one read of the data."""
-    run_vocab(dataclasses.replace(cfg, vocab_dir=None), beam_args)
-    return run_shard(cfg, beam_args)
+    """Vocabulary job, then shards + profile in one read of the data.
+
+    The vocabulary job records every chunk's size (`pipelines.chunk_sizes`), so the shard job streams its
+    chunks instead of holding them all to learn their offsets."""
+    run_vocab(dataclasses.replace(cfg, vocab_dir=None, record_chunk_sizes=True), beam_args)
+    known = chunk_sizes.take(cfg.output, chunk_sizes.read_key(cfg, pio.list_input_files(cfg.spec.input_patterns())))
+    return run_shard(dataclasses.replace(cfg, known_chunk_sizes=known), beam_args)

@@ -89,6 +89,28 @@ def test_id_counts_exact_and_mergeable(batches):
     assert pickle.loads(pickle.dumps(merged)) == merged
 
 
+@given(st.lists(st.tuples(st.booleans(), st.lists(st.one_of(st.integers(0, 300), st.integers(0, 2 ** 40)),
+                                                  max_size=60)), max_size=8))
+def test_id_counts_dense_and_sorted_folds_agree(ops):
+    """The bincount fold (ids in a dense range) and the sort fold (sparse or huge ids) give the same
+    counts, whatever the mix of adds, merges and compactions."""
+    import collections
+    c, want = IdCounts(), collections.Counter()
+    for merge, ids in ops:
+        arr = np.array(ids, np.int64)
+        if merge:
+            other = IdCounts()
+            other.add(arr)
+            c.merge_from(other)
+        else:
+            c.add(arr)
+            c._compact()
+        want.update(ids)
+    ids, counts = c.arrays()
+    assert ids.dtype == np.int64 and counts.dtype == np.int64
+    assert list(ids) == sorted(want) and dict(zip(ids.tolist(), counts.tolist())) == dict(want)
+
+
 def test_id_counts_compacts_many_steps():
     c = IdCounts()
     rng = np.random.default_rng(0)

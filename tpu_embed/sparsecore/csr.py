@@ -142,6 +142,9 @@ def native_available() -> bool:
     return _csr_native is not None
 
 
+PARALLEL_MIN_IDS = 16384  # fewer ids per call: packed by the calling thread alone
+
+
 def native_threads() -> int:
     """Worker threads of the native packer: TPU_EMBED_THREADS, else the CPUs this process may use.
 
@@ -180,9 +183,12 @@ def _native_call(stack: StackLayout, layout: SparseCoreLayout, entries: Dict[str
     else:
         max_ids, max_uniq = limits.max_ids_per_partition, limits.max_unique_ids_per_partition
         allow = int(limits.allow_id_dropping)
+    # Waking the pool costs more than it saves on small batches (profile counting calls this once per
+    # table and chip: 4.4 vs 9.8 ms per 4096-example step with one thread instead of two).
+    threads = native_threads() if sum(p[1].size for p in parts) >= PARALLEL_MIN_IDS else 1
     res = _csr_native.pack_stack(
         parts, tab.offsets, tab.shift, tab.col_token_offset, tab.vocab, tab.srow_of, tab.row_code,
-        topo.num_sc_per_chip, tab.log2s, tab.tbits, native_threads(), int(limits is None),
+        topo.num_sc_per_chip, tab.log2s, tab.tbits, threads, int(limits is None),
         max_ids, max_uniq, id_buffer, allow, PAD_VALUE)
     if res[0] in (1, 2, 3, 7):
         _raise_bad_value(res, tab, parts)
