@@ -41,7 +41,7 @@ class OutputError(Exception):
 def _files_under(output: str) -> List[str]:
     """Every file under `output` (full paths), hidden ones too."""
     if tio.is_url(output):
-        return [p for p in tio.glob(tio.join(output, "**")) if True]
+        return list(tio.glob(tio.join(output, "**")))
     out = []
     for root, _dirs, names in os.walk(output):
         out += [os.path.join(root, n) for n in names]
