@@ -453,11 +453,12 @@ class FormGlobalBatches(beam.PTransform):
         def where(key, block, info):
             key = tuple(key)
             start = info["offsets"].get(key)
-            if start is None or (recorded is not None and recorded[key] != block.num_examples):
+            expected = None if recorded is None else recorded.get(key)
+            if start is None or (recorded is not None and expected != block.num_examples):
                 raise InputChangedError(
                     f"the input changed after the vocabulary job: chunk (file {key[0]}, first record {key[1]}) has "
                     f"{block.num_examples} valid examples, the vocabulary job read "
-                    f"{'no such chunk' if start is None else recorded and recorded[key]}. Fix: re-run `tpu-embed "
+                    f"{'no such chunk' if expected is None else expected}. Fix: re-run `tpu-embed "
                     "run` on input that does not change while it runs.")
             return start
 
