@@ -106,6 +106,15 @@ def expected_gains(ids, weights, combiner):
     return dict(out)
 
 
+def assert_real_example(record, pos: int, row: dict, spec) -> None:
+    """Slot `pos` of a decoded step record holds raw CSV `row`: mask 1, its label and its dense values."""
+    assert record["mask"][pos] == 1
+    assert record["label"][pos] == np.float32(row[spec.label.column] or 0)
+    for j, dn in enumerate(spec.dense):
+        raw = row[dn.column]
+        assert record["dense"][pos, j] == np.float32(float(raw) if raw != "" else dn.fill)
+
+
 def expected_chip_entries(spec, vocabs, rows, slot_rows):
     """{(feature, chip-local example, vocabulary id): gain} a chip's CSR must hold when its slot i holds
     raw row `slot_rows[i]` (None: a padding slot, no entries): what `decode_chip` returns."""
@@ -206,12 +215,7 @@ def test_shards_decode_to_raw_rows(artifacts, name):
                     assert r["mask"][pos] == 0 and r["label"][pos] == 0
                     continue
                 seen_examples += 1
-                row = rows[k]
-                assert r["mask"][pos] == 1
-                assert r["label"][pos] == np.float32(row[spec.label.column] or 0)
-                for j, dn in enumerate(spec.dense):
-                    raw = row[dn.column]
-                    assert r["dense"][pos, j] == np.float32(float(raw) if raw != "" else dn.fill)
+                assert_real_example(r, pos, rows[k], spec)
             for f in spec.tensor_core_features:
                 tc = r["tensor_core"][f.name]
                 starts = np.concatenate([[0], np.cumsum(tc["lengths"])])

@@ -27,8 +27,8 @@ from apache_beam.testing.util import assert_that
 from pipelines import batching, jobs, runner
 from pipelines.batching import ExampleBlock, FeatureBlock
 from pipelines.jobs import JobConfig
-from tests.test_pipelines_e2e import (SPECS, decode_chip, expected_chip_entries, plain_ids, plain_vocabulary,
-                                      raw_rows)
+from tests.test_pipelines_e2e import (SPECS, assert_real_example, decode_chip, expected_chip_entries, plain_ids,
+                                      plain_vocabulary, raw_rows)
 from tpu_embed import shards
 from tpu_embed.manifest import read_manifest
 from tpu_embed.permutation import ALGORITHM, MAX_N, ROUNDS, VERSION, Permutation, epoch_key
@@ -335,12 +335,7 @@ def test_shuffled_shards_decode_to_the_permuted_rows(shuffled, name):
                     assert r["mask"][pos] == 0 and r["label"][pos] == 0
                     continue
                 seen[r["step"] // S][k] += 1
-                row = rows[k]
-                assert r["mask"][pos] == 1
-                assert r["label"][pos] == np.float32(row[spec.label.column] or 0)
-                for j, dn in enumerate(spec.dense):
-                    raw = row[dn.column]
-                    assert r["dense"][pos, j] == np.float32(float(raw) if raw != "" else dn.fill)
+                assert_real_example(r, pos, rows[k], spec)
             for f in spec.tensor_core_features:
                 tc = r["tensor_core"][f.name]
                 starts = np.concatenate([[0], np.cumsum(tc["lengths"])])
