@@ -1,4 +1,4 @@
-"""Work-arounds for two bugs of Beam 2.77's DaskRunner (apache_beam/runners/dask), used by `pipelines.runner`.
+"""Work-arounds for three bugs of Beam 2.77's DaskRunner (apache_beam/runners/dask), used by `pipelines.runner`.
 
 1. The outputs of a multi-output ParDo are not separated: the runner keeps one Dask bag per
    *transform* (`DaskBagVisitor.bags[producer]`) and `apply_dofn_to_bundle` returns every output
@@ -11,6 +11,10 @@
    task computing several side inputs that share an upstream ParDo, as the manifest writer does),
    the second run returns the first run's elements again: our shard job counted its one input chunk
    twice. `DaskParDo` below is Beam's `ParDo` op with fresh receivers per bundle.
+
+3. `apply_dofn_to_bundle` collects a bundle's outputs before `finish_bundle`, so whatever a DoFn
+   emits there is lost (the shard job's last runs of each bundle, `pipelines.shard_runs`).
+   `_apply_dofn_to_bundle` collects after it.
 
 `fixed_translations()` installs `DaskParDo` for the duration of one pipeline run (the graph is
 built in the driver; workers import `pipelines.dask_compat._apply_dofn_to_bundle` by reference).
@@ -38,7 +42,7 @@ def _apply_dofn_to_bundle(items, fn, window_fn, invoker_kwargs):
     invoker.invoke_start_bundle()
     for it in items:
         invoker.invoke_process(it)
-    invoker.invoke_finish_bundle()  # Beam collects before finish_bundle; none of our DoFns emits there
+    invoker.invoke_finish_bundle()  # Beam collects before finish_bundle and loses what it emits (our shard runs)
     invoker.invoke_teardown()
     return [v.value for v in receivers.values]
 

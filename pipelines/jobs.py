@@ -28,7 +28,7 @@ import apache_beam as beam
 from apache_beam.metrics import Metrics
 
 from pipelines import batching, chunk_sizes, io as pio, manifest as pmanifest, mapping, parse
-from pipelines import shard as pshard, vocab as pvocab
+from pipelines import shard as pshard, shard_runs, vocab as pvocab
 from tpu_embed import io as tio, permutation
 
 NAMESPACE = "tpu_embed"
@@ -397,9 +397,10 @@ class FormGlobalBatches(beam.PTransform):
     `known_sizes` ([((file, chunk), examples)] of every chunk, as `run`'s vocabulary job records them):
     the chunks' offsets are then plain data instead of a side input computed from every mapped block, so
     the runner streams each chunk from the read through the mapping without holding the mapped data
-    (with the side input, the DirectRunner held all of it: 6.4 GB at 2 M examples). Unshuffled, the steps
-    a chunk holds whole come out in "whole", where the chunk was mapped; only the pieces of steps that
-    straddle chunks go through the GroupByKey ("steps"). The sizes the job sees are checked against
+    (with the side input, the DirectRunner held all of it: 6.4 GB at 2 M examples). Unshuffled, every
+    step whose examples one bundle reads comes out in "whole", where the chunks were mapped
+    (`_StitchSteps`); only the pieces of steps that straddle bundles go through the GroupByKey ("steps").
+    The sizes the job sees are checked against
     them before any manifest is written (`InputChangedError`: the input changed after the vocabulary job).
     """
 
@@ -475,13 +476,8 @@ class FormGlobalBatches(beam.PTransform):
         if seed is None:
             def split(kv, info):
                 key, block = kv
-                in_place = known is not None
-                for step, (offset, piece) in batching.split_into_steps(block, where(key, block, info), batch,
-                                                                       info["steps"]):
-                    if in_place and offset == 0 and piece.num_examples == batch:
-                        yield "whole", (step, piece)
-                    else:
-                        yield "pieces", (step, (offset, piece))
+                for step, piece in batching.split_into_steps(block, where(key, block, info), batch, info["steps"]):
+                    yield "pieces", (step, piece)
 
             assemble = batching.assemble_step
         else:
@@ -496,25 +492,78 @@ class FormGlobalBatches(beam.PTransform):
 
             assemble = batching.assemble_shuffled_step
 
-        parts = split_tagged(blocks | "Split" >> beam.FlatMap(split, split_info), ("whole", "pieces"))
+        if seed is None and known is not None:
+            splitter = beam.ParDo(_StitchSteps(where, batch, nd), split_info)
+        else:
+            splitter = beam.FlatMap(split, split_info)
+        parts = split_tagged(blocks | "Split" >> splitter, ("whole", "pieces"))
         steps = (parts["pieces"] | "ByStep" >> beam.GroupByKey()
                  | "Assemble" >> beam.MapTuple(assemble_checked))
         return {"steps": steps, "whole": parts["whole"], "info": info}
+
+
+@beam.typehints.with_output_types(typing.Any)
+class _StitchSteps(beam.DoFn):
+    """Unshuffled batching with known chunk offsets: ("whole", (step, ExampleBlock)) for every step whose
+    examples this bundle holds, ("pieces", (step, (position, piece))) for the rest.
+
+    A step a chunk holds whole is cut out of it; a step that straddles two chunks read in the same bundle
+    (consecutive chunks of one split) is assembled here once its last piece arrives. Only the pieces of
+    steps that straddle bundles (split or file boundaries) wait until the end of the bundle and go through
+    the GroupByKey by step: a few per split, instead of one step per chunk (1/8 of the data at the
+    default chunk of 32768 rows and batch 4096, all of it held by the runner).
+    """
+
+    def __init__(self, where, batch: int, num_dense: int):
+        self.where, self.batch, self.num_dense = where, batch, num_dense
+        self.pending: Dict[int, list] = {}
+
+    def start_bundle(self):
+        self.pending = {}
+
+    def process(self, kv, info):
+        key, block = kv
+        batch = self.batch
+        for step, (offset, piece) in batching.split_into_steps(block, self.where(key, block, info), batch,
+                                                               info["steps"]):
+            if offset == 0 and piece.num_examples == batch:
+                yield "whole", (step, piece)
+                continue
+            got = self.pending.setdefault(step, [])
+            got.append((offset, piece))
+            if sum(p.num_examples for _, p in got) == batch:  # pieces are disjoint: the step is complete
+                del self.pending[step]
+                yield "whole", (step, batching.assemble_step(got, batch, self.num_dense))
+
+    def finish_bundle(self):
+        from apache_beam.transforms.window import GlobalWindows
+        for step in sorted(self.pending):
+            for piece in self.pending[step]:
+                yield GlobalWindows.windowed_value(("pieces", (step, piece)))
+        self.pending = {}
 
 
 # ---------------------------------------------------------------- shards
 
 @beam.typehints.with_output_types(typing.Any)
 class _BuildStep(beam.DoFn):
-    def __init__(self, spec, vocab_sizes, limits, steps_per_file: int, encode: bool, profile: bool):
+    """(step, ExampleBlock) -> ("runs", ((host, file), shard_runs.Run)) | ("profile", ...) | ("stats", ...).
+
+    The records go to run files as they are built (`pipelines.shard_runs`): only their places travel on."""
+
+    def __init__(self, spec, vocab_sizes, limits, steps_per_file: int, encode: bool, profile: bool,
+                 output: str = ""):
         self.spec, self.vocab_sizes, self.limits = spec, vocab_sizes, limits
-        self.steps_per_file, self.encode, self.profile = steps_per_file, encode, profile
-        self.layout = None
+        self.steps_per_file, self.encode, self.profile, self.output = steps_per_file, encode, profile, output
+        self.layout = self.runs = None
 
     def setup(self):
         self.layout = self.spec.layout(self.vocab_sizes)
         if self.encode:
             pshard.warn_if_no_native_kernel()
+
+    def start_bundle(self):
+        self.runs = shard_runs.RunWriter(self.output)
 
     def process(self, kv):
         step, block = kv
@@ -523,30 +572,42 @@ class _BuildStep(beam.DoFn):
         _counter(counts)
         yield "stats", dict(counts)
         for host, rec in records:
-            yield "records", ((host, step // self.steps_per_file), (step, rec))
+            for written in self.runs.add((host, step // self.steps_per_file), step, rec):
+                yield "runs", written
         if self.profile:
             yield "profile", (step, gids, oov)
+
+    def finish_bundle(self):
+        from apache_beam.transforms.window import GlobalWindows
+        for written in self.runs.flush():
+            yield GlobalWindows.windowed_value(("runs", written))
 
 
 @beam.typehints.with_output_types(typing.Any)
 class _WriteShardFile(beam.DoFn):
-    """One shard file from its steps' records: TFRecord frames in step order, then the spec's
+    """One shard file from its steps' runs: TFRecord frames in step order, then the spec's
     `shards.compression` over the whole file (`tpu_embed.shards.compress_chunks`: the bytes TF's
-    TFRecordWriter with TFRecordOptions writes; no time or name in a GZIP header, so deterministic)."""
+    TFRecordWriter with TFRecordOptions writes; no time or name in a GZIP header, so deterministic).
+    Streamed: one record in memory at a time (on object stores the file is uploaded whole)."""
 
     def __init__(self, output: str, steps_per_file: int, compression: str = "none"):
         self.output, self.steps_per_file, self.compression = output, steps_per_file, compression
 
     def process(self, kv, info):
         from tpu_embed.shards import compress_chunks
-        (host, file_no), records = kv
-        records = sorted(records, key=lambda r: r[0])
+        (host, file_no), runs = kv
+        steps = sorted(step for run in runs for step, _, _ in run.records)
         num_files = max(1, -(-info["steps"] // self.steps_per_file))
         rel = pshard.shard_file_name(host, file_no, num_files)
-        frames = compress_chunks((pio.tfrecord_frame(rec) for _, rec in records), self.compression)
-        yield pio.write_atomic(self.output, rel, frames, records=len(records),
-                               extra={"kind": "shard", "host": host, "first_step": records[0][0],
-                                      "last_step": records[-1][0]})
+        frames = compress_chunks(shard_runs.frames_in_step_order(runs), self.compression)
+        yield pio.write_atomic(self.output, rel, frames, records=len(steps),
+                               extra={"kind": "shard", "host": host, "first_step": steps[0], "last_step": steps[-1]})
+
+
+def _remove_runs(files, output: str):
+    """After every shard file is written: the runs are no longer needed (`pipelines.shard_runs`)."""
+    shard_runs.remove(output)
+    return files
 
 
 class _BuildTagged(beam.PTransform):
@@ -555,7 +616,7 @@ class _BuildTagged(beam.PTransform):
         self.build = build
 
     def expand(self, steps):
-        return split_tagged(steps | "BuildStep" >> beam.ParDo(self.build), ("records", "profile", "stats"))
+        return split_tagged(steps | "BuildStep" >> beam.ParDo(self.build), ("runs", "profile", "stats"))
 
 
 class BuildShards(beam.PTransform):
@@ -563,7 +624,9 @@ class BuildShards(beam.PTransform):
     PCollections], "stats": dicts}.
 
     Each step stream is built where it arrives (a stream of whole steps stays fused with the read that
-    produced it); their records meet in one GroupByKey per shard file. The profile inputs stay one
+    produced it) and its records written to runs there (`pipelines.shard_runs`); only the runs' places
+    meet in one GroupByKey per shard file, whose writer streams them into the file. The runs are deleted
+    once every shard file is written, before "files" is complete. The profile inputs stay one
     PCollection per stream (`CollectProfile` combines each where it is produced).
     """
 
@@ -577,14 +640,16 @@ class BuildShards(beam.PTransform):
         steps, info = steps_and_info
         streams = steps if isinstance(steps, (tuple, list)) else (steps,)
         build = _BuildStep(self.spec, self.vocab_sizes, self.limits, self.steps_per_file, self.write_shards,
-                           self.profile)
+                           self.profile, self.output)
         built = [stream | f"Build{i}" >> _BuildTagged(build) for i, stream in enumerate(streams)]
-        records = tuple(b["records"] for b in built) | "AllRecords" >> beam.Flatten()
+        runs = tuple(b["runs"] for b in built) | "AllRuns" >> beam.Flatten()
         stats = tuple(b["stats"] for b in built) | "AllBuildStats" >> beam.Flatten()
-        files = (records | "ByFile" >> beam.GroupByKey()
-                 | "WriteFile" >> beam.ParDo(_WriteShardFile(self.output, self.steps_per_file,
-                                                             self.spec.shards.compression),
-                                             beam.pvalue.AsSingleton(info)))
+        written = (runs | "ByFile" >> beam.GroupByKey()
+                   | "WriteFile" >> beam.ParDo(_WriteShardFile(self.output, self.steps_per_file,
+                                                               self.spec.shards.compression),
+                                               beam.pvalue.AsSingleton(info)))
+        files = (written | "AllWritten" >> beam.combiners.ToList()
+                 | "RemoveRuns" >> beam.FlatMap(_remove_runs, self.output))
         return {"files": files, "profile": tuple(b["profile"] for b in built), "stats": stats}
 
 

@@ -16,6 +16,7 @@ from pipelines import io as pio
 from pipelines import jobs
 from pipelines import manifest as pmanifest
 from pipelines import planned_limits
+from pipelines import shard_runs
 from tpu_embed.manifest import Manifest, ManifestNotFoundError, read_manifest
 
 log = logging.getLogger("tpu_embed.pipelines")
@@ -216,7 +217,10 @@ def vocab_sizes_for(cfg: jobs.JobConfig) -> Dict[str, int]:
 def run_shard(cfg: jobs.JobConfig, beam_args: Sequence[str] = ()) -> Manifest:
     files = pio.list_input_files(cfg.spec.input_patterns())
     sizes = vocab_sizes_for(cfg)
-    _run(lambda p: jobs.build_shard_pipeline(p, cfg, files, sizes), beam_args)
+    try:
+        _run(lambda p: jobs.build_shard_pipeline(p, cfg, files, sizes), beam_args)
+    finally:
+        shard_runs.remove(cfg.output)  # a failed job's runs (a finished job removed its own)
     m = read_manifest(cfg.output)
     check_outcome(cfg, m, "shard" if cfg.write_shards else "profile")
     planned_limits.finalize(cfg, sizes)  # no pinned limits: record the plan of this pass's profile

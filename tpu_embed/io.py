@@ -8,7 +8,7 @@ and shards.
     join(base, *parts)       exists(path)          read_bytes(path) / read_text(path)
     glob(pattern)            list_files(pattern)   open_read(path)  (streaming)
     write_atomic(path, data) -> Written(path, sha256, bytes)
-    delete(path)             relpath(path, base)   is_url(path) / protocol(path)
+    delete(path)             delete_tree(path)     relpath(path, base)   is_url(path) / protocol(path)
 
 Why fsspec (+ gcsfs for gs://).  Beam's `FileSystems` made the core depend
 on Apache Beam and behaves differently for local paths (plain `os` calls
@@ -361,3 +361,22 @@ def delete(path: str, *, missing_ok: bool = True) -> None:
         if not missing_ok:
             raise FileNotFoundError(f"{path} does not exist") from None
     fs.invalidate_cache(p)
+
+
+def delete_tree(path: str) -> None:
+    """Delete a directory (a prefix, on object stores) and everything under it; missing: nothing to do."""
+    if not is_url(path):
+        import shutil
+        shutil.rmtree(_local(path), ignore_errors=False, onerror=_ignore_missing)
+        return
+    fs, p = filesystem(path)
+    names = [f.path for f in list_files(join(path, "**"))]
+    if names:
+        fs.rm([filesystem(n)[1] for n in names])
+    fs.invalidate_cache(p)
+
+
+def _ignore_missing(_func, _path, exc_info):
+    if not issubclass(exc_info[0], FileNotFoundError):
+        raise exc_info[1]
+
