@@ -1,4 +1,4 @@
-"""Builds the optional native CSR kernel; everything else is in pyproject.toml.
+"""Builds the optional native CSR kernel and CSV scanner; everything else is in pyproject.toml.
 
 Also what Beam's --setup_file needs to package the project for Dataflow,
 Flink and Spark workers.
@@ -13,6 +13,13 @@ setup(
             sources=["tpu_embed/sparsecore/native/_csr_native.c"],
             extra_compile_args=["-O3", "-fno-fast-math"],
             optional=True,
-        )
+        ),
+        # Optional too: without it CSV framing takes the numpy way (pipelines.io._scan).
+        Extension(
+            "pipelines._csv_native",
+            sources=["pipelines/native/_csv_native.c"],
+            extra_compile_args=["-O3"],
+            optional=True,
+        ),
     ],
 )

@@ -21,6 +21,7 @@ from __future__ import annotations
 import csv
 import dataclasses
 import io
+import os
 import struct
 from typing import Any, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
 
@@ -220,6 +221,13 @@ FILE_REASONS = ("empty_file", "missing_columns", "bad_header", "not_parquet", "u
 # the ranges before it are known (`csv_split_summary`, `csv_split_states`).
 
 _QUOTE, _LF, _CR = 0x22, 0x0A, 0x0D
+
+_csv_native: Any = None  # the native scanner (native/_csv_native.c, built in place by the install), else numpy
+if os.environ.get("TPU_EMBED_NATIVE", "1") != "0":
+    try:
+        from pipelines import _csv_native
+    except ImportError:  # pragma: no cover - a machine without a compiler
+        pass
 _BOM = b"\xef\xbb\xbf"
 
 
@@ -246,6 +254,11 @@ def _scan(b: np.ndarray, lo: int, hi: int, q: int, bof: int, delim: int, after: 
         nxt[-1] = after if after >= 0 else 0
         brk |= cr & (nxt != _LF)
     breaks = np.flatnonzero(brk)
+    if _csv_native is not None:
+        records = np.empty(breaks.size, np.uint8)
+        end = _csv_native.quote_states(b, lo, hi, q, bof, delim, after, records)
+        other = _csv_native.quote_states(b, lo, hi, 1 - q, bof, delim, after, None) if both else end ^ 1
+        return breaks + lo, records.view(bool), (other if q else end), (end if q else other)
     quotes = np.flatnonzero(seg == _QUOTE)
     if not quotes.size:
         return breaks + lo, np.full(breaks.size, q == 0), 0, 1

@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import io
 import os
+from unittest import mock
 
 import numpy as np
 import pyarrow as pa
@@ -360,3 +361,28 @@ def test_job_outputs_are_byte_identical_for_any_split_size_and_workers(tmp_path,
         assert sorted(got) == sorted(expect), (split_bytes, args)
         for p in expect:
             assert got[p] == expect[p], (p, split_bytes, args)
+
+
+@settings(max_examples=500)
+@given(st.lists(st.sampled_from(list(b'ab,"\n\r')), min_size=1, max_size=60).map(bytes), st.data())
+def test_the_native_csv_scan_agrees_with_the_numpy_one(body, data):
+    """pio._scan with the native scanner (native/_csv_native.c) gives what its numpy way gives, for any start
+    state, file start and range that does not cut a run of quote characters (the readers' precondition)."""
+    if pio._csv_native is None:
+        pytest.skip("the native CSV scanner is not built (setup.py builds it in place)")
+    b = np.frombuffer(body, np.uint8)
+    lo = data.draw(st.integers(0, len(body) - 1))
+    hi = data.draw(st.integers(lo + 1, len(body)))
+    runs_cut = [p for p in (lo, hi) if 0 < p < len(body) and body[p - 1] == body[p] == 0x22]
+    if runs_cut or (hi < len(body) and body[hi - 1] == 0x0D):  # the callers never scan such ranges
+        return
+    after = body[hi] if hi < len(body) else -1
+    q, both = data.draw(st.integers(0, 1)), data.draw(st.booleans())
+    bof = data.draw(st.sampled_from([0, 3, -1]))
+    native = pio._scan(b, lo, hi, q, bof, 44, after, both)
+    with mock.patch.object(pio, "_csv_native", None):
+        reference = pio._scan(b, lo, hi, q, bof, 44, after, both)
+    assert np.array_equal(native[0], reference[0])
+    assert np.array_equal(native[1], reference[1])
+    for start in ((0, 1) if both else (q,)):
+        assert native[2 + start] == reference[2 + start], start
