@@ -23,7 +23,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import uuid
-from typing import Dict, Iterable, Iterator, List, Tuple
+from typing import Dict, Iterable, Iterator, List, Optional, Tuple
 
 from tpu_embed import io as tio
 from tpu_embed.shards import tfrecord_frame
@@ -48,8 +48,8 @@ def runs_dir(output: str) -> str:
 class RunWriter:
     """Buffers framed records per shard file and writes them out as runs (see the module docstring)."""
 
-    def __init__(self, output: str, flush_bytes: int = FLUSH_BYTES):
-        self.output, self.flush_bytes = output, flush_bytes
+    def __init__(self, output: str, flush_bytes: Optional[int] = None):
+        self.output, self.flush_bytes = output, FLUSH_BYTES if flush_bytes is None else flush_bytes
         self._buffers: Dict[FileKey, List[Tuple[int, bytes]]] = collections.defaultdict(list)
         self._size = 0
 

@@ -15,7 +15,7 @@ import os
 
 import pytest
 
-from pipelines import chunk_sizes, jobs, runner
+from pipelines import chunk_sizes, jobs, runner, shard_runs
 from pipelines import io as pio
 from pipelines.jobs import JobConfig
 from tpu_embed.manifest import read_manifest
@@ -52,7 +52,10 @@ CASES = {
 
 @pytest.mark.slow
 @pytest.mark.parametrize("case", list(CASES))
-def test_run_with_recorded_sizes_writes_the_bytes_of_the_side_input_path(tmp_path, case, monkeypatch):
+@pytest.mark.parametrize("flush_bytes", [None, 1], ids=["runs per bundle", "a run per record"])
+def test_run_with_recorded_sizes_writes_the_bytes_of_the_side_input_path(tmp_path, case, flush_bytes, monkeypatch):
+    if flush_bytes is not None:  # every shard record its own run file (pipelines.shard_runs), read back in order
+        monkeypatch.setattr(shard_runs, "FLUSH_BYTES", flush_bytes)
     spec = _spec(**CASES[case])
     # chunk_rows 50 with global batch 32: each chunk holds one step whole and pieces of others.
     kw = dict(chunk_rows=50, steps_per_file=4)
@@ -69,6 +72,7 @@ def test_run_with_recorded_sizes_writes_the_bytes_of_the_side_input_path(tmp_pat
     assert seen[0] is not None and len(seen[0]) > 3 and seen[1] is None  # run used recorded sizes, the other not
     fa, fb = _files(a), _files(b)
     assert chunk_sizes.FILENAME not in fa  # transient: taken and deleted by run
+    assert not any(os.path.exists(os.path.join(d, shard_runs.RUNS_DIR)) for d in (a, b))  # runs deleted
     assert sorted(fa) == sorted(fb) and [p for p in fa if fa[p] != fb[p]] == []
     assert read_manifest(a).shards.steps > 4
 
@@ -83,6 +87,7 @@ def test_recorded_sizes_two_processes(tmp_path):
                    ["--direct_num_workers=2", "--direct_running_mode=multi_processing"])
     fa, fb = _files(a), _files(b)
     assert sorted(fa) == sorted(fb) and [p for p in fa if fa[p] != fb[p]] == []
+    assert not any(os.path.exists(os.path.join(d, shard_runs.RUNS_DIR)) for d in (a, b))
 
 
 def _recorded(tmp_path, spec, kw):
