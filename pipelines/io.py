@@ -221,6 +221,7 @@ FILE_REASONS = ("empty_file", "missing_columns", "bad_header", "not_parquet", "u
 # the ranges before it are known (`csv_split_summary`, `csv_split_states`).
 
 _QUOTE, _LF, _CR = 0x22, 0x0A, 0x0D
+_BOM = b"\xef\xbb\xbf"
 
 _csv_native: Any = None  # the native scanner (native/_csv_native.c, built in place by the install), else numpy
 if os.environ.get("TPU_EMBED_NATIVE", "1") != "0":
@@ -228,7 +229,6 @@ if os.environ.get("TPU_EMBED_NATIVE", "1") != "0":
         from pipelines import _csv_native
     except ImportError:  # pragma: no cover - a machine without a compiler
         pass
-_BOM = b"\xef\xbb\xbf"
 
 
 def _delimiter_byte(delimiter: str) -> int:

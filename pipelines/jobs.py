@@ -551,8 +551,7 @@ class _BuildStep(beam.DoFn):
 
     The records go to run files as they are built (`pipelines.shard_runs`): only their places travel on."""
 
-    def __init__(self, spec, vocab_sizes, limits, steps_per_file: int, encode: bool, profile: bool,
-                 output: str = ""):
+    def __init__(self, spec, vocab_sizes, limits, steps_per_file: int, encode: bool, profile: bool, output: str):
         self.spec, self.vocab_sizes, self.limits = spec, vocab_sizes, limits
         self.steps_per_file, self.encode, self.profile, self.output = steps_per_file, encode, profile, output
         self.layout = self.runs = None
