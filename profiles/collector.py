@@ -24,7 +24,7 @@ from tpu_embed.topology import Topology
 from tpu_embed.model import ModelConfig, from_tf_feature_config
 
 from profiles.config import CandidateUnavailable, GlobalConfig, rescaled
-from profiles.counting import candidate_table_counts, core_table_counts, dedup_table, stack_counts
+from profiles.counting import candidate_table_counts, core_table_counts, dedup_table, one_chip_model, stack_counts
 from profiles.idcounts import IdCounts
 from profiles.profile import CandidateStatus, Profile, ProfileAccumulator
 from profiles.stats import DEFAULT_SERIES_STEPS, FeatureStats, PartitionStats, ShardLoad, TableStats, deep_copy
@@ -46,6 +46,7 @@ class ProfileCollector:
         (mapped to OOV buckets), False if they were dropped upstream; it sets the OOV rate's denominator."""
         model = from_tf_feature_config(feature_config, topology)
         self.model = model
+        self._one_chip = one_chip_model(model)  # the main topology's counts in one core call per table
         self.series_steps = int(series_steps)
         self.oov_ids_in_batch = bool(oov_ids_in_batch)
         main = model.topology.num_chips
@@ -128,7 +129,7 @@ class ProfileCollector:
                 load.add(ids, t.vocabulary_size)
 
         # Main topology: the core's own per-chip counts, tables alone, then stacks.
-        table_counts = core_table_counts(global_ids, m.layout(disable_table_stacking=True))
+        table_counts = core_table_counts(global_ids, m, self._one_chip)
         for name, c in table_counts.items():
             acc.tables[name].partitions.add_step(c, step)
         for name, c in stack_counts(m.layout(), table_counts).items():

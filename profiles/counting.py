@@ -16,8 +16,9 @@ per-table maxima are rotation-invariant, hence shareable between models that
 stack the same table differently.  tests/test_profiles_counting.py checks
 this against the core's `partition_counts` on the real stacked layout.
 
-The main topology is counted by the core itself (`split_global_batch` +
-`partition_counts`, the implementation the shard job and training use).
+The main topology is counted by the core itself (`partition_counts`, the
+implementation the shard job and training use), once per table on the
+model seen as one chip with all S SparseCores (`one_chip_model`).
 Candidate chip counts use `candidate_table_counts`, a vectorised equivalent
 over the whole global batch (one sort per table instead of one per chip),
 tested equal to the core.
@@ -26,11 +27,12 @@ tested equal to the core.
 from __future__ import annotations
 
 import dataclasses
-from typing import Dict, List, Mapping, Tuple
+from typing import Dict, Mapping, Optional, Tuple
 
 import numpy as np
 
-from tpu_embed.sparsecore import FeatureIds, SparseCoreLayout, partition_counts, split_global_batch
+from tpu_embed.sparsecore import FeatureIds, SparseCoreLayout, partition_counts
+from tpu_embed.topology import Topology
 
 from tpu_embed.model import ModelConfig
 
@@ -75,25 +77,42 @@ def _sum_cells(num_chips, nsc, S, cells: np.ndarray, ids: np.ndarray, uniq: np.n
 
 # ---------------------------------------------------------------- main topology (core)
 
-def core_table_counts(global_ids: Mapping[str, FeatureIds], unstacked: SparseCoreLayout) -> Dict[str, CellCounts]:
-    """Per table (laid out alone, rotation 0): counts of every chip, by the core's own counter."""
-    topo = unstacked.topology
+def one_chip_model(model: ModelConfig) -> ModelConfig:
+    """`model` as one chip holding the whole global batch, with all S SparseCores as its local SCs.
+
+    The core gives SparseCore l of chip c block l of each feature's per-chip samples (blocks of
+    samples / num_sc_per_chip), so global sample r of a feature goes to SparseCore
+    r // (samples / num_sc_per_chip) = c * num_sc_per_chip + l, its row there and its destinations
+    (id mod S) unchanged.  On this model local SC c * num_sc_per_chip + l is therefore exactly chip
+    c's SC l: one count of the global batch per table instead of one per table and chip.
+    """
+    t = model.topology
+    if t.num_chips == 1:
+        return model
+    feats = tuple(dataclasses.replace(f, output_shape=(f.output_shape[0] * t.num_chips,) + f.output_shape[1:])
+                  for f in model.features)
+    return ModelConfig(feats, Topology(1, t.num_sparse_cores, 1))
+
+
+def core_table_counts(global_ids: Mapping[str, FeatureIds], model: ModelConfig,
+                      one_chip: Optional[ModelConfig] = None) -> Dict[str, CellCounts]:
+    """Per table (laid out alone, rotation 0): counts of every chip of `model`, by the core's own counter.
+
+    Counted on `one_chip` (`one_chip_model(model)`, pass it to reuse it), whose local SC
+    c * num_sc_per_chip + l is chip c's SC l, so its cell (local SC) * S + destination is already
+    the global cell; tests/test_profiles_counting.py checks this against the core chip by chip.
+    """
+    topo = model.topology
     nsc, S, chips = topo.num_sc_per_chip, topo.num_sparse_cores, topo.num_chips
-    per_chip = split_global_batch(dict(global_ids), unstacked)
-    parts: Dict[str, List[Tuple[np.ndarray, np.ndarray, np.ndarray]]] = {s: [] for s in unstacked.stacks}
-    for chip, chip_ids in enumerate(per_chip):
-        for stack, (ids_pp, uniq_pp) in partition_counts(chip_ids, unstacked).items():
-            flat = np.asarray(ids_pp, np.int64).reshape(-1)
-            nz = np.flatnonzero(flat)
-            parts[stack].append((nz + chip * nsc * S, flat[nz], np.asarray(uniq_pp, np.int64).reshape(-1)[nz]))
+    flat = (one_chip or one_chip_model(model)).layout(disable_table_stacking=True)
+    assert flat.topology.num_sparse_cores == S and flat.topology.num_chips == 1
     out = {}
-    for stack, p in parts.items():
-        table, = unstacked.stacks[stack].tables  # disable_table_stacking: one table per stack
-        if p:
-            out[table] = CellCounts(chips, nsc, S, np.concatenate([a for a, _, _ in p]),
-                                    np.concatenate([b for _, b, _ in p]), np.concatenate([c for _, _, c in p]))
-        else:
-            out[table] = _empty(chips, nsc, S)
+    for stack, (ids_pp, uniq_pp) in partition_counts(dict(global_ids), flat).items():
+        table, = flat.stacks[stack].tables  # disable_table_stacking: one table per stack
+        flat_ids = np.asarray(ids_pp, np.int64).reshape(-1)
+        nz = np.flatnonzero(flat_ids)
+        out[table] = CellCounts(chips, nsc, S, nz.astype(np.int64), flat_ids[nz],
+                                np.asarray(uniq_pp, np.int64).reshape(-1)[nz])
     return out
 
 

@@ -161,9 +161,14 @@ def native_threads() -> int:
         return max(1, os.cpu_count() or 1)
 
 
-def native_entries_from_ids(feature_ids: Dict[str, FeatureIds]) -> Dict[str, tuple]:
-    return {p: (_i64(f.rows), _i64(f.ids), None if f.weights is None else _f32(f.weights), None)
-            for p, f in feature_ids.items()}
+def native_entries_from_ids(feature_ids: Dict[str, FeatureIds], paths=None) -> Dict[str, tuple]:
+    """The native packer's entries of `paths` (default: every feature in `feature_ids`)."""
+    paths = feature_ids.keys() if paths is None else paths
+    return {p: _native_entry(feature_ids[p]) for p in paths}
+
+
+def _native_entry(f: FeatureIds) -> tuple:
+    return (_i64(f.rows), _i64(f.ids), None if f.weights is None else _f32(f.weights), None)
 
 
 def _native_call(stack: StackLayout, layout: SparseCoreLayout, entries: Dict[str, tuple],
@@ -334,7 +339,8 @@ def count_partitions(stack: StackLayout, layout: SparseCoreLayout, feature_ids: 
     if native is None:
         native = _csr_native is not None
     if native:
-        entries = native_entries_from_ids(feature_ids)
+        # Only the stack's features: a chip's batch holds every table's (the profile counts table by table).
+        entries = native_entries_from_ids(feature_ids, _stack_tables(stack, layout).paths)
         return _counts(_native_call(stack, layout, entries), layout.topology)
     srt = sort_stack(stack, layout, feature_ids)
     return srt.ids_pp, srt.uniq_pp
@@ -369,7 +375,9 @@ def preprocess_stack(stack: StackLayout, layout: SparseCoreLayout, feature_ids: 
     if native is None:
         native = _csr_native is not None
     if native:
-        return preprocess_stack_native(stack, layout, native_entries_from_ids(feature_ids), limits)
+        return preprocess_stack_native(stack, layout,
+                                       native_entries_from_ids(feature_ids, _stack_tables(stack, layout).paths),
+                                       limits)
     topo = layout.topology
     nsc, S = topo.num_sc_per_chip, topo.num_sparse_cores
     srt = sort_stack(stack, layout, feature_ids)
