@@ -256,8 +256,11 @@ def _scan(b: np.ndarray, lo: int, hi: int, q: int, bof: int, delim: int, after: 
     breaks = np.flatnonzero(brk)
     if _csv_native is not None:
         records = np.empty(breaks.size, np.uint8)
-        end = _csv_native.quote_states(b, lo, hi, q, bof, delim, after, records)
-        other = _csv_native.quote_states(b, lo, hi, 1 - q, bof, delim, after, None) if both else end ^ 1
+        if both:  # one pass for both start states when the quotes allow (native/_csv_native.c)
+            end, other = _csv_native.quote_states(b, lo, hi, q, bof, delim, after, records, True)
+        else:
+            end = _csv_native.quote_states(b, lo, hi, q, bof, delim, after, records)
+            other = end ^ 1
         return breaks + lo, records.view(bool), (other if q else end), (end if q else other)
     quotes = np.flatnonzero(seg == _QUOTE)
     if not quotes.size:

@@ -7,7 +7,8 @@
  *   - inside a quoted value "" is a quote and a lone " closes it;
  *   - a line break is \n, or \r not followed by \n; it ends a record unless a quoted value is open.
  * The numpy way needs the positions of all quote characters (dozens per record when a writer quotes
- * every string, as pyarrow and pandas can); this is one pass over the bytes.
+ * every string, as pyarrow and pandas can); this is one pass over the bytes: a branch-free parity count
+ * where the range allows it (`parity_scan`, for both start states at once), else the state machine.
  *
  * Only the buffer protocol is used (no numpy headers).
  */
@@ -17,31 +18,64 @@
 
 enum { FIELD_START, FIELD, QUOTED, QUOTED_QUOTE };
 
-/* quote_states(data, lo, hi, q, bof, delim, after, flags) -> quote state at hi (0 or 1)
- *
- * data: uint8 buffer; the range [lo, hi) is scanned with a quoted value open at lo iff q; data[lo - 1] is
- * the byte before lo (lo > 0). bof: index in data of the file's first field (-1 if not in data). delim: the
- * delimiter byte (-1: none). after: data[hi] as the file goes on (-1 at its end). flags: None, or a
- * writable uint8 buffer with one byte per line break in [lo, hi): 1 if it ends a record, else 0.
+/* The fast way, for ranges with no \r, no file start and no quote character inside an unquoted value
+ * (what CSV writers produce): the quote state is then the parity of the quote characters before a byte,
+ * since every quote met outside a quoted value opens one. The loop has one branch per line break, none
+ * per quote (the state machine below mispredicts on most quotes of a file whose strings are all quoted).
+ * The other start state's parity is this one's flipped, so one pass checks both: *other_ok says whether
+ * the range is such a range had it started with 1 - q.
+ * Returns the state at hi for q (for 1 - q: flipped), with *ok / *other_ok 0 when the range is not such
+ * a range for q / 1 - q (or has more than nflags line breaks): the caller then runs the state machine,
+ * which decides every case.
  */
-static PyObject *quote_states(PyObject *self, PyObject *args) {
-  Py_buffer data, flags;
-  Py_ssize_t lo, hi, bof;
-  int q, delim, after;
-  PyObject *flags_obj;
-  if (!PyArg_ParseTuple(args, "y*nniniiO", &data, &lo, &hi, &q, &bof, &delim, &after, &flags_obj)) return NULL;
-  int have_flags = flags_obj != Py_None;
-  if (have_flags && PyObject_GetBuffer(flags_obj, &flags, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) < 0) {
-    PyBuffer_Release(&data);
-    return NULL;
+static int parity_scan(const uint8_t *b, Py_ssize_t lo, Py_ssize_t hi, int q, int delim, uint8_t *out,
+                       Py_ssize_t nflags, Py_ssize_t *nbreaks, int *ok, int *other_ok) {
+  *ok = *other_ok = 0;
+  if (lo >= hi) {
+    *nbreaks = 0;
+    *ok = *other_ok = 1;
+    return q;
   }
-  if (lo < 0 || hi > data.len || lo > hi) {
-    PyErr_Format(PyExc_ValueError, "range [%zd, %zd) outside a buffer of %zd bytes", lo, hi, data.len);
-    goto fail;
+  /* A quote opening a value must follow a delimiter or a line break; inside the range also a quote
+   * (the second of a pair "" in a quoted value: it met parity 0 only because the first one closed). */
+  uint8_t opens_after[256] = {0};
+  opens_after['\n'] = 1;
+  if (delim >= 0) opens_after[(uint8_t)delim] = 1;
+  unsigned par = (unsigned)q, bad0 = 0, bad1 = 0, cr = 0;  /* bad0 / bad1: a stray quote at parity 0 / 1 */
+  Py_ssize_t k = 0;
+  uint8_t c = b[lo];
+  if (c == '"' && !(lo > 0 && (opens_after[b[lo - 1]] || b[lo - 1] == '\r'))) {
+    if (q) bad1 = 1; else bad0 = 1;
   }
-  const uint8_t *b = (const uint8_t *)data.buf;
-  uint8_t *out = have_flags ? (uint8_t *)flags.buf : NULL;
-  Py_ssize_t nflags = have_flags ? flags.len : 0, k = 0;
+  opens_after['"'] = 1;
+  for (Py_ssize_t p = lo;;) {
+    par ^= c == '"';
+    cr |= c == '\r';
+    if (c == '\n') {
+      if (k >= nflags) return -1;
+      if (out) out[k] = (uint8_t)(par == 0);
+      k++;
+    }
+    if (++p >= hi) break;
+    unsigned stray = (b[p] == '"') & !opens_after[c];  /* a quote not after a delimiter, break or quote */
+    c = b[p];
+    bad0 |= stray & (par ^ 1);
+    bad1 |= stray & par;
+    if (bad0 & bad1) return -1;
+  }
+  if (cr) return -1;
+  *nbreaks = k;
+  /* par starts at q, so parity 0 is outside a quoted value for this start and inside one for the other. */
+  *ok = !bad0;
+  *other_ok = !bad1;
+  return (int)par;
+}
+
+/* The state machine: every case. Returns the state at hi (0 or 1), or -1 when the range has more line
+ * breaks than out has entries (out: NULL, or nflags entries, 1 where a line break ends a record). */
+static int machine_scan(const uint8_t *b, Py_ssize_t lo, Py_ssize_t hi, int q, Py_ssize_t bof, int delim, int after,
+                        uint8_t *out, Py_ssize_t nflags, Py_ssize_t *nbreaks) {
+  Py_ssize_t k = 0;
   int state;
   if (q) {
     state = QUOTED;
@@ -59,7 +93,7 @@ static PyObject *quote_states(PyObject *self, PyObject *args) {
       if (c == '"') state = QUOTED_QUOTE;
       else if (c == '\n' || (c == '\r' && !(p + 1 < hi ? b[p + 1] == '\n' : lf_after_hi))) {
         if (out) {
-          if (k >= nflags) goto too_many;
+          if (k >= nflags) return -1;
           out[k] = 0;
         }
         k++;
@@ -75,7 +109,7 @@ static PyObject *quote_states(PyObject *self, PyObject *args) {
     }
     if (c == '\n' || (c == '\r' && !(p + 1 < hi ? b[p + 1] == '\n' : lf_after_hi))) {
       if (out) {
-        if (k >= nflags) goto too_many;
+        if (k >= nflags) return -1;
         out[k] = 1;
       }
       k++;
@@ -88,16 +122,63 @@ static PyObject *quote_states(PyObject *self, PyObject *args) {
       state = FIELD;
     }
   }
-  if (out && k != nflags) goto too_many;
+  *nbreaks = k;
+  return state == QUOTED;
+}
+
+/* quote_states(data, lo, hi, q, bof, delim, after, flags, both=False) -> quote state at hi (0 or 1), or with
+ * both the pair (state at hi for q at lo, state at hi for 1 - q at lo)
+ *
+ * data: uint8 buffer; the range [lo, hi) is scanned with a quoted value open at lo iff q; data[lo - 1] is
+ * the byte before lo (lo > 0). bof: index in data of the file's first field (-1 if not in data). delim: the
+ * delimiter byte (-1: none). after: data[hi] as the file goes on (-1 at its end). flags: None, or a
+ * writable uint8 buffer with one byte per line break in [lo, hi): 1 if it ends a record (for q), else 0.
+ */
+static PyObject *quote_states(PyObject *self, PyObject *args) {
+  Py_buffer data, flags;
+  Py_ssize_t lo, hi, bof;
+  int q, delim, after, both = 0;
+  PyObject *flags_obj, *result = NULL;
+  if (!PyArg_ParseTuple(args, "y*nniniiO|p", &data, &lo, &hi, &q, &bof, &delim, &after, &flags_obj, &both))
+    return NULL;
+  int have_flags = flags_obj != Py_None;
+  if (have_flags && PyObject_GetBuffer(flags_obj, &flags, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) < 0) {
+    PyBuffer_Release(&data);
+    return NULL;
+  }
+  if (lo < 0 || hi > data.len || lo > hi) {
+    PyErr_Format(PyExc_ValueError, "range [%zd, %zd) outside a buffer of %zd bytes", lo, hi, data.len);
+    goto done;
+  }
+  const uint8_t *b = (const uint8_t *)data.buf;
+  uint8_t *out = have_flags ? (uint8_t *)flags.buf : NULL;
+  Py_ssize_t nflags = have_flags ? flags.len : PY_SSIZE_T_MAX, nbreaks = -1;
+  int end = -1, other = -1;
+  if (!(lo <= bof && bof < hi)) {
+    int ok, other_ok;
+    int par = parity_scan(b, lo, hi, q, delim, out, nflags, &nbreaks, &ok, &other_ok);
+    if (ok) end = par;
+    if (other_ok) other = par ^ 1;
+  }
+  if (end < 0) end = machine_scan(b, lo, hi, q, bof, delim, after, out, nflags, &nbreaks);
+  if (end < 0 || (have_flags && nbreaks != nflags)) {
+    PyErr_Format(PyExc_ValueError, "flags has %zd entries; the range has a different number of line breaks",
+                 nflags);
+    goto done;
+  }
+  if (!both) {
+    result = PyLong_FromLong(end);
+    goto done;
+  }
+  if (other < 0) {
+    Py_ssize_t unused;
+    other = machine_scan(b, lo, hi, 1 - q, bof, delim, after, NULL, PY_SSIZE_T_MAX, &unused);
+  }
+  result = Py_BuildValue("(ii)", end, other);
+done:
   PyBuffer_Release(&data);
   if (have_flags) PyBuffer_Release(&flags);
-  return PyLong_FromLong(state == QUOTED);
-too_many:
-  PyErr_Format(PyExc_ValueError, "flags has %zd entries; the range has a different number of line breaks", nflags);
-fail:
-  PyBuffer_Release(&data);
-  if (have_flags) PyBuffer_Release(&flags);
-  return NULL;
+  return result;
 }
 
 static PyMethodDef methods[] = {
