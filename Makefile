@@ -10,7 +10,8 @@ ORACLE_STAMP := $(ORACLE_VENV)/.installed-stamp
 
 install: $(STAMP)
 
-$(STAMP): pyproject.toml setup.py tpu_embed/sparsecore/native/_csr_native.c pipelines/native/_csv_native.c
+$(STAMP): pyproject.toml setup.py tpu_embed/sparsecore/native/_csr_native.c pipelines/native/_csv_native.c \
+		pipelines/native/_token_index.c
 	@echo "installing tpu-embed into $(VENV) (a few minutes the first time; log: $(VENV)/install.log)"
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	@# pip's own output (and this machine's index warnings) go to the log; its tail is shown on failure.

@@ -1,4 +1,4 @@
-"""Builds the optional native CSR kernel and CSV scanner; everything else is in pyproject.toml.
+"""Builds the optional native CSR kernel, CSV scanner and token index; everything else is in pyproject.toml.
 
 Also what Beam's --setup_file needs to package the project for Dataflow,
 Flink and Spark workers.
@@ -18,6 +18,13 @@ setup(
         Extension(
             "pipelines._csv_native",
             sources=["pipelines/native/_csv_native.c"],
+            extra_compile_args=["-O3"],
+            optional=True,
+        ),
+        # Optional too: without it vocabulary lookups take pyarrow's index_in (pipelines.token_index).
+        Extension(
+            "pipelines._token_index",
+            sources=["pipelines/native/_token_index.c"],
             extra_compile_args=["-O3"],
             optional=True,
         ),

@@ -87,6 +87,7 @@ def single_process(spec, out: str, candidates) -> int:
     """The same work, plain Python + numpy, no Beam."""
     import profiles
     from pipelines import batching, io as pio, mapping, parse, shard as pshard, vocab as pvocab
+    from pipelines.token_index import TokenIndex
     files = pio.list_input_files(spec.input_patterns())
     chunks = []
     for f in files:
@@ -104,7 +105,7 @@ def single_process(spec, out: str, candidates) -> int:
         toks, _, _ = pvocab.finalize(pvocab.merge_counts(tables), v.top_k, v.frequency_threshold)
         with open(os.path.join(out, "vocab", k + ".txt"), "wb") as fh:
             fh.write(pvocab.vocabulary_file_bytes(toks))
-        vocabs[k] = pa.array(toks, pa.large_binary())
+        vocabs[k] = TokenIndex(pa.array(toks, pa.large_binary()))  # as the job's workers: built once
         sizes[k] = max(1, len(toks))
     layout = spec.layout(sizes)
     limits = pshard.resolve_limits(spec, layout)

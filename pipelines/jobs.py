@@ -29,6 +29,7 @@ from apache_beam.metrics import Metrics
 
 from pipelines import batching, chunk_sizes, io as pio, manifest as pmanifest, mapping, parse
 from pipelines import shard as pshard, shard_runs, vocab as pvocab
+from pipelines.token_index import TokenIndex
 from tpu_embed import io as tio, permutation
 
 NAMESPACE = "tpu_embed"
@@ -346,7 +347,8 @@ class _MapToIds(beam.DoFn):
         self.vocabs = None
 
     def setup(self):
-        self.vocabs = load_vocabularies(self.spec, self.vocab_dir)
+        # Each vocabulary's hash table is built once per worker, not once per chunk.
+        self.vocabs = {k: TokenIndex(v) for k, v in load_vocabularies(self.spec, self.vocab_dir).items()}
 
     def process(self, chunk: parse.ParsedChunk):
         counts = collections.Counter()

@@ -24,6 +24,7 @@ import pyarrow.compute as pc
 
 from pipelines.batching import ExampleBlock, FeatureBlock
 from pipelines.parse import FeatureValues, ParsedChunk
+from pipelines.token_index import TokenIndex
 
 
 class PolicyError(RuntimeError):
@@ -85,7 +86,7 @@ def _record_where(records: Optional[np.ndarray], path: str, example: int) -> str
     return f" {path or 'input'} record {int(records[example])}"
 
 
-def map_feature(f, fv: FeatureValues, spec, vocab: Optional[pa.Array], counts: collections.Counter,
+def map_feature(f, fv: FeatureValues, spec, vocab: Optional["pa.Array | TokenIndex"], counts: collections.Counter,
                 where: str = "", records: Optional[np.ndarray] = None, path: str = "") -> FeatureBlock:
     """`records`/`path`: the record numbers of the examples and their file, for error messages."""
     n = fv.lengths.size
@@ -98,18 +99,14 @@ def map_feature(f, fv: FeatureValues, spec, vocab: Optional[pa.Array], counts: c
     keep = None  # values kept, over fv's values
     if v.type == "frequency":
         tokens = fv.tokens if fv.tokens is not None else pa.array(fv.ints.astype(str), pa.large_binary())
-        if len(tokens):
-            idx = pc.index_in(tokens, value_set=vocab)
-            found = np.asarray(pc.is_valid(idx).to_numpy(zero_copy_only=False), dtype=bool)
-            ids = pc.fill_null(idx, -1).to_numpy(zero_copy_only=False).astype(np.int64)
-        else:
-            found = np.zeros(0, bool)
-            ids = np.zeros(0, np.int64)
+        index = vocab if isinstance(vocab, TokenIndex) else TokenIndex(vocab)
+        ids = index.lookup(tokens)
+        found = ids >= 0
         oov_per_value = ~found
         n_oov = int(oov_per_value.sum())
         counts[key + "oov"] += n_oov
         if n_oov:
-            V = len(vocab)
+            V = len(index)
             if v.num_oov_buckets == 0:
                 keep = found
                 counts[key + "oov_dropped"] += n_oov
@@ -184,8 +181,9 @@ def map_feature(f, fv: FeatureValues, spec, vocab: Optional[pa.Array], counts: c
                         None if weights is None else weights.astype(np.float32), oov)
 
 
-def map_chunk(chunk: ParsedChunk, spec, vocabs: Mapping[str, pa.Array], counts: collections.Counter
+def map_chunk(chunk: ParsedChunk, spec, vocabs: Mapping[str, "pa.Array | TokenIndex"], counts: collections.Counter
               ) -> ExampleBlock:
+    """`vocabs`: {vocabulary key: its tokens, or their TokenIndex (built once: pass it for many chunks)}."""
     feats = {}
     where = f" (input file #{chunk.file_index})"
     for f in spec.categorical:
