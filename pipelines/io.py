@@ -236,14 +236,17 @@ def _delimiter_byte(delimiter: str) -> int:
     return b[0] if len(b) == 1 else -1
 
 
-def _scan(b: np.ndarray, lo: int, hi: int, q: int, bof: int, delim: int, after: int, both: bool = False):
+def _scan(b: np.ndarray, lo: int, hi: int, q: int, bof: int, delim: int, after: int, both: bool = False,
+          records: bool = True):
     """Line breaks and quote state of b[lo:hi] (uint8), with a quoted value open at lo iff q.
 
     b[lo - 1] must be the byte before lo (or lo = 0 the file start), every run of quote characters that
     starts in [lo, hi) must end before hi, and `after` is b[hi] (-1 at the end of the file; only looked at
     when b[hi - 1] is \\r). `bof` is the index in b of the file's first field, if b holds it.
     Returns (positions in b of the line breaks, which of them end a record, q at hi for q = 0 at lo,
-    q at hi for q = 1 at lo); with both=False only the one for the given q is right.
+    q at hi for q = 1 at lo); with both=False only the one for the given q is right. records=False: the
+    caller does not need which breaks end a record (the native way then returns None for them, and can
+    skip rescanning a range read from the wrong quote state).
     """
     seg = b[lo:hi]
     brk = seg == _LF
@@ -255,13 +258,13 @@ def _scan(b: np.ndarray, lo: int, hi: int, q: int, bof: int, delim: int, after: 
         brk |= cr & (nxt != _LF)
     breaks = np.flatnonzero(brk)
     if _csv_native is not None:
-        records = np.empty(breaks.size, np.uint8)
+        flags = np.empty(breaks.size, np.uint8) if records else None
         if both:  # one pass for both start states when the quotes allow (native/_csv_native.c)
-            end, other = _csv_native.quote_states(b, lo, hi, q, bof, delim, after, records, True)
+            end, other = _csv_native.quote_states(b, lo, hi, q, bof, delim, after, flags, True)
         else:
-            end = _csv_native.quote_states(b, lo, hi, q, bof, delim, after, records)
+            end = _csv_native.quote_states(b, lo, hi, q, bof, delim, after, flags)
             other = end ^ 1
-        return breaks + lo, records.view(bool), (other if q else end), (end if q else other)
+        return breaks + lo, (flags.view(bool) if records else None), (other if q else end), (end if q else other)
     quotes = np.flatnonzero(seg == _QUOTE)
     if not quotes.size:
         return breaks + lo, np.full(breaks.size, q == 0), 0, 1
@@ -346,8 +349,9 @@ class _Scanner:
     what the caller keeps plus one read.
     """
 
-    def __init__(self, src: _Source, pos: int, q: int, delim: int, bof: int, both: bool = False):
-        self.src, self.delim, self.bof, self.both = src, delim, bof, both
+    def __init__(self, src: _Source, pos: int, q: int, delim: int, bof: int, both: bool = False,
+                 records: bool = True):
+        self.src, self.delim, self.bof, self.both, self.records = src, delim, bof, both, records
         self.base = max(pos - 1, 0)
         self.buf = src.read(self.base, READ_BYTES + (pos - self.base) + 1)
         self.pos, self.q = pos, q
@@ -375,7 +379,8 @@ class _Scanner:
     def step(self, limit: Optional[int] = None):
         """Scan the next part [pos, stop), stop <= limit (which must not cut a quote run); None at the end.
 
-        Returns (offsets of the line breaks, which of them end a record) and advances pos, q, lines.
+        Returns (offsets of the line breaks, which of them end a record, or None if `records` is False)
+        and advances pos, q, lines.
         """
         size = self.src.size
         while True:
@@ -393,7 +398,7 @@ class _Scanner:
         arr = np.frombuffer(self.buf, np.uint8)
         after = int(arr[stop - self.base]) if stop - self.base < arr.size else -1
         breaks, record, e0, e1 = _scan(arr, self.pos - self.base, stop - self.base, self.q, self.bof - self.base,
-                                       self.delim, after, self.both)
+                                       self.delim, after, self.both, self.records)
         self.q = e1 if self.q else e0
         self.f0, self.f1 = (e1 if self.f0 else e0), (e1 if self.f1 else e0)
         self.lines += int(breaks.size)
@@ -450,7 +455,7 @@ def _csv_range_summary(src: _Source, lo: int, hi: int, delim: int, bof: int) -> 
     to the range before.
     """
     limit = _run_end(src, hi)
-    sc = _Scanner(src, lo, 0, delim, bof, both=True)
+    sc = _Scanner(src, lo, 0, delim, bof, both=True, records=False)
     sc.skip_run()
     while sc.step(limit) is not None:
         sc.release(sc.pos - 1)

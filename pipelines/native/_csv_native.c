@@ -126,6 +126,54 @@ static int machine_scan(const uint8_t *b, Py_ssize_t lo, Py_ssize_t hi, int q, P
   return state == QUOTED;
 }
 
+/* The state at hi for start state q when the other start state, 1 - q, passed the parity scan (ending in
+ * other_end) and q did not, without flags: the state machine from q, stopped where the two starts agree
+ * (a line break ending a record for both: both machines are then at a field start, and go on alike).
+ * A range that starts inside a quoted value read as outside (the split summaries' usual case) meets such
+ * a break within a record or two.
+ */
+static int resync_scan(const uint8_t *b, Py_ssize_t lo, Py_ssize_t hi, int q, Py_ssize_t bof, int delim,
+                       int after, int other_end) {
+  int state;
+  if (q) {
+    state = QUOTED;
+  } else if (lo > 0) {
+    uint8_t prev = b[lo - 1];
+    state = (prev == '\n' || prev == '\r' || (delim >= 0 && prev == (uint8_t)delim)) ? FIELD_START : FIELD;
+  } else {
+    state = FIELD;
+  }
+  unsigned other_par = (unsigned)(1 - q);  /* the other start's state: its parity (it has no \r) */
+  for (Py_ssize_t p = lo; p < hi; p++) {
+    uint8_t c = b[p];
+    other_par ^= c == '"';
+    if (p == bof && (state == FIELD_START || state == FIELD)) state = FIELD_START;
+    if (state == QUOTED) {
+      if (c == '"') state = QUOTED_QUOTE;
+      continue;
+    }
+    if (state == QUOTED_QUOTE) {
+      if (c == '"') {
+        state = QUOTED;
+        continue;
+      }
+      state = FIELD;
+    }
+    if (c == '\n') {
+      if (!other_par) return other_end;  /* both end a record here */
+      state = FIELD_START;
+    } else if (delim >= 0 && c == (uint8_t)delim) {
+      state = FIELD_START;
+    } else if (c == '"' && state == FIELD_START) {
+      state = QUOTED;
+    } else {
+      state = FIELD;
+    }
+  }
+  (void)after;  /* no \r in the range (the other start passed the parity scan) */
+  return state == QUOTED;
+}
+
 /* quote_states(data, lo, hi, q, bof, delim, after, flags, both=False) -> quote state at hi (0 or 1), or with
  * both the pair (state at hi for q at lo, state at hi for 1 - q at lo)
  *
@@ -159,6 +207,8 @@ static PyObject *quote_states(PyObject *self, PyObject *args) {
     int par = parity_scan(b, lo, hi, q, delim, out, nflags, &nbreaks, &ok, &other_ok);
     if (ok) end = par;
     if (other_ok) other = par ^ 1;
+    if (!ok && other_ok && !have_flags) end = resync_scan(b, lo, hi, q, bof, delim, after, other);
+    if (ok && !other_ok && both) other = resync_scan(b, lo, hi, 1 - q, bof, delim, after, end);
   }
   if (end < 0) end = machine_scan(b, lo, hi, q, bof, delim, after, out, nflags, &nbreaks);
   if (end < 0 || (have_flags && nbreaks != nflags)) {
