@@ -221,6 +221,7 @@ FILE_REASONS = ("empty_file", "missing_columns", "bad_header", "not_parquet", "u
 # the ranges before it are known (`csv_split_summary`, `csv_split_states`).
 
 _QUOTE, _LF, _CR = 0x22, 0x0A, 0x0D
+_LF_BYTE, _CR_BYTE = b"\n", b"\r"
 _BOM = b"\xef\xbb\xbf"
 
 _csv_native: Any = None  # the native scanner (native/_csv_native.c, built in place by the install), else numpy
@@ -593,15 +594,21 @@ def _utf8_letter(f: InputFile, record: bytes, line: int, header: List[str], colu
     return None
 
 
-def _pyarrow_csv(data: bytes, names: List[str], columns: List[str], delimiter: str, on_invalid):
+def _pyarrow_csv(data: bytes, names: List[str], columns: List[str], delimiter: str, on_invalid,
+                 records: Optional[int] = None):
+    """`records`: how many records (framed by the scan) `data` holds, if known. When its line breaks are
+    exactly their ends (no line break inside a value, no empty line, no \r), pyarrow is told values have
+    no newlines, which parses about twice as fast; the table is the same."""
     import pyarrow.csv as pacsv
+    newlines = records is None or _CR_BYTE in data or \
+        data.count(_LF_BYTE) != records - (0 if data.endswith(_LF_BYTE) else 1)
     # The caller made `data` valid UTF-8, and values split at ASCII bytes stay valid: no second check.
     return pacsv.read_csv(
         io.BytesIO(data),
         read_options=pacsv.ReadOptions(use_threads=False, block_size=max(1 << 20, len(data) + 1),
                                        column_names=names),
         parse_options=pacsv.ParseOptions(delimiter=delimiter, invalid_row_handler=on_invalid,
-                                         newlines_in_values=True),
+                                         newlines_in_values=newlines),
         convert_options=pacsv.ConvertOptions(include_columns=columns,
                                              column_types={c: pa.large_string() for c in columns},
                                              strings_can_be_null=False, quoted_strings_can_be_null=False,
@@ -634,7 +641,7 @@ def _parse_records(f: InputFile, head: _CsvHead, columns: List[str], delimiter: 
         return "skip"
 
     try:
-        table = _pyarrow_csv(data, head.names, columns, delimiter, on_invalid)
+        table = _pyarrow_csv(data, head.names, columns, delimiter, on_invalid, m)
         together = not lost and table.num_rows + len(bad) == m
     except (pa.ArrowException, UnicodeDecodeError, ValueError):
         together = False
