@@ -41,29 +41,28 @@ static int parity_scan(const uint8_t *b, Py_ssize_t lo, Py_ssize_t hi, int q, in
   uint8_t opens_after[256] = {0};
   opens_after['\n'] = 1;
   if (delim >= 0) opens_after[(uint8_t)delim] = 1;
-  unsigned par = (unsigned)q, bad0 = 0, bad1 = 0, cr = 0;  /* bad0 / bad1: a stray quote at parity 0 / 1 */
+  unsigned par = (unsigned)q, bad0 = 0, bad1 = 0;  /* bad0 / bad1: a stray quote at parity 0 / 1 */
   Py_ssize_t k = 0;
   uint8_t c = b[lo];
   if (c == '"' && !(lo > 0 && (opens_after[b[lo - 1]] || b[lo - 1] == '\r'))) {
     if (q) bad1 = 1; else bad0 = 1;
   }
   opens_after['"'] = 1;
+  if (memchr(b + lo, '\r', (size_t)(hi - lo))) return -1;
   for (Py_ssize_t p = lo;;) {
     par ^= c == '"';
-    cr |= c == '\r';
     if (c == '\n') {
       if (k >= nflags) return -1;
       if (out) out[k] = (uint8_t)(par == 0);
       k++;
+      if (bad0 & bad1) return -1;  /* neither start can pass: stop early (checked once a line) */
     }
     if (++p >= hi) break;
     unsigned stray = (b[p] == '"') & !opens_after[c];  /* a quote not after a delimiter, break or quote */
     c = b[p];
     bad0 |= stray & (par ^ 1);
     bad1 |= stray & par;
-    if (bad0 & bad1) return -1;
   }
-  if (cr) return -1;
   *nbreaks = k;
   /* par starts at q, so parity 0 is outside a quoted value for this start and inside one for the other. */
   *ok = !bad0;
