@@ -39,50 +39,52 @@ def configs(draw):
     return fc, Topology(chips, nsc), seed, zipf
 
 
+def _model_and_batch(cfg):
+    fc, topo, seed, zipf = cfg
+    model = from_tf_feature_config(fc, topo)
+    return model, synthetic.global_batch(fc, topo.num_chips, np.random.default_rng(seed), zipf_a=zipf)
+
+
+def _assert_dense_equal(counts, ids, uniq, name):
+    got_ids, got_uniq = counts.dense()
+    np.testing.assert_array_equal(got_ids, ids, err_msg=name)
+    np.testing.assert_array_equal(got_uniq, uniq, err_msg=name)
+
+
 @settings(max_examples=40)
 @given(configs())
 def test_stacks_from_tables_equal_core_on_stacked_layout(cfg):
-    fc, topo, seed, zipf = cfg
-    model = from_tf_feature_config(fc, topo)
-    batch = synthetic.global_batch(fc, topo.num_chips, np.random.default_rng(seed), zipf_a=zipf)
+    model, batch = _model_and_batch(cfg)
     tables = core_table_counts(batch, model)
     derived = stack_counts(model.layout(), tables)
     expected = _core_stack_counts(batch, model.layout())
     assert set(derived) == set(expected)
     for name, (ids, uniq) in expected.items():
-        got_ids, got_uniq = derived[name].dense()
-        np.testing.assert_array_equal(got_ids, ids, err_msg=name)
-        np.testing.assert_array_equal(got_uniq, uniq, err_msg=name)
+        _assert_dense_equal(derived[name], ids, uniq, name)
 
 
 @settings(max_examples=40)
 @given(configs())
 def test_one_chip_count_equals_core_chip_by_chip(cfg):
     """Per table, the one-chip count (all S SparseCores local) equals the core run chip by chip."""
-    fc, topo, seed, zipf = cfg
-    model = from_tf_feature_config(fc, topo)
-    batch = synthetic.global_batch(fc, topo.num_chips, np.random.default_rng(seed), zipf_a=zipf)
+    model, batch = _model_and_batch(cfg)
     unstacked = model.layout(disable_table_stacking=True)
     expected = _core_stack_counts(batch, unstacked)
     got = core_table_counts(batch, model)
     assert set(got) == {unstacked.stacks[s].tables[0] for s in expected}
     for stack, (ids, uniq) in expected.items():
         table, = unstacked.stacks[stack].tables
-        got_ids, got_uniq = got[table].dense()
-        np.testing.assert_array_equal(got_ids, ids, err_msg=table)
-        np.testing.assert_array_equal(got_uniq, uniq, err_msg=table)
+        _assert_dense_equal(got[table], ids, uniq, table)
 
 
 @settings(max_examples=40)
 @given(configs(), st.sampled_from([1, 2, 4, 8, 16]))
 def test_candidate_counter_equals_core(cfg, chips):
-    fc, topo, seed, zipf = cfg
-    model = from_tf_feature_config(fc, topo)
+    model, batch = _model_and_batch(cfg)
     try:
         cand = rescaled(model, chips)
     except ValueError:
         return
-    batch = synthetic.global_batch(fc, topo.num_chips, np.random.default_rng(seed), zipf_a=zipf)
     core = core_table_counts(batch, cand)
     for t in model.tables:
         got = candidate_table_counts(cand, t.name, dedup_table(model, t.name, batch))

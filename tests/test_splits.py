@@ -363,6 +363,17 @@ def test_job_outputs_are_byte_identical_for_any_split_size_and_workers(tmp_path,
             assert got[p] == expect[p], (p, split_bytes, args)
 
 
+def _assert_native_scan_agrees(b, lo, hi, q, bof, after, both, records):
+    """pio._scan's native way gives its numpy way's breaks, record flags (unless not asked for) and states."""
+    native = pio._scan(b, lo, hi, q, bof, 44, after, both, records)
+    with mock.patch.object(pio, "_csv_native", None):
+        reference = pio._scan(b, lo, hi, q, bof, 44, after, both)
+    assert np.array_equal(native[0], reference[0])
+    assert np.array_equal(native[1], reference[1]) if records else native[1] is None
+    for start in ((0, 1) if both else (q,)):
+        assert native[2 + start] == reference[2 + start], start
+
+
 @settings(max_examples=500)
 @given(st.lists(st.sampled_from(list(b'ab,"\n\r')), min_size=1, max_size=60).map(bytes), st.data())
 def test_the_native_csv_scan_agrees_with_the_numpy_one(body, data):
@@ -381,31 +392,34 @@ def test_the_native_csv_scan_agrees_with_the_numpy_one(body, data):
     bof = data.draw(st.sampled_from([0, 3, -1]))
     if 0 < bof < len(body) and body[bof - 1] == 0x22:  # the first field follows a byte-order mark, never a quote
         return
-    native = pio._scan(b, lo, hi, q, bof, 44, after, both, records)
-    with mock.patch.object(pio, "_csv_native", None):
-        reference = pio._scan(b, lo, hi, q, bof, 44, after, both)
-    assert np.array_equal(native[0], reference[0])
-    assert np.array_equal(native[1], reference[1]) if records else native[1] is None
-    for start in ((0, 1) if both else (q,)):
-        assert native[2 + start] == reference[2 + start], start
+    _assert_native_scan_agrees(b, lo, hi, q, bof, after, both, records)
 
 
 def _csv_field(text: bytes, quoted: bool) -> bytes:
     return b'"' + text.replace(b'"', b'""') + b'"' if quoted else text
 
 
+def _written_rows(min_fields: int, max_fields: int, max_rows: int):
+    """Rows of (text, quoted) fields; texts may hold delimiters, quotes and line breaks (kept only if quoted)."""
+    field = st.tuples(st.lists(st.sampled_from(list(b'ab,"\n')), max_size=6).map(bytes), st.booleans())
+    return st.lists(st.lists(field, min_size=min_fields, max_size=max_fields), min_size=1, max_size=max_rows)
+
+
+def _written_csv(rows, eol: bytes) -> bytes:
+    """What a writer makes of `rows`: quoted fields with quotes doubled, unquoted ones without , " or \\n."""
+    return b"".join(b",".join(_csv_field(t if q else t.replace(b'"', b"").replace(b",", b"").replace(b"\n", b""), q)
+                              for t, q in row) + eol for row in rows)
+
+
 @settings(max_examples=300)
-@given(st.lists(st.lists(st.tuples(st.lists(st.sampled_from(list(b'ab,"\n')), max_size=6).map(bytes), st.booleans()),
-                         min_size=1, max_size=5), min_size=1, max_size=12),
-       st.sampled_from([b"\n", b"\r\n"]), st.data())
+@given(_written_rows(1, 5, 12), st.sampled_from([b"\n", b"\r\n"]), st.data())
 def test_the_native_csv_scan_agrees_with_the_numpy_one_on_written_csv(rows, eol, data):
     """What writers produce (every value quoted or not, quotes doubled, line breaks inside quoted values):
     the native scanner's fast parity way (taken when the range has no \\r), and its resynchronising state
     machine for a range read from the wrong quote state (records=False), agree with the numpy way too."""
     if pio._csv_native is None:
         pytest.skip("the native CSV scanner is not built (setup.py builds it in place)")
-    body = b"".join(b",".join(_csv_field(t if q else t.replace(b'"', b"").replace(b",", b"").replace(b"\n", b""), q)
-                              for t, q in row) + eol for row in rows)
+    body = _written_csv(rows, eol)
     b = np.frombuffer(body, np.uint8)
     # Ranges start after a line break or a delimiter and end before one, as the readers' reads do.
     cuts = [0] + [i + 1 for i, c in enumerate(body) if c in b",\n"]
@@ -416,24 +430,15 @@ def test_the_native_csv_scan_agrees_with_the_numpy_one_on_written_csv(rows, eol,
     q, both, records = data.draw(st.integers(0, 1)), data.draw(st.booleans()), data.draw(st.booleans())
     bof = data.draw(st.sampled_from([0, -1]))
     after = body[hi] if hi < len(body) else -1
-    native = pio._scan(b, lo, hi, q, bof, 44, after, both, records)
-    with mock.patch.object(pio, "_csv_native", None):
-        reference = pio._scan(b, lo, hi, q, bof, 44, after, both)
-    assert np.array_equal(native[0], reference[0])
-    assert np.array_equal(native[1], reference[1]) if records else native[1] is None
-    for start in ((0, 1) if both else (q,)):
-        assert native[2 + start] == reference[2 + start], start
+    _assert_native_scan_agrees(b, lo, hi, q, bof, after, both, records)
 
 
 @settings(max_examples=200)
-@given(st.lists(st.lists(st.tuples(st.lists(st.sampled_from(list(b'ab,"\n')), max_size=6).map(bytes), st.booleans()),
-                         min_size=3, max_size=3), min_size=1, max_size=10),
-       st.sampled_from([b"\n", b"\r\n"]), st.booleans())
+@given(_written_rows(3, 3, 10), st.sampled_from([b"\n", b"\r\n"]), st.booleans())
 def test_pyarrow_told_no_newlines_in_values_only_when_true(rows, eol, terminated):
     """Records framed by the scan parse to the same table whether or not pyarrow is told their count (which
     lets it assume no line break inside a value when the line breaks are exactly the records' ends)."""
-    body = b"".join(b",".join(_csv_field(t if q else t.replace(b'"', b"").replace(b",", b"").replace(b"\n", b""), q)
-                              for t, q in row) + eol for row in rows)
+    body = _written_csv(rows, eol)
     if not terminated:
         body = body[:-len(eol)]
     if not body or body.startswith(b"\n") or body.startswith(b"\r"):

@@ -71,9 +71,16 @@ static int parity_scan(const uint8_t *b, Py_ssize_t lo, Py_ssize_t hi, int q, in
 }
 
 /* The state machine: every case. Returns the state at hi (0 or 1), or -1 when the range has more line
- * breaks than out has entries (out: NULL, or nflags entries, 1 where a line break ends a record). */
+ * breaks than out has entries (out: NULL, or nflags entries, 1 where a line break ends a record).
+ *
+ * other_end >= 0 (then out is NULL): the other start state, 1 - q, passed the parity scan and ends in
+ * other_end. The machine then stops where the two starts agree, a line break ending a record for both
+ * (both machines are then at a field start and go on alike), and returns other_end. A range that starts
+ * inside a quoted value read as outside (the split summaries' usual case) meets such a break within a
+ * record or two.
+ */
 static int machine_scan(const uint8_t *b, Py_ssize_t lo, Py_ssize_t hi, int q, Py_ssize_t bof, int delim, int after,
-                        uint8_t *out, Py_ssize_t nflags, Py_ssize_t *nbreaks) {
+                        uint8_t *out, Py_ssize_t nflags, Py_ssize_t *nbreaks, int other_end) {
   Py_ssize_t k = 0;
   int state;
   if (q) {
@@ -85,8 +92,10 @@ static int machine_scan(const uint8_t *b, Py_ssize_t lo, Py_ssize_t hi, int q, P
     state = FIELD;
   }
   int lf_after_hi = after == '\n';
+  unsigned other_par = (unsigned)(1 - q);  /* with other_end: the other start's state, its parity */
   for (Py_ssize_t p = lo; p < hi; p++) {
     uint8_t c = b[p];
+    other_par ^= c == '"';
     if (p == bof && (state == FIELD_START || state == FIELD)) state = FIELD_START;
     if (state == QUOTED) {
       if (c == '"') state = QUOTED_QUOTE;
@@ -107,6 +116,7 @@ static int machine_scan(const uint8_t *b, Py_ssize_t lo, Py_ssize_t hi, int q, P
       state = FIELD;
     }
     if (c == '\n' || (c == '\r' && !(p + 1 < hi ? b[p + 1] == '\n' : lf_after_hi))) {
+      if (other_end >= 0 && !other_par) return other_end;  /* both end a record here */
       if (out) {
         if (k >= nflags) return -1;
         out[k] = 1;
@@ -122,54 +132,6 @@ static int machine_scan(const uint8_t *b, Py_ssize_t lo, Py_ssize_t hi, int q, P
     }
   }
   *nbreaks = k;
-  return state == QUOTED;
-}
-
-/* The state at hi for start state q when the other start state, 1 - q, passed the parity scan (ending in
- * other_end) and q did not, without flags: the state machine from q, stopped where the two starts agree
- * (a line break ending a record for both: both machines are then at a field start, and go on alike).
- * A range that starts inside a quoted value read as outside (the split summaries' usual case) meets such
- * a break within a record or two.
- */
-static int resync_scan(const uint8_t *b, Py_ssize_t lo, Py_ssize_t hi, int q, Py_ssize_t bof, int delim,
-                       int after, int other_end) {
-  int state;
-  if (q) {
-    state = QUOTED;
-  } else if (lo > 0) {
-    uint8_t prev = b[lo - 1];
-    state = (prev == '\n' || prev == '\r' || (delim >= 0 && prev == (uint8_t)delim)) ? FIELD_START : FIELD;
-  } else {
-    state = FIELD;
-  }
-  unsigned other_par = (unsigned)(1 - q);  /* the other start's state: its parity (it has no \r) */
-  for (Py_ssize_t p = lo; p < hi; p++) {
-    uint8_t c = b[p];
-    other_par ^= c == '"';
-    if (p == bof && (state == FIELD_START || state == FIELD)) state = FIELD_START;
-    if (state == QUOTED) {
-      if (c == '"') state = QUOTED_QUOTE;
-      continue;
-    }
-    if (state == QUOTED_QUOTE) {
-      if (c == '"') {
-        state = QUOTED;
-        continue;
-      }
-      state = FIELD;
-    }
-    if (c == '\n') {
-      if (!other_par) return other_end;  /* both end a record here */
-      state = FIELD_START;
-    } else if (delim >= 0 && c == (uint8_t)delim) {
-      state = FIELD_START;
-    } else if (c == '"' && state == FIELD_START) {
-      state = QUOTED;
-    } else {
-      state = FIELD;
-    }
-  }
-  (void)after;  /* no \r in the range (the other start passed the parity scan) */
   return state == QUOTED;
 }
 
@@ -206,10 +168,11 @@ static PyObject *quote_states(PyObject *self, PyObject *args) {
     int par = parity_scan(b, lo, hi, q, delim, out, nflags, &nbreaks, &ok, &other_ok);
     if (ok) end = par;
     if (other_ok) other = par ^ 1;
-    if (!ok && other_ok && !have_flags) end = resync_scan(b, lo, hi, q, bof, delim, after, other);
-    if (ok && !other_ok && both) other = resync_scan(b, lo, hi, 1 - q, bof, delim, after, end);
+    Py_ssize_t unused;
+    if (!ok && other_ok && !have_flags) end = machine_scan(b, lo, hi, q, bof, delim, after, NULL, 0, &unused, other);
+    if (ok && !other_ok && both) other = machine_scan(b, lo, hi, 1 - q, bof, delim, after, NULL, 0, &unused, end);
   }
-  if (end < 0) end = machine_scan(b, lo, hi, q, bof, delim, after, out, nflags, &nbreaks);
+  if (end < 0) end = machine_scan(b, lo, hi, q, bof, delim, after, out, nflags, &nbreaks, -1);
   if (end < 0 || (have_flags && nbreaks != nflags)) {
     PyErr_Format(PyExc_ValueError, "flags has %zd entries; the range has a different number of line breaks",
                  nflags);
@@ -221,7 +184,7 @@ static PyObject *quote_states(PyObject *self, PyObject *args) {
   }
   if (other < 0) {
     Py_ssize_t unused;
-    other = machine_scan(b, lo, hi, 1 - q, bof, delim, after, NULL, PY_SSIZE_T_MAX, &unused);
+    other = machine_scan(b, lo, hi, 1 - q, bof, delim, after, NULL, 0, &unused, -1);
   }
   result = Py_BuildValue("(ii)", end, other);
 done:
