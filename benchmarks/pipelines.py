@@ -87,22 +87,22 @@ def single_process(spec, out: str, candidates) -> int:
     """The same work, plain Python + numpy, no Beam."""
     import profiles
     from pipelines import batching, io as pio, mapping, parse, shard as pshard, vocab as pvocab
-    from pipelines.token_index import TokenIndex
+    from pipelines.token_index import TokenCounter, TokenIndex
     files = pio.list_input_files(spec.input_patterns())
     chunks = []
     for f in files:
         for i, item in enumerate(pio.read_file("csv", f, spec.required_columns())):
             if isinstance(item, pio.RawBatch):
                 chunks.append(parse.parse_batch(item, spec, i)[0])
-    per_key = collections.defaultdict(list)
+    per_key = collections.defaultdict(TokenCounter)
     for c in chunks:
-        for k, t in pvocab.chunk_token_counts(c, spec):
-            per_key[k].append(t)
+        for k, t in pvocab.chunk_tokens(c, spec):
+            per_key[k].add(t)
     vocabs, sizes = {}, {}
     os.makedirs(os.path.join(out, "vocab"), exist_ok=True)
-    for k, tables in per_key.items():
+    for k, counter in per_key.items():
         v = spec.vocabulary_groups()[k][0].vocabulary
-        toks, _, _ = pvocab.finalize(pvocab.merge_counts(tables), v.top_k, v.frequency_threshold)
+        toks, _, _ = pvocab.finalize(pvocab.counts_table(counter), v.top_k, v.frequency_threshold)
         with open(os.path.join(out, "vocab", k + ".txt"), "wb") as fh:
             fh.write(pvocab.vocabulary_file_bytes(toks))
         vocabs[k] = TokenIndex(pa.array(toks, pa.large_binary()))  # as the job's workers: built once

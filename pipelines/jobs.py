@@ -29,7 +29,7 @@ from apache_beam.metrics import Metrics
 
 from pipelines import batching, chunk_sizes, io as pio, manifest as pmanifest, mapping, parse
 from pipelines import shard as pshard, shard_runs, vocab as pvocab
-from pipelines.token_index import TokenIndex
+from pipelines.token_index import TokenCounter, TokenIndex
 from tpu_embed import io as tio, permutation
 
 NAMESPACE = "tpu_embed"
@@ -246,6 +246,28 @@ class WriteDeadLetters(beam.PTransform):
 # ---------------------------------------------------------------- vocabulary
 
 @beam.typehints.with_output_types(typing.Any)
+class TokenCountCombineFn(beam.CombineFn):
+    """Token arrays -> Table(token, count) of the writable tokens (`pvocab.counts_table`).
+
+    The accumulator is a `TokenCounter` (picklable: its distinct tokens and counts)."""
+
+    def create_accumulator(self):
+        return TokenCounter()
+
+    def add_input(self, acc, tokens):
+        return acc.add(tokens)
+
+    def merge_accumulators(self, accs):
+        accs = iter(accs)
+        first = next(accs)
+        for a in accs:
+            first.merge(a)
+        return first
+
+    def extract_output(self, acc):
+        return pvocab.counts_table(acc)
+
+
 class _WriteVocabulary(beam.DoFn):
     def __init__(self, spec, output: str):
         self.spec, self.output = spec, output
@@ -298,11 +320,11 @@ class ComputeVocabulary(beam.PTransform):
         spec = self.spec
         if self.engine == "combine":
             # Every vocabulary key gets a file, also when no record has a token for it (TFT's dummy).
-            empty = [(key, pvocab.value_counts(pa.array([], pa.large_binary()))) for key in spec.vocabulary_groups()]
+            empty = [(key, pa.array([], pa.large_binary())) for key in spec.vocabulary_groups()]
             seeds = chunks.pipeline | "EveryKey" >> beam.Create(empty)
-            counts = ((chunks | "CountTokens" >> beam.FlatMap(pvocab.chunk_token_counts, spec), seeds)
+            counts = ((chunks | "Tokens" >> beam.FlatMap(pvocab.chunk_tokens, spec), seeds)
                       | "WithEveryKey" >> beam.Flatten()
-                      | "SumCounts" >> beam.CombinePerKey(pvocab.TokenCountCombineFn()))
+                      | "CountTokens" >> beam.CombinePerKey(TokenCountCombineFn()))
             out = split_tagged(counts | "Write" >> beam.ParDo(_WriteVocabulary(spec, self.output)), ("info", "files"))
             return {"vocabularies": out["info"], "files": out["files"]}
         return self._expand_tft(chunks)
@@ -312,8 +334,8 @@ class ComputeVocabulary(beam.PTransform):
         spec = self.spec
         tmp = pio.join(self.output, ".tft_tmp")
         batches = chunks | "ToRecordBatches" >> beam.Map(pvocab.tft_record_batch, spec)
-        totals = (chunks | "CountForInfo" >> beam.FlatMap(pvocab.chunk_token_counts, spec)
-                  | "SumForInfo" >> beam.CombinePerKey(pvocab.TokenCountCombineFn()))
+        totals = (chunks | "TokensForInfo" >> beam.FlatMap(pvocab.chunk_tokens, spec)
+                  | "CountForInfo" >> beam.CombinePerKey(TokenCountCombineFn()))
         with tft_beam.Context(temp_dir=tmp):
             transform_fn = ((batches, pvocab.tft_tensor_adapter_config(spec))
                             | "AnalyzeDataset" >> tft_beam.AnalyzeDataset(pvocab.tft_preprocessing_fn(spec)))

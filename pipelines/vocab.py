@@ -16,10 +16,13 @@ Two engines compute it:
   (the reference, and it also writes a `transform_fn/` usable with
   `tft.TFTransformOutput`).  Its pipeline construction costs ~4-5 s per
   vocabulary on this machine, whatever the data size.
-* `combine` (default) — per chunk `pyarrow.compute.value_counts`, then a
-  `CombinePerKey` whose accumulators are Arrow tables merged with
-  `group_by().aggregate(sum)`, then the same filter / order.  Byte-identical
-  files to `tft` (tests/test_pipelines_vocab.py checks it on the sample data).
+* `combine` (default) — a `CombinePerKey` (`jobs.TokenCountCombineFn`) whose
+  accumulators are `pipelines.token_index.TokenCounter`s: each chunk's tokens
+  counted in one native pass (pyarrow's value_counts + group_by without the
+  native module), then the same filter / order.  Byte-identical files to
+  `tft` (tests/test_pipelines_vocab.py checks it on the sample data).
+
+This module is Beam-free; jobs.py wraps it.
 """
 
 from __future__ import annotations
@@ -30,10 +33,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-import apache_beam as beam
+from pipelines.token_index import TokenCounter
 
 TFT_EMPTY_VOCABULARY_TOKEN = b"49d0cd50-04bb-48c0-bc6f-5b575dce351a"
-_COMPACT_MIN_ROWS = 1 << 16  # an accumulator's tables are merged once they hold at least this many rows
 
 
 def _tokens_of(fv) -> pa.Array:
@@ -53,39 +55,24 @@ def writable_mask(tokens: pa.Array) -> Optional[pa.Array]:
     return pc.invert(bad)
 
 
-def chunk_token_counts(chunk, spec) -> List[Tuple[str, pa.Table]]:
-    """[(vocabulary key, Table(token, count))] for one parsed chunk; one entry per key."""
+def chunk_tokens(chunk, spec) -> List[Tuple[str, pa.Array]]:
+    """[(vocabulary key, every token of the chunk's features of that key, as large_binary)]; one per key."""
     out = []
+    binary = pa.large_binary()
     for key, feats in spec.vocabulary_groups().items():
-        parts = [_tokens_of(chunk.features[f.name]) for f in feats]
-        binary = pa.large_binary()
-        tokens = pa.concat_arrays([p.cast(binary) for p in parts]) if parts else pa.array([], binary)
-        out.append((key, value_counts(tokens)))
+        parts = [_tokens_of(chunk.features[f.name]).cast(binary) for f in feats]
+        out.append((key, parts[0] if len(parts) == 1 else pa.concat_arrays(parts) if parts else pa.array([], binary)))
     return out
 
 
-def value_counts(tokens: pa.Array) -> pa.Table:
-    """Table(token, count) of the writable tokens (counted first: the filter then sees distinct tokens only)."""
-    if len(tokens) == 0:
-        return pa.table({"token": pa.array([], pa.large_binary()), "count": pa.array([], pa.int64())})
-    vc = pc.value_counts(tokens)
-    values, counts = vc.field("values").cast(pa.large_binary()), vc.field("counts").cast(pa.int64())
+def counts_table(counter: TokenCounter) -> pa.Table:
+    """Table(token, count) of a counter's writable tokens (the filter sees distinct tokens only)."""
+    values, counts = counter.items()
+    counts = pa.array(counts, pa.int64())
     keep = writable_mask(values)
     if keep is not None:
         values, counts = values.filter(keep), counts.filter(keep)
     return pa.table({"token": values, "count": counts})
-
-
-def merge_counts(tables: Sequence[pa.Table]) -> pa.Table:
-    tables = [t for t in tables if t.num_rows]
-    if not tables:
-        return pa.table({"token": pa.array([], pa.large_binary()), "count": pa.array([], pa.int64())})
-    if len(tables) == 1:
-        return tables[0]
-    t = pa.concat_tables(tables).group_by("token").aggregate([("count", "sum")])
-    # group_by returns chunks that are slices of shared buffers, and pickling a slice writes the whole
-    # buffer: one chunk each keeps an accumulator's encoding its own size (8x smaller at 2 M examples).
-    return pa.table({"token": t.column("token"), "count": t.column("count_sum")}).combine_chunks()
 
 
 def finalize(counts: pa.Table, top_k: Optional[int], frequency_threshold: Optional[int]
@@ -113,33 +100,6 @@ def read_vocabulary_file(data: bytes) -> List[bytes]:
     if lines and lines[-1] == b"":
         lines.pop()
     return lines
-
-
-class TokenCountCombineFn(beam.CombineFn):
-    """Sums (token, count) Arrow tables; the accumulator is a list of tables, compacted as it grows."""
-
-    def create_accumulator(self):
-        return []
-
-    def add_input(self, acc, table):
-        acc.append(table)
-        # Compact when the tables added since the last compaction hold as many rows as its result:
-        # every token is then re-aggregated O(log n) times (a fixed period re-aggregates the whole,
-        # growing table every few chunks).
-        pending = sum(t.num_rows for t in acc[1:])
-        if len(acc) > 1 and pending >= max(acc[0].num_rows, _COMPACT_MIN_ROWS):
-            acc[:] = [merge_counts(acc)]
-        return acc
-
-    def merge_accumulators(self, accs):
-        flat = [t for a in accs for t in a]
-        return [merge_counts(flat)]
-
-    def compact(self, acc):
-        return [merge_counts(acc)]
-
-    def extract_output(self, acc):
-        return merge_counts(acc)
 
 
 # ---------------------------------------------------------------- TFT engine

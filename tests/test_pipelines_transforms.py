@@ -17,6 +17,7 @@ from apache_beam.testing.util import assert_that, equal_to
 
 from pipelines import batching, io as pio, jobs, mapping, parse, runner, vocab as pvocab
 from pipelines.cli import main as cli_main
+from pipelines.token_index import TokenCounter
 from tpu_embed.shards import tfrecord_frame
 from tpu_embed.spec import parse_spec
 
@@ -181,16 +182,19 @@ def test_compute_vocabulary_combine(tmp_path):
 
 def test_token_count_combine_fn_matches_counter():
     rng = np.random.default_rng(0)
-    tables, expect = [], collections.Counter()
+    arrays, expect = [], collections.Counter()
     for _ in range(20):
         toks = [b"t%d" % x for x in rng.zipf(1.5, 300) % 50] + [b"", b"x\ny"]
         expect.update(t for t in toks if t and b"\n" not in t)
-        tables.append(pvocab.value_counts(pa.array(toks, pa.large_binary())))
+        arrays.append(pa.array(toks, pa.large_binary()))
     with tp() as p:
-        got = (p | beam.Create([("k", t) for t in tables]) | beam.CombinePerKey(pvocab.TokenCountCombineFn())
+        got = (p | beam.Create([("k", t) for t in arrays]) | beam.CombinePerKey(jobs.TokenCountCombineFn())
                | beam.Map(lambda kv: sorted(zip(kv[1].column("token").to_pylist(), kv[1].column("count").to_pylist()))))
         assert_that(got, equal_to([sorted(expect.items())]))
-    tokens, counts, distinct = pvocab.finalize(pvocab.merge_counts(tables), top_k=5, frequency_threshold=3)
+    counter = TokenCounter()
+    for a in arrays:
+        counter.add(a)
+    tokens, counts, distinct = pvocab.finalize(pvocab.counts_table(counter), top_k=5, frequency_threshold=3)
     ref = sorted(((t, c) for t, c in expect.items() if c >= 3), key=lambda tc: (tc[1], tc[0]), reverse=True)[:5]
     assert list(zip(tokens, counts)) == ref and distinct == len(expect)
 

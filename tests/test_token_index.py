@@ -68,3 +68,78 @@ def test_bad_buffers_are_refused():
     with pytest.raises(ValueError, match="outside"):
         token_index._native.build(np.array([0, 5], np.int64), np.frombuffer(b"a", np.uint8),
                                   np.zeros(4, np.int32), np.zeros(1, np.uint64))
+
+
+# ---------------------------------------------------------------- TokenCounter
+
+def _as_dict(counter) -> dict:
+    toks, counts = counter.items()
+    assert toks.type == pa.large_binary() and counts.dtype == np.int64 and len(toks) == counts.size == len(counter)
+    got = dict(zip(toks.to_pylist(), counts.tolist()))
+    assert len(got) == len(toks)  # distinct
+    return got
+
+
+def _fill(batches):
+    c = token_index.TokenCounter()
+    for toks, qtype, lo, weights in batches:
+        q = pa.array([t.decode() if qtype in (pa.string(), pa.large_string()) else t for t in toks], qtype).slice(lo)
+        c.add(q, None if weights is None else np.array(weights[lo:], np.int64))
+    return c
+
+
+batch = st.tuples(tokens, arrow_types, st.integers(0, 3)).flatmap(lambda t: st.tuples(
+    st.just(t[0]), st.just(t[1]), st.just(min(t[2], len(t[0]))),
+    st.none() | st.lists(st.integers(0, 5), min_size=len(t[0]), max_size=len(t[0]))))
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(batch, max_size=6), st.lists(batch, max_size=3))
+def test_counter_counts_like_collections_counter_native_and_reference(batches, others):
+    """Any tokens (empty, repeated, long), any array type, sliced arrays, with and without counts, merged
+    counters and pickled ones: the native counter, the pyarrow reference and collections.Counter agree."""
+    import collections
+    import pickle
+    want = collections.Counter()
+    for toks, _, lo, weights in batches + others:
+        for i, t in enumerate(toks[lo:]):
+            want[t] += 1 if weights is None else weights[lo + i]
+    modes = [None] if token_index._native is None else [token_index._native, None]
+    for native in modes:
+        with mock.patch.object(token_index, "_native", native):
+            c = _fill(batches)
+            merged = pickle.loads(pickle.dumps(c)).merge(_fill(others))
+            assert _as_dict(merged) == want
+
+
+@needs_native
+def test_counter_grows_past_its_first_arrays_and_keeps_first_seen_order():
+    rng = np.random.default_rng(3)
+    ids = rng.zipf(1.2, 300_000) % 100_000
+    toks = pa.array(np.char.mod("%x", ids).astype(object), pa.large_binary())
+    c = token_index.TokenCounter()
+    for i in range(0, len(toks), 40_000):
+        c.add(toks.slice(i, 40_000))
+    got_tokens, got_counts = c.items()
+    first = np.sort(np.unique(ids, return_index=True)[1])
+    assert got_tokens.to_pylist() == [b"%x" % x for x in ids[first]]
+    np.testing.assert_array_equal(got_counts, np.bincount(ids)[ids[first]])
+
+
+def test_counter_drops_nulls_and_refuses_mismatched_counts():
+    c = token_index.TokenCounter().add(pa.array([b"a", None, b"a"]), np.array([1, 5, 2], np.int64))
+    assert _as_dict(c) == {b"a": 3}
+    with pytest.raises(ValueError, match="2 counts for 3 tokens"):
+        c.add(pa.array([b"a", b"b", b"c"]), np.array([1, 2], np.int64))
+
+
+@needs_native
+def test_counter_bad_state_is_refused():
+    c = token_index.TokenCounter()
+    off, data = np.array([0, 1], np.int64), np.frombuffer(b"a", np.uint8)
+    with pytest.raises(ValueError, match="does not match"):
+        token_index._native.count(c._offsets, c._data, c._slots, c._hashes, c._counts, np.array([0, 5], np.int64),
+                                  off, data, np.zeros(0, np.int64), 0)
+    with pytest.raises(ValueError, match="outside"):
+        token_index._native.count(c._offsets, c._data, c._slots, c._hashes, c._counts, c._state,
+                                  np.array([0, 9], np.int64), data, np.zeros(0, np.int64), 0)

@@ -9,6 +9,10 @@
  * data bytes. The table is open addressing with linear probing over a power-of-two number of int32
  * slots (0: empty, else 1 + the token's position); the first of equal vocabulary tokens wins, as with
  * index_in. Only the buffer protocol is used (no numpy headers).
+ *
+ * The same table counts tokens (`count`, behind pipelines.token_index.TokenCounter): the distinct tokens
+ * are kept in first-seen order in arrays the caller owns and grows, so one pass over a chunk's tokens
+ * replaces pyarrow's value_counts per chunk and the group_by merges of their tables.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -153,9 +157,81 @@ static PyObject *lookup(PyObject *self, PyObject *args) {
   Py_RETURN_NONE;
 }
 
+/* count(offsets, data, slots, hashes, counts, state, token_offsets, token_data, token_counts, start):
+ * adds tokens start.. (each with token_counts[j], or 1 when token_counts is empty) to the distinct tokens
+ * [0, n) held in offsets / data (n = state[0], data bytes used = state[1]), their hashes, counts and slots.
+ * Returns the index of the first token not added: the number of tokens when all were, else the first
+ * new token that does not fit (more distinct tokens than len(counts), len(hashes), len(offsets) - 1 or half
+ * the slots allow, or more bytes than data holds). The caller grows the arrays (rebuilding the slots
+ * with `build` when they grow) and calls again from there. */
+static PyObject *count(PyObject *self, PyObject *args) {
+  Py_buffer b[9];
+  Py_ssize_t start;
+  if (!PyArg_ParseTuple(args, "w*w*w*w*w*w*y*y*y*n", &b[0], &b[1], &b[2], &b[3], &b[4], &b[5], &b[6], &b[7],
+                        &b[8], &start))
+    return NULL;
+  int64_t *off = (int64_t *)b[0].buf, *counts = (int64_t *)b[4].buf, *state = (int64_t *)b[5].buf;
+  uint8_t *data = (uint8_t *)b[1].buf;
+  int32_t *slots = (int32_t *)b[2].buf;
+  uint64_t *hashes = (uint64_t *)b[3].buf;
+  const int64_t *toff = (const int64_t *)b[6].buf, *tcounts = (const int64_t *)b[8].buf;
+  const uint8_t *tdata = (const uint8_t *)b[7].buf;
+  Py_ssize_t m = b[2].len / 4, nt = b[6].len / 8 - 1;
+  Py_ssize_t cap = b[4].len / 8;
+  if (b[3].len / 8 < cap) cap = b[3].len / 8;
+  if (b[0].len / 8 - 1 < cap) cap = b[0].len / 8 - 1;
+  if (m / 2 < cap) cap = m / 2;
+  const char *err = NULL;
+  if (b[5].len < 16 || m < 2 || (m & (m - 1)) || m > INT32_MAX)
+    err = "token counter: state needs two int64, slots a power of two";
+  else if (state[0] < 0 || state[0] > cap || state[1] < 0 || state[1] > b[1].len || off[0] != 0 ||
+           off[state[0]] != state[1])
+    err = "token counter: its state does not match its arrays";
+  else if (nt < 0 || start < 0 || start > nt || (b[8].len && b[8].len / 8 < nt) ||
+           (nt > 0 && (toff[0] < 0 || toff[nt] > b[7].len)))
+    err = "token counter: token offsets outside their data, or fewer counts than tokens";
+  for (Py_ssize_t j = start; !err && j < nt; j++)
+    if (toff[j + 1] < toff[j]) err = "token counter: token offsets decrease";
+  if (err) {
+    PyErr_SetString(PyExc_ValueError, err);
+    release(b, 9);
+    return NULL;
+  }
+  int64_t n = state[0], used = state[1], dcap = b[1].len;
+  uint64_t mask = (uint64_t)m - 1;
+  int weighted = b[8].len > 0;
+  Py_ssize_t j = start;
+  Py_BEGIN_ALLOW_THREADS
+  for (; j < nt; j++) {
+    const uint8_t *p = tdata + toff[j];
+    int64_t len = toff[j + 1] - toff[j];
+    int64_t c = weighted ? tcounts[j] : 1;
+    uint64_t h = hash_bytes(p, len), empty = 0;
+    int64_t i = probe(slots, mask, hashes, off, data, p, len, h, &empty);
+    if (i >= 0) {
+      counts[i] += c;
+      continue;
+    }
+    if (n >= cap || used + len > dcap) break;
+    memcpy(data + used, p, (size_t)len);
+    used += len;
+    off[n + 1] = used;
+    hashes[n] = h;
+    counts[n] = c;
+    slots[empty] = (int32_t)(n + 1);
+    n++;
+  }
+  Py_END_ALLOW_THREADS
+  state[0] = n;
+  state[1] = used;
+  release(b, 9);
+  return PyLong_FromSsize_t(j);
+}
+
 static PyMethodDef methods[] = {
     {"build", build, METH_VARARGS, "Fill a vocabulary's hash table (slots, hashes)."},
     {"lookup", lookup, METH_VARARGS, "Positions of tokens in the vocabulary, -1 where absent."},
+    {"count", count, METH_VARARGS, "Add tokens (and their counts) to a table of distinct tokens."},
     {NULL, NULL, 0, NULL}};
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_token_index", NULL, -1, methods};
