@@ -268,6 +268,10 @@ class TokenCountCombineFn(beam.CombineFn):
         return pvocab.counts_table(acc)
 
 
+def _with_counts(key: str, counts: Dict[str, pa.Table]):
+    return key, counts[key] if key in counts else pvocab.counts_table(TokenCounter())
+
+
 class _WriteVocabulary(beam.DoFn):
     def __init__(self, spec, output: str):
         self.spec, self.output = spec, output
@@ -319,12 +323,13 @@ class ComputeVocabulary(beam.PTransform):
     def expand(self, chunks):
         spec = self.spec
         if self.engine == "combine":
-            # Every vocabulary key gets a file, also when no record has a token for it (TFT's dummy).
-            empty = [(key, pa.array([], pa.large_binary())) for key in spec.vocabulary_groups()]
-            seeds = chunks.pipeline | "EveryKey" >> beam.Create(empty)
-            counts = ((chunks | "Tokens" >> beam.FlatMap(pvocab.chunk_tokens, spec), seeds)
-                      | "WithEveryKey" >> beam.Flatten()
+            counts = (chunks | "Tokens" >> beam.FlatMap(pvocab.chunk_tokens, spec)
                       | "CountTokens" >> beam.CombinePerKey(TokenCountCombineFn()))
+            # Every vocabulary key gets a file, also when no record has a token for it (TFT's dummy). The
+            # keys meet the counts as a side input: a Flatten of seeds with the token arrays would make
+            # the local runner hold every chunk's tokens before the combine saw one.
+            counts = (chunks.pipeline | "EveryKey" >> beam.Create(list(spec.vocabulary_groups()))
+                      | "WithCounts" >> beam.Map(_with_counts, beam.pvalue.AsDict(counts)))
             out = split_tagged(counts | "Write" >> beam.ParDo(_WriteVocabulary(spec, self.output)), ("info", "files"))
             return {"vocabularies": out["info"], "files": out["files"]}
         return self._expand_tft(chunks)

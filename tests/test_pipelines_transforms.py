@@ -180,6 +180,24 @@ def test_compute_vocabulary_combine(tmp_path):
     assert open(os.path.join(out, "vocab", "c.txt"), "rb").read() == b"b\na\nc\n"
 
 
+def test_compute_vocabulary_counts_chunks_as_they_are_read(tmp_path, monkeypatch):
+    """Each chunk's tokens reach the counter before the next chunk is read: nothing between the read and the
+    combine makes the local runner hold every chunk's tokens (a Flatten there did, and the vocabulary
+    job's memory grew with the data: 4.7 GB at 2 M benchmark examples, 0.6 GB without)."""
+    write(tmp_path, "a.csv", "label,x,c,w,d\n" + "".join(f"1,{i},t{i % 7},1,{i % 10}\n" for i in range(40)))
+    spec = small_spec(tmp_path)
+    files = pio.list_input_files(spec.input_patterns())
+    events = []
+    tokens_of, add = pvocab._tokens_of, jobs.TokenCountCombineFn.add_input  # looked up when called: no copy
+    monkeypatch.setattr(pvocab, "_tokens_of", lambda fv: events.append("read") or tokens_of(fv))
+    monkeypatch.setattr(jobs.TokenCountCombineFn, "add_input", lambda self, acc, t: events.append("count") or add(self, acc, t))
+    with tp() as p:
+        chunks = (p | jobs.ReadExamples(spec, files, chunk_rows=10))["chunks"]
+        _ = chunks | jobs.ComputeVocabulary(spec, str(tmp_path / "o"))
+    assert events.count("read") == 4 and events[:4] == ["read", "count", "read", "count"]
+    assert open(tmp_path / "o" / "vocab" / "c.txt", "rb").read() == b"".join(b"t%d\n" % i for i in (4, 3, 2, 1, 0, 6, 5))
+
+
 def test_token_count_combine_fn_matches_counter():
     rng = np.random.default_rng(0)
     arrays, expect = [], collections.Counter()
