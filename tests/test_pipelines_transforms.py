@@ -190,7 +190,8 @@ def test_compute_vocabulary_counts_chunks_as_they_are_read(tmp_path, monkeypatch
     events = []
     tokens_of, add = pvocab._tokens_of, jobs.TokenCountCombineFn.add_input  # looked up when called: no copy
     monkeypatch.setattr(pvocab, "_tokens_of", lambda fv: events.append("read") or tokens_of(fv))
-    monkeypatch.setattr(jobs.TokenCountCombineFn, "add_input", lambda self, acc, t: events.append("count") or add(self, acc, t))
+    monkeypatch.setattr(jobs.TokenCountCombineFn, "add_input",
+                        lambda self, acc, t: events.append("count") or add(self, acc, t))
     with tp() as p:
         chunks = (p | jobs.ReadExamples(spec, files, chunk_rows=10))["chunks"]
         _ = chunks | jobs.ComputeVocabulary(spec, str(tmp_path / "o"))
