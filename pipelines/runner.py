@@ -23,9 +23,8 @@ log = logging.getLogger("tpu_embed.pipelines")
 
 
 def pipeline_options(beam_args: Sequence[str] = ()) -> PipelineOptions:
-    """PipelineOptions from pass-through flags; without --runner, DirectRunner in process.
+    """PipelineOptions from pass-through flags; without --runner, DirectRunner in process (`local_runner`).
 
-    Beam >= 2.68 would otherwise try the Prism runner, which downloads a binary.
     `--direct_num_workers=N` (N > 1) without a running mode selects
     `multi_processing`.  Flags for other runners (Dataflow, Flink, Spark) pass through.
     """
@@ -41,6 +40,21 @@ def pipeline_options(beam_args: Sequence[str] = ()) -> PipelineOptions:
         args.append("--direct_running_mode=" + ("multi_processing" if workers > 1 else "in_memory"))
         opts = PipelineOptions(args)
     return opts
+
+
+def local_runner(opts: PipelineOptions):
+    """The runner for `--runner=DirectRunner`: Beam's FnApiRunner, built as the DirectRunner builds it.
+
+    Beam's DirectRunner (2.77) first tries the Prism runner for any pipeline Prism supports, which
+    downloads a binary from GitHub and runs the job there; without a network it logs the failure and
+    falls back. The jobs skip that step and run in this process (or its worker processes) every time.
+    """
+    from apache_beam.portability.api import beam_provision_api_pb2
+    from apache_beam.runners.portability.fn_api_runner import fn_runner
+    from apache_beam.runners.portability.portable_runner import JobServiceHandle
+    encoded = JobServiceHandle.encode_pipeline_options(opts.get_all_options())
+    return fn_runner.FnApiRunner(provision_info=fn_runner.ExtendedProvisionInfo(
+        beam_provision_api_pb2.ProvisionInfo(pipeline_options=encoded)))
 
 
 DASK_RUNNER = "apache_beam.runners.dask.dask_runner.DaskRunner"
@@ -110,7 +124,8 @@ def _run(build, beam_args: Sequence[str]):
         return _run_dask(build, args, dask_workers)
     if dask_workers is not None:
         raise ValueError("--dask_workers needs --runner=dask")
-    p = beam.Pipeline(options=opts)
+    direct = opts.get_all_options().get("runner") == "DirectRunner"
+    p = beam.Pipeline(runner=local_runner(opts) if direct else None, options=opts)
     build(p)
     # Worker processes already use the cores; the packer's own threads would oversubscribe them.
     # Workers inherit the environment at start; an explicit TPU_EMBED_THREADS wins.

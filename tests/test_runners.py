@@ -271,3 +271,18 @@ def test_wheel_in_a_fresh_venv_runs_the_external_workers(reference, tmp_path):
     with worker_pool(fresh_py, str(cwd), env) as (port, log):
         _assert_identical(_run("movielens", str(tmp_path / "out"), _external_args(port)), reference["movielens"])
         assert "Starting worker with command" in open(log).read()
+
+
+def test_direct_runner_never_tries_prism(tmp_path, monkeypatch):
+    """Beam's DirectRunner tries the Prism runner first (downloading its binary) for any pipeline Prism
+    supports; the jobs run on the FnApiRunner in process instead, with or without worker processes."""
+    from apache_beam.runners.portability import prism_runner
+    tried = []
+    monkeypatch.setattr(prism_runner.PrismRunner, "run_pipeline", lambda *a, **k: tried.append(a) or 1 / 0)
+    spec = load_spec(SPECS["criteo"])
+    runner.run_vocab(JobConfig(spec=spec, output=str(tmp_path / "a")))
+    assert tried == []
+    opts = runner.pipeline_options(["--direct_num_workers=2"])
+    local = runner.local_runner(opts)
+    assert type(local).__name__ == "FnApiRunner"
+    assert opts.get_all_options()["direct_running_mode"] == "multi_processing"
