@@ -29,6 +29,7 @@ from apache_beam.metrics import Metrics
 
 from pipelines import batching, chunk_sizes, io as pio, manifest as pmanifest, mapping, parse
 from pipelines import shard as pshard, shard_runs, vocab as pvocab
+from pipelines.coders import BulkElement
 from pipelines.token_index import TokenCounter, TokenIndex
 from tpu_embed import io as tio, permutation
 
@@ -101,20 +102,27 @@ def _select(tagged, tag):
         yield tagged[1]
 
 
-def split_tagged(tagged, tags: Sequence[str]) -> Dict[str, Any]:
+def split_tagged(tagged, tags: Sequence[str], bulk: Sequence[str] = ()) -> Dict[str, Any]:
     """One PCollection of (tag, value) -> {tag: PCollection of values}, by one single-output FlatMap per tag.
+
+    The values of the `bulk` tags are large (`pipelines.coders.BulkElement`); they must not feed a GroupByKey.
 
     Every multi-output step of the jobs yields (tag, value) on its main output instead of
     `TaggedOutput`s: Beam 2.77's DaskRunner hands every output of a `.with_outputs(...)` ParDo to
     the consumers of each of them (docs/pipelines.md, "Dask"). Single-output ParDos are correct on
     every runner, so all runners use this one code path (same elements, same counts).
     """
-    return {t: tagged | f"Select{t[:1].upper()}{t[1:]}" >> beam.FlatMap(_select, t) for t in tags}
+    out = {}
+    for t in tags:
+        select = beam.FlatMap(_select, t)
+        out[t] = tagged | f"Select{t[:1].upper()}{t[1:]}" >> (select.with_output_types(BulkElement) if t in bulk
+                                                               else select)
+    return out
 
 
 # ---------------------------------------------------------------- read
 
-@beam.typehints.with_output_types(typing.Any)
+@beam.typehints.with_output_types(BulkElement)
 class _ReadAndParse(beam.DoFn):
     """One input split -> ("chunks", ParsedChunk) | ("dead", DeadLetter) | ("stats", counts).
 
@@ -210,7 +218,7 @@ class ReadExamples(beam.PTransform):
             out = spread | "ReadParse" >> beam.ParDo(read, beam.pvalue.AsList(states))
         else:
             out = spread | "ReadParse" >> beam.ParDo(read)
-        return split_tagged(out, ("chunks", "dead", "stats"))
+        return split_tagged(out, ("chunks", "dead", "stats"), bulk=("chunks",))
 
 
 # ---------------------------------------------------------------- dead letters
@@ -367,7 +375,7 @@ class ComputeVocabulary(beam.PTransform):
 
 # ---------------------------------------------------------------- ids
 
-@beam.typehints.with_output_types(typing.Any)
+@beam.typehints.with_output_types(BulkElement)
 class _MapToIds(beam.DoFn):
     def __init__(self, spec, vocab_dir: str):
         self.spec, self.vocab_dir = spec, vocab_dir
@@ -405,7 +413,8 @@ class MapToIds(beam.PTransform):
         self.spec, self.vocab_dir = spec, vocab_dir
 
     def expand(self, chunks):
-        return split_tagged(chunks | "Map" >> beam.ParDo(_MapToIds(self.spec, self.vocab_dir)), ("blocks", "stats"))
+        return split_tagged(chunks | "Map" >> beam.ParDo(_MapToIds(self.spec, self.vocab_dir)), ("blocks", "stats"),
+                            bulk=("blocks",))
 
 
 # ---------------------------------------------------------------- global batches
@@ -524,14 +533,14 @@ class FormGlobalBatches(beam.PTransform):
         if seed is None and known is not None:
             splitter = beam.ParDo(_StitchSteps(where, batch, nd), split_info)
         else:
-            splitter = beam.FlatMap(split, split_info)
-        parts = split_tagged(blocks | "Split" >> splitter, ("whole", "pieces"))
+            splitter = beam.FlatMap(split, split_info).with_output_types(BulkElement)
+        parts = split_tagged(blocks | "Split" >> splitter, ("whole", "pieces"), bulk=("whole",))
         steps = (parts["pieces"] | "ByStep" >> beam.GroupByKey()
-                 | "Assemble" >> beam.MapTuple(assemble_checked))
+                 | "Assemble" >> beam.MapTuple(assemble_checked).with_output_types(BulkElement))
         return {"steps": steps, "whole": parts["whole"], "info": info}
 
 
-@beam.typehints.with_output_types(typing.Any)
+@beam.typehints.with_output_types(BulkElement)
 class _StitchSteps(beam.DoFn):
     """Unshuffled batching with known chunk offsets: ("whole", (step, ExampleBlock)) for every step whose
     examples this bundle holds, ("pieces", (step, (position, piece))) for the rest.
@@ -574,7 +583,7 @@ class _StitchSteps(beam.DoFn):
 
 # ---------------------------------------------------------------- shards
 
-@beam.typehints.with_output_types(typing.Any)
+@beam.typehints.with_output_types(BulkElement)
 class _BuildStep(beam.DoFn):
     """(step, ExampleBlock) -> ("runs", ((host, file), shard_runs.Run)) | ("profile", ...) | ("stats", ...).
 
@@ -644,7 +653,8 @@ class _BuildTagged(beam.PTransform):
         self.build = build
 
     def expand(self, steps):
-        return split_tagged(steps | "BuildStep" >> beam.ParDo(self.build), ("runs", "profile", "stats"))
+        return split_tagged(steps | "BuildStep" >> beam.ParDo(self.build), ("runs", "profile", "stats"),
+                            bulk=("profile",))
 
 
 class BuildShards(beam.PTransform):

@@ -200,6 +200,31 @@ def test_compute_vocabulary_counts_chunks_as_they_are_read(tmp_path, monkeypatch
     assert open(tmp_path / "o" / "vocab" / "c.txt", "rb").read() == b"".join(b"t%d\n" % i for i in by_count)
 
 
+def test_large_elements_are_sized_without_pickling(tmp_path, monkeypatch):
+    """Beam estimates the size of a PCollection's first elements by encoding them, also inside a fused
+    stage; chunks and id blocks are typed `BulkElement`, whose coder sizes them from their arrays."""
+    import pickle
+
+    from pipelines.coders import BulkCoder, approx_nbytes
+    write(tmp_path, "a.csv", "label,x,c,w,d\n" + "".join(f"1,{i},t{i % 7},1,{i % 10}\n" for i in range(40)))
+    spec = small_spec(tmp_path)
+    files = pio.list_input_files(spec.input_patterns())
+    pickled, dumps = [], pickle.dumps
+    monkeypatch.setattr(pickle, "dumps", lambda x, *a, **k: pickled.append(type(x).__name__) or dumps(x, *a, **k))
+    with tp() as p:
+        chunks = (p | jobs.ReadExamples(spec, files, chunk_rows=10))["chunks"]
+        vocab = {"c": pa.array([b"t1", b"t2"], pa.large_binary())}
+        blocks = chunks | beam.Map(lambda c: mapping.map_chunk(c, spec, vocab, collections.Counter()))
+        assert_that(blocks | beam.Map(lambda b: b.num_examples), equal_to([10] * 4))
+    assert "ParsedChunk" not in pickled
+    chunk, _ = parse.parse_batch(next(i for i in pio.read_file("csv", files[0], spec.required_columns())
+                                      if isinstance(i, pio.RawBatch)), spec)
+    coder = BulkCoder()
+    assert coder.decode(coder.encode(chunk)).features["c"].tokens.equals(chunk.features["c"].tokens)
+    size = coder.estimate_size(("chunks", chunk))
+    assert size == approx_nbytes(("chunks", chunk)) and 0 < approx_nbytes(chunk) <= len(dumps(chunk))
+
+
 def test_token_count_combine_fn_matches_counter():
     rng = np.random.default_rng(0)
     arrays, expect = [], collections.Counter()
