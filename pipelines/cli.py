@@ -102,6 +102,10 @@ def build_parser() -> argparse.ArgumentParser:
         if name == "run":
             sp.add_argument("--vocab-engine", choices=("combine", "tft"), default="combine",
                             help="see `tpu-embed vocab --help`")
+            sp.add_argument("--reread-input", action="store_true",
+                            help="the shard job reads and parses the input again, instead of replaying the "
+                                 "vocabulary job's parsed read kept under --output/.tmp-read-spill until it ends "
+                                 "(about twice the CSV's size on disk); same output")
         sp.set_defaults(func={"shard": cmd_shard, "profile": cmd_profile, "run": cmd_run}[name])
 
     sp = sub.add_parser("inspect", help="summarise an artifact directory (manifest, vocabularies, first records)")
@@ -145,6 +149,8 @@ def _config(args, **kw):
             c[k] = getattr(args, a)
     if getattr(args, "no_profile", False):
         c["write_profile"] = False
+    if getattr(args, "reread_input", False):
+        c["reuse_read"] = False
     if getattr(args, "candidate_chip_counts", None):
         c["candidate_chip_counts"] = [int(x) for x in args.candidate_chip_counts.split(",") if x]
     c.update(kw)

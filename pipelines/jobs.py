@@ -28,7 +28,7 @@ import apache_beam as beam
 from apache_beam.metrics import Metrics
 
 from pipelines import batching, chunk_sizes, io as pio, manifest as pmanifest, mapping, parse
-from pipelines import shard as pshard, shard_runs, vocab as pvocab
+from pipelines import read_spill, shard as pshard, shard_runs, vocab as pvocab
 from pipelines.coders import BulkElement
 from pipelines.token_index import TokenCounter, TokenIndex
 from tpu_embed import io as tio, permutation
@@ -59,6 +59,10 @@ class JobConfig:
     # gets them, so its batching needs no side input over the mapped data (FormGlobalBatches).
     record_chunk_sizes: bool = False
     known_chunk_sizes: Optional[List[Any]] = None
+    # `run`: the vocabulary job keeps its read (`pipelines.read_spill`) and the shard job replays it.
+    reuse_read: bool = True  # honoured by `runner.run_all`
+    spill_read: bool = False
+    replay_read: bool = False
 
     @property
     def tail_policy(self) -> str:
@@ -130,12 +134,30 @@ class _ReadAndParse(beam.DoFn):
     (file, record) order whatever the splits, which is the order global batches follow.
     """
 
-    def __init__(self, spec, strict: bool, chunk_rows: int):
+    def __init__(self, spec, strict: bool, chunk_rows: int, spill: Optional[str] = None,
+                 replay: Optional[str] = None):
         self.spec = spec
         self.strict = strict
         self.chunk_rows = chunk_rows
+        self.spill, self.replay = spill, replay  # directories of `pipelines.read_spill`
 
     def process(self, split: pio.InputSplit, csv_states=()):
+        if self.replay is not None:  # the vocabulary job's read of this split, as it was yielded
+            for tag, value in read_spill.replay(self.replay, split.file.index, split.index):
+                if tag == "stats":
+                    _counter(value)
+                yield tag, value
+            return
+        if self.spill is None:
+            yield from self._read(split, csv_states)
+            return
+        writer = read_spill.SpillWriter(self.spill, split.file.index, split.index)
+        for item in self._read(split, csv_states):
+            writer.add(item)
+            yield item
+        writer.close()
+
+    def _read(self, split: pio.InputSplit, csv_states):
         spec = self.spec
         counts = collections.Counter(files_read=int(split.index == 0))
         state = dict(csv_states).get((split.file.index, split.index)) if csv_states else None
@@ -193,6 +215,9 @@ def _csv_states(kv):
 class ReadExamples(beam.PTransform):
     """PBegin -> {"chunks": ParsedChunk, "dead": DeadLetter, "stats": counter dicts}.
 
+    `spill`: also keep each split's outputs in that directory; `replay`: yield the outputs kept there
+    instead of reading (`pipelines.read_spill`: `run`'s shard job replays its vocabulary job's read).
+
     Files larger than `split_bytes` are read as several splits, by as many workers (`pio.plan_splits`):
     the same records, record numbers, chunks' order and dead letters for any split size. CSV splits
     after the first start at the quote state and line count the splits before them end with: one
@@ -200,18 +225,20 @@ class ReadExamples(beam.PTransform):
     """
 
     def __init__(self, spec, files: Sequence[pio.InputFile], strict: bool = False,
-                 chunk_rows: int = pio.DEFAULT_CHUNK_ROWS, split_bytes: int = pio.DEFAULT_SPLIT_BYTES):
+                 chunk_rows: int = pio.DEFAULT_CHUNK_ROWS, split_bytes: int = pio.DEFAULT_SPLIT_BYTES,
+                 spill: Optional[str] = None, replay: Optional[str] = None):
         super().__init__()
         self.spec, self.files, self.strict, self.chunk_rows = spec, list(files), strict, chunk_rows
         self.split_bytes = split_bytes
+        self.spill, self.replay = spill, replay
 
     def expand(self, pbegin):
         fmt = self.spec.inputs.format
         splits = pio.plan_splits(fmt, self.files, self.split_bytes)
         spread = (pbegin | "Files" >> beam.Create(splits)
                   | "Spread" >> beam.Reshuffle())
-        read = _ReadAndParse(self.spec, self.strict, self.chunk_rows)
-        if fmt == "csv" and any(s.count > 1 for s in splits):
+        read = _ReadAndParse(self.spec, self.strict, self.chunk_rows, self.spill, self.replay)
+        if fmt == "csv" and any(s.count > 1 for s in splits) and self.replay is None:
             states = (spread | "CsvScan" >> beam.FlatMap(_csv_summary, self.spec.inputs.csv_delimiter)
                       | "CsvScanByFile" >> beam.GroupByKey()
                       | "CsvStates" >> beam.FlatMap(_csv_states))
@@ -800,7 +827,8 @@ def _file_json(info: pio.FileInfo) -> dict:
 
 def build_vocab_pipeline(p, cfg: JobConfig, files: Sequence[pio.InputFile]):
     spec = cfg.spec
-    read = p | "Read" >> ReadExamples(spec, files, cfg.strict, cfg.chunk_rows, cfg.split_bytes)
+    read = p | "Read" >> ReadExamples(spec, files, cfg.strict, cfg.chunk_rows, cfg.split_bytes,
+                                      spill=read_spill.spill_dir(cfg.output) if cfg.spill_read else None)
     vocab = read["chunks"] | "Vocabulary" >> ComputeVocabulary(spec, cfg.output, cfg.vocab_engine)
     stats = _stats_of(p, "VocabStats", [read["stats"]])
     vocab_info = (vocab["vocabularies"] | "VocabInfoList" >> beam.combiners.ToList()
@@ -824,7 +852,8 @@ def build_shard_pipeline(p, cfg: JobConfig, files: Sequence[pio.InputFile], voca
     layout = spec.layout(vocab_sizes)
     limits = pshard.resolve_limits(spec, layout, cfg.plan, auto=cfg.write_shards and cfg.write_profile)
     fmt = pshard.shard_format_for(spec, layout, limits)
-    read = p | "Read" >> ReadExamples(spec, files, cfg.strict, cfg.chunk_rows, cfg.split_bytes)
+    read = p | "Read" >> ReadExamples(spec, files, cfg.strict, cfg.chunk_rows, cfg.split_bytes,
+                                      replay=read_spill.spill_dir(cfg.output) if cfg.replay_read else None)
     dead_files = read["dead"] | "DeadLetters" >> WriteDeadLetters(cfg.output, files, cfg.dead_letter_limit)
     mapped = read["chunks"] | "Ids" >> MapToIds(spec, cfg.vocab_dir or cfg.output)
     batches = mapped["blocks"] | "Batches" >> FormGlobalBatches(spec.global_batch_size, len(spec.dense),

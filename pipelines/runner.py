@@ -11,7 +11,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import apache_beam as beam
 from apache_beam.options.pipeline_options import PipelineOptions
 
-from pipelines import chunk_sizes
+from pipelines import chunk_sizes, read_spill
 from pipelines import io as pio
 from pipelines import jobs
 from pipelines import manifest as pmanifest
@@ -251,7 +251,15 @@ def run_all(cfg: jobs.JobConfig, beam_args: Sequence[str] = ()) -> Manifest:
     """Vocabulary job, then shards + profile in one read of the data.
 
     The vocabulary job records every chunk's size (`pipelines.chunk_sizes`), so the shard job streams its
-    chunks instead of holding them all to learn their offsets."""
-    run_vocab(dataclasses.replace(cfg, vocab_dir=None, record_chunk_sizes=True), beam_args)
-    known = chunk_sizes.take(cfg.output, chunk_sizes.read_key(cfg, pio.list_input_files(cfg.spec.input_patterns())))
-    return run_shard(dataclasses.replace(cfg, known_chunk_sizes=known), beam_args)
+    chunks instead of holding them all to learn their offsets; with `cfg.reuse_read` it also keeps what it
+    read and parsed, and the shard job replays that instead of reading the input again
+    (`pipelines.read_spill`)."""
+    reuse = cfg.reuse_read and bool(cfg.spec.vocabulary_groups())  # else the vocabulary job reads nothing
+    read_spill.remove(cfg.output)  # a killed run's
+    try:
+        run_vocab(dataclasses.replace(cfg, vocab_dir=None, record_chunk_sizes=True, spill_read=reuse), beam_args)
+        known = chunk_sizes.take(cfg.output, chunk_sizes.read_key(cfg, pio.list_input_files(
+            cfg.spec.input_patterns())))
+        return run_shard(dataclasses.replace(cfg, known_chunk_sizes=known, replay_read=reuse), beam_args)
+    finally:
+        read_spill.remove(cfg.output)

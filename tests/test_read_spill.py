@@ -1,0 +1,86 @@
+"""`run` reads its input once (pipelines.read_spill): the shard job replays the vocabulary job's read.
+
+Byte-identity with a second read is also checked, with dead letters, split sizes and two worker
+processes, in tests/test_splits.py (every format) and on an object store in tests/test_object_store.py.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from pipelines import io as pio
+from pipelines import jobs, read_spill, runner
+from pipelines.jobs import JobConfig
+from tpu_embed.spec import load_spec
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CRITEO = os.path.join(ROOT, "examples", "criteo", "spec.yaml")
+
+
+def _tree(d):
+    return {os.path.relpath(os.path.join(r, x), d): open(os.path.join(r, x), "rb").read()
+            for r, _, xs in os.walk(d) for x in xs}
+
+
+def test_parts_replay_in_order_and_a_missing_part_stops(tmp_path):
+    d = str(tmp_path / "spill")
+    items = [("chunks", bytes(range(i % 250)) * 3) for i in range(40)] + [("stats", {"records_read": 40})]
+    w = read_spill.SpillWriter(d, 2, 1, part_bytes=500)
+    for it in items:
+        w.add(it)
+    w.close()
+    parts = sorted(os.listdir(d))
+    assert len(parts) > 3 and parts[0] == "000002-000001-000000.pkl"
+    assert list(read_spill.replay(d, 2, 1)) == items
+    os.remove(os.path.join(d, parts[-1]))  # the part with the end mark
+    with pytest.raises(read_spill.IncompleteSpillError, match="re-run `tpu-embed run`"):
+        list(read_spill.replay(d, 2, 1))
+    with pytest.raises(read_spill.IncompleteSpillError, match="input file 3 \\(split 0\\)"):
+        list(read_spill.replay(d, 3, 0))
+
+
+def _count_reads(monkeypatch):
+    reads = []
+    real = pio.read_split
+    monkeypatch.setattr(pio, "read_split", lambda fmt, split, *a, **k: reads.append(split) or real(fmt, split, *a, **k))
+    return reads
+
+
+@pytest.mark.parametrize("reuse", [True, False])
+def test_the_shard_job_replays_the_vocabulary_jobs_read(tmp_path, monkeypatch, reuse):
+    reads = _count_reads(monkeypatch)
+    spec = load_spec(CRITEO)
+    out = str(tmp_path / "out")
+    runner.run_all(JobConfig(spec=spec, output=out, chunk_rows=50, steps_per_file=3, split_bytes=4096,
+                             reuse_read=reuse))
+    splits = pio.plan_splits("csv", pio.list_input_files(spec.input_patterns()), 4096)
+    assert len(splits) > 2
+    assert len(reads) == len(splits) * (1 if reuse else 2)
+    assert not os.path.exists(read_spill.spill_dir(out))  # removed once the shard job ended
+    if reuse:
+        other = str(tmp_path / "again")
+        runner.run_all(JobConfig(spec=spec, output=other, chunk_rows=50, steps_per_file=3, split_bytes=4096,
+                                 reuse_read=False))
+        a, b = _tree(out), _tree(other)
+        assert sorted(a) == sorted(b) and [p for p in a if a[p] != b[p]] == []
+
+
+def test_the_spill_is_removed_when_the_shard_job_fails(tmp_path, monkeypatch):
+    def fail(self, kv):
+        raise RuntimeError("injected")
+        yield
+
+    monkeypatch.setattr(jobs._BuildStep, "process", fail)
+    out = str(tmp_path / "out")
+    with pytest.raises(Exception, match="injected"):
+        runner.run_all(JobConfig(spec=load_spec(CRITEO), output=out, chunk_rows=50))
+    assert os.path.exists(os.path.join(out, "vocab")) and not os.path.exists(read_spill.spill_dir(out))
+
+
+def test_cli_reread_input_turns_the_replay_off(tmp_path):
+    from pipelines import cli
+    argv = ["run", "--spec", CRITEO, "--output", str(tmp_path / "o")]
+    assert cli._config(cli.build_parser().parse_args(argv)).reuse_read is True
+    assert cli._config(cli.build_parser().parse_args(argv + ["--reread-input"])).reuse_read is False
