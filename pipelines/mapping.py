@@ -98,7 +98,7 @@ def map_feature(f, fv: FeatureValues, spec, vocab: Optional["pa.Array | TokenInd
     oov_per_value = None
     keep = None  # values kept, over fv's values
     if v.type == "frequency":
-        tokens = fv.tokens if fv.tokens is not None else pa.array(fv.ints.astype(str), pa.large_binary())
+        tokens = fv.as_tokens()
         index = vocab if isinstance(vocab, TokenIndex) else TokenIndex(vocab)
         ids = index.lookup(tokens)
         found = ids >= 0
@@ -115,7 +115,7 @@ def map_feature(f, fv: FeatureValues, spec, vocab: Optional["pa.Array | TokenInd
             else:
                 ids[~found] = V + fingerprint64_buckets(tokens.filter(pa.array(~found)), v.num_oov_buckets)
     elif v.type == "hashing":
-        tokens = fv.tokens if fv.tokens is not None else pa.array(fv.ints.astype(str), pa.large_binary())
+        tokens = fv.as_tokens()
         ids = fingerprint64_buckets(tokens, int(v.num_buckets))
     else:  # identity
         if fv.ints is not None:

@@ -33,6 +33,12 @@ class FeatureValues:
     def size(self) -> int:
         return int(self.lengths.sum())
 
+    def as_tokens(self) -> pa.Array:
+        """The values as vocabulary / hashing tokens: the strings, or the integers' decimal text."""
+        if self.tokens is not None:
+            return self.tokens
+        return pa.array(self.ints.astype(str), pa.large_binary())
+
     def take_rows(self, keep: np.ndarray) -> "FeatureValues":
         vkeep = np.repeat(keep, self.lengths)
         return FeatureValues(

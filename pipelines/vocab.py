@@ -20,7 +20,7 @@ Two engines compute it:
   accumulators are `pipelines.token_index.TokenCounter`s: each chunk's tokens
   counted in one native pass (pyarrow's value_counts + group_by without the
   native module), then the same filter / order.  Byte-identical files to
-  `tft` (tests/test_pipelines_vocab.py checks it on the sample data).
+  `tft` (tests/test_pipelines_vocab_tft.py checks it on the sample data).
 
 This module is Beam-free; jobs.py wraps it.
 """
@@ -36,12 +36,6 @@ import pyarrow.compute as pc
 from pipelines.token_index import TokenCounter
 
 TFT_EMPTY_VOCABULARY_TOKEN = b"49d0cd50-04bb-48c0-bc6f-5b575dce351a"
-
-
-def _tokens_of(fv) -> pa.Array:
-    if fv.tokens is not None:
-        return fv.tokens
-    return pa.array(fv.ints.astype(str), pa.large_binary())
 
 
 def writable_mask(tokens: pa.Array) -> Optional[pa.Array]:
@@ -60,8 +54,11 @@ def chunk_tokens(chunk, spec) -> List[Tuple[str, pa.Array]]:
     out = []
     binary = pa.large_binary()
     for key, feats in spec.vocabulary_groups().items():
-        parts = [_tokens_of(chunk.features[f.name]).cast(binary) for f in feats]
-        out.append((key, parts[0] if len(parts) == 1 else pa.concat_arrays(parts) if parts else pa.array([], binary)))
+        parts = [chunk.features[f.name].as_tokens().cast(binary) for f in feats]
+        if len(parts) == 1:  # one feature (the usual case): its array as is, no copy
+            out.append((key, parts[0]))
+        else:
+            out.append((key, pa.concat_arrays(parts) if parts else pa.array([], binary)))
     return out
 
 
@@ -118,7 +115,7 @@ def tft_record_batch(chunk, spec) -> pa.RecordBatch:
         values, rows = [], []
         for f in feats:
             fv = chunk.features[f.name]
-            values.append(_tokens_of(fv).cast(pa.large_binary()))
+            values.append(fv.as_tokens().cast(pa.large_binary()))
             rows.append(np.repeat(np.arange(n, dtype=np.int64), fv.lengths))
             lengths += fv.lengths
         flat = pa.concat_arrays(values) if values else pa.array([], pa.large_binary())

@@ -188,8 +188,8 @@ def test_compute_vocabulary_counts_chunks_as_they_are_read(tmp_path, monkeypatch
     spec = small_spec(tmp_path)
     files = pio.list_input_files(spec.input_patterns())
     events = []
-    tokens_of, add = pvocab._tokens_of, jobs.TokenCountCombineFn.add_input  # looked up when called: no copy
-    monkeypatch.setattr(pvocab, "_tokens_of", lambda fv: events.append("read") or tokens_of(fv))
+    as_tokens, add = parse.FeatureValues.as_tokens, jobs.TokenCountCombineFn.add_input  # looked up when called
+    monkeypatch.setattr(parse.FeatureValues, "as_tokens", lambda fv: events.append("read") or as_tokens(fv))
     monkeypatch.setattr(jobs.TokenCountCombineFn, "add_input",
                         lambda self, acc, t: events.append("count") or add(self, acc, t))
     with tp() as p:
