@@ -68,7 +68,8 @@ class SpillWriter:
         self._flush()
 
     def _flush(self) -> None:
-        tio.write_atomic(_part_path(self.directory, self.file_index, self.split_index, self._part), self._buffer)
+        path = _part_path(self.directory, self.file_index, self.split_index, self._part)
+        tio.write_atomic(path, self._buffer, durable=False)  # transient: run deletes it
         self._buffer, self._size = [], 0
         self._part += 1
 

@@ -71,7 +71,7 @@ class RunWriter:
             for step, frame in items:
                 records.append((step, offset, len(frame)))
                 offset += len(frame)
-            tio.write_atomic(path, [frame for _, frame in items])
+            tio.write_atomic(path, [frame for _, frame in items], durable=False)
             out.append((key, Run(path, tuple(records))))
         self._buffers.clear()
         self._size = 0

@@ -95,6 +95,29 @@ def test_failed_write_leaves_old_content_and_no_temp_file(base):
         assert os.listdir(os.path.join(base, "d")) == ["f.json"]  # no .tmp-* left
 
 
+def test_transient_writes_are_atomic_but_neither_synced_nor_hashed(base, monkeypatch):
+    """durable=False (shard runs, the read spill): same bytes, same atomicity, no fsync, no sha256."""
+    synced = []
+    real = os.fsync
+    monkeypatch.setattr(os, "fsync", lambda fd: synced.append(fd) or real(fd))
+    path = tio.join(base, "t", "run.bin")
+    w = tio.write_atomic(path, [b"ab", b"cd"], durable=False)
+    assert (w.path, w.sha256, w.bytes) == (path, None, 4) and tio.read_bytes(path) == b"abcd"
+    assert synced == []
+
+    def chunks():
+        yield b"half"
+        raise RuntimeError("producer failed")
+
+    with pytest.raises(RuntimeError, match="producer failed"):
+        tio.write_atomic(path, chunks(), durable=False)
+    assert tio.read_bytes(path) == b"abcd" and _listing(base) == ["t/run.bin"]
+    if not tio.is_url(base):
+        assert os.listdir(os.path.join(base, "t")) == ["run.bin"]  # no .tmp-* left
+    tio.write_atomic(path, b"x")
+    assert len(synced) == int(not tio.is_url(base))  # the default stays durable
+
+
 def test_local_replace_failure_removes_the_temp_file(tmp_path, monkeypatch):
     path = str(tmp_path / "x.json")
     tio.write_atomic(path, b"old")

@@ -24,7 +24,9 @@ def _tree(d):
             for r, _, xs in os.walk(d) for x in xs}
 
 
-def test_parts_replay_in_order_and_a_missing_part_stops(tmp_path):
+def test_parts_replay_in_order_and_a_missing_part_stops(tmp_path, monkeypatch):
+    synced = []
+    monkeypatch.setattr(os, "fsync", synced.append)
     d = str(tmp_path / "spill")
     items = [("chunks", bytes(range(i % 250)) * 3) for i in range(40)] + [("stats", {"records_read": 40})]
     w = read_spill.SpillWriter(d, 2, 1, part_bytes=500)
@@ -34,6 +36,7 @@ def test_parts_replay_in_order_and_a_missing_part_stops(tmp_path):
     parts = sorted(os.listdir(d))
     assert len(parts) > 3 and parts[0] == "000002-000001-000000.pkl"
     assert list(read_spill.replay(d, 2, 1)) == items
+    assert synced == []  # transient parts: not synced (run deletes them; a crash re-runs the job)
     os.remove(os.path.join(d, parts[-1]))  # the part with the end mark
     with pytest.raises(read_spill.IncompleteSpillError, match="re-run `tpu-embed run`"):
         list(read_spill.replay(d, 2, 1))

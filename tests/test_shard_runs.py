@@ -69,13 +69,16 @@ def test_a_truncated_run_is_an_error_naming_it(tmp_path):
         list(shard_runs.frames_in_step_order([run]))
 
 
-def test_the_buffer_is_written_when_full_and_only_then(tmp_path):
+def test_the_buffer_is_written_when_full_and_only_then(tmp_path, monkeypatch):
+    synced = []
+    monkeypatch.setattr(os, "fsync", synced.append)
     w = shard_runs.RunWriter(str(tmp_path), flush_bytes=100)
     assert w.add((0, 0), 0, b"x" * 50) == []  # 66 framed bytes buffered
     written = w.add((0, 1), 1, b"y" * 50)  # 132 >= 100: both shard files' buffers written, one run each
     assert sorted(k for k, _ in written) == [(0, 0), (0, 1)]
     assert w.flush() == []
     assert len(os.listdir(shard_runs.runs_dir(str(tmp_path)))) == 2
+    assert synced == []  # transient runs: not synced (the shard job merges and deletes them)
 
 
 def test_remove_of_a_missing_directory_is_a_no_op(tmp_path):
