@@ -111,16 +111,21 @@ def single_process(spec, out: str, candidates) -> int:
     limits = pshard.resolve_limits(spec, layout)
     counts = collections.Counter()
     blocks = [mapping.map_chunk(c, spec, vocabs, counts) for c in chunks]
-    allb = batching.ExampleBlock.concat(blocks)
-    steps = allb.num_examples // spec.global_batch_size
+    B = spec.global_batch_size
+    steps = sum(b.num_examples for b in blocks) // B
+    pieces = collections.defaultdict(list)  # step -> [(position, piece)]: as the job's stitching
+    start = 0
+    for b in blocks:
+        for s, piece in batching.split_into_steps(b, start, B, steps):
+            pieces[s].append(piece)
+        start += b.num_examples
     collector = profiles.ProfileCollector(spec.model(sizes), spec.topology,
                                           candidate_chip_counts=candidates)
     acc = collector.create_accumulator()
     os.makedirs(os.path.join(out, "shards"), exist_ok=True)
     with open(os.path.join(out, "shards", "host0.tfrecord"), "wb") as fh:
-        B = spec.global_batch_size
         for s in range(steps):
-            block = allb.slice(s * B, (s + 1) * B)
+            block = batching.assemble_step(pieces.pop(s), B, len(spec.dense))
             recs, gids, oov, _ = pshard.build_step(s, block, spec, layout, limits)
             for _, r in recs:
                 fh.write(pio.tfrecord_frame(r))

@@ -664,8 +664,13 @@ def _parse_records(f: InputFile, head: _CsvHead, columns: List[str], delimiter: 
             rows = rows[ok]
     if not rows.size:
         return None, letters
-    cols = {c: table.column(c).combine_chunks() for c in columns}
+    cols = {c: one_array(table.column(c)) for c in columns}
     return RawBatch(f.index, f.path, batch_index, lines[rows].astype(np.int64), cols), letters
+
+
+def one_array(col: pa.ChunkedArray) -> pa.Array:
+    """The column as one array; without a copy when it is one chunk (combine_chunks copies even then)."""
+    return col.chunk(0) if col.num_chunks == 1 else col.combine_chunks()
 
 
 def _parse_one_by_one(f, head, columns, delimiter, data, starts, ends, lines):

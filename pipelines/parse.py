@@ -18,7 +18,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from pipelines.io import DeadLetter, RawBatch
+from pipelines.io import DeadLetter, RawBatch, one_array
 
 
 @dataclasses.dataclass
@@ -84,7 +84,7 @@ class _Problems:
 
 def _as_array(col) -> pa.Array:
     if isinstance(col, pa.ChunkedArray):
-        col = col.combine_chunks()
+        col = one_array(col)
     if pa.types.is_dictionary(col.type):
         col = col.dictionary_decode()
     return col
