@@ -433,6 +433,27 @@ def test_the_native_csv_scan_agrees_with_the_numpy_one_on_written_csv(rows, eol,
     _assert_native_scan_agrees(b, lo, hi, q, bof, after, both, records)
 
 
+@settings(max_examples=300)
+@given(st.lists(st.sampled_from(list(b'aaaab,,"\n')), min_size=60, max_size=700).map(bytes),
+       _written_rows(2, 6, 40), st.data())
+def test_the_native_csv_scan_agrees_with_the_numpy_one_on_long_ranges(noise, rows, data):
+    """Ranges of hundreds of bytes, so the native scanner's 64-byte blocks (bit masks), their borders and the
+    bytes after the last block are all met: random bytes without \r (stray quotes: its early stop), and
+    written CSV whose every 64-byte block carries the quote parity into the next."""
+    if pio._csv_native is None:
+        pytest.skip("the native CSV scanner is not built (setup.py builds it in place)")
+    body = data.draw(st.sampled_from([noise, _written_csv(rows, b"\n")]))
+    cuts = [0] + [i + 1 for i, c in enumerate(body) if c in b",\n"]
+    lo = data.draw(st.sampled_from([c for c in cuts if c < len(body)]))
+    hi = data.draw(st.sampled_from([c for c in cuts if c > lo] + [len(body)]))
+    if any(0 < p < len(body) and body[p - 1] == body[p] == 0x22 for p in (lo, hi)):
+        return  # the callers never cut a run of quote characters
+    q, both, records = data.draw(st.integers(0, 1)), data.draw(st.booleans()), data.draw(st.booleans())
+    after = body[hi] if hi < len(body) else -1
+    _assert_native_scan_agrees(np.frombuffer(body, np.uint8), lo, hi, q, data.draw(st.sampled_from([0, -1])),
+                               after, both, records)
+
+
 @settings(max_examples=200)
 @given(_written_rows(3, 3, 10), st.sampled_from([b"\n", b"\r\n"]), st.booleans())
 def test_pyarrow_told_no_newlines_in_values_only_when_true(rows, eol, terminated):

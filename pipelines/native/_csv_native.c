@@ -15,8 +15,48 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <stdint.h>
+#include <string.h>
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
 
 enum { FIELD_START, FIELD, QUOTED, QUOTED_QUOTE };
+
+/* Bit i of x, xor-ed with every bit below it: the parity of the set bits up to and including i. */
+static inline uint64_t prefix_xor(uint64_t x) {
+  x ^= x << 1;
+  x ^= x << 2;
+  x ^= x << 4;
+  x ^= x << 8;
+  x ^= x << 16;
+  x ^= x << 32;
+  return x;
+}
+
+/* For b[0..63]: bit i set where b[i] is a quote / a \n / a byte after which a quote opens a value (a \n,
+ * the delimiter or a quote). SSE2 (every x86-64) where available, else byte by byte. */
+static inline void block_masks(const uint8_t *b, int delim, uint64_t *quote, uint64_t *brk, uint64_t *opener) {
+  uint64_t q = 0, n = 0, d = 0;
+#if defined(__SSE2__)
+  const __m128i vq = _mm_set1_epi8('"'), vn = _mm_set1_epi8('\n'), vd = _mm_set1_epi8((char)delim);
+  for (int j = 0; j < 4; j++) {
+    __m128i x = _mm_loadu_si128((const __m128i *)(b + 16 * j));
+    q |= (uint64_t)(uint32_t)_mm_movemask_epi8(_mm_cmpeq_epi8(x, vq)) << (16 * j);
+    n |= (uint64_t)(uint32_t)_mm_movemask_epi8(_mm_cmpeq_epi8(x, vn)) << (16 * j);
+    d |= (uint64_t)(uint32_t)_mm_movemask_epi8(_mm_cmpeq_epi8(x, vd)) << (16 * j);
+  }
+  if (delim < 0) d = 0;
+#else
+  for (int i = 0; i < 64; i++) {
+    q |= (uint64_t)(b[i] == '"') << i;
+    n |= (uint64_t)(b[i] == '\n') << i;
+    d |= (uint64_t)(delim >= 0 && b[i] == (uint8_t)delim) << i;
+  }
+#endif
+  *quote = q;
+  *brk = n;
+  *opener = q | n | d;
+}
 
 /* The fast way, for ranges with no \r, no file start and no quote character inside an unquoted value
  * (what CSV writers produce): the quote state is then the parity of the quote characters before a byte,
@@ -49,19 +89,49 @@ static int parity_scan(const uint8_t *b, Py_ssize_t lo, Py_ssize_t hi, int q, in
   }
   opens_after['"'] = 1;
   if (memchr(b + lo, '\r', (size_t)(hi - lo))) return -1;
-  for (Py_ssize_t p = lo;;) {
+  /* The first byte (its stray check above): then 64-byte blocks as bit masks, then the last bytes. */
+  par ^= c == '"';
+  if (c == '\n') {
+    if (k >= nflags) return -1;
+    if (out) out[k] = (uint8_t)(par == 0);
+    k++;
+  }
+  uint64_t prev_open = opens_after[c];  /* the byte before p opens a value: a quote may follow it */
+  Py_ssize_t p = lo + 1;
+  for (; p + 64 <= hi; p += 64) {
+    uint64_t quote, brk, opener;
+    block_masks(b + p, delim, &quote, &brk, &opener);
+    uint64_t stray = quote & ~((opener << 1) | prev_open);  /* a quote not after a delimiter, break or quote */
+    uint64_t after = prefix_xor(quote) ^ (par ? ~(uint64_t)0 : 0);  /* parity through each byte */
+    uint64_t before = after ^ quote;  /* parity before each byte */
+    bad0 |= (stray & ~before) != 0;
+    bad1 |= (stray & before) != 0;
+    if (brk) {
+      Py_ssize_t n = (Py_ssize_t)__builtin_popcountll(brk);
+      if (k + n > nflags) return -1;
+      if (out) {
+        for (uint64_t m = brk; m; m &= m - 1) out[k++] = (uint8_t)(((after >> __builtin_ctzll(m)) & 1) == 0);
+      } else {
+        k += n;
+      }
+      if (bad0 & bad1) return -1;  /* neither start can pass: stop early */
+    }
+    par = (unsigned)(after >> 63);
+    prev_open = opener >> 63;
+  }
+  for (; p < hi; p++) {
+    unsigned stray = (b[p] == '"') & !prev_open;
+    c = b[p];
+    bad0 |= stray & (par ^ 1);
+    bad1 |= stray & par;
     par ^= c == '"';
     if (c == '\n') {
       if (k >= nflags) return -1;
       if (out) out[k] = (uint8_t)(par == 0);
       k++;
-      if (bad0 & bad1) return -1;  /* neither start can pass: stop early (checked once a line) */
+      if (bad0 & bad1) return -1;
     }
-    if (++p >= hi) break;
-    unsigned stray = (b[p] == '"') & !opens_after[c];  /* a quote not after a delimiter, break or quote */
-    c = b[p];
-    bad0 |= stray & (par ^ 1);
-    bad1 |= stray & par;
+    prev_open = opens_after[c];
   }
   *nbreaks = k;
   /* par starts at q, so parity 0 is outside a quoted value for this start and inside one for the other. */
@@ -193,9 +263,63 @@ done:
   return result;
 }
 
+/* line_breaks(data, lo, hi, after) -> bytes: the offsets from lo (int64, native order) of the line breaks of
+ * data[lo:hi]: every \n, and every \r not followed by \n (after: data[hi] as the file goes on, -1 at its end).
+ * The numpy way (`pipelines.io._scan`) compares every byte twice and allocates two masks; this is memchr. */
+static PyObject *line_breaks(PyObject *self, PyObject *args) {
+  Py_buffer data;
+  Py_ssize_t lo, hi;
+  int after;
+  if (!PyArg_ParseTuple(args, "y*nni", &data, &lo, &hi, &after)) return NULL;
+  PyObject *result = NULL;
+  int64_t *pos = NULL;
+  if (lo < 0 || hi > data.len || lo > hi) {
+    PyErr_Format(PyExc_ValueError, "range [%zd, %zd) outside a buffer of %zd bytes", lo, hi, data.len);
+    goto done;
+  }
+  const uint8_t *b = (const uint8_t *)data.buf;
+  int cr = memchr(b + lo, '\r', (size_t)(hi - lo)) != NULL;
+  Py_ssize_t cap = 1024, k = 0;
+  pos = (int64_t *)PyMem_Malloc((size_t)cap * sizeof(int64_t));
+  if (!pos) {
+    PyErr_NoMemory();
+    goto done;
+  }
+  for (Py_ssize_t p = lo; p < hi;) {
+    const uint8_t *hit;
+    if (cr) {
+      hit = b + p;
+      while (hit < b + hi && *hit != '\n' && *hit != '\r') hit++;
+      if (hit == b + hi) break;
+    } else {
+      hit = (const uint8_t *)memchr(b + p, '\n', (size_t)(hi - p));
+      if (!hit) break;
+    }
+    Py_ssize_t at = hit - b;
+    p = at + 1;
+    if (*hit == '\r' && (at + 1 < hi ? b[at + 1] == '\n' : after == '\n')) continue;  /* \r\n: the \n breaks */
+    if (k == cap) {
+      cap *= 2;
+      int64_t *grown = (int64_t *)PyMem_Realloc(pos, (size_t)cap * sizeof(int64_t));
+      if (!grown) {
+        PyErr_NoMemory();
+        goto done;
+      }
+      pos = grown;
+    }
+    pos[k++] = (int64_t)(at - lo);
+  }
+  result = PyBytes_FromStringAndSize((const char *)pos, (Py_ssize_t)(k * (Py_ssize_t)sizeof(int64_t)));
+done:
+  PyMem_Free(pos);
+  PyBuffer_Release(&data);
+  return result;
+}
+
 static PyMethodDef methods[] = {
     {"quote_states", quote_states, METH_VARARGS,
      "Which line breaks of data[lo:hi] end a CSV record, and the quote state at hi."},
+    {"line_breaks", line_breaks, METH_VARARGS, "Offsets from lo of the line breaks of data[lo:hi] (int64 bytes)."},
     {NULL, NULL, 0, NULL}};
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_csv_native", NULL, -1, methods};
