@@ -625,7 +625,8 @@ def _parse_records(f: InputFile, head: _CsvHead, columns: List[str], delimiter: 
     m = int(starts.size)
     original = data
     try:
-        data.decode("utf-8")
+        if not data.isascii():  # ASCII is UTF-8; isascii is ~10x faster than a decode
+            data.decode("utf-8")
         not_utf8 = np.zeros(0, np.int64)
     except UnicodeDecodeError:
         data, invalid = _blank_invalid_utf8(data)

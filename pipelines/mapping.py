@@ -177,8 +177,8 @@ def map_feature(f, fv: FeatureValues, spec, vocab: Optional["pa.Array | TokenInd
     oov = (np.bincount(ex[oov_per_value], minlength=n).astype(np.int32) if oov_per_value is not None
            else np.zeros(n, np.int32))
     counts[key + "ids"] += int(ids.size)
-    return FeatureBlock(lengths.astype(np.int64), ids.astype(np.int64),
-                        None if weights is None else weights.astype(np.float32), oov)
+    return FeatureBlock(lengths.astype(np.int64, copy=False), ids.astype(np.int64, copy=False),
+                        None if weights is None else weights.astype(np.float32, copy=False), oov)
 
 
 def map_chunk(chunk: ParsedChunk, spec, vocabs: Mapping[str, "pa.Array | TokenIndex"], counts: collections.Counter
