@@ -232,6 +232,11 @@ if os.environ.get("TPU_EMBED_NATIVE", "1") != "0":
         pass
 
 
+def csv_native():
+    """The native CSV module (native/_csv_native.c), or None (not built, or TPU_EMBED_NATIVE=0)."""
+    return _csv_native
+
+
 def _delimiter_byte(delimiter: str) -> int:
     b = delimiter.encode("utf-8")
     return b[0] if len(b) == 1 else -1

@@ -18,7 +18,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from pipelines.io import DeadLetter, RawBatch, one_array
+from pipelines.io import DeadLetter, RawBatch, csv_native, one_array
 
 
 @dataclasses.dataclass
@@ -126,6 +126,9 @@ def parse_floats(values: pa.Array) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
     if n == 0:
         return np.zeros(0), np.zeros(0, bool), np.zeros(0, bool)
     if _is_stringlike(t):
+        plain = _plain_decimals(values)
+        if plain is not None:
+            return plain[0], plain[1], np.zeros(n, bool)
         if pa.types.is_binary(t) or pa.types.is_large_binary(t):
             try:
                 values = values.cast(pa.large_string())
@@ -156,6 +159,19 @@ def parse_floats(values: pa.Array) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
         bad = ~np.isfinite(out)
         return np.where(bad, 0.0, out), np.zeros(n, bool), bad
     return np.zeros(n), np.zeros(n, bool), np.ones(n, bool)
+
+
+def _plain_decimals(values: pa.Array) -> Optional[Tuple[np.ndarray, np.ndarray]]:
+    """(float64 values, blank mask) when every value is "" or a decimal integer of at most 15 digits (exact as a
+    double, so what the general way gives), by the native parser in one pass; else None (also without it)."""
+    native = csv_native()
+    if native is None or not pa.types.is_large_string(values.type) or values.null_count:
+        return None
+    _, offsets, data = values.buffers()
+    got = native.plain_decimals(offsets, b"" if data is None else data, values.offset, len(values))
+    if got is None:
+        return None
+    return np.frombuffer(got[0], np.float64), np.frombuffer(got[1], np.bool_)
 
 
 def _type_name(t) -> str:

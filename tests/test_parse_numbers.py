@@ -1,0 +1,61 @@
+"""pipelines.parse.parse_floats: the native one-pass parser of plain decimal integers gives the general way's
+values, blank and bad masks bit for bit, and hands anything else to the general way."""
+
+from __future__ import annotations
+
+import re
+from unittest import mock
+
+import numpy as np
+import pyarrow as pa
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from pipelines import io as pio, parse
+
+plain = st.builds(lambda sign, digits: sign + digits, st.sampled_from(["", "-", "+"]),
+                  st.text("0123456789", min_size=1, max_size=15))
+other = st.one_of(st.text("0123456789", min_size=16, max_size=20), st.sampled_from(
+    ["1.5", "-0.0", "1e3", " 7", "7 ", "\t", " ", "-", "+", "nan", "inf", "0x10", "1_0", "abc", "٣", "+-1"]))
+
+
+def _general(values: pa.Array):
+    with mock.patch.object(pio, "_csv_native", None):
+        return parse.parse_floats(values)
+
+
+def _same(got, want):
+    for g, w in zip(got, want):
+        assert g.dtype == w.dtype and np.array_equal(g.view(np.uint8), w.view(np.uint8))  # -0.0 too
+
+
+@pytest.fixture(autouse=True)
+def _native():
+    if pio.csv_native() is None:
+        pytest.skip("the native CSV module is not built (setup.py builds it in place)")
+
+
+@settings(max_examples=300)
+@given(st.lists(st.one_of(plain, st.just("")), max_size=40), st.integers(0, 3))
+def test_plain_integers_parse_natively_as_the_general_way(values, cut):
+    arr = pa.array(values, pa.large_string())[min(cut, len(values)):]  # a slice: the array's offset counts
+    assert parse._plain_decimals(arr) is not None  # every value is plain: the native way takes it
+    _same(parse.parse_floats(arr), _general(arr))
+
+
+@settings(max_examples=300)
+@given(st.lists(st.one_of(plain, st.just(""), other), min_size=1, max_size=40))
+def test_any_other_value_goes_the_general_way_with_the_same_result(values):
+    arr = pa.array(values, pa.large_string())
+    plain_only = all(v == "" or re.fullmatch(r"[+-]?[0-9]{1,15}", v) for v in values)
+    assert (parse._plain_decimals(arr) is not None) == plain_only
+    _same(parse.parse_floats(arr), _general(arr))
+
+
+def test_values_and_masks():
+    arr = pa.array(["12", "", "-0", "+007", "999999999999999"], pa.large_string())
+    values, blank, bad = parse.parse_floats(arr)
+    assert values.tolist() == [12.0, 0.0, -0.0, 7.0, 999999999999999.0] and np.signbit(values[2])
+    assert blank.tolist() == [False, True, False, False, False] and not bad.any()
+    values, blank, bad = parse.parse_floats(pa.array(["1", "x", " 2 "], pa.large_string()))  # general way
+    assert values.tolist() == [1.0, 0.0, 2.0] and bad.tolist() == [False, True, False] and not blank.any()
