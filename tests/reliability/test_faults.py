@@ -25,7 +25,7 @@ KILLER = textwrap.dedent("""
     orig, point, seen = tio.write_atomic, os.environ.get("KILL_AT", ""), []
     def die():
         os.kill(os.getpid(), signal.SIGKILL)
-    def patched(path, data):
+    def patched(path, data, **kw):
         if "/shards/" in path:
             seen.append(path)
             if point == "after_vocab":
@@ -35,12 +35,12 @@ KILLER = textwrap.dedent("""
                     for c in tio._chunks(data):
                         yield c[:len(c) // 2]
                         die()
-                return orig(path, chunks())
+                return orig(path, chunks(), **kw)
         if point == "before_plan" and path.endswith("plan.json"):
             die()
         if point == "manifest" and path.endswith("manifest.json") and seen:
             die()
-        return orig(path, data)
+        return orig(path, data, **kw)
     tio.write_atomic = patched
     from pipelines import cli
     sys.exit(cli.main(sys.argv[1:]))
