@@ -254,19 +254,8 @@ def _scan(b: np.ndarray, lo: int, hi: int, q: int, bof: int, delim: int, after: 
     caller does not need which breaks end a record (the native way then returns None for them, and can
     skip rescanning a range read from the wrong quote state).
     """
-    seg = b[lo:hi]
     if _csv_native is not None:
         breaks = np.frombuffer(_csv_native.line_breaks(b, lo, hi, after), np.int64)
-    else:
-        brk = seg == _LF
-        cr = seg == _CR
-        if cr.any():
-            nxt = np.empty_like(seg)
-            nxt[:-1] = seg[1:]
-            nxt[-1] = after if after >= 0 else 0
-            brk |= cr & (nxt != _LF)
-        breaks = np.flatnonzero(brk)
-    if _csv_native is not None:
         flags = np.empty(breaks.size, np.uint8) if records else None
         if both:  # one pass for both start states when the quotes allow (native/_csv_native.c)
             end, other = _csv_native.quote_states(b, lo, hi, q, bof, delim, after, flags, True)
@@ -274,6 +263,15 @@ def _scan(b: np.ndarray, lo: int, hi: int, q: int, bof: int, delim: int, after: 
             end = _csv_native.quote_states(b, lo, hi, q, bof, delim, after, flags)
             other = end ^ 1
         return breaks + lo, (flags.view(bool) if records else None), (other if q else end), (end if q else other)
+    seg = b[lo:hi]
+    brk = seg == _LF
+    cr = seg == _CR
+    if cr.any():
+        nxt = np.empty_like(seg)
+        nxt[:-1] = seg[1:]
+        nxt[-1] = after if after >= 0 else 0
+        brk |= cr & (nxt != _LF)
+    breaks = np.flatnonzero(brk)
     quotes = np.flatnonzero(seg == _QUOTE)
     if not quotes.size:
         return breaks + lo, np.full(breaks.size, q == 0), 0, 1

@@ -83,21 +83,13 @@ static int parity_scan(const uint8_t *b, Py_ssize_t lo, Py_ssize_t hi, int q, in
   if (delim >= 0) opens_after[(uint8_t)delim] = 1;
   unsigned par = (unsigned)q, bad0 = 0, bad1 = 0;  /* bad0 / bad1: a stray quote at parity 0 / 1 */
   Py_ssize_t k = 0;
-  uint8_t c = b[lo];
-  if (c == '"' && !(lo > 0 && (opens_after[b[lo - 1]] || b[lo - 1] == '\r'))) {
-    if (q) bad1 = 1; else bad0 = 1;
-  }
+  /* The byte before p opens a value: a quote may follow it. Before lo also a \r; not a quote there (a
+   * run of quotes is never cut at lo, so a quote at lo after one is not the second of a pair). */
+  uint64_t prev_open = lo > 0 && (opens_after[b[lo - 1]] || b[lo - 1] == '\r');
   opens_after['"'] = 1;
   if (memchr(b + lo, '\r', (size_t)(hi - lo))) return -1;
-  /* The first byte (its stray check above): then 64-byte blocks as bit masks, then the last bytes. */
-  par ^= c == '"';
-  if (c == '\n') {
-    if (k >= nflags) return -1;
-    if (out) out[k] = (uint8_t)(par == 0);
-    k++;
-  }
-  uint64_t prev_open = opens_after[c];  /* the byte before p opens a value: a quote may follow it */
-  Py_ssize_t p = lo + 1;
+  /* 64-byte blocks as bit masks, then the last bytes one by one. */
+  Py_ssize_t p = lo;
   for (; p + 64 <= hi; p += 64) {
     uint64_t quote, brk, opener;
     block_masks(b + p, delim, &quote, &brk, &opener);
@@ -120,8 +112,8 @@ static int parity_scan(const uint8_t *b, Py_ssize_t lo, Py_ssize_t hi, int q, in
     prev_open = opener >> 63;
   }
   for (; p < hi; p++) {
-    unsigned stray = (b[p] == '"') & !prev_open;
-    c = b[p];
+    uint8_t c = b[p];
+    unsigned stray = (c == '"') & !prev_open;
     bad0 |= stray & (par ^ 1);
     bad1 |= stray & par;
     par ^= c == '"';
