@@ -7,7 +7,7 @@ Composite transforms (each testable alone with TestPipeline + assert_that):
     MapToIds           ParsedChunk -> ((file, chunk), ExampleBlock) through the vocabularies
     FormGlobalBatches  keyed blocks -> (step, global batch), ordered by (file, record)
     BuildShards        (step, batch) -> shard files (+ the inputs of the profile)
-    CollectProfile     (step, global ids, oov) -> profile files (profiles.ProfileCollector as a CombineFn)
+    CollectProfile     partial profiles (one per BuildShards bundle) -> profile files
     WriteDeadLetters   dead letters -> dead_letter/<input file>.jsonl
 
 `run_vocab_job` / `run_shard_job` wire them and write manifest.json last.
@@ -29,6 +29,7 @@ from apache_beam.metrics import Metrics
 
 from pipelines import batching, chunk_sizes, io as pio, manifest as pmanifest, mapping, parse
 from pipelines import read_spill, shard as pshard, shard_runs, vocab as pvocab
+from pipelines.background import Behind, prefetched
 from pipelines.coders import BulkElement
 from pipelines.token_index import TokenCounter, TokenIndex
 from tpu_embed import io as tio, permutation
@@ -143,7 +144,7 @@ class _ReadAndParse(beam.DoFn):
 
     def process(self, split: pio.InputSplit, csv_states=()):
         if self.replay is not None:  # the vocabulary job's read of this split, as it was yielded
-            for tag, value in read_spill.replay(self.replay, split.file.index, split.index):
+            for tag, value in prefetched(read_spill.replay(self.replay, split.file.index, split.index)):
                 if tag == "stats":
                     _counter(value)
                 yield tag, value
@@ -158,7 +159,6 @@ class _ReadAndParse(beam.DoFn):
         writer.close()
 
     def _read(self, split: pio.InputSplit, csv_states):
-        spec = self.spec
         counts = collections.Counter(files_read=int(split.index == 0))
         state = dict(csv_states).get((split.file.index, split.index)) if csv_states else None
         held: List[pio.DeadLetter] = []  # --strict: reader letters wait for the batch they precede
@@ -168,9 +168,7 @@ class _ReadAndParse(beam.DoFn):
             raise pio.StrictModeError(f"--strict: {first.file} record {first.record}: {first.reason}: "
                                       f"{first.detail}")
 
-        for item in pio.read_split(spec.inputs.format, split, spec.required_columns(),
-                                   csv_delimiter=spec.inputs.csv_delimiter, chunk_rows=self.chunk_rows,
-                                   strict=self.strict, csv_state=state):
+        for item, parsed in prefetched(self._parsed(split, state)):
             if isinstance(item, pio.DeadLetter):
                 if self.strict:
                     held.append(item)
@@ -183,9 +181,9 @@ class _ReadAndParse(beam.DoFn):
                     counts["files_dead_lettered"] += 1
                 yield "dead", item
                 continue
-            if not item.num_rows:
+            if parsed is None:
                 continue
-            chunk, letters = parse.parse_batch(item, spec, int(item.record_numbers[0]))
+            chunk, letters = parsed
             if self.strict and (letters or held):
                 stop(letters + held)
             counts["records_read"] += item.num_rows
@@ -199,6 +197,18 @@ class _ReadAndParse(beam.DoFn):
             stop(held)
         _counter(counts)
         yield "stats", dict(counts)
+
+
+    def _parsed(self, split: pio.InputSplit, csv_state):
+        """(reader item, (chunk, letters) parsed from it, or None): run one thread ahead of `_read`."""
+        spec = self.spec
+        for item in pio.read_split(spec.inputs.format, split, spec.required_columns(),
+                                   csv_delimiter=spec.inputs.csv_delimiter, chunk_rows=self.chunk_rows,
+                                   strict=self.strict, csv_state=csv_state):
+            parsed = None
+            if isinstance(item, pio.RawBatch) and item.num_rows:
+                parsed = parse.parse_batch(item, spec, int(item.record_numbers[0]))
+            yield item, parsed
 
 
 def _csv_summary(split: pio.InputSplit, delimiter: str):
@@ -612,14 +622,20 @@ class _StitchSteps(beam.DoFn):
 
 @beam.typehints.with_output_types(BulkElement)
 class _BuildStep(beam.DoFn):
-    """(step, ExampleBlock) -> ("runs", ((host, file), shard_runs.Run)) | ("profile", ...) | ("stats", ...).
+    """(step, ExampleBlock) -> ("runs", ((host, file), shard_runs.Run)) | ("profile", partial profile) |
+    ("stats", ...).
 
-    The records go to run files as they are built (`pipelines.shard_runs`): only their places travel on."""
+    The records go to run files as they are built (`pipelines.shard_runs`): only their places travel on.
+    With a `collector`, the bundle's steps are added to one partial profile (a `ProfileCollector`
+    accumulator) by a background thread (`pipelines.background.Behind`): its numpy work runs while this
+    thread packs and writes (native code, without the GIL); the partial is emitted when the bundle ends.
+    """
 
-    def __init__(self, spec, vocab_sizes, limits, steps_per_file: int, encode: bool, profile: bool, output: str):
+    def __init__(self, spec, vocab_sizes, limits, steps_per_file: int, encode: bool, output: str,
+                 collector=None):
         self.spec, self.vocab_sizes, self.limits = spec, vocab_sizes, limits
-        self.steps_per_file, self.encode, self.profile, self.output = steps_per_file, encode, profile, output
-        self.layout = self.runs = None
+        self.steps_per_file, self.encode, self.output, self.collector = steps_per_file, encode, output, collector
+        self.layout = self.runs = self.partial = self.profiling = None
 
     def setup(self):
         self.layout = self.spec.layout(self.vocab_sizes)
@@ -628,6 +644,8 @@ class _BuildStep(beam.DoFn):
 
     def start_bundle(self):
         self.runs = shard_runs.RunWriter(self.output)
+        if self.collector is not None:
+            self.partial, self.profiling = self.collector.create_accumulator(), Behind(PROFILE_STEPS_BEHIND)
 
     def process(self, kv):
         step, block = kv
@@ -638,13 +656,18 @@ class _BuildStep(beam.DoFn):
         for host, rec in records:
             for written in self.runs.add((host, step // self.steps_per_file), step, rec):
                 yield "runs", written
-        if self.profile:
-            yield "profile", (step, gids, oov)
+        if self.collector is not None:
+            self.profiling.run(self.collector.add_step, self.partial, gids, oov, step=step)
 
     def finish_bundle(self):
         from apache_beam.transforms.window import GlobalWindows
-        for written in self.runs.flush():
+        for written in self.runs.close():
             yield GlobalWindows.windowed_value(("runs", written))
+        if self.collector is not None:
+            self.profiling.close()
+            if self.partial.steps:
+                yield GlobalWindows.windowed_value(("profile", self.partial))
+            self.partial = self.profiling = None
 
 
 @beam.typehints.with_output_types(typing.Any)
@@ -685,27 +708,29 @@ class _BuildTagged(beam.PTransform):
 
 
 class BuildShards(beam.PTransform):
-    """((step, ExampleBlock) PCollections, info) -> {"files": FileInfo, "profile": [(step, global ids, oov)
+    """((step, ExampleBlock) PCollections, info) -> {"files": FileInfo, "profile": [partial profile
     PCollections], "stats": dicts}.
 
     Each step stream is built where it arrives (a stream of whole steps stays fused with the read that
     produced it) and its records written to runs there (`pipelines.shard_runs`); only the runs' places
     meet in one GroupByKey per shard file, whose writer streams them into the file. The runs are deleted
-    once every shard file is written, before "files" is complete. The profile inputs stay one
-    PCollection per stream (`CollectProfile` combines each where it is produced).
+    once every shard file is written, before "files" is complete. Each bundle adds its steps to one
+    partial profile as it builds them (`_BuildStep`); `CollectProfile` merges the partials.
     """
 
     def __init__(self, spec, vocab_sizes, limits, output: str, steps_per_file: int = 1000,
-                 write_shards: bool = True, profile: bool = True):
+                 write_shards: bool = True, profile: bool = True, candidate_chip_counts=None):
         super().__init__()
         self.spec, self.vocab_sizes, self.limits, self.output = spec, vocab_sizes, limits, output
         self.steps_per_file, self.write_shards, self.profile = steps_per_file, write_shards, profile
+        self.candidates = candidate_chip_counts
 
     def expand(self, steps_and_info):
         steps, info = steps_and_info
         streams = steps if isinstance(steps, (tuple, list)) else (steps,)
+        collector = profile_collector(self.spec, self.vocab_sizes, self.candidates) if self.profile else None
         build = _BuildStep(self.spec, self.vocab_sizes, self.limits, self.steps_per_file, self.write_shards,
-                           self.profile, self.output)
+                           self.output, collector)
         built = [stream | f"Build{i}" >> _BuildTagged(build) for i, stream in enumerate(streams)]
         runs = tuple(b["runs"] for b in built) | "AllRuns" >> beam.Flatten()
         stats = tuple(b["stats"] for b in built) | "AllBuildStats" >> beam.Flatten()
@@ -720,30 +745,23 @@ class BuildShards(beam.PTransform):
 
 # ---------------------------------------------------------------- profile
 
-class ProfileCombineFn(beam.CombineFn):
-    """profiles.ProfileCollector as a beam.CombineFn over (step, global ids, oov counts).
+PROFILE_STEPS_BEHIND = 4  # steps a bundle's profile thread may lag (their ids are held meanwhile)
 
-    `extract=False`: the output is the accumulator itself (a partial profile for `MergeProfiles`)."""
 
-    def __init__(self, collector, extract: bool = True):
-        self.collector, self.extract = collector, extract
-
-    def create_accumulator(self):
-        return self.collector.create_accumulator()
-
-    def add_input(self, acc, element):
-        step, gids, oov = element
-        return self.collector.add_step(acc, gids, oov, step=step)
-
-    def merge_accumulators(self, accs):
-        return self.collector.merge_accumulators(list(accs))
-
-    def extract_output(self, acc):
-        return self.collector.extract_output(acc) if self.extract else acc
+def profile_collector(spec, vocab_sizes, candidate_chip_counts=None):
+    """The job's `profiles.ProfileCollector`: the one that builds the partial profiles and merges them."""
+    import profiles
+    kwargs = {}
+    if candidate_chip_counts is not None:
+        kwargs["candidate_chip_counts"] = tuple(candidate_chip_counts)
+    return profiles.ProfileCollector(spec.model(vocab_sizes), spec.topology, **kwargs)
 
 
 class MergeProfiles(beam.CombineFn):
-    """Partial profiles (ProfileCombineFn(extract=False) outputs) -> the profile."""
+    """Partial profiles (`ProfileCollector` accumulators, one per bundle of `BuildShards`) -> the profile.
+
+    Merging is exact and order-free (sums, exact id counts, histograms), so the profile is the same
+    whatever the bundles."""
 
     def __init__(self, collector):
         self.collector = collector
@@ -762,34 +780,25 @@ class MergeProfiles(beam.CombineFn):
 
 
 class CollectProfile(beam.PTransform):
-    """(step, global ids, oov) PCollection(s) -> paths written by profiles.ProfileStore(directory).
-
-    Several streams (BuildShards' "profile") are each combined where they are produced, then their
-    partial profiles merged: flattening the streams first would make the runner hold every step's ids.
-    """
+    """Partial profiles (PCollection(s): BuildShards' "profile") -> paths written by
+    profiles.ProfileStore(directory). `candidate_chip_counts` as given to BuildShards."""
 
     def __init__(self, spec, vocab_sizes, directory: str, candidate_chip_counts=None):
         super().__init__()
         self.spec, self.vocab_sizes, self.directory = spec, vocab_sizes, directory
         self.candidates = candidate_chip_counts
 
-    def expand(self, steps):
+    def expand(self, partials):
         import profiles
-        fc = self.spec.model(self.vocab_sizes)
-        kwargs = {}
-        if self.candidates is not None:
-            kwargs["candidate_chip_counts"] = tuple(self.candidates)
-        collector = profiles.ProfileCollector(fc, self.spec.topology, **kwargs)
+        collector = profile_collector(self.spec, self.vocab_sizes, self.candidates)
         directory = self.directory
 
         def write(profile):
             paths = profiles.ProfileStore(directory).write(profile)
             return sorted(paths)
 
-        streams = steps if isinstance(steps, (tuple, list)) else (steps,)
-        partial = [stream | f"Collect{i}" >> beam.CombineGlobally(ProfileCombineFn(collector, extract=False))
-                   .without_defaults() for i, stream in enumerate(streams)]
-        return (tuple(partial) | "Partials" >> beam.Flatten()
+        streams = partials if isinstance(partials, (tuple, list)) else (partials,)
+        return (tuple(streams) | "Partials" >> beam.Flatten()
                 | "Merge" >> beam.CombineGlobally(MergeProfiles(collector)).without_defaults()
                 | "Write" >> beam.Map(write))
 
@@ -860,7 +869,8 @@ def build_shard_pipeline(p, cfg: JobConfig, files: Sequence[pio.InputFile], voca
                                                                 cfg.tail_policy, spec.shuffle and spec.shuffle.seed,
                                                                 spec.epochs, cfg.known_chunk_sizes)
     built = ((batches["whole"], batches["steps"]), batches["info"]) | "Shards" >> BuildShards(
-        spec, vocab_sizes, limits, cfg.output, cfg.steps_per_file, cfg.write_shards, cfg.write_profile)
+        spec, vocab_sizes, limits, cfg.output, cfg.steps_per_file, cfg.write_shards, cfg.write_profile,
+        cfg.candidate_chip_counts)
     extras = [batches["info"] | "BatchInfo" >> beam.Map(lambda i: {"batching": {
         k: v for k, v in i.items() if k != "offsets"}})]
     file_pcolls = [dead_files, built["files"]]

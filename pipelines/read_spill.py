@@ -24,6 +24,7 @@ import io
 import pickle
 from typing import Any, Iterator, List, Optional
 
+from pipelines.background import Behind
 from tpu_embed import io as tio
 
 SPILL_DIR = ".tmp-read-spill"
@@ -55,6 +56,7 @@ class SpillWriter:
         self._buffer: List[bytes] = []
         self._size = 0
         self._part = 0
+        self._writes = Behind()
 
     def add(self, item: Any) -> None:
         data = pickle.dumps(item, protocol=pickle.HIGHEST_PROTOCOL)
@@ -64,12 +66,15 @@ class SpillWriter:
             self._flush()
 
     def close(self) -> None:
+        """Write the last part and wait until every part is written."""
         self._buffer.append(pickle.dumps(_End, protocol=pickle.HIGHEST_PROTOCOL))
         self._flush()
+        self._writes.close()
 
     def _flush(self) -> None:
         path = _part_path(self.directory, self.file_index, self.split_index, self._part)
-        tio.write_atomic(path, self._buffer, durable=False)  # transient: run deletes it
+        # Transient (run deletes it): no fsync; written behind, `close` waits.
+        self._writes.run(tio.write_atomic, path, self._buffer, durable=False)
         self._buffer, self._size = [], 0
         self._part += 1
 

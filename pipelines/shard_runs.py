@@ -25,6 +25,7 @@ import dataclasses
 import uuid
 from typing import Dict, Iterable, Iterator, List, Optional, Tuple
 
+from pipelines.background import Behind
 from tpu_embed import io as tio
 from tpu_embed.shards import tfrecord_frame
 
@@ -52,6 +53,7 @@ class RunWriter:
         self.output, self.flush_bytes = output, FLUSH_BYTES if flush_bytes is None else flush_bytes
         self._buffers: Dict[FileKey, List[Tuple[int, bytes]]] = collections.defaultdict(list)
         self._size = 0
+        self._writes = Behind()
 
     def add(self, key: FileKey, step: int, record: bytes) -> List[Tuple[FileKey, Run]]:
         """Buffer one step's record; the runs written if the buffer became full (else [])."""
@@ -61,7 +63,7 @@ class RunWriter:
         return self.flush() if self._size >= self.flush_bytes else []
 
     def flush(self) -> List[Tuple[FileKey, Run]]:
-        """Write every buffer as one run each; their (shard file, Run)s."""
+        """Write every buffer as one run each (behind: `close` waits for the writes); their (shard file, Run)s."""
         out = []
         for key in sorted(self._buffers):
             items = sorted(self._buffers[key], key=lambda t: t[0])
@@ -71,10 +73,16 @@ class RunWriter:
             for step, frame in items:
                 records.append((step, offset, len(frame)))
                 offset += len(frame)
-            tio.write_atomic(path, [frame for _, frame in items], durable=False)
+            self._writes.run(tio.write_atomic, path, [frame for _, frame in items], durable=False)
             out.append((key, Run(path, tuple(records))))
         self._buffers.clear()
         self._size = 0
+        return out
+
+    def close(self) -> List[Tuple[FileKey, Run]]:
+        """Flush, and wait until every run is written: call before the bundle ends (its Runs name the files)."""
+        out = self.flush()
+        self._writes.close()
         return out
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import collections
 import json
 import os
+import typing
 
 import numpy as np
 import pyarrow as pa
@@ -283,8 +284,45 @@ def test_build_shards_and_profile_combine(tmp_path):
     with tp() as p:
         steps = p | "Steps" >> beam.Create([(0, block)])
         info = p | "Info" >> beam.Create([{"steps": 1}])
-        built = (steps, info) | jobs.BuildShards(spec, sizes, limits, out, profile=True)
+        built = (steps, info) | jobs.BuildShards(spec, sizes, limits, out, profile=True, candidate_chip_counts=[1])
         assert_that(built["files"] | beam.Map(lambda f: (f.path, f.records)),
                     equal_to([("shards/host-00000/part-00000-of-00001.tfrecord", 1)]), label="files")
         prof = built["profile"] | jobs.CollectProfile(spec, sizes, str(tmp_path / "prof"), candidate_chip_counts=[1])
         assert_that(prof | beam.Map(lambda ps: len(ps) > 0), equal_to([True]), label="profile")
+
+
+def test_the_profile_of_partials_per_bundle_is_the_profile_of_all_steps_at_once(tmp_path):
+    """BuildShards adds each bundle's steps to a partial profile in a background thread; merged, the partials
+    are the profile one collector makes from every step in order (same files, byte for byte)."""
+    import profiles
+    from pipelines import shard as pshard
+    rows = "".join(f"{i % 2},{i * 0.5},{'a|b' if i % 3 else 'c'},{'1|2' if i % 3 else '1'},{i % 10}\n"
+                   for i in range(64))
+    write(tmp_path, "a.csv", "label,x,c,w,d\n" + rows)
+    spec = small_spec(tmp_path)
+    out = str(tmp_path / "o")
+    runner.run_vocab(jobs.JobConfig(spec=spec, output=out))
+    sizes = runner.vocab_sizes_for(jobs.JobConfig(spec=spec, output=out))
+    layout = spec.layout(sizes)
+    limits = pshard.resolve_limits(spec, layout)
+    vocabs = jobs.load_vocabularies(spec, out)
+    raw = next(it for it in pio.read_file("csv", pio.list_input_files(spec.input_patterns())[0],
+                                          spec.required_columns()) if isinstance(it, pio.RawBatch))
+    block = mapping.map_chunk(parse.parse_batch(raw, spec)[0], spec, vocabs, collections.Counter())
+    B = spec.global_batch_size
+    steps = [(s, block.slice(s * B, (s + 1) * B)) for s in range(block.num_examples // B)]
+    collector = jobs.profile_collector(spec, sizes, [1, 2])
+    acc = collector.create_accumulator()
+    for s, b in steps:
+        _, gids, oov, _ = pshard.build_step(s, b, spec, layout, limits)
+        acc = collector.add_step(acc, gids, oov, step=s)
+    want = profiles.ProfileStore(str(tmp_path / "want")).write(collector.extract_output(acc))
+    with tp() as p:
+        step_pc = p | "Steps" >> beam.Create(steps).with_output_types(typing.Any) | beam.Reshuffle()
+        info = p | "Info" >> beam.Create([{"steps": len(steps)}])
+        built = (step_pc, info) | jobs.BuildShards(spec, sizes, limits, out, profile=True, candidate_chip_counts=[1, 2])
+        _ = built["profile"] | jobs.CollectProfile(spec, sizes, str(tmp_path / "got"), candidate_chip_counts=[1, 2])
+    got = sorted(os.listdir(tmp_path / "got"))
+    assert got == sorted(os.path.basename(w) for w in want) and len(got) > 0
+    for name in got:
+        assert (tmp_path / "got" / name).read_bytes() == (tmp_path / "want" / name).read_bytes(), name
