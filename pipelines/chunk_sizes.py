@@ -27,7 +27,7 @@ ChunkSizes = List[Tuple[Tuple[int, int], int]]  # [((file index, first record), 
 def read_key(cfg, files: Sequence[Any]) -> dict:
     """What makes two reads cut the same chunks."""
     return {"format": cfg.spec.inputs.format, "inputs": [[f.path, int(f.size)] for f in files],
-            "chunk_rows": int(cfg.chunk_rows), "split_bytes": int(cfg.split_bytes), "strict": bool(cfg.strict)}
+            "chunk_rows": int(cfg.chunk_rows), "split_bytes": cfg.split_bytes, "strict": bool(cfg.strict)}
 
 
 def path(output: str) -> str:

@@ -46,7 +46,8 @@ def _add_common(sp: argparse.ArgumentParser, output_required: bool = True):
     sp.add_argument("--chunk-rows", type=int, default=None, help="rows per Arrow batch (default 32768)")
     sp.add_argument("--split-bytes", type=int, default=None, metavar="N",
                     help="input files larger than N bytes are read by several workers: CSV by byte range, "
-                         "Parquet by row group (default 67108864, 64 MiB); the output does not depend on it")
+                         "Parquet by row group (default: whole files on the DirectRunner with one worker, else "
+                         "67108864, 64 MiB); the output does not depend on it")
     sp.add_argument("--overwrite", action="store_true",
                     help="replace an existing artifact in --output (run/vocab refuse a non-empty --output, shard "
                          "one with shards, without it); files the new manifest does not list are deleted")

@@ -49,7 +49,8 @@ class JobConfig:
     tail: Optional[str] = None  # overrides spec.policies.tail
     plan: Optional[str] = None
     chunk_rows: int = pio.DEFAULT_CHUNK_ROWS
-    split_bytes: int = pio.DEFAULT_SPLIT_BYTES  # input files larger than this are read by several workers
+    # Input files larger than this are read by several workers; None: `runner.split_bytes_for` decides.
+    split_bytes: Optional[int] = None
     steps_per_file: int = 1000
     vocab_engine: str = "combine"
     write_shards: bool = True
@@ -141,6 +142,7 @@ class _ReadAndParse(beam.DoFn):
         self.strict = strict
         self.chunk_rows = chunk_rows
         self.spill, self.replay = spill, replay  # directories of `pipelines.read_spill`
+        self.spill_writes: Optional[Behind] = None  # the bundle's spill part writes
 
     def process(self, split: pio.InputSplit, csv_states=()):
         if self.replay is not None:  # the vocabulary job's read of this split, as it was yielded
@@ -152,11 +154,19 @@ class _ReadAndParse(beam.DoFn):
         if self.spill is None:
             yield from self._read(split, csv_states)
             return
-        writer = read_spill.SpillWriter(self.spill, split.file.index, split.index)
+        writer = read_spill.SpillWriter(self.spill, split.file.index, split.index, writes=self.spill_writes)
         for item in self._read(split, csv_states):
             writer.add(item)
             yield item
         writer.close()
+
+    def start_bundle(self):
+        self.spill_writes = None if self.spill is None else Behind()
+
+    def finish_bundle(self):
+        if self.spill_writes is not None:  # every split's parts are written before the bundle ends
+            self.spill_writes.close()
+            self.spill_writes = None
 
     def _read(self, split: pio.InputSplit, csv_states):
         counts = collections.Counter(files_read=int(split.index == 0))
@@ -834,9 +844,13 @@ def _file_json(info: pio.FileInfo) -> dict:
     return info.to_json()
 
 
+def _split_bytes(cfg: JobConfig) -> int:
+    return pio.DEFAULT_SPLIT_BYTES if cfg.split_bytes is None else cfg.split_bytes
+
+
 def build_vocab_pipeline(p, cfg: JobConfig, files: Sequence[pio.InputFile]):
     spec = cfg.spec
-    read = p | "Read" >> ReadExamples(spec, files, cfg.strict, cfg.chunk_rows, cfg.split_bytes,
+    read = p | "Read" >> ReadExamples(spec, files, cfg.strict, cfg.chunk_rows, _split_bytes(cfg),
                                       spill=read_spill.spill_dir(cfg.output) if cfg.spill_read else None)
     vocab = read["chunks"] | "Vocabulary" >> ComputeVocabulary(spec, cfg.output, cfg.vocab_engine)
     stats = _stats_of(p, "VocabStats", [read["stats"]])
@@ -861,7 +875,7 @@ def build_shard_pipeline(p, cfg: JobConfig, files: Sequence[pio.InputFile], voca
     layout = spec.layout(vocab_sizes)
     limits = pshard.resolve_limits(spec, layout, cfg.plan, auto=cfg.write_shards and cfg.write_profile)
     fmt = pshard.shard_format_for(spec, layout, limits)
-    read = p | "Read" >> ReadExamples(spec, files, cfg.strict, cfg.chunk_rows, cfg.split_bytes,
+    read = p | "Read" >> ReadExamples(spec, files, cfg.strict, cfg.chunk_rows, _split_bytes(cfg),
                                       replay=read_spill.spill_dir(cfg.output) if cfg.replay_read else None)
     dead_files = read["dead"] | "DeadLetters" >> WriteDeadLetters(cfg.output, files, cfg.dead_letter_limit)
     mapped = read["chunks"] | "Ids" >> MapToIds(spec, cfg.vocab_dir or cfg.output)

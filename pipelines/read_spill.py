@@ -48,15 +48,21 @@ def _part_path(directory: str, file_index: int, split_index: int, part: int) -> 
 
 
 class SpillWriter:
-    """One split's items -> its parts (pickled in order, a part written once PART_BYTES are buffered)."""
+    """One split's items -> its parts (pickled in order, a part written once PART_BYTES are buffered).
 
-    def __init__(self, directory: str, file_index: int, split_index: int, part_bytes: Optional[int] = None):
+    The parts are written behind (`pipelines.background.Behind`): by `writes` if given (shared by a
+    bundle's splits; its owner waits for it before the bundle ends), else by the writer's own, which
+    `close` waits for."""
+
+    def __init__(self, directory: str, file_index: int, split_index: int, part_bytes: Optional[int] = None,
+                 writes: Optional[Behind] = None):
         self.directory, self.file_index, self.split_index = directory, file_index, split_index
         self.part_bytes = PART_BYTES if part_bytes is None else part_bytes
         self._buffer: List[bytes] = []
         self._size = 0
         self._part = 0
-        self._writes = Behind()
+        self._own = writes is None
+        self._writes = Behind() if writes is None else writes
 
     def add(self, item: Any) -> None:
         data = pickle.dumps(item, protocol=pickle.HIGHEST_PROTOCOL)
@@ -66,14 +72,15 @@ class SpillWriter:
             self._flush()
 
     def close(self) -> None:
-        """Write the last part and wait until every part is written."""
+        """Write the last part (and wait until every part is written, unless `writes` was given)."""
         self._buffer.append(pickle.dumps(_End, protocol=pickle.HIGHEST_PROTOCOL))
         self._flush()
-        self._writes.close()
+        if self._own:
+            self._writes.close()
 
     def _flush(self) -> None:
         path = _part_path(self.directory, self.file_index, self.split_index, self._part)
-        # Transient (run deletes it): no fsync; written behind, `close` waits.
+        # Transient (run deletes it): no fsync.
         self._writes.run(tio.write_atomic, path, self._buffer, durable=False)
         self._buffer, self._size = [], 0
         self._part += 1

@@ -194,7 +194,22 @@ def check_outcome(cfg: jobs.JobConfig, m: Manifest, job: str) -> None:
             "(or policies.tail: pad), a smaller global_batch_size, or more data.")
 
 
+WHOLE_FILES = 1 << 62  # a split size no file reaches
+
+
+def split_bytes_for(cfg: jobs.JobConfig, beam_args: Sequence[str] = ()) -> jobs.JobConfig:
+    """`cfg` with its split size decided: as given, else whole files where one worker reads everything (the
+    DirectRunner with one worker: splits would only add the CSV split scan and a cold start of the read at
+    every split), else `pio.DEFAULT_SPLIT_BYTES`. Outputs do not depend on it (tests/test_splits.py)."""
+    if cfg.split_bytes is not None:
+        return cfg
+    opts = pipeline_options(dask_args(beam_args)[0]).get_all_options(drop_default=False)
+    one_worker = opts.get("runner") == "DirectRunner" and int(opts.get("direct_num_workers") or 1) == 1
+    return dataclasses.replace(cfg, split_bytes=WHOLE_FILES if one_worker else pio.DEFAULT_SPLIT_BYTES)
+
+
 def run_vocab(cfg: jobs.JobConfig, beam_args: Sequence[str] = ()) -> Manifest:
+    cfg = split_bytes_for(cfg, beam_args)
     files = pio.list_input_files(cfg.spec.input_patterns())
     if not cfg.spec.vocabulary_groups():
         # Nothing to count: still write a manifest with the spec.
@@ -230,6 +245,7 @@ def vocab_sizes_for(cfg: jobs.JobConfig) -> Dict[str, int]:
 
 
 def run_shard(cfg: jobs.JobConfig, beam_args: Sequence[str] = ()) -> Manifest:
+    cfg = split_bytes_for(cfg, beam_args)
     files = pio.list_input_files(cfg.spec.input_patterns())
     sizes = vocab_sizes_for(cfg)
     try:
@@ -254,6 +270,7 @@ def run_all(cfg: jobs.JobConfig, beam_args: Sequence[str] = ()) -> Manifest:
     chunks instead of holding them all to learn their offsets; with `cfg.reuse_read` it also keeps what it
     read and parsed, and the shard job replays that instead of reading the input again
     (`pipelines.read_spill`)."""
+    cfg = split_bytes_for(cfg, beam_args)  # both jobs read alike
     reuse = cfg.reuse_read and bool(cfg.spec.vocabulary_groups())  # else the vocabulary job reads nothing
     read_spill.remove(cfg.output)  # a killed run's
     try:
