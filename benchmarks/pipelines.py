@@ -84,18 +84,24 @@ def bench_spec(data_dir: str, batch: int):
 
 
 def single_process(spec, out: str, candidates) -> int:
-    """The same work, plain Python + numpy, no Beam."""
+    """The same work, plain Python + numpy, no Beam; with the job's threads: the read and parse one thread
+    ahead, the profile statistics in another (`pipelines.background`)."""
     import profiles
     from pipelines import batching, io as pio, mapping, parse, shard as pshard, vocab as pvocab
+    from pipelines.background import Behind, prefetched
+    from pipelines.jobs import PROFILE_STEPS_BEHIND
     from pipelines.token_index import TokenCounter, TokenIndex
     files = pio.list_input_files(spec.input_patterns())
-    chunks = []
-    for f in files:
-        for i, item in enumerate(pio.read_file("csv", f, spec.required_columns())):
-            if isinstance(item, pio.RawBatch):
-                chunks.append(parse.parse_batch(item, spec, i)[0])
-    per_key = collections.defaultdict(TokenCounter)
-    for c in chunks:
+
+    def parsed():
+        for f in files:
+            for i, item in enumerate(pio.read_file("csv", f, spec.required_columns())):
+                if isinstance(item, pio.RawBatch):
+                    yield parse.parse_batch(item, spec, i)[0]
+
+    chunks, per_key = [], collections.defaultdict(TokenCounter)
+    for c in prefetched(parsed()):
+        chunks.append(c)
         for k, t in pvocab.chunk_tokens(c, spec):
             per_key[k].add(t)
     vocabs, sizes = {}, {}
@@ -121,7 +127,7 @@ def single_process(spec, out: str, candidates) -> int:
         start += b.num_examples
     collector = profiles.ProfileCollector(spec.model(sizes), spec.topology,
                                           candidate_chip_counts=candidates)
-    acc = collector.create_accumulator()
+    acc, behind = collector.create_accumulator(), Behind(PROFILE_STEPS_BEHIND)
     os.makedirs(os.path.join(out, "shards"), exist_ok=True)
     with open(os.path.join(out, "shards", "host0.tfrecord"), "wb") as fh:
         for s in range(steps):
@@ -129,7 +135,8 @@ def single_process(spec, out: str, candidates) -> int:
             recs, gids, oov, _ = pshard.build_step(s, block, spec, layout, limits)
             for _, r in recs:
                 fh.write(pio.tfrecord_frame(r))
-            acc = collector.add_step(acc, gids, oov, step=s)
+            behind.run(collector.add_step, acc, gids, oov, step=s)
+    behind.close()
     profiles.ProfileStore(os.path.join(out, "profiles")).write(collector.extract_output(acc))
     return steps * spec.global_batch_size
 

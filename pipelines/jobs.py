@@ -49,7 +49,7 @@ class JobConfig:
     tail: Optional[str] = None  # overrides spec.policies.tail
     plan: Optional[str] = None
     chunk_rows: int = pio.DEFAULT_CHUNK_ROWS
-    # Input files larger than this are read by several workers; None: `runner.split_bytes_for` decides.
+    # Input files larger than this are read by several workers; None: as `runner.split_bytes_for` says.
     split_bytes: Optional[int] = None
     steps_per_file: int = 1000
     vocab_engine: str = "combine"
@@ -844,13 +844,15 @@ def _file_json(info: pio.FileInfo) -> dict:
     return info.to_json()
 
 
-def _split_bytes(cfg: JobConfig) -> int:
-    return pio.DEFAULT_SPLIT_BYTES if cfg.split_bytes is None else cfg.split_bytes
+def _split_bytes(cfg: JobConfig, given: Optional[int]) -> int:
+    return given or cfg.split_bytes or pio.DEFAULT_SPLIT_BYTES
 
 
-def build_vocab_pipeline(p, cfg: JobConfig, files: Sequence[pio.InputFile]):
+def build_vocab_pipeline(p, cfg: JobConfig, files: Sequence[pio.InputFile], split_bytes: Optional[int] = None):
+    """`split_bytes`: the split size to read with (`runner.split_bytes_for`); None: cfg.split_bytes, else
+    pio.DEFAULT_SPLIT_BYTES."""
     spec = cfg.spec
-    read = p | "Read" >> ReadExamples(spec, files, cfg.strict, cfg.chunk_rows, _split_bytes(cfg),
+    read = p | "Read" >> ReadExamples(spec, files, cfg.strict, cfg.chunk_rows, _split_bytes(cfg, split_bytes),
                                       spill=read_spill.spill_dir(cfg.output) if cfg.spill_read else None)
     vocab = read["chunks"] | "Vocabulary" >> ComputeVocabulary(spec, cfg.output, cfg.vocab_engine)
     stats = _stats_of(p, "VocabStats", [read["stats"]])
@@ -870,12 +872,14 @@ def build_vocab_pipeline(p, cfg: JobConfig, files: Sequence[pio.InputFile]):
                           vocab_info)
 
 
-def build_shard_pipeline(p, cfg: JobConfig, files: Sequence[pio.InputFile], vocab_sizes: Dict[str, int]):
+def build_shard_pipeline(p, cfg: JobConfig, files: Sequence[pio.InputFile], vocab_sizes: Dict[str, int],
+                         split_bytes: Optional[int] = None):
+    """`split_bytes` as for `build_vocab_pipeline`."""
     spec = cfg.spec
     layout = spec.layout(vocab_sizes)
     limits = pshard.resolve_limits(spec, layout, cfg.plan, auto=cfg.write_shards and cfg.write_profile)
     fmt = pshard.shard_format_for(spec, layout, limits)
-    read = p | "Read" >> ReadExamples(spec, files, cfg.strict, cfg.chunk_rows, _split_bytes(cfg),
+    read = p | "Read" >> ReadExamples(spec, files, cfg.strict, cfg.chunk_rows, _split_bytes(cfg, split_bytes),
                                       replay=read_spill.spill_dir(cfg.output) if cfg.replay_read else None)
     dead_files = read["dead"] | "DeadLetters" >> WriteDeadLetters(cfg.output, files, cfg.dead_letter_limit)
     mapped = read["chunks"] | "Ids" >> MapToIds(spec, cfg.vocab_dir or cfg.output)

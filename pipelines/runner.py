@@ -197,26 +197,27 @@ def check_outcome(cfg: jobs.JobConfig, m: Manifest, job: str) -> None:
 WHOLE_FILES = 1 << 62  # a split size no file reaches
 
 
-def split_bytes_for(cfg: jobs.JobConfig, beam_args: Sequence[str] = ()) -> jobs.JobConfig:
-    """`cfg` with its split size decided: as given, else whole files where one worker reads everything (the
-    DirectRunner with one worker: splits would only add the CSV split scan and a cold start of the read at
-    every split), else `pio.DEFAULT_SPLIT_BYTES`. Outputs do not depend on it (tests/test_splits.py)."""
+def split_bytes_for(cfg: jobs.JobConfig, beam_args: Sequence[str] = ()) -> int:
+    """The split size the jobs read with: `cfg.split_bytes` if given, else whole files where one worker reads
+    everything (the DirectRunner with one worker: splits would only add the CSV split scan and a cold start of
+    the read at every split), else `pio.DEFAULT_SPLIT_BYTES`. Outputs do not depend on it
+    (tests/test_splits.py)."""
     if cfg.split_bytes is not None:
-        return cfg
+        return cfg.split_bytes
     opts = pipeline_options(dask_args(beam_args)[0]).get_all_options(drop_default=False)
     one_worker = opts.get("runner") == "DirectRunner" and int(opts.get("direct_num_workers") or 1) == 1
-    return dataclasses.replace(cfg, split_bytes=WHOLE_FILES if one_worker else pio.DEFAULT_SPLIT_BYTES)
+    return WHOLE_FILES if one_worker else pio.DEFAULT_SPLIT_BYTES
 
 
 def run_vocab(cfg: jobs.JobConfig, beam_args: Sequence[str] = ()) -> Manifest:
-    cfg = split_bytes_for(cfg, beam_args)
     files = pio.list_input_files(cfg.spec.input_patterns())
     if not cfg.spec.vocabulary_groups():
         # Nothing to count: still write a manifest with the spec.
         pmanifest.update_manifest(cfg.output, "vocab", pmanifest.job_json(cfg, files, "vocab"), stats={},
                                   files=[], extra={"vocabularies": {}})
         return read_manifest(cfg.output)
-    _run(lambda p: jobs.build_vocab_pipeline(p, cfg, files), beam_args)
+    split = split_bytes_for(cfg, beam_args)
+    _run(lambda p: jobs.build_vocab_pipeline(p, cfg, files, split), beam_args)
     m = read_manifest(cfg.output)
     check_outcome(cfg, m, "vocab")
     return m
@@ -245,11 +246,11 @@ def vocab_sizes_for(cfg: jobs.JobConfig) -> Dict[str, int]:
 
 
 def run_shard(cfg: jobs.JobConfig, beam_args: Sequence[str] = ()) -> Manifest:
-    cfg = split_bytes_for(cfg, beam_args)
     files = pio.list_input_files(cfg.spec.input_patterns())
     sizes = vocab_sizes_for(cfg)
     try:
-        _run(lambda p: jobs.build_shard_pipeline(p, cfg, files, sizes), beam_args)
+        split = split_bytes_for(cfg, beam_args)
+        _run(lambda p: jobs.build_shard_pipeline(p, cfg, files, sizes, split), beam_args)
     finally:
         shard_runs.remove(cfg.output)  # a failed job's runs (a finished job removed its own)
     m = read_manifest(cfg.output)
@@ -270,7 +271,6 @@ def run_all(cfg: jobs.JobConfig, beam_args: Sequence[str] = ()) -> Manifest:
     chunks instead of holding them all to learn their offsets; with `cfg.reuse_read` it also keeps what it
     read and parsed, and the shard job replays that instead of reading the input again
     (`pipelines.read_spill`)."""
-    cfg = split_bytes_for(cfg, beam_args)  # both jobs read alike
     reuse = cfg.reuse_read and bool(cfg.spec.vocabulary_groups())  # else the vocabulary job reads nothing
     read_spill.remove(cfg.output)  # a killed run's
     try:

@@ -87,3 +87,50 @@ def test_cli_reread_input_turns_the_replay_off(tmp_path):
     argv = ["run", "--spec", CRITEO, "--output", str(tmp_path / "o")]
     assert cli._config(cli.build_parser().parse_args(argv)).reuse_read is True
     assert cli._config(cli.build_parser().parse_args(argv + ["--reread-input"])).reuse_read is False
+
+
+def _chunk(rng, n, multivalent):
+    import numpy as np
+    import pyarrow as pa
+    from pipelines.parse import FeatureValues, ParsedChunk
+    lengths = rng.integers(0, 4 if multivalent else 2, n).astype(np.int64)
+    m = int(lengths.sum())
+    toks = pa.array([bytes(rng.integers(97, 123, rng.integers(0, 9)).astype(np.uint8)) for _ in range(m)],
+                    pa.large_binary())
+    feats = {"c": FeatureValues(lengths=lengths, tokens=toks.slice(0, m)),
+             "w": FeatureValues(lengths=lengths, tokens=toks, weights=rng.random(m).astype(np.float32)),
+             "i": FeatureValues(lengths=lengths, ints=rng.integers(-5, 10 ** 12, m)),
+             "big": FeatureValues(lengths=lengths * 300, tokens=pa.array([b"x"] * (m * 300), pa.large_binary())),
+             "none": FeatureValues(lengths=np.zeros(n, np.int64), tokens=pa.array([], pa.large_binary()))}
+    return ParsedChunk(3, 7, np.arange(n, dtype=np.int64), rng.random(n).astype(np.float32),
+                       rng.random((n, 2)).astype(np.float32), feats, "f.csv")
+
+
+@pytest.mark.parametrize("n,multivalent", [(0, False), (1, False), (500, False), (500, True)])
+def test_spilled_chunks_are_compact_and_replay_as_the_same_arrays(tmp_path, n, multivalent):
+    import pickle
+
+    import numpy as np
+    rng = np.random.default_rng(n + multivalent)
+    chunk = _chunk(rng, n, multivalent)
+    d = str(tmp_path / "spill")
+    w = read_spill.SpillWriter(d, 0, 0)
+    w.add(("chunks", chunk))
+    w.add(("stats", {"records_read": n}))
+    w.close()
+    (tag, got), stats = list(read_spill.replay(d, 0, 0))
+    assert tag == "chunks" and stats == ("stats", {"records_read": n})
+    for f in ("record_numbers", "label", "dense"):
+        assert np.array_equal(getattr(got, f), getattr(chunk, f)) and getattr(got, f).dtype == getattr(chunk, f).dtype
+    assert (got.file_index, got.chunk_index, got.path) == (3, 7, "f.csv")
+    for name, want in chunk.features.items():
+        have = got.features[name]
+        assert have.lengths.dtype == np.int64 and np.array_equal(have.lengths, want.lengths), name
+        assert (have.tokens is None) == (want.tokens is None), name
+        assert have.tokens is None or (have.tokens.equals(want.tokens) and have.tokens.type == want.tokens.type)
+        for f in ("ints", "weights"):
+            a, b = getattr(have, f), getattr(want, f)
+            assert (a is None and b is None) or (a.dtype == b.dtype and np.array_equal(a, b)), (name, f)
+    if n >= 500:
+        spilled = sum(os.path.getsize(os.path.join(d, p)) for p in os.listdir(d))
+        assert spilled < 0.8 * len(pickle.dumps(chunk, protocol=pickle.HIGHEST_PROTOCOL))
