@@ -208,7 +208,6 @@ class _ReadAndParse(beam.DoFn):
         _counter(counts)
         yield "stats", dict(counts)
 
-
     def _parsed(self, split: pio.InputSplit, csv_state):
         """(reader item, (chunk, letters) parsed from it, or None): run one thread ahead of `_read`."""
         spec = self.spec
