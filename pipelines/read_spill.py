@@ -23,13 +23,13 @@ from __future__ import annotations
 import dataclasses
 import io
 import pickle
-from typing import Any, Iterator, List, Optional
+from typing import Any, Callable, Iterator, List, Optional
 
 import numpy as np
 import pyarrow as pa
 
 from pipelines.background import Behind
-from pipelines.parse import ParsedChunk
+from pipelines.parse import FeatureValues, ParsedChunk
 from tpu_embed import io as tio
 
 SPILL_DIR = ".tmp-read-spill"
@@ -117,33 +117,34 @@ def _compact(item):
     """A parsed chunk as it is spilled: each feature's lengths in the narrowest unsigned type that holds them and
     its tokens with 32-bit offsets. That halves the bytes to pickle, write and read back (at 26 one-token
     features 16 of ~22 bytes per value were int64 lengths and offsets); `_restore` gives back equal arrays."""
-    tag, value = item
-    if not isinstance(value, ParsedChunk):
-        return item
-    features = {}
-    for name, fv in value.features.items():
-        lengths = fv.lengths
+    def narrow(fv: FeatureValues) -> FeatureValues:
+        lengths, tokens = fv.lengths, fv.tokens
         if lengths.size and int(lengths.min()) >= 0:
             lengths = lengths.astype(np.min_scalar_type(int(lengths.max())))
-        tokens = fv.tokens
         if tokens is not None and tokens.type == pa.large_binary() and tokens.nbytes < _NARROW_TOKENS:
             tokens = tokens.cast(pa.binary())
-        features[name] = dataclasses.replace(fv, lengths=lengths, tokens=tokens)
-    return tag, dataclasses.replace(value, features=features)
+        return dataclasses.replace(fv, lengths=lengths, tokens=tokens)
+
+    return _with_features(item, narrow)
 
 
 def _restore(item):
     """Inverse of `_compact`: lengths int64, tokens large_binary (the types `pipelines.parse` makes)."""
-    tag, value = item
-    if not isinstance(value, ParsedChunk):
-        return item
-    features = {}
-    for name, fv in value.features.items():
+    def widen(fv: FeatureValues) -> FeatureValues:
         tokens = fv.tokens
         if tokens is not None and tokens.type == pa.binary():
             tokens = tokens.cast(pa.large_binary())
-        features[name] = dataclasses.replace(fv, lengths=fv.lengths.astype(np.int64, copy=False), tokens=tokens)
-    return tag, dataclasses.replace(value, features=features)
+        return dataclasses.replace(fv, lengths=fv.lengths.astype(np.int64, copy=False), tokens=tokens)
+
+    return _with_features(item, widen)
+
+
+def _with_features(item, convert: Callable[[FeatureValues], FeatureValues]):
+    """(tag, chunk) with `convert` applied to each of the chunk's features; other items as they are."""
+    tag, value = item
+    if not isinstance(value, ParsedChunk):
+        return item
+    return tag, dataclasses.replace(value, features={k: convert(fv) for k, fv in value.features.items()})
 
 
 def remove(output: str) -> None:

@@ -267,20 +267,27 @@ def test_form_global_batches(tail, steps):
                     equal_to([(11, steps, 3 if tail == "drop" else 0, 1 if tail == "pad" else 0)]), label="info")
 
 
-def test_build_shards_and_profile_combine(tmp_path):
-    write(tmp_path, "a.csv", GOOD)
+def _mapped_first_chunk(tmp_path, csv_text):
+    """The small spec's vocabulary job over `csv_text` in a.csv, then its first chunk read, parsed and mapped:
+    (spec, output dir, vocabulary sizes, layout, limits, ExampleBlock)."""
+    from pipelines import shard as pshard
+    write(tmp_path, "a.csv", csv_text)
     spec = small_spec(tmp_path)
     out = str(tmp_path / "o")
     runner.run_vocab(jobs.JobConfig(spec=spec, output=out))
     sizes = runner.vocab_sizes_for(jobs.JobConfig(spec=spec, output=out))
-    from pipelines import shard as pshard
     layout = spec.layout(sizes)
     limits = pshard.resolve_limits(spec, layout)
     vocabs = jobs.load_vocabularies(spec, out)
     files = pio.list_input_files(spec.input_patterns())
     raw = next(it for it in pio.read_file("csv", files[0], spec.required_columns()) if isinstance(it, pio.RawBatch))
     chunk, _ = parse.parse_batch(raw, spec)
-    block = mapping.map_chunk(chunk, spec, vocabs, collections.Counter()).slice(0, 4)
+    return spec, out, sizes, layout, limits, mapping.map_chunk(chunk, spec, vocabs, collections.Counter())
+
+
+def test_build_shards_and_profile_combine(tmp_path):
+    spec, out, sizes, _, limits, block = _mapped_first_chunk(tmp_path, GOOD)
+    block = block.slice(0, 4)
     with tp() as p:
         steps = p | "Steps" >> beam.Create([(0, block)])
         info = p | "Info" >> beam.Create([{"steps": 1}])
@@ -298,17 +305,7 @@ def test_the_profile_of_partials_per_bundle_is_the_profile_of_all_steps_at_once(
     from pipelines import shard as pshard
     rows = "".join(f"{i % 2},{i * 0.5},{'a|b' if i % 3 else 'c'},{'1|2' if i % 3 else '1'},{i % 10}\n"
                    for i in range(64))
-    write(tmp_path, "a.csv", "label,x,c,w,d\n" + rows)
-    spec = small_spec(tmp_path)
-    out = str(tmp_path / "o")
-    runner.run_vocab(jobs.JobConfig(spec=spec, output=out))
-    sizes = runner.vocab_sizes_for(jobs.JobConfig(spec=spec, output=out))
-    layout = spec.layout(sizes)
-    limits = pshard.resolve_limits(spec, layout)
-    vocabs = jobs.load_vocabularies(spec, out)
-    raw = next(it for it in pio.read_file("csv", pio.list_input_files(spec.input_patterns())[0],
-                                          spec.required_columns()) if isinstance(it, pio.RawBatch))
-    block = mapping.map_chunk(parse.parse_batch(raw, spec)[0], spec, vocabs, collections.Counter())
+    spec, out, sizes, layout, limits, block = _mapped_first_chunk(tmp_path, "label,x,c,w,d\n" + rows)
     B = spec.global_batch_size
     steps = [(s, block.slice(s * B, (s + 1) * B)) for s in range(block.num_examples // B)]
     collector = jobs.profile_collector(spec, sizes, [1, 2])
