@@ -1,8 +1,8 @@
 """Reads ahead and writes behind in a background thread, so that a worker's I/O and parsing overlap its work.
 
 * `prefetched`: an iterator (a split's read and parse) runs one thread ahead of its consumer.
-* `Behind`: calls that can wait (writes of the job's own transient files, a bundle's profile statistics)
-  run in order in a thread while the worker goes on.
+* `Behind`: calls that can wait (writes of the job's own transient files, a bundle's profile statistics,
+  the build of the next steps' records) run in order in a thread while the worker goes on.
 
 Their heavy parts (file reads and writes, pyarrow's CSV parser, the native scan) let go of the GIL, so on a
 machine with two or more cores they run beside the worker's counting, mapping, packing and statistics.
@@ -97,6 +97,14 @@ class Behind:
         while self._pending and (len(self._pending) >= self.depth or self._pending[0].done()):
             self._done.append(self._pending.popleft().result())
         self._pending.append(self._pool.submit(fn, *args, **kwargs))
+
+    def results(self) -> List:
+        """The results of the calls done so far that no earlier call is still running before, in order
+        (each once: `wait` then returns the rest)."""
+        while self._pending and self._pending[0].done():
+            self._done.append(self._pending.popleft().result())
+        done, self._done = self._done, []
+        return done
 
     def wait(self) -> List:
         """Every queued call's result, in order (more calls can be queued afterwards)."""

@@ -635,16 +635,17 @@ class _BuildStep(beam.DoFn):
     ("stats", ...).
 
     The records go to run files as they are built (`pipelines.shard_runs`): only their places travel on.
-    With a `collector`, the bundle's steps are added to one partial profile (a `ProfileCollector`
-    accumulator) by a background thread (`pipelines.background.Behind`): its numpy work runs while this
-    thread packs and writes (native code, without the GIL); the partial is emitted when the bundle ends.
+    The records are built by a background thread (`pipelines.background.Behind`), up to `BUILD_STEPS_AHEAD`
+    steps ahead, and written by this one in step order. With a `collector`, the bundle's steps are added to
+    one partial profile (a `ProfileCollector` accumulator) by another: its numpy work runs while the steps
+    are packed and written (native code, without the GIL); the partial is emitted when the bundle ends.
     """
 
     def __init__(self, spec, vocab_sizes, limits, steps_per_file: int, encode: bool, output: str,
                  collector=None):
         self.spec, self.vocab_sizes, self.limits = spec, vocab_sizes, limits
         self.steps_per_file, self.encode, self.output, self.collector = steps_per_file, encode, output, collector
-        self.layout = self.runs = self.partial = self.profiling = None
+        self.layout = self.runs = self.partial = self.profiling = self.building = None
 
     def setup(self):
         self.layout = self.spec.layout(self.vocab_sizes)
@@ -653,13 +654,20 @@ class _BuildStep(beam.DoFn):
 
     def start_bundle(self):
         self.runs = shard_runs.RunWriter(self.output)
+        self.building = Behind(BUILD_STEPS_AHEAD)
         if self.collector is not None:
             self.partial, self.profiling = self.collector.create_accumulator(), Behind(PROFILE_STEPS_BEHIND)
 
     def process(self, kv):
         step, block = kv
-        records, gids, oov, counts = pshard.build_step(step, block, self.spec, self.layout, self.limits,
-                                                       encode=self.encode)
+        self.building.run(self._build, step, block)
+        for built in self.building.results():
+            yield from self._emit(*built)
+
+    def _build(self, step, block):
+        return (step,) + pshard.build_step(step, block, self.spec, self.layout, self.limits, encode=self.encode)
+
+    def _emit(self, step, records, gids, oov, counts):
         _counter(counts)
         yield "stats", dict(counts)
         for host, rec in records:
@@ -670,6 +678,10 @@ class _BuildStep(beam.DoFn):
 
     def finish_bundle(self):
         from apache_beam.transforms.window import GlobalWindows
+        for built in self.building.close():
+            for out in self._emit(*built):
+                yield GlobalWindows.windowed_value(out)
+        self.building = None
         for written in self.runs.close():
             yield GlobalWindows.windowed_value(("runs", written))
         if self.collector is not None:
@@ -755,6 +767,9 @@ class BuildShards(beam.PTransform):
 # ---------------------------------------------------------------- profile
 
 PROFILE_STEPS_BEHIND = 4  # steps a bundle's profile thread may lag (their ids are held meanwhile)
+# Steps whose records a bundle's build thread may make ahead of the worker writing them: the CSR packing
+# (native, without the GIL) of the next steps runs while the worker maps and writes.
+BUILD_STEPS_AHEAD = 2
 
 
 def profile_collector(spec, vocab_sizes, candidate_chip_counts=None):

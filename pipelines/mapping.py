@@ -24,7 +24,7 @@ import pyarrow.compute as pc
 
 from pipelines.batching import ExampleBlock, FeatureBlock
 from pipelines.parse import FeatureValues, ParsedChunk
-from pipelines.token_index import TokenIndex
+from pipelines.token_index import TokenIndex, distinct_and_codes
 
 
 class PolicyError(RuntimeError):
@@ -98,30 +98,39 @@ def map_feature(f, fv: FeatureValues, spec, vocab: Optional["pa.Array | TokenInd
     oov_per_value = None
     keep = None  # values kept, over fv's values
     if v.type == "frequency":
-        tokens = fv.as_tokens()
+        # Computed per distinct token of the chunk (the parser dictionary-encoded them), then spread over
+        # the values by their codes.
+        distinct, codes = distinct_and_codes(fv.as_tokens())
         index = vocab if isinstance(vocab, TokenIndex) else TokenIndex(vocab)
-        ids = index.lookup(tokens)
+        ids = index.lookup(distinct)
         found = ids >= 0
+        if v.num_oov_buckets and not found.all():
+            V = len(index)
+            if v.num_oov_buckets == 1:
+                ids[~found] = V
+            else:
+                ids[~found] = V + fingerprint64_buckets(distinct.filter(pa.array(~found)), v.num_oov_buckets)
+        if codes is not None:
+            ids, found = ids[codes], found[codes]
         oov_per_value = ~found
         n_oov = int(oov_per_value.sum())
         counts[key + "oov"] += n_oov
-        if n_oov:
-            V = len(index)
-            if v.num_oov_buckets == 0:
-                keep = found
-                counts[key + "oov_dropped"] += n_oov
-            elif v.num_oov_buckets == 1:
-                ids[~found] = V
-            else:
-                ids[~found] = V + fingerprint64_buckets(tokens.filter(pa.array(~found)), v.num_oov_buckets)
+        if n_oov and v.num_oov_buckets == 0:
+            keep = found
+            counts[key + "oov_dropped"] += n_oov
     elif v.type == "hashing":
-        tokens = fv.as_tokens()
-        ids = fingerprint64_buckets(tokens, int(v.num_buckets))
+        distinct, codes = distinct_and_codes(fv.as_tokens())
+        ids = fingerprint64_buckets(distinct, int(v.num_buckets))
+        if codes is not None:
+            ids = ids[codes]
     else:  # identity
         if fv.ints is not None:
             ids, ok = fv.ints.astype(np.int64), np.ones(fv.ints.size, bool)
         else:
-            ids, ok = parse_ints(fv.tokens)
+            distinct, codes = distinct_and_codes(fv.tokens)
+            ids, ok = parse_ints(distinct)
+            if codes is not None:
+                ids, ok = ids[codes], ok[codes]
         ok &= (ids >= 0) & (ids < int(v.num_buckets))
         bad = int((~ok).sum())
         if bad:

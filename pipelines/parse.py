@@ -19,13 +19,14 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from pipelines.io import DeadLetter, RawBatch, csv_native, one_array
+from pipelines.token_index import dictionary_encode
 
 
 @dataclasses.dataclass
 class FeatureValues:
     """One feature's values for n examples: example i has values[offsets[i]:offsets[i+1]]."""
     lengths: np.ndarray  # int64 [n]
-    tokens: Optional[pa.Array] = None  # large_binary values (strings), or
+    tokens: Optional[pa.Array] = None  # the values (strings) dictionary-encoded (token_index.DICTIONARY_TYPE), or
     ints: Optional[np.ndarray] = None  # int64 values (integer columns)
     weights: Optional[np.ndarray] = None  # float32 per value, NaN where blank/unparsable-as-NaN
 
@@ -34,7 +35,8 @@ class FeatureValues:
         return int(self.lengths.sum())
 
     def as_tokens(self) -> pa.Array:
-        """The values as vocabulary / hashing tokens: the strings, or the integers' decimal text."""
+        """The values as vocabulary / hashing tokens: the strings (dictionary-encoded, as parsed), or the
+        integers' decimal text."""
         if self.tokens is not None:
             return self.tokens
         return pa.array(self.ints.astype(str), pa.large_binary())
@@ -249,7 +251,7 @@ def _categorical(raw: RawBatch, f, probs: _Problems) -> FeatureValues:
     else:
         probs.flag(np.ones(n, bool), "wrong_type",
                    lambda r: f"categorical column {f.column!r} has type {t}, expected strings or integers")
-        return FeatureValues(lengths=np.zeros(n, np.int64), tokens=pa.array([], pa.large_binary()))
+        return FeatureValues(lengths=np.zeros(n, np.int64), tokens=dictionary_encode(pa.array([], pa.large_binary())))
 
     weights = None
     if f.weight_column:
@@ -288,6 +290,8 @@ def _categorical(raw: RawBatch, f, probs: _Problems) -> FeatureValues:
             tokens = tokens.filter(pa.array(nonempty))
             if weights is not None:
                 weights = weights[nonempty]
+    if tokens is not None:
+        tokens = dictionary_encode(tokens)
     return FeatureValues(lengths=lengths, tokens=tokens, ints=ints, weights=weights)
 
 

@@ -33,7 +33,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from pipelines.token_index import TokenCounter
+from pipelines.token_index import TokenCounter, concat_encoded, plain
 
 TFT_EMPTY_VOCABULARY_TOKEN = b"49d0cd50-04bb-48c0-bc6f-5b575dce351a"
 
@@ -50,15 +50,11 @@ def writable_mask(tokens: pa.Array) -> Optional[pa.Array]:
 
 
 def chunk_tokens(chunk, spec) -> List[Tuple[str, pa.Array]]:
-    """[(vocabulary key, every token of the chunk's features of that key, as large_binary)]; one per key."""
+    """[(vocabulary key, every token of the chunk's features of that key)]; one per key. The tokens stay
+    dictionary-encoded as the parser left them (`TokenCounter.add` then hashes each distinct token once)."""
     out = []
-    binary = pa.large_binary()
     for key, feats in spec.vocabulary_groups().items():
-        parts = [chunk.features[f.name].as_tokens().cast(binary) for f in feats]
-        if len(parts) == 1:  # one feature (the usual case): its array as is, no copy
-            out.append((key, parts[0]))
-        else:
-            out.append((key, pa.concat_arrays(parts) if parts else pa.array([], binary)))
+        out.append((key, concat_encoded([chunk.features[f.name].as_tokens() for f in feats])))
     return out
 
 
@@ -115,7 +111,7 @@ def tft_record_batch(chunk, spec) -> pa.RecordBatch:
         values, rows = [], []
         for f in feats:
             fv = chunk.features[f.name]
-            values.append(fv.as_tokens().cast(pa.large_binary()))
+            values.append(plain(fv.as_tokens()))
             rows.append(np.repeat(np.arange(n, dtype=np.int64), fv.lengths))
             lengths += fv.lengths
         flat = pa.concat_arrays(values) if values else pa.array([], pa.large_binary())

@@ -89,30 +89,34 @@ def test_cli_reread_input_turns_the_replay_off(tmp_path):
     assert cli._config(cli.build_parser().parse_args(argv + ["--reread-input"])).reuse_read is False
 
 
-def _chunk(rng, n, multivalent):
+def _chunk(rng, n, multivalent, encoded=False):
     import numpy as np
     import pyarrow as pa
     from pipelines.parse import FeatureValues, ParsedChunk
+    from pipelines.token_index import dictionary_encode
+    enc = dictionary_encode if encoded else (lambda t: t)
     lengths = rng.integers(0, 4 if multivalent else 2, n).astype(np.int64)
     m = int(lengths.sum())
     toks = pa.array([bytes(rng.integers(97, 123, rng.integers(0, 9)).astype(np.uint8)) for _ in range(m)],
                     pa.large_binary())
-    feats = {"c": FeatureValues(lengths=lengths, tokens=toks.slice(0, m)),
-             "w": FeatureValues(lengths=lengths, tokens=toks, weights=rng.random(m).astype(np.float32)),
+    feats = {"c": FeatureValues(lengths=lengths, tokens=enc(toks.slice(0, m))),
+             "w": FeatureValues(lengths=lengths, tokens=enc(toks), weights=rng.random(m).astype(np.float32)),
              "i": FeatureValues(lengths=lengths, ints=rng.integers(-5, 10 ** 12, m)),
-             "big": FeatureValues(lengths=lengths * 300, tokens=pa.array([b"x"] * (m * 300), pa.large_binary())),
-             "none": FeatureValues(lengths=np.zeros(n, np.int64), tokens=pa.array([], pa.large_binary()))}
+             "big": FeatureValues(lengths=lengths * 300, tokens=enc(pa.array([b"x"] * (m * 300), pa.large_binary()))),
+             "none": FeatureValues(lengths=np.zeros(n, np.int64), tokens=enc(pa.array([], pa.large_binary())))}
     return ParsedChunk(3, 7, np.arange(n, dtype=np.int64), rng.random(n).astype(np.float32),
                        rng.random((n, 2)).astype(np.float32), feats, "f.csv")
 
 
+@pytest.mark.parametrize("encoded", [False, True], ids=["plain", "encoded"])
 @pytest.mark.parametrize("n,multivalent", [(0, False), (1, False), (500, False), (500, True)])
-def test_spilled_chunks_are_compact_and_replay_as_the_same_arrays(tmp_path, n, multivalent):
+def test_spilled_chunks_are_compact_and_replay_as_the_same_arrays(tmp_path, n, multivalent, encoded):
+    """Tokens as the parser gives them (dictionary-encoded) and plain."""
     import pickle
 
     import numpy as np
     rng = np.random.default_rng(n + multivalent)
-    chunk = _chunk(rng, n, multivalent)
+    chunk = _chunk(rng, n, multivalent, encoded)
     d = str(tmp_path / "spill")
     w = read_spill.SpillWriter(d, 0, 0)
     w.add(("chunks", chunk))

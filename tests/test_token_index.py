@@ -143,3 +143,60 @@ def test_counter_bad_state_is_refused():
     with pytest.raises(ValueError, match="outside"):
         token_index._native.count(c._offsets, c._data, c._slots, c._hashes, c._counts, c._state,
                                   np.array([0, 9], np.int64), data, np.zeros(0, np.int64), 0)
+
+
+# ---------------------------------------------------------------- dictionary encoding
+
+@settings(max_examples=300, deadline=None)
+@given(tokens, arrow_types, st.data())
+def test_dictionary_encode_equals_pyarrow_and_decodes_to_the_tokens(toks, qtype, data):
+    """Native and reference encodings are the same array (first-seen order), of DICTIONARY_TYPE, whatever
+    the input type or slice, and decode to the tokens."""
+    q = pa.array([t.decode() if qtype in (pa.string(), pa.large_string()) else t for t in toks], qtype)
+    q = q.slice(data.draw(st.integers(0, len(q))))
+    want = token_index.reference_dictionary_encode(q)
+    modes = [None] if token_index._native is None else [token_index._native, None]
+    for native in modes:
+        with mock.patch.object(token_index, "_native", native):
+            got = token_index.dictionary_encode(q)
+        assert got.type == token_index.DICTIONARY_TYPE and got.equals(want)
+        assert token_index.plain(got).to_pylist() == [t if isinstance(t, bytes) else t.encode() for t in q.to_pylist()]
+        assert len(got.dictionary) == len(set(q.to_pylist()))
+        assert token_index.dictionary_encode(got) is got
+
+
+@settings(max_examples=200, deadline=None)
+@given(tokens, tokens, st.data())
+def test_encoded_tokens_count_and_look_up_as_the_plain_ones(vocab, toks, data):
+    """Counting and looking up an encoded array (also one filtered after encoding, whose dictionary then holds
+    tokens no value uses, and one of several arrays' dictionaries) gives what the plain tokens give: no token
+    is counted 0 times."""
+    q = pa.array(toks, pa.large_binary())
+    keep = data.draw(st.lists(st.booleans(), min_size=len(toks), max_size=len(toks)))
+    enc = token_index.dictionary_encode(q).filter(pa.array(keep, pa.bool_()))
+    plain = q.filter(pa.array(keep, pa.bool_()))
+    both = token_index.concat_encoded([enc, token_index.dictionary_encode(q)])
+    index = TokenIndex(pa.array(vocab, pa.large_binary()))
+    np.testing.assert_array_equal(index.lookup(enc), index.lookup(plain))
+    np.testing.assert_array_equal(index.lookup(both), index.lookup(pa.concat_arrays([plain, q])))
+    assert token_index.plain(both).equals(pa.concat_arrays([plain, q]))
+    modes = [None] if token_index._native is None else [token_index._native, None]
+    for native in modes:
+        with mock.patch.object(token_index, "_native", native):
+            assert _as_dict(token_index.TokenCounter().add(enc)) == _as_dict(token_index.TokenCounter().add(plain))
+            assert _as_dict(token_index.TokenCounter().add(both)) == \
+                _as_dict(token_index.TokenCounter().add(pa.concat_arrays([plain, q])))
+
+
+def test_dictionary_encode_refuses_nulls():
+    with pytest.raises(ValueError, match="must not be null"):
+        token_index.dictionary_encode(pa.array([b"a", None]))
+
+
+@needs_native
+def test_native_codes_buffer_too_small_is_refused():
+    off, data = np.array([0, 1, 2], np.int64), np.frombuffer(b"ab", np.uint8)
+    c = token_index.TokenCounter()
+    with pytest.raises(ValueError, match="fewer codes"):
+        token_index._native.count(c._offsets, c._data, c._slots, c._hashes, c._counts, c._state,
+                                  off, data, np.zeros(0, np.int64), 0, np.zeros(1, np.int32))

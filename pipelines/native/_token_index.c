@@ -157,19 +157,25 @@ static PyObject *lookup(PyObject *self, PyObject *args) {
   Py_RETURN_NONE;
 }
 
-/* count(offsets, data, slots, hashes, counts, state, token_offsets, token_data, token_counts, start):
+/* count(offsets, data, slots, hashes, counts, state, token_offsets, token_data, token_counts, start[, codes]):
  * adds tokens start.. (each with token_counts[j], or 1 when token_counts is empty) to the distinct tokens
  * [0, n) held in offsets / data (n = state[0], data bytes used = state[1]), their hashes, counts and slots.
  * Returns the index of the first token not added: the number of tokens when all were, else the first
  * new token that does not fit (more distinct tokens than len(counts), len(hashes), len(offsets) - 1 or half
  * the slots allow, or more bytes than data holds). The caller grows the arrays (rebuilding the slots
- * with `build` when they grow) and calls again from there. */
+ * with `build` when they grow) and calls again from there. `codes` (int32, one per token, optional): each
+ * added token's position among the distinct tokens is written there (its dictionary code). */
 static PyObject *count(PyObject *self, PyObject *args) {
-  Py_buffer b[9];
+  Py_buffer b[10];
   Py_ssize_t start;
-  if (!PyArg_ParseTuple(args, "w*w*w*w*w*w*y*y*y*n", &b[0], &b[1], &b[2], &b[3], &b[4], &b[5], &b[6], &b[7],
-                        &b[8], &start))
+  b[9].buf = NULL;
+  b[9].len = 0;
+  b[9].obj = NULL;
+  if (!PyArg_ParseTuple(args, "w*w*w*w*w*w*y*y*y*n|w*", &b[0], &b[1], &b[2], &b[3], &b[4], &b[5], &b[6], &b[7],
+                        &b[8], &start, &b[9]))
     return NULL;
+  int nbufs = b[9].obj != NULL ? 10 : 9;
+  int32_t *codes = (int32_t *)b[9].buf;
   int64_t *off = (int64_t *)b[0].buf, *counts = (int64_t *)b[4].buf, *state = (int64_t *)b[5].buf;
   uint8_t *data = (uint8_t *)b[1].buf;
   int32_t *slots = (int32_t *)b[2].buf;
@@ -190,11 +196,13 @@ static PyObject *count(PyObject *self, PyObject *args) {
   else if (nt < 0 || start < 0 || start > nt || (b[8].len && b[8].len / 8 < nt) ||
            (nt > 0 && (toff[0] < 0 || toff[nt] > b[7].len)))
     err = "token counter: token offsets outside their data, or fewer counts than tokens";
+  else if (codes && b[9].len / 4 < nt)
+    err = "token counter: fewer codes than tokens";
   for (Py_ssize_t j = start; !err && j < nt; j++)
     if (toff[j + 1] < toff[j]) err = "token counter: token offsets decrease";
   if (err) {
     PyErr_SetString(PyExc_ValueError, err);
-    release(b, 9);
+    release(b, nbufs);
     return NULL;
   }
   int64_t n = state[0], used = state[1], dcap = b[1].len;
@@ -210,9 +218,11 @@ static PyObject *count(PyObject *self, PyObject *args) {
     int64_t i = probe(slots, mask, hashes, off, data, p, len, h, &empty);
     if (i >= 0) {
       counts[i] += c;
+      if (codes) codes[j] = (int32_t)i;
       continue;
     }
     if (n >= cap || used + len > dcap) break;
+    if (codes) codes[j] = (int32_t)n;
     memcpy(data + used, p, (size_t)len);
     used += len;
     off[n + 1] = used;
@@ -224,14 +234,15 @@ static PyObject *count(PyObject *self, PyObject *args) {
   Py_END_ALLOW_THREADS
   state[0] = n;
   state[1] = used;
-  release(b, 9);
+  release(b, nbufs);
   return PyLong_FromSsize_t(j);
 }
 
 static PyMethodDef methods[] = {
     {"build", build, METH_VARARGS, "Fill a vocabulary's hash table (slots, hashes)."},
     {"lookup", lookup, METH_VARARGS, "Positions of tokens in the vocabulary, -1 where absent."},
-    {"count", count, METH_VARARGS, "Add tokens (and their counts) to a table of distinct tokens."},
+    {"count", count, METH_VARARGS, "Add tokens (and their counts) to a table of distinct tokens; optionally "
+                                   "write each token's position among them (its dictionary code)."},
     {NULL, NULL, 0, NULL}};
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_token_index", NULL, -1, methods};

@@ -1,0 +1,72 @@
+"""Mapping dictionary-encoded tokens (what the parser makes: `token_index.dictionary_encode`) gives the same ids,
+OOV flags, kept values and counts as mapping the plain tokens, for every vocabulary type and policy: the
+per-distinct-token computation spread over the values by their codes is exact."""
+
+import collections
+
+import numpy as np
+import pyarrow as pa
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from pipelines import mapping
+from pipelines.parse import FeatureValues
+from pipelines.token_index import dictionary_encode
+from tpu_embed.spec import parse_spec
+
+VOCABS = {
+    "freq0": {"num_oov_buckets": 0},
+    "freq1": {"num_oov_buckets": 1},
+    "freq3": {"num_oov_buckets": 3},
+    "hash": {"type": "hashing", "num_buckets": 7},
+    "ident": {"type": "identity", "num_buckets": 5},
+    "ident_default": {"type": "identity", "num_buckets": 5, "default_value": 0},
+}
+
+
+def _spec(invalid_ids="drop"):
+    return parse_spec({
+        "inputs": {"format": "csv", "patterns": ["*.csv"]}, "label": {"column": "label"},
+        "categorical": [{"name": n, "vocabulary": v, "sequence_length": 0} if n != "freq1" else
+                        {"name": n, "vocabulary": v, "weight_column": "w"} for n, v in VOCABS.items()],
+        "defaults": {"table": {"dim": 4}}, "optimizer": {"type": "sgd", "learning_rate": 0.1},
+        "topology": {"num_chips": 1}, "global_batch_size": 4,
+        "policies": {"invalid_ids": invalid_ids, "nan_weights": "drop"}}, base_dir="/tmp")
+
+
+values = st.sampled_from([b"a", b"b", b"cc", b"1", b"4", b"9", b"-2", b"x1", b"3"])
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.integers(0, 3), min_size=1, max_size=12).flatmap(
+    lambda lengths: st.tuples(st.just(lengths), st.lists(values, min_size=sum(lengths), max_size=sum(lengths)),
+                              st.lists(st.sampled_from([1.0, 0.5, float("nan")]), min_size=sum(lengths),
+                                       max_size=sum(lengths)))),
+       st.sampled_from(list(VOCABS)), st.booleans())
+def test_encoded_and_plain_tokens_map_alike(case, name, filtered):
+    lengths, toks, weights = case
+    spec = _spec()
+    f = next(x for x in spec.categorical if x.name == name)
+    plain = FeatureValues(lengths=np.array(lengths, np.int64), tokens=pa.array(toks, pa.large_binary()),
+                          weights=np.array(weights, np.float32) if f.weight_column else None)
+    encoded = FeatureValues(lengths=plain.lengths, tokens=dictionary_encode(plain.tokens), weights=plain.weights)
+    if filtered:  # rows dropped after encoding leave unused tokens in the dictionary
+        keep = np.arange(len(lengths)) % 2 == 0
+        plain, encoded = plain.take_rows(keep), encoded.take_rows(keep)
+    vocab = pa.array([b"b", b"a", b"1"], pa.large_binary())
+    got_counts, want_counts = collections.Counter(), collections.Counter()
+    got = mapping.map_feature(f, encoded, spec, vocab, got_counts)
+    want = mapping.map_feature(f, plain, spec, vocab, want_counts)
+    for a in ("lengths", "ids", "weights", "oov"):
+        x, y = getattr(got, a), getattr(want, a)
+        assert (x is None) == (y is None) and (x is None or (x.dtype == y.dtype and np.array_equal(x, y, equal_nan=True)))
+    assert got_counts == want_counts
+
+
+def test_an_invalid_encoded_id_names_its_value():
+    spec = _spec(invalid_ids="error")
+    f = next(x for x in spec.categorical if x.name == "ident")
+    fv = FeatureValues(lengths=np.array([2, 1], np.int64), tokens=dictionary_encode(pa.array([b"1", b"x1", b"1"])))
+    with pytest.raises(mapping.PolicyError, match=r"feature 'ident'.* value 'x1' is not an integer id"):
+        mapping.map_feature(f, fv, spec, None, collections.Counter(), records=np.array([10, 11]), path="f.csv")
