@@ -60,7 +60,8 @@ def test_encoded_and_plain_tokens_map_alike(case, name, filtered):
     want = mapping.map_feature(f, plain, spec, vocab, want_counts)
     for a in ("lengths", "ids", "weights", "oov"):
         x, y = getattr(got, a), getattr(want, a)
-        assert (x is None) == (y is None) and (x is None or (x.dtype == y.dtype and np.array_equal(x, y, equal_nan=True)))
+        assert (x is None) == (y is None), a
+        assert x is None or (x.dtype == y.dtype and np.array_equal(x, y, equal_nan=True)), a
     assert got_counts == want_counts
 
 
