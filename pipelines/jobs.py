@@ -209,11 +209,12 @@ class _ReadAndParse(beam.DoFn):
         yield "stats", dict(counts)
 
     def _parsed(self, split: pio.InputSplit, csv_state):
-        """(reader item, (chunk, letters) parsed from it, or None): run one thread ahead of `_read`."""
+        """(reader item, (chunk, letters) parsed from it, or None): run one thread ahead of `_read`, with the
+        read (file reads, framing, pyarrow's parser) one more thread ahead of the parse."""
         spec = self.spec
-        for item in pio.read_split(spec.inputs.format, split, spec.required_columns(),
-                                   csv_delimiter=spec.inputs.csv_delimiter, chunk_rows=self.chunk_rows,
-                                   strict=self.strict, csv_state=csv_state):
+        for item in prefetched(pio.read_split(spec.inputs.format, split, spec.required_columns(),
+                                              csv_delimiter=spec.inputs.csv_delimiter, chunk_rows=self.chunk_rows,
+                                              strict=self.strict, csv_state=csv_state)):
             parsed = None
             if isinstance(item, pio.RawBatch) and item.num_rows:
                 parsed = parse.parse_batch(item, spec, int(item.record_numbers[0]))
