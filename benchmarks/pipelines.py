@@ -135,7 +135,7 @@ def single_process(spec, out: str, candidates) -> int:
             recs, gids, oov, _ = pshard.build_step(s, block, spec, layout, limits)
             for _, r in recs:
                 fh.write(pio.tfrecord_frame(r))
-            behind.run(collector.add_step, acc, gids, oov, step=s)
+            behind.run(collector.add_step, acc, gids, oov, step=s, validate=False)  # as the job: packed ids
     behind.close()
     profiles.ProfileStore(os.path.join(out, "profiles")).write(collector.extract_output(acc))
     return steps * spec.global_batch_size

@@ -674,8 +674,8 @@ class _BuildStep(beam.DoFn):
         for host, rec in records:
             for written in self.runs.add((host, step // self.steps_per_file), step, rec):
                 yield "runs", written
-        if self.collector is not None:
-            self.profiling.run(self.collector.add_step, self.partial, gids, oov, step=step)
+        if self.collector is not None:  # ids the packer took need no second check (`add_step`'s validate)
+            self.profiling.run(self.collector.add_step, self.partial, gids, oov, step=step, validate=not self.encode)
 
     def finish_bundle(self):
         from apache_beam.transforms.window import GlobalWindows

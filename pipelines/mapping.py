@@ -73,6 +73,19 @@ def _truncate(lengths: np.ndarray, limit: int) -> Tuple[np.ndarray, np.ndarray]:
     return keep, np.minimum(lengths, limit)
 
 
+def _per_row(lengths: np.ndarray, flags: np.ndarray) -> np.ndarray:
+    """int64 [n]: how many of each example's values are flagged (`flags`: one bool per value, in order)."""
+    at = np.flatnonzero(flags)
+    if not at.size:
+        return np.zeros(lengths.size, np.int64)
+    return np.bincount(np.searchsorted(np.cumsum(lengths), at, side="right"), minlength=lengths.size).astype(np.int64)
+
+
+def _row_of(lengths: np.ndarray, value: int) -> int:
+    """The example that value `value` belongs to."""
+    return int(np.searchsorted(np.cumsum(lengths), value, side="right"))
+
+
 def _value_text(fv: FeatureValues, i: int) -> str:
     if fv.ints is not None:
         return str(int(fv.ints[i]))
@@ -91,7 +104,6 @@ def map_feature(f, fv: FeatureValues, spec, vocab: Optional["pa.Array | TokenInd
     """`records`/`path`: the record numbers of the examples and their file, for error messages."""
     n = fv.lengths.size
     lengths = fv.lengths.copy()
-    ex = np.repeat(np.arange(n, dtype=np.int64), lengths)
     v = f.vocabulary
     key = f"feature/{f.name}/"
     counts[key + "values"] += int(lengths.sum())
@@ -111,7 +123,9 @@ def map_feature(f, fv: FeatureValues, spec, vocab: Optional["pa.Array | TokenInd
             else:
                 ids[~found] = V + fingerprint64_buckets(distinct.filter(pa.array(~found)), v.num_oov_buckets)
         if codes is not None:
-            ids, found = ids[codes], found[codes]
+            ids = np.take(ids, codes)
+            # Found per value without a second gather: OOV ids are -1 or >= V, real ones in [0, V).
+            found = (ids >= 0) & (ids < len(index)) if v.num_oov_buckets else ids >= 0
         oov_per_value = ~found
         n_oov = int(oov_per_value.sum())
         counts[key + "oov"] += n_oov
@@ -122,7 +136,7 @@ def map_feature(f, fv: FeatureValues, spec, vocab: Optional["pa.Array | TokenInd
         distinct, codes = distinct_and_codes(fv.as_tokens())
         ids = fingerprint64_buckets(distinct, int(v.num_buckets))
         if codes is not None:
-            ids = ids[codes]
+            ids = np.take(ids, codes)
     else:  # identity
         if fv.ints is not None:
             ids, ok = fv.ints.astype(np.int64), np.ones(fv.ints.size, bool)
@@ -130,7 +144,7 @@ def map_feature(f, fv: FeatureValues, spec, vocab: Optional["pa.Array | TokenInd
             distinct, codes = distinct_and_codes(fv.tokens)
             ids, ok = parse_ints(distinct)
             if codes is not None:
-                ids, ok = ids[codes], ok[codes]
+                ids, ok = np.take(ids, codes), np.take(ok, codes)
         ok &= (ids >= 0) & (ids < int(v.num_buckets))
         bad = int((~ok).sum())
         if bad:
@@ -139,7 +153,8 @@ def map_feature(f, fv: FeatureValues, spec, vocab: Optional["pa.Array | TokenInd
                 counts[key + "invalid_ids_defaulted"] += bad
             elif spec.policies.invalid_ids == "error":
                 first = int(np.flatnonzero(~ok)[0])
-                raise PolicyError(f"feature {f.name!r}{where}:{_record_where(records, path, int(ex[first]))}: value "
+                at = _record_where(records, path, _row_of(lengths, first))
+                raise PolicyError(f"feature {f.name!r}{where}:{at}: value "
                                   f"{_value_text(fv, first)} is not an integer id in [0, {v.num_buckets}) "
                                   f"({bad} such value(s) in this chunk; policies.invalid_ids: error). Fix the data, "
                                   "set policies.invalid_ids: drop (counted as invalid_ids_dropped), or give the "
@@ -158,7 +173,8 @@ def map_feature(f, fv: FeatureValues, spec, vocab: Optional["pa.Array | TokenInd
             pol = spec.policies.nan_weights
             if pol == "error":
                 first = int(np.flatnonzero(nan)[0])
-                raise PolicyError(f"feature {f.name!r}{where}:{_record_where(records, path, int(ex[first]))}: "
+                at = _record_where(records, path, _row_of(lengths, first))
+                raise PolicyError(f"feature {f.name!r}{where}:{at}: "
                                   "weight is NaN or blank "
                                   "(policies.nan_weights: error). Fix the data or set policies.nan_weights: "
                                   "drop | zero.")
@@ -170,11 +186,10 @@ def map_feature(f, fv: FeatureValues, spec, vocab: Optional["pa.Array | TokenInd
                 counts[key + "nan_weights_dropped"] += n_nan
 
     if keep is not None and not keep.all():
-        lengths = lengths - np.bincount(ex[~keep], minlength=n).astype(np.int64)
+        lengths = lengths - _per_row(lengths, ~keep)
         ids = ids[keep]
         weights = None if weights is None else weights[keep]
         oov_per_value = None if oov_per_value is None else oov_per_value[keep]
-        ex = ex[keep]
     limit = f.sequence_length if f.sequence_length > 0 else (f.tensor_core_width or 0)
     if limit and lengths.size and int(lengths.max()) > limit:
         tkeep, lengths = _truncate(lengths, limit)
@@ -182,8 +197,7 @@ def map_feature(f, fv: FeatureValues, spec, vocab: Optional["pa.Array | TokenInd
         ids = ids[tkeep]
         weights = None if weights is None else weights[tkeep]
         oov_per_value = None if oov_per_value is None else oov_per_value[tkeep]
-        ex = ex[tkeep]
-    oov = (np.bincount(ex[oov_per_value], minlength=n).astype(np.int32) if oov_per_value is not None
+    oov = (_per_row(lengths, oov_per_value).astype(np.int32) if oov_per_value is not None
            else np.zeros(n, np.int32))
     counts[key + "ids"] += int(ids.size)
     return FeatureBlock(lengths.astype(np.int64, copy=False), ids.astype(np.int64, copy=False),

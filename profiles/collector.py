@@ -14,6 +14,7 @@ only plain data (`ModelConfig`, chip counts), so it pickles to workers.
 
 from __future__ import annotations
 
+import collections
 from typing import Any, Dict, Iterable, Mapping, Optional, Sequence
 
 import numpy as np
@@ -92,7 +93,8 @@ class ProfileCollector:
         return ProfileAccumulator(m.key, 0, tables, stacks, cand)
 
     def add_step(self, acc: ProfileAccumulator, global_ids: Mapping[str, FeatureIds],
-                 oov_counts: Optional[Mapping[str, int]] = None, step: Optional[int] = None) -> ProfileAccumulator:
+                 oov_counts: Optional[Mapping[str, int]] = None, step: Optional[int] = None, *,
+                 validate: bool = True) -> ProfileAccumulator:
         """Add one training step.
 
         `global_ids`: {feature path: FeatureIds(rows, ids, weights)} with *global* rows (chip c owns
@@ -100,13 +102,17 @@ class ProfileCollector:
         vocabulary.  `oov_counts`: optional {feature path: ids of this step that were out of
         vocabulary (mapped to an OOV bucket or dropped upstream)}.  `step`: the global step index;
         pass it when several workers profile one stream (it keys the per-step series used for plots).
+        `validate=False`: the caller has checked what `_validate` checks (the shard job's steps: their ids went
+        through the CSR packer, which refuses ids outside a table and unsorted rows).
         """
         m = self.model
         g = m.topology
-        self._validate(global_ids, oov_counts)
+        if validate:
+            self._validate(global_ids, oov_counts)
         step = acc.steps if step is None else int(step)
 
         # Per feature and table: valency, hot ids, OOV, mod/div shard loads.
+        loads = collections.defaultdict(list)
         for t in m.tables:
             ts = acc.tables[t.name]
             ts.steps += 1
@@ -125,8 +131,10 @@ class ProfileCollector:
                 all_ids.append(fid.ids)
             ids = np.concatenate(all_ids) if all_ids else np.zeros(0, np.int64)
             ts.id_counts.add(ids)
-            for load in ts.shard_load.values():
-                load.add(ids, t.vocabulary_size)
+            for s, load in ts.shard_load.items():
+                loads[s].append((load, ids, t.vocabulary_size))
+        for batch in loads.values():  # every table's loads of one S at once
+            ShardLoad.add_many(*zip(*batch))
 
         # Main topology: the core's own per-chip counts, tables alone, then stacks.
         table_counts = core_table_counts(global_ids, m, self._one_chip)

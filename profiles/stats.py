@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import pickle
-from typing import Dict, Mapping, Optional, Tuple
+from typing import Dict, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -352,12 +352,33 @@ class ShardLoad(_JsonEq):
         return cls(np.zeros(S, np.int64), np.zeros(S, np.int64))
 
     def add(self, ids: np.ndarray, vocabulary_size: int) -> None:
-        S = self.mod.size
-        if not ids.size:
+        ShardLoad.add_many([self], [ids], [vocabulary_size])
+
+    @staticmethod
+    def add_many(loads: Sequence["ShardLoad"], ids: Sequence[np.ndarray], vocabulary_sizes: Sequence[int]) -> None:
+        """loads[i].add(ids[i], vocabulary_sizes[i]) for every i (loads of one S), in two bincounts in all."""
+        if not loads:
             return
-        self.mod += np.bincount(ids & (S - 1), minlength=S)
-        rows_per_shard = -(-vocabulary_size // S)
-        self.div += np.bincount(ids // rows_per_shard, minlength=S)[:S]
+        S = loads[0].mod.size
+        if any(load.mod.size != S for load in loads):
+            raise ValueError("add_many: loads of one number of shards")
+        sizes = np.array([a.size for a in ids], np.int64)
+        if not sizes.sum():
+            return
+        flat = np.concatenate(ids).astype(np.int64, copy=False)
+        if int(flat.min()) < 0:
+            raise ValueError("shard load: ids must be >= 0")
+        base = np.repeat(np.arange(len(loads), dtype=np.int64) * S, sizes)
+        n = len(loads) * S
+        mod = np.bincount(base + (flat & (S - 1)), minlength=n).reshape(len(loads), S)
+        shard = flat // np.repeat(-(-np.asarray(vocabulary_sizes, np.int64) // S), sizes)
+        inside = shard < S  # ids past the vocabulary are not any shard's (as bincount(...)[:S] drops them)
+        if not inside.all():
+            base, shard = base[inside], shard[inside]
+        div = np.bincount(base + shard, minlength=n).reshape(len(loads), S)
+        for i, load in enumerate(loads):
+            load.mod += mod[i]
+            load.div += div[i]
 
     def merge_from(self, o: "ShardLoad") -> None:
         self.mod = _add_arrays(self.mod, o.mod)

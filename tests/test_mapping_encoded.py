@@ -69,5 +69,18 @@ def test_an_invalid_encoded_id_names_its_value():
     spec = _spec(invalid_ids="error")
     f = next(x for x in spec.categorical if x.name == "ident")
     fv = FeatureValues(lengths=np.array([2, 1], np.int64), tokens=dictionary_encode(pa.array([b"1", b"x1", b"1"])))
-    with pytest.raises(mapping.PolicyError, match=r"feature 'ident'.* value 'x1' is not an integer id"):
+    with pytest.raises(mapping.PolicyError, match=r"feature .ident.: f.csv record 10: value .x1. is not an integer id"):
         mapping.map_feature(f, fv, spec, None, collections.Counter(), records=np.array([10, 11]), path="f.csv")
+
+
+def test_a_nan_weight_error_names_its_record():
+    spec = parse_spec({
+        "inputs": {"format": "csv", "patterns": ["*.csv"]}, "label": {"column": "label"},
+        "categorical": [{"name": "c", "weight_column": "w", "delimiter": "|"}],
+        "defaults": {"table": {"dim": 4}}, "optimizer": {"type": "sgd", "learning_rate": 0.1},
+        "topology": {"num_chips": 1}, "global_batch_size": 4, "policies": {"nan_weights": "error"}}, base_dir="/tmp")
+    fv = FeatureValues(lengths=np.array([1, 0, 2], np.int64), tokens=dictionary_encode(pa.array([b"a", b"b", b"a"])),
+                       weights=np.array([1, 1, np.nan], np.float32))
+    with pytest.raises(mapping.PolicyError, match=r"feature 'c': f.csv record 12: weight is NaN"):
+        mapping.map_feature(spec.categorical[0], fv, spec, pa.array([b"a"]), collections.Counter(),
+                            records=np.array([10, 11, 12]), path="f.csv")
