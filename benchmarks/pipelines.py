@@ -84,18 +84,18 @@ def bench_spec(data_dir: str, batch: int):
 
 
 def single_process(spec, out: str, candidates) -> int:
-    """The same work, plain Python + numpy, no Beam; with the job's threads: the read and parse one thread
-    ahead, the profile statistics in another (`pipelines.background`)."""
+    """The same work, plain Python + numpy, no Beam; with the job's threads: the read and the parse each one
+    thread ahead, the steps' records built one ahead, the profile statistics behind (`pipelines.background`)."""
     import profiles
     from pipelines import batching, io as pio, mapping, parse, shard as pshard, vocab as pvocab
     from pipelines.background import Behind, prefetched
-    from pipelines.jobs import PROFILE_STEPS_BEHIND
+    from pipelines.jobs import BUILD_STEPS_AHEAD, PROFILE_STEPS_BEHIND
     from pipelines.token_index import TokenCounter, TokenIndex
     files = pio.list_input_files(spec.input_patterns())
 
-    def parsed():
+    def parsed():  # as the job: the read one thread ahead of the parse, itself one ahead of the counting
         for f in files:
-            for i, item in enumerate(pio.read_file("csv", f, spec.required_columns())):
+            for i, item in enumerate(prefetched(pio.read_file("csv", f, spec.required_columns()))):
                 if isinstance(item, pio.RawBatch):
                     yield parse.parse_batch(item, spec, i)[0]
 
@@ -129,13 +129,23 @@ def single_process(spec, out: str, candidates) -> int:
                                           candidate_chip_counts=candidates)
     acc, behind = collector.create_accumulator(), Behind(PROFILE_STEPS_BEHIND)
     os.makedirs(os.path.join(out, "shards"), exist_ok=True)
+    building = Behind(BUILD_STEPS_AHEAD)  # as the job: steps built one thread ahead of their writes
+
+    def build(s, block):
+        return (s,) + pshard.build_step(s, block, spec, layout, limits)
+
     with open(os.path.join(out, "shards", "host0.tfrecord"), "wb") as fh:
-        for s in range(steps):
-            block = batching.assemble_step(pieces.pop(s), B, len(spec.dense))
-            recs, gids, oov, _ = pshard.build_step(s, block, spec, layout, limits)
+        def write(s, recs, gids, oov, _):
             for _, r in recs:
                 fh.write(pio.tfrecord_frame(r))
             behind.run(collector.add_step, acc, gids, oov, step=s, validate=False)  # as the job: packed ids
+
+        for s in range(steps):
+            building.run(build, s, batching.assemble_step(pieces.pop(s), B, len(spec.dense)))
+            for built in building.results():
+                write(*built)
+        for built in building.close():
+            write(*built)
     behind.close()
     profiles.ProfileStore(os.path.join(out, "profiles")).write(collector.extract_output(acc))
     return steps * spec.global_batch_size
