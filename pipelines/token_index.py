@@ -79,8 +79,10 @@ def dictionary_encode(tokens: pa.Array) -> pa.DictionaryArray:
     state = np.zeros(2, np.int64)
     codes = np.empty(n, np.int32)
     slots = np.zeros(1 << max(4, (2 * n).bit_length()), np.int32)  # load factor <= 1/2: one pass adds all
-    _native.count(d_offsets, d_data, slots, np.empty(n, np.uint64), np.empty(n, np.int64), state, offsets, data,
-                  np.zeros(0, np.int64), 0, codes)
+    added = _native.count(d_offsets, d_data, slots, np.empty(n, np.uint64), np.empty(n, np.int64), state, offsets,
+                          data, np.zeros(0, np.int64), 0, codes)
+    if added != n:  # the arrays hold n distinct tokens of all the bytes: cannot happen
+        raise AssertionError(f"dictionary_encode: {added} of {n} tokens encoded")
     m, used = (int(x) for x in state)
     dictionary = pa.LargeBinaryArray.from_buffers(pa.large_binary(), m, [
         None, pa.py_buffer(d_offsets[:m + 1].copy()), pa.py_buffer(d_data[:used].copy())])
