@@ -125,7 +125,7 @@ def map_feature(f, fv: FeatureValues, spec, vocab: Optional["pa.Array | TokenInd
         if codes is not None:
             ids = np.take(ids, codes)
             # Found per value without a second gather: OOV ids are -1 or >= V, real ones in [0, V).
-            found = (ids >= 0) & (ids < len(index)) if v.num_oov_buckets else ids >= 0
+            found = (ids >= 0) & (ids < len(index))
         oov_per_value = ~found
         n_oov = int(oov_per_value.sum())
         counts[key + "oov"] += n_oov

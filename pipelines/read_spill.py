@@ -30,7 +30,7 @@ import pyarrow as pa
 
 from pipelines.background import Behind
 from pipelines.parse import FeatureValues, ParsedChunk
-from pipelines.token_index import DICTIONARY_TYPE
+from pipelines.token_index import DICTIONARY_TYPE, dictionary_encode, is_encoded
 from tpu_embed import io as tio
 
 SPILL_DIR = ".tmp-read-spill"
@@ -141,9 +141,8 @@ def _restore(item):
     """Inverse of `_compact`: lengths int64, tokens `DICTIONARY_TYPE` (the types `pipelines.parse` makes)."""
     def widen(fv: FeatureValues) -> FeatureValues:
         tokens = fv.tokens
-        if tokens is not None and pa.types.is_dictionary(tokens.type) and tokens.type != DICTIONARY_TYPE:
-            tokens = pa.DictionaryArray.from_arrays(tokens.indices.cast(pa.int32()),
-                                                    tokens.dictionary.cast(pa.large_binary()))
+        if tokens is not None and is_encoded(tokens):
+            tokens = dictionary_encode(tokens)  # an encoded array of other widths: to DICTIONARY_TYPE, no re-hash
         elif tokens is not None and tokens.type == pa.binary():
             tokens = tokens.cast(pa.large_binary())
         return dataclasses.replace(fv, lengths=fv.lengths.astype(np.int64, copy=False), tokens=tokens)
