@@ -14,7 +14,6 @@ only plain data (`ModelConfig`, chip counts), so it pickles to workers.
 
 from __future__ import annotations
 
-import collections
 from typing import Any, Dict, Iterable, Mapping, Optional, Sequence
 
 import numpy as np
@@ -75,6 +74,7 @@ class ProfileCollector:
         g = GlobalConfig.of(m)
         tables = {}
         for t in m.tables:
+            # The S values whose shard loads `extract_output` fills in from the id counts (zeros until then).
             loads = {g.num_sparse_cores: ShardLoad.empty(g.num_sparse_cores)}
             for cm in self._candidate_models.values():
                 s = cm.topology.num_sparse_cores
@@ -111,8 +111,7 @@ class ProfileCollector:
             self._validate(global_ids, oov_counts)
         step = acc.steps if step is None else int(step)
 
-        # Per feature and table: valency, hot ids, OOV, mod/div shard loads.
-        loads = collections.defaultdict(list)
+        # Per feature and table: valency, hot ids, OOV. (Shard loads follow from the id counts: `extract_output`.)
         for t in m.tables:
             ts = acc.tables[t.name]
             ts.steps += 1
@@ -129,12 +128,7 @@ class ProfileCollector:
                     fs.oov_ids += int(oov_counts[f.name])
                     fs.oov_reported_ids += int(fid.ids.size) + (0 if self.oov_ids_in_batch else int(oov_counts[f.name]))
                 all_ids.append(fid.ids)
-            ids = np.concatenate(all_ids) if all_ids else np.zeros(0, np.int64)
-            ts.id_counts.add(ids)
-            for s, load in ts.shard_load.items():
-                loads[s].append((load, ids, t.vocabulary_size))
-        for batch in loads.values():  # every table's loads of one S at once
-            ShardLoad.add_many(*zip(*batch))
+            ts.id_counts.add(np.concatenate(all_ids) if all_ids else np.zeros(0, np.int64))
 
         # Main topology: the core's own per-chip counts, tables alone, then stacks.
         table_counts = core_table_counts(global_ids, m, self._one_chip)
@@ -163,7 +157,12 @@ class ProfileCollector:
 
     def extract_output(self, acc: ProfileAccumulator) -> Profile:
         # Deep copy: the profile must not alias a live accumulator.
-        return Profile(self.model, dict(self.candidates), deep_copy(acc))
+        out = deep_copy(acc)
+        for t in self.model.tables:  # each S's mod/div loads, from the exact per-id counts (one pass per table)
+            ts = out.tables[t.name]
+            ids, counts = ts.id_counts.arrays()
+            ts.shard_load = {s: ShardLoad.of_id_counts(ids, counts, s, t.vocabulary_size) for s in ts.shard_load}
+        return Profile(self.model, dict(self.candidates), out)
 
     # ------------------------------------------------------------ validation
 

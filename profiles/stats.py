@@ -354,6 +354,20 @@ class ShardLoad(_JsonEq):
     def add(self, ids: np.ndarray, vocabulary_size: int) -> None:
         ShardLoad.add_many([self], [ids], [vocabulary_size])
 
+    @classmethod
+    def of_id_counts(cls, ids: np.ndarray, counts: np.ndarray, S: int, vocabulary_size: int) -> "ShardLoad":
+        """The load of lookups given as distinct ids (>= 0) and their counts (an `IdCounts`' arrays): equal to
+        `add` of every lookup, in one pass over the distinct ids."""
+        ids, counts = np.asarray(ids, np.int64), np.asarray(counts, np.int64)
+        if ids.size and int(ids.min()) < 0:
+            raise ValueError("shard load: ids must be >= 0")
+        load = cls.empty(S)
+        np.add.at(load.mod, ids % S, counts)
+        shard = ids // -(-int(vocabulary_size) // S)
+        inside = shard < S  # ids past the vocabulary are not any shard's (as in add_many)
+        np.add.at(load.div, shard[inside], counts[inside])
+        return load
+
     @staticmethod
     def add_many(loads: Sequence["ShardLoad"], ids: Sequence[np.ndarray], vocabulary_sizes: Sequence[int]) -> None:
         """loads[i].add(ids[i], vocabulary_sizes[i]) for every i (loads of one S), in two bincounts in all."""

@@ -226,6 +226,40 @@ def test_collector_validates_batches():
         COLLECTOR.add_step(acc, BATCHES[0], oov_counts={"nope": 1})
 
 
+@settings(max_examples=30, deadline=None)
+@given(st.lists(st.lists(st.integers(0, 8), max_size=9, unique=True), min_size=1, max_size=3))
+def test_profile_shard_loads_equal_every_step_added(partials):
+    """The profile's shard loads (derived from the id counts when it is extracted) equal `ShardLoad.add` of
+    every step's lookups, per table and per S (main topology and candidates), however the steps were split
+    into partial accumulators."""
+    from profiles.stats import ShardLoad
+    profile = COLLECTOR.extract_output(COLLECTOR.merge_accumulators([_acc(p) for p in partials]))
+    model = COLLECTOR.model
+    for t in model.tables:
+        loads = profile.tables[t.name].stats.shard_load
+        assert sorted(loads) == [4, 8, 16]  # S of candidate 1 chip, the main topology (2 chips), candidate 4
+        for S, got in loads.items():
+            want = ShardLoad.empty(S)
+            for i in (i for p in partials for i in p):
+                want.add(np.concatenate([BATCHES[i][f.name].ids for f in model.table_features(t.name)]),
+                         t.vocabulary_size)
+            assert got == want, (t.name, S)
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.sampled_from([1, 2, 8, 16]), st.lists(st.integers(0, 1000), max_size=60), st.integers(1, 300))
+def test_shard_load_of_id_counts_equals_adding_every_lookup(S, ids, vocab):
+    """`ShardLoad.of_id_counts` over distinct ids and counts against `add` of every lookup (ids past the
+    vocabulary included)."""
+    from profiles.stats import ShardLoad
+    ids = np.array(ids, np.int64)
+    counts = IdCounts()
+    counts.add(ids)
+    want = ShardLoad.empty(S)
+    want.add(ids, vocab)
+    assert ShardLoad.of_id_counts(*counts.arrays(), S, vocab) == want
+
+
 @settings(max_examples=100, deadline=None)
 @given(st.sampled_from([1, 2, 8, 16]), st.lists(st.tuples(st.integers(1, 300), st.lists(st.integers(0, 400),
                                                                                         max_size=40)),
