@@ -130,22 +130,22 @@ class ProfileCollector:
                 all_ids.append(fid.ids)
             ts.id_counts.add(np.concatenate(all_ids) if all_ids else np.zeros(0, np.int64))
 
-        # Main topology: the core's own per-chip counts, tables alone, then stacks.
+        # Main topology: the core's own per-chip counts, tables alone, then stacks (all added at once).
         table_counts = core_table_counts(global_ids, m, self._one_chip)
-        for name, c in table_counts.items():
-            acc.tables[name].partitions.add_step(c, step)
-        for name, c in stack_counts(m.layout(), table_counts).items():
-            acc.stacks[name].add_step(c, step)
+        stacked = stack_counts(m.layout(), table_counts)
+        PartitionStats.add_step_many([acc.tables[n].partitions for n in table_counts] +
+                                     [acc.stacks[n] for n in stacked],
+                                     list(table_counts.values()) + list(stacked.values()), step)
 
         # Candidate chip counts: one dedup per table, then a vectorised count per candidate.
         if self._candidate_models:
             deduped = {t.name: dedup_table(m, t.name, global_ids) for t in m.tables}
             for c, cm in self._candidate_models.items():
                 counts = {t.name: candidate_table_counts(cm, t.name, deduped[t.name]) for t in m.tables}
-                for name, cc in counts.items():
-                    acc.tables[name].candidates[c].add_step(cc, step)
-                for name, cc in stack_counts(cm.layout(), counts).items():
-                    acc.candidate_stacks[c][name].add_step(cc, step)
+                stacked = stack_counts(cm.layout(), counts)
+                PartitionStats.add_step_many([acc.tables[n].candidates[c] for n in counts] +
+                                             [acc.candidate_stacks[c][n] for n in stacked],
+                                             list(counts.values()) + list(stacked.values()), step)
         acc.steps += 1
         return acc
 

@@ -182,43 +182,69 @@ class PartitionStats(_JsonEq):
                    series=StepSeries(series_steps) if series_steps else None)
 
     def add_step(self, c: CellCounts, step: int) -> None:
-        nsc, S, chips = self.num_sc_per_chip, self.num_sparse_cores, self.num_chips
-        if (c.num_chips, c.num_sc_per_chip) != (chips, nsc):
-            raise ValueError("cell counts of another topology")
-        self.steps += 1
-        n_ids, n_uniq = int(c.ids.sum()), int(c.unique.sum())
-        self.ids += n_ids
-        self.unique_ids += n_uniq
-        mx_ids = int(c.ids.max()) if c.ids.size else 0
-        mx_uniq = int(c.unique.max()) if c.unique.size else 0
-        self.step_max_ids.add(mx_ids)
-        self.step_max_unique_ids.add(mx_uniq)
-        empty_cells = c.num_cells - c.cells.size
-        self.cell_ids.add_array(c.ids)
-        self.cell_ids.add(0, empty_cells)
-        self.cell_unique_ids.add_array(c.unique)
-        self.cell_unique_ids.add(0, empty_cells)
-        padded = roundup8(c.ids)
-        sc_global = c.cells // S
-        if c.cells.size:
-            sc_need = np.bincount(sc_global, weights=padded)
-            chip_need = np.bincount(sc_global // nsc, weights=padded, minlength=chips).astype(np.int64)
-            mx_sc, mx_chip = int(sc_need.max()), int(chip_need.max())
-            dest = np.bincount(c.cells % S, weights=c.ids, minlength=S).astype(np.int64)
-        else:
-            mx_sc = mx_chip = 0
-            chip_need = np.zeros(chips, np.int64)
-            dest = np.zeros(S, np.int64)
-        self.chip_buffer.add_array(chip_need)
-        self.step_max_sc_buffer.add(mx_sc)
-        self.step_max_chip_buffer.add(mx_chip)
-        self.dest_ids = dest if self.dest_ids is None else self.dest_ids + dest
-        self.step_max_dest_ids += int(dest.max())
-        if self.sc_dest_ids is not None and c.cells.size:
-            local = (sc_global % nsc) * S + c.cells % S
-            self.sc_dest_ids += np.bincount(local, weights=c.ids, minlength=nsc * S).astype(np.int64).reshape(nsc, S)
-        if self.series is not None:
-            self.series.record(step, mx_ids, mx_uniq, mx_chip)
+        PartitionStats.add_step_many([self], [c], step)
+
+    @staticmethod
+    def add_step_many(stats: Sequence["PartitionStats"], counts: Sequence[CellCounts], step: int) -> None:
+        """stats[i].add_step(counts[i], step) for every i (one topology): the numpy work of all of them at once.
+
+        Per statistic: ids and unique ids summed and maximised over cells; every cell's values into the cell
+        histograms (cells without ids as zeros); per local SC and per chip the id buffer (the cells' ids padded
+        to XLA_PAD, summed); per destination SC the ids; the heat map's (local SC, destination) ids.
+        """
+        if not stats:
+            return
+        chips, nsc, S = stats[0].num_chips, stats[0].num_sc_per_chip, stats[0].num_sparse_cores
+        for ps, c in zip(stats, counts, strict=True):
+            if (ps.num_chips, ps.num_sc_per_chip) != (chips, nsc) or (c.num_chips, c.num_sc_per_chip) != (chips, nsc):
+                raise ValueError("cell counts of another topology")
+        k, scs = len(stats), chips * nsc
+        sizes = np.array([c.cells.size for c in counts], np.int64)
+        cells = np.concatenate([c.cells for c in counts]).astype(np.int64, copy=False)
+        ids = np.concatenate([c.ids for c in counts]).astype(np.int64, copy=False)
+        uniq = np.concatenate([c.unique for c in counts]).astype(np.int64, copy=False)
+        seg = np.repeat(np.arange(k, dtype=np.int64), sizes)
+        # Sums and maxima over each statistic's cells (ids >= 0: an empty statistic's are 0).
+        sum_ids = np.bincount(seg, weights=ids, minlength=k).astype(np.int64)
+        sum_uniq = np.bincount(seg, weights=uniq, minlength=k).astype(np.int64)
+        max_ids, max_uniq = np.zeros(k, np.int64), np.zeros(k, np.int64)
+        full = np.flatnonzero(sizes)
+        if full.size:
+            starts = (np.cumsum(sizes) - sizes)[full]
+            max_ids[full] = np.maximum.reduceat(ids, starts)
+            max_uniq[full] = np.maximum.reduceat(uniq, starts)
+        sc_global = cells // S
+        sc_need = np.bincount(seg * scs + sc_global, weights=roundup8(ids), minlength=k * scs).reshape(k, scs)
+        chip_need = sc_need.reshape(k, chips, nsc).sum(axis=2).astype(np.int64)
+        max_sc, max_chip = sc_need.max(axis=1).astype(np.int64), chip_need.max(axis=1)
+        dest = np.bincount(seg * S + cells % S, weights=ids, minlength=k * S).astype(np.int64).reshape(k, S)
+        max_dest = dest.max(axis=1)
+        heat = None
+        if any(ps.sc_dest_ids is not None for ps in stats):
+            local = seg * (nsc * S) + (sc_global % nsc) * S + cells % S
+            heat = np.bincount(local, weights=ids, minlength=k * nsc * S).astype(np.int64).reshape(k, nsc, S)
+        ends = np.cumsum(sizes)
+        for i, (ps, c) in enumerate(zip(stats, counts)):
+            ps.steps += 1
+            ps.ids += int(sum_ids[i])
+            ps.unique_ids += int(sum_uniq[i])
+            mx_ids, mx_uniq, mx_chip = int(max_ids[i]), int(max_uniq[i]), int(max_chip[i])
+            ps.step_max_ids.add(mx_ids)
+            ps.step_max_unique_ids.add(mx_uniq)
+            empty_cells = c.num_cells - int(sizes[i])
+            ps.cell_ids.add_array(ids[ends[i] - sizes[i]:ends[i]])
+            ps.cell_ids.add(0, empty_cells)
+            ps.cell_unique_ids.add_array(uniq[ends[i] - sizes[i]:ends[i]])
+            ps.cell_unique_ids.add(0, empty_cells)
+            ps.chip_buffer.add_array(chip_need[i])
+            ps.step_max_sc_buffer.add(int(max_sc[i]))
+            ps.step_max_chip_buffer.add(mx_chip)
+            ps.dest_ids = dest[i].copy() if ps.dest_ids is None else ps.dest_ids + dest[i]
+            ps.step_max_dest_ids += int(max_dest[i])
+            if ps.sc_dest_ids is not None and sizes[i]:
+                ps.sc_dest_ids += heat[i]
+            if ps.series is not None:
+                ps.series.record(step, mx_ids, mx_uniq, mx_chip)
 
     def merge_from(self, other: "PartitionStats") -> None:
         if (self.num_chips, self.num_sc_per_chip) != (other.num_chips, other.num_sc_per_chip):

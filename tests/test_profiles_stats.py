@@ -277,3 +277,80 @@ def test_shard_loads_of_many_tables_at_once_equal_one_by_one(S, tables):
     ShardLoad.add_many(many, ids, vocab)
     for a, b in zip(one, many):
         assert np.array_equal(a.mod, b.mod) and np.array_equal(a.div, b.div)
+
+
+def _reference_add_step(ps, c, step):
+    """PartitionStats.add_step of one statistic, written cell by cell (the rule `add_step_many` vectorises)."""
+    from profiles.stats import roundup8
+    nsc, S, chips = ps.num_sc_per_chip, ps.num_sparse_cores, ps.num_chips
+    ps.steps += 1
+    ps.ids += int(c.ids.sum())
+    ps.unique_ids += int(c.unique.sum())
+    mx_ids, mx_uniq = int(c.ids.max(initial=0)), int(c.unique.max(initial=0))
+    ps.step_max_ids.add(mx_ids)
+    ps.step_max_unique_ids.add(mx_uniq)
+    for v, u in zip(c.ids.tolist(), c.unique.tolist()):
+        ps.cell_ids.add(v)
+        ps.cell_unique_ids.add(u)
+    ps.cell_ids.add(0, c.num_cells - c.cells.size)
+    ps.cell_unique_ids.add(0, c.num_cells - c.cells.size)
+    sc_need = [0] * (chips * nsc)
+    dest = np.zeros(S, np.int64)
+    heat = np.zeros((nsc, S), np.int64)
+    for cell, v in zip(c.cells.tolist(), c.ids.tolist()):
+        sc, d = divmod(cell, S)
+        sc_need[sc] += int(roundup8(np.int64(v)))
+        dest[d] += v
+        heat[sc % nsc, d] += v
+    chip_need = [sum(sc_need[ch * nsc:(ch + 1) * nsc]) for ch in range(chips)]
+    for x in chip_need:
+        ps.chip_buffer.add(x)
+    ps.step_max_sc_buffer.add(max(sc_need))
+    ps.step_max_chip_buffer.add(max(chip_need))
+    ps.dest_ids = ps.dest_ids + dest
+    ps.step_max_dest_ids += int(dest.max())
+    if ps.sc_dest_ids is not None:
+        ps.sc_dest_ids = ps.sc_dest_ids + heat
+    if ps.series is not None:
+        ps.series.record(step, mx_ids, mx_uniq, max(chip_need))
+
+
+@st.composite
+def _cell_counts(draw, chips, nsc):
+    from profiles.counting import CellCounts
+    S = chips * nsc
+    cells = np.array(sorted(draw(st.sets(st.integers(0, chips * nsc * S - 1), max_size=12))), np.int64)
+    ids = np.array(draw(st.lists(st.integers(1, 40), min_size=cells.size, max_size=cells.size)), np.int64)
+    uniq = np.array([draw(st.integers(1, int(v))) for v in ids], np.int64)
+    return CellCounts(chips, nsc, S, cells, ids, uniq)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.data(), st.sampled_from([(1, 1), (1, 4), (2, 2), (4, 4)]), st.integers(1, 5), st.integers(1, 3))
+def test_partition_stats_of_many_at_once_equal_one_by_one(data, topo, k, steps):
+    """`PartitionStats.add_step_many` (every table and stack of a step at once, as the collector adds them)
+    against the per-cell rule; with and without heat maps and series, empty counts included."""
+    from profiles.stats import PartitionStats
+    chips, nsc = topo
+
+    def fresh():
+        return [PartitionStats.empty(chips, nsc, heat_map=i % 2 == 0, series_steps=10 if i % 3 == 0 else None)
+                for i in range(k)]
+
+    many, ref = fresh(), fresh()
+    for step in range(steps):
+        counts = [data.draw(_cell_counts(chips, nsc)) for _ in range(k)]
+        PartitionStats.add_step_many(many, counts, step)
+        for ps, c in zip(ref, counts):
+            _reference_add_step(ps, c, step)
+    for a, b in zip(many, ref):
+        assert a == b
+
+
+def test_partition_stats_refuse_another_topology():
+    from profiles.counting import CellCounts
+    from profiles.stats import PartitionStats
+    z = np.zeros(0, np.int64)
+    with pytest.raises(ValueError, match="another topology"):
+        PartitionStats.add_step_many([PartitionStats.empty(2, 4), PartitionStats.empty(1, 4)],
+                                     [CellCounts(2, 4, 8, z, z, z), CellCounts(1, 4, 4, z, z, z)], 0)
