@@ -27,7 +27,7 @@ import pyarrow as pa
 import apache_beam as beam
 from apache_beam.metrics import Metrics
 
-from pipelines import batching, chunk_sizes, io as pio, manifest as pmanifest, mapping, parse
+from pipelines import batching, chunk_sizes, io as pio, manifest as pmanifest, mapping, parse, profile_worker
 from pipelines import read_spill, shard as pshard, shard_runs, vocab as pvocab
 from pipelines.background import Behind, prefetched
 from pipelines.coders import BulkElement
@@ -646,7 +646,7 @@ class _BuildStep(beam.DoFn):
                  collector=None):
         self.spec, self.vocab_sizes, self.limits = spec, vocab_sizes, limits
         self.steps_per_file, self.encode, self.output, self.collector = steps_per_file, encode, output, collector
-        self.layout = self.runs = self.partial = self.profiling = self.building = None
+        self.layout = self.runs = self.profiling = self.building = None
 
     def setup(self):
         self.layout = self.spec.layout(self.vocab_sizes)
@@ -657,7 +657,7 @@ class _BuildStep(beam.DoFn):
         self.runs = shard_runs.RunWriter(self.output)
         self.building = Behind(BUILD_STEPS_AHEAD)
         if self.collector is not None:
-            self.partial, self.profiling = self.collector.create_accumulator(), Behind(PROFILE_STEPS_BEHIND)
+            self.profiling = profile_worker.start(self.collector, PROFILE_STEPS_BEHIND)
 
     def process(self, kv):
         step, block = kv
@@ -675,7 +675,7 @@ class _BuildStep(beam.DoFn):
             for written in self.runs.add((host, step // self.steps_per_file), step, rec):
                 yield "runs", written
         if self.collector is not None:  # ids the packer took need no second check (`add_step`'s validate)
-            self.profiling.run(self.collector.add_step, self.partial, gids, oov, step=step, validate=not self.encode)
+            self.profiling.add_step(gids, oov, step, validate=not self.encode)
 
     def finish_bundle(self):
         from apache_beam.transforms.window import GlobalWindows
@@ -686,10 +686,9 @@ class _BuildStep(beam.DoFn):
         for written in self.runs.close():
             yield GlobalWindows.windowed_value(("runs", written))
         if self.collector is not None:
-            self.profiling.close()
-            if self.partial.steps:
-                yield GlobalWindows.windowed_value(("profile", self.partial))
-            self.partial = self.profiling = None
+            partial, self.profiling = self.profiling.close(), None
+            if partial.steps:
+                yield GlobalWindows.windowed_value(("profile", partial))
 
 
 @beam.typehints.with_output_types(typing.Any)
