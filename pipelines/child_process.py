@@ -143,11 +143,19 @@ def main() -> int:
     stdin, stdout = sys.stdin.buffer, sys.stdout.buffer
     sys.stdout = sys.stderr  # a print in the child must not corrupt the messages
 
+    closed = False  # the parent closed our input
+
     def receive():
-        return _receive(stdin)
+        nonlocal closed
+        msg = _receive(stdin)
+        closed = closed or msg is None
+        return msg
 
     def send(msg) -> None:
-        _send(stdout, msg)
+        try:
+            _send(stdout, msg)
+        except (BrokenPipeError, OSError):
+            os._exit(0)  # the parent is gone (its job failed or ended): nobody to answer, nothing to print
 
     while True:
         msg = receive()
@@ -157,6 +165,8 @@ def main() -> int:
         try:
             module, _, name = target.partition(":")
             result = getattr(importlib.import_module(module), name)(receive, send, *args)
+            if closed:
+                return 0  # the parent closed its end while the function ran: no one to answer
             send(("return", result))
         except BaseException as e:  # noqa: BLE001 - every error goes back to the parent
             # ... and the child ends: the parent may still be sending to the function that failed.

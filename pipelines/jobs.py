@@ -653,6 +653,11 @@ class _BuildStep(beam.DoFn):
         if self.encode:
             pshard.warn_if_no_native_kernel()
 
+    def teardown(self):
+        if self.profiling is not None:  # a bundle that failed: its profile's child is not wanted
+            self.profiling.abort()
+            self.profiling = None
+
     def start_bundle(self):
         self.runs = shard_runs.RunWriter(self.output)
         self.building = Behind(BUILD_STEPS_AHEAD)

@@ -33,6 +33,9 @@ class ProfileThread:
         self._behind.close()
         return self.acc
 
+    def abort(self) -> None:
+        """A failed bundle: the steps under way finish in the background; nothing is kept."""
+
 
 class ProfileProcess:
     """`ProfileThread` with the statistics computed by a child process (a thread hands it the steps)."""
@@ -53,6 +56,10 @@ class ProfileProcess:
             return acc
         finally:
             self._child.close()
+
+    def abort(self) -> None:
+        """A failed bundle: end the child now."""
+        self._child.kill()
 
 
 def serve(receive, send, collector):

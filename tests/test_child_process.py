@@ -156,3 +156,14 @@ def test_a_bad_step_fails_the_profile_in_the_parent_naming_the_feature():
         for i in range(2, 12):  # the child has ended: a later send or the close raises its error
             worker.add_step(BATCHES[i], None, i, validate=True)
         worker.close()
+
+
+def test_a_child_whose_parent_closes_mid_function_exits_quietly():
+    """As when the worker's job fails: the function sees the end of its input and the child exits 0,
+    without answering (no broken-pipe traceback on the terminal: tests/test_cli_ux.py)."""
+    child = child_process.Child()
+    child.start(f"{HERE}:echo_sum", 1)
+    child.send([1])
+    child._proc.stdin.close()
+    assert child._proc.wait(timeout=30) == 0
+    child.close()
