@@ -27,7 +27,8 @@ import pyarrow as pa
 import apache_beam as beam
 from apache_beam.metrics import Metrics
 
-from pipelines import batching, chunk_sizes, io as pio, manifest as pmanifest, mapping, parse, profile_worker
+from pipelines import batching, child_process, chunk_sizes, io as pio, manifest as pmanifest, mapping, parse
+from pipelines import profile_worker
 from pipelines import read_spill, shard as pshard, shard_runs, vocab as pvocab
 from pipelines.background import Behind, prefetched
 from pipelines.coders import BulkElement
@@ -646,7 +647,7 @@ class _BuildStep(beam.DoFn):
                  collector=None):
         self.spec, self.vocab_sizes, self.limits = spec, vocab_sizes, limits
         self.steps_per_file, self.encode, self.output, self.collector = steps_per_file, encode, output, collector
-        self.layout = self.runs = self.profiling = self.building = None
+        self.layout = self.runs = self.profiling = self.building = self.profile_child = None
 
     def setup(self):
         self.layout = self.spec.layout(self.vocab_sizes)
@@ -656,13 +657,18 @@ class _BuildStep(beam.DoFn):
     def teardown(self):
         if self.profiling is not None:  # a bundle that failed: its profile's child is not wanted
             self.profiling.abort()
-            self.profiling = None
+            self.profiling = self.profile_child = None
+        if self.profile_child is not None:
+            self.profile_child.close()
+            self.profile_child = None
 
     def start_bundle(self):
         self.runs = shard_runs.RunWriter(self.output)
         self.building = Behind(BUILD_STEPS_AHEAD)
         if self.collector is not None:
-            self.profiling = profile_worker.start(self.collector, PROFILE_STEPS_BEHIND)
+            if self.profile_child is None and child_process.wanted():
+                self.profile_child = child_process.Child()  # one per DoFn instance, bundle after bundle
+            self.profiling = profile_worker.start(self.collector, PROFILE_STEPS_BEHIND, self.profile_child)
 
     def process(self, kv):
         step, block = kv
@@ -691,7 +697,12 @@ class _BuildStep(beam.DoFn):
         for written in self.runs.close():
             yield GlobalWindows.windowed_value(("runs", written))
         if self.collector is not None:
-            partial, self.profiling = self.profiling.close(), None
+            profiling, self.profiling = self.profiling, None
+            try:
+                partial = profiling.close()
+            except BaseException:
+                self.profile_child = None  # killed by close: the next bundle starts another
+                raise
             if partial.steps:
                 yield GlobalWindows.windowed_value(("profile", partial))
 

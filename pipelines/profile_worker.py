@@ -9,14 +9,17 @@ bundle ends.
 
 from __future__ import annotations
 
+from typing import Optional
+
 from pipelines import child_process
 from pipelines.background import Behind
 
 
-def start(collector, depth: int):
-    """A bundle's partial profile: `ProfileProcess` if `child_process.wanted()`, else `ProfileThread`.
-    `depth`: steps that may wait for the statistics (their ids are held meanwhile)."""
-    return ProfileProcess(collector, depth) if child_process.wanted() else ProfileThread(collector, depth)
+def start(collector, depth: int, child: Optional[child_process.Child] = None):
+    """A bundle's partial profile: `ProfileProcess` on `child` (a worker's child, reused bundle after bundle)
+    if given, else `ProfileThread`. `depth`: steps that may wait for the statistics (their ids are held
+    meanwhile)."""
+    return ProfileThread(collector, depth) if child is None else ProfileProcess(collector, depth, child)
 
 
 class ProfileThread:
@@ -40,8 +43,9 @@ class ProfileThread:
 class ProfileProcess:
     """`ProfileThread` with the statistics computed by a child process (a thread hands it the steps)."""
 
-    def __init__(self, collector, depth: int):
-        self._child = child_process.Child()
+    def __init__(self, collector, depth: int, child: Optional[child_process.Child] = None):
+        self._child = child_process.Child() if child is None else child
+        self._owned = child is None  # ended by `close`; else the caller's, free for its next bundle
         self._child.start("pipelines.profile_worker:serve", collector)
         self._sends = Behind(depth)
 
@@ -53,12 +57,17 @@ class ProfileProcess:
             self._sends.run(self._child.send, ("finish",))
             self._sends.close()
             _, acc = self._child.receive()
-            return acc
+        except BaseException:
+            self._child.kill()  # it may be mid-step: not reusable
+            raise
         finally:
+            self._sends.close()
+        if self._owned:
             self._child.close()
+        return acc
 
     def abort(self) -> None:
-        """A failed bundle: end the child now."""
+        """A failed bundle: end the child now (it may be mid-step)."""
         self._child.kill()
 
 

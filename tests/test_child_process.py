@@ -134,14 +134,27 @@ def test_the_profile_in_a_child_equals_the_profile_in_a_thread():
     assert collector.extract_output(in_child) == collector.extract_output(in_thread)
 
 
-def test_start_picks_the_child_or_the_thread(monkeypatch):
+def test_one_child_serves_bundle_after_bundle():
+    """As `_BuildStep` uses it: one child per DoFn instance, a partial profile per bundle."""
     collector = ProfileCollector(FC, TOPO)
-    monkeypatch.setenv(child_process.ENV, "0")
     assert isinstance(profile_worker.start(collector, 2), profile_worker.ProfileThread)
-    monkeypatch.setenv(child_process.ENV, "1")
-    worker = profile_worker.start(collector, 2)
-    assert isinstance(worker, profile_worker.ProfileProcess)
-    assert worker.close().steps == 0
+    child = child_process.Child()
+    try:
+        partials = []
+        for bundle in (BATCHES[:5], BATCHES[5:]):
+            worker = profile_worker.start(collector, 2, child)
+            assert isinstance(worker, profile_worker.ProfileProcess)
+            for i, b in enumerate(bundle):
+                worker.add_step(b, None, i, validate=True)
+            partials.append(worker.close())
+        assert [p.steps for p in partials] == [5, len(BATCHES) - 5]
+        assert child._proc.poll() is None  # still there for the next bundle
+        whole = profile_worker.ProfileThread(collector, 2)
+        for i, b in enumerate(BATCHES):
+            whole.add_step(b, None, i if i < 5 else i - 5, validate=True)
+        assert collector.merge_accumulators(partials) == whole.close()
+    finally:
+        child.close()
 
 
 def test_a_bad_step_fails_the_profile_in_the_parent_naming_the_feature():
