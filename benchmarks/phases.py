@@ -1,0 +1,59 @@
+"""`runner.run_all` on benchmarks/pipelines.py's data, with the vocabulary and shard jobs timed apart.
+
+    .venv/bin/python benchmarks/phases.py DATA_DIR [OUT_DIR]
+
+DATA_DIR: the `data` directory `benchmarks/pipelines.py --out DIR` generated. Prints one line: imports, each
+job's wall and CPU time (the CPU time of this process: a profile child's is not included), the total
+without imports, and examples/s. Runs the tree this script is in, so two checkouts can be measured
+alternately in the same minutes (docs/benchmarks.md, "side by side"):
+
+    for i in 1 2 3; do for t in ../base .; do (cd $t && python benchmarks/phases.py DATA /tmp/out); done; done
+
+and profiled with py-spy: `py-spy record -r 100 --threads --idle -f raw -o F -- python benchmarks/phases.py DATA`.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def main() -> None:
+    t0 = time.time()
+    sys.path.insert(0, ROOT)
+    spec_ = importlib.util.spec_from_file_location("bench", os.path.join(ROOT, "benchmarks", "pipelines.py"))
+    bench = importlib.util.module_from_spec(spec_)
+    spec_.loader.exec_module(bench)
+    from pipelines import runner
+    from pipelines.jobs import JobConfig
+    data = os.path.abspath(sys.argv[1])
+    out = sys.argv[2] if len(sys.argv) > 2 else os.path.join(ROOT, "build", "phases")
+    shutil.rmtree(out, ignore_errors=True)
+    cfg = JobConfig(spec=bench.bench_spec(data, 4096), output=out, candidate_chip_counts=[4])
+    times = {}
+
+    def timed(name, fn):
+        def run(*a, **k):
+            w, c = time.time(), time.process_time()
+            try:
+                return fn(*a, **k)
+            finally:
+                times[name] = (time.time() - w, time.process_time() - c)
+        return run
+
+    runner.run_vocab, runner.run_shard = timed("run_vocab", runner.run_vocab), timed("run_shard", runner.run_shard)
+    t1 = time.time()
+    m = runner.run_all(cfg, [])
+    t2 = time.time()
+    n = m.counts.examples_written
+    jobs = " ".join(f"{k} {w:.2f}s (cpu {c:.2f}s)" for k, (w, c) in times.items())
+    print(f"imports {t1 - t0:.2f}s {jobs} total {t2 - t1:.2f}s examples {n} -> {n / (t2 - t1):,.0f} ex/s")
+
+
+if __name__ == "__main__":
+    main()

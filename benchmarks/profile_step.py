@@ -1,0 +1,90 @@
+"""Cost of the profile statistics per step (`ProfileCollector.add_step`), one thread, no Beam.
+
+    .venv/bin/python benchmarks/profile_step.py [DATA_DIR] [--cprofile]
+
+DATA_DIR: the `data` directory of `benchmarks/pipelines.py --examples 200000` (default build/bench/data).
+Builds every step of it as the shard job does (vocabularies, mapping, steps, CSR with global ids), then
+adds them to one accumulator and prints ms per step (best of 3); `--cprofile` also prints the top entries.
+"""
+
+from __future__ import annotations
+
+import collections
+import cProfile
+import importlib.util
+import os
+import pstats
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def steps_of(data: str):
+    sys.path.insert(0, ROOT)
+    spec_ = importlib.util.spec_from_file_location("bench", os.path.join(ROOT, "benchmarks", "pipelines.py"))
+    bench = importlib.util.module_from_spec(spec_)
+    spec_.loader.exec_module(bench)
+    import pyarrow as pa
+    from pipelines import batching, io as pio, mapping, parse, shard as pshard, vocab as pvocab
+    from pipelines.token_index import TokenCounter, TokenIndex
+    spec = bench.bench_spec(data, 4096)
+    chunks, per_key = [], collections.defaultdict(TokenCounter)
+    for f in pio.list_input_files(spec.input_patterns()):
+        for i, item in enumerate(pio.read_file("csv", f, spec.required_columns())):
+            if isinstance(item, pio.RawBatch):
+                chunks.append(parse.parse_batch(item, spec, i)[0])
+                for k, t in pvocab.chunk_tokens(chunks[-1], spec):
+                    per_key[k].add(t)
+    vocabs, sizes = {}, {}
+    for k, counter in per_key.items():
+        v = spec.vocabulary_groups()[k][0].vocabulary
+        toks, _, _ = pvocab.finalize(pvocab.counts_table(counter), v.top_k, v.frequency_threshold)
+        vocabs[k], sizes[k] = TokenIndex(pa.array(toks, pa.large_binary())), max(1, len(toks))
+    layout = spec.layout(sizes)
+    limits = pshard.resolve_limits(spec, layout)
+    blocks = [mapping.map_chunk(c, spec, vocabs, collections.Counter()) for c in chunks]
+    B = spec.global_batch_size
+    n = sum(b.num_examples for b in blocks) // B
+    pieces, start = collections.defaultdict(list), 0
+    for b in blocks:
+        for s, piece in batching.split_into_steps(b, start, B, n):
+            pieces[s].append(piece)
+        start += b.num_examples
+    steps = []
+    for s in range(n):
+        _, gids, oov, _ = pshard.build_step(s, batching.assemble_step(pieces.pop(s), B, len(spec.dense)), spec,
+                                            layout, limits)
+        steps.append((s, gids, oov))
+    return spec, sizes, steps
+
+
+def main() -> None:
+    args = [a for a in sys.argv[1:] if not a.startswith("--")]
+    data = os.path.abspath(args[0] if args else os.path.join(ROOT, "build", "bench", "data"))
+    spec, sizes, steps = steps_of(data)
+    import profiles
+    collector = profiles.ProfileCollector(spec.model(sizes), spec.topology, candidate_chip_counts=[4])
+
+    def add_all():
+        acc = collector.create_accumulator()
+        for s, gids, oov in steps:
+            collector.add_step(acc, gids, oov, step=s, validate=False)
+
+    best = min(_timed(add_all) for _ in range(3))
+    print(f"ProfileCollector.add_step: {best / len(steps) * 1e3:.2f} ms per step ({len(steps)} steps of "
+          f"{spec.global_batch_size} examples, best of 3)")
+    if "--cprofile" in sys.argv:
+        prof = cProfile.Profile()
+        prof.runcall(add_all)
+        pstats.Stats(prof).sort_stats("tottime").print_stats(15)
+
+
+def _timed(fn) -> float:
+    t = time.perf_counter()
+    fn()
+    return time.perf_counter() - t
+
+
+if __name__ == "__main__":
+    main()
