@@ -237,16 +237,23 @@ def main():
     ap.add_argument("--mode", help=argparse.SUPPRESS)  # internal: run one measurement in this process
     args = ap.parse_args()
     args.out = os.path.abspath(args.out)
+    data = os.path.join(args.out, "data")
+    if args.mode == "generate":
+        generate(data, args.examples)
+        return
     if args.mode:
         import json
         print(json.dumps(_run_mode(args.mode, args)))
         return
-    data = os.path.join(args.out, "data")
     marker = os.path.join(data, f".complete-{args.examples}")
     if not os.path.exists(marker):
         shutil.rmtree(data, ignore_errors=True)
         t = time.time()
-        generate(data, args.examples)
+        # In a process of its own: this one stays small, so the measured processes it starts (their peak
+        # RSS counts what they share with it until they exec) report their own memory only.
+        import subprocess
+        subprocess.run([sys.executable, os.path.abspath(__file__), "--mode", "generate", "--examples",
+                        str(args.examples), "--out", args.out], check=True)
         open(marker, "w").close()
         print(f"generated {args.examples} examples in {time.time() - t:.1f} s", flush=True)
     results = {}
