@@ -55,7 +55,7 @@ class ProfileProcess:
     def close(self):
         try:
             self._sends.run(self._child.send, ("finish",))
-            self._sends.close()
+            self._sends.wait()  # a failed send raises the child's error here
             _, acc = self._child.receive()
         except BaseException:
             self._child.kill()  # it may be mid-step: not reusable

@@ -378,47 +378,25 @@ class ShardLoad(_JsonEq):
         return cls(np.zeros(S, np.int64), np.zeros(S, np.int64))
 
     def add(self, ids: np.ndarray, vocabulary_size: int) -> None:
-        ShardLoad.add_many([self], [ids], [vocabulary_size])
+        """Add every lookup of `ids` (>= 0)."""
+        ids = np.asarray(ids, np.int64).reshape(-1)
+        load = ShardLoad.of_id_counts(ids, np.ones(ids.size, np.int64), self.mod.size, vocabulary_size)
+        self.mod += load.mod
+        self.div += load.div
 
     @classmethod
     def of_id_counts(cls, ids: np.ndarray, counts: np.ndarray, S: int, vocabulary_size: int) -> "ShardLoad":
-        """The load of lookups given as distinct ids (>= 0) and their counts (an `IdCounts`' arrays): equal to
-        `add` of every lookup, in one pass over the distinct ids."""
+        """The load of lookups given as ids (>= 0) and how often each was looked up (an `IdCounts`' arrays, or
+        every lookup once): 'mod' shard id % S, 'div' shard id // ceil(vocabulary_size / S)."""
         ids, counts = np.asarray(ids, np.int64), np.asarray(counts, np.int64)
         if ids.size and int(ids.min()) < 0:
             raise ValueError("shard load: ids must be >= 0")
         load = cls.empty(S)
         np.add.at(load.mod, ids % S, counts)
         shard = ids // -(-int(vocabulary_size) // S)
-        inside = shard < S  # ids past the vocabulary are not any shard's (as in add_many)
+        inside = shard < S  # ids past the vocabulary are not any shard's
         np.add.at(load.div, shard[inside], counts[inside])
         return load
-
-    @staticmethod
-    def add_many(loads: Sequence["ShardLoad"], ids: Sequence[np.ndarray], vocabulary_sizes: Sequence[int]) -> None:
-        """loads[i].add(ids[i], vocabulary_sizes[i]) for every i (loads of one S), in two bincounts in all."""
-        if not loads:
-            return
-        S = loads[0].mod.size
-        if any(load.mod.size != S for load in loads):
-            raise ValueError("add_many: loads of one number of shards")
-        sizes = np.array([a.size for a in ids], np.int64)
-        if not sizes.sum():
-            return
-        flat = np.concatenate(ids).astype(np.int64, copy=False)
-        if int(flat.min()) < 0:
-            raise ValueError("shard load: ids must be >= 0")
-        base = np.repeat(np.arange(len(loads), dtype=np.int64) * S, sizes)
-        n = len(loads) * S
-        mod = np.bincount(base + (flat & (S - 1)), minlength=n).reshape(len(loads), S)
-        shard = flat // np.repeat(-(-np.asarray(vocabulary_sizes, np.int64) // S), sizes)
-        inside = shard < S  # ids past the vocabulary are not any shard's (as bincount(...)[:S] drops them)
-        if not inside.all():
-            base, shard = base[inside], shard[inside]
-        div = np.bincount(base + shard, minlength=n).reshape(len(loads), S)
-        for i, load in enumerate(loads):
-            load.mod += mod[i]
-            load.div += div[i]
 
     def merge_from(self, o: "ShardLoad") -> None:
         self.mod = _add_arrays(self.mod, o.mod)

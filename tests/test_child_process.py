@@ -45,58 +45,49 @@ HERE = "tests.test_child_process"
 
 # ---------------------------------------------------------------- Child
 
-def test_child_runs_functions_in_another_process_one_after_another():
+@pytest.fixture
+def child():
     child = child_process.Child()
-    try:
-        child.start(f"{HERE}:echo_sum", 2)
-        child.send(np.arange(4))
-        _, total, pid = child.receive()
-        assert total == 12 and pid != os.getpid()
-        child.send([5])
-        assert child.receive()[:2] == ("partial", 22)
-        child.send("stop")
-        assert child.receive() == ("return", 22)
-        child.start(f"{HERE}:echo_sum", 1)  # the same child, a second function
-        child.send("stop")
-        assert child.receive() == ("return", 0)
-    finally:
-        child.close()
+    yield child
+    child.close()
 
 
-def test_an_error_in_the_child_is_raised_in_the_parent_with_its_type_and_traceback():
-    child = child_process.Child()
-    try:
-        child.start(f"{HERE}:fail", "no such key")
-        with pytest.raises(KeyError, match="no such key") as e:
-            child.receive()
-        assert isinstance(e.value.__cause__, child_process.RemoteTraceback)
-        assert "in fail" in str(e.value.__cause__)
-        with pytest.raises(ChildProcessError, match="exited"):  # the child ends after an error
-            child.receive()
-    finally:
-        child.close()
+def test_child_runs_functions_in_another_process_one_after_another(child):
+    child.start(f"{HERE}:echo_sum", 2)
+    child.send(np.arange(4))
+    _, total, pid = child.receive()
+    assert total == 12 and pid != os.getpid()
+    child.send([5])
+    assert child.receive()[:2] == ("partial", 22)
+    child.send("stop")
+    assert child.receive() == ("return", 22)
+    child.start(f"{HERE}:echo_sum", 1)  # the same child, a second function
+    child.send("stop")
+    assert child.receive() == ("return", 0)
 
 
-def test_an_error_that_cannot_be_pickled_keeps_its_type_name_and_message():
-    child = child_process.Child()
-    try:
-        child.start(f"{HERE}:unpicklable_error")
-        with pytest.raises(RuntimeError, match="Local: made in the child"):
-            child.receive()
-    finally:
-        child.close()
+def test_an_error_in_the_child_is_raised_in_the_parent_with_its_type_and_traceback(child):
+    child.start(f"{HERE}:fail", "no such key")
+    with pytest.raises(KeyError, match="no such key") as e:
+        child.receive()
+    assert isinstance(e.value.__cause__, child_process.RemoteTraceback)
+    assert "in fail" in str(e.value.__cause__)
+    with pytest.raises(ChildProcessError, match="exited"):  # the child ends after an error
+        child.receive()
 
 
-def test_a_child_that_dies_is_reported_with_its_status():
-    child = child_process.Child()
-    try:
-        child.start(f"{HERE}:die")
-        with pytest.raises(ChildProcessError, match="status -9"):
-            child.receive()
-        with pytest.raises(ChildProcessError):
-            child.send("anything")
-    finally:
-        child.close()
+def test_an_error_that_cannot_be_pickled_keeps_its_type_name_and_message(child):
+    child.start(f"{HERE}:unpicklable_error")
+    with pytest.raises(RuntimeError, match="Local: made in the child"):
+        child.receive()
+
+
+def test_a_child_that_dies_is_reported_with_its_status(child):
+    child.start(f"{HERE}:die")
+    with pytest.raises(ChildProcessError, match="status -9"):
+        child.receive()
+    with pytest.raises(ChildProcessError):
+        child.send("anything")
 
 
 def test_wanted_follows_the_environment(monkeypatch):
@@ -134,27 +125,23 @@ def test_the_profile_in_a_child_equals_the_profile_in_a_thread():
     assert collector.extract_output(in_child) == collector.extract_output(in_thread)
 
 
-def test_one_child_serves_bundle_after_bundle():
+def test_one_child_serves_bundle_after_bundle(child):
     """As `_BuildStep` uses it: one child per DoFn instance, a partial profile per bundle."""
     collector = ProfileCollector(FC, TOPO)
     assert isinstance(profile_worker.start(collector, 2), profile_worker.ProfileThread)
-    child = child_process.Child()
-    try:
-        partials = []
-        for bundle in (BATCHES[:5], BATCHES[5:]):
-            worker = profile_worker.start(collector, 2, child)
-            assert isinstance(worker, profile_worker.ProfileProcess)
-            for i, b in enumerate(bundle):
-                worker.add_step(b, None, i, validate=True)
-            partials.append(worker.close())
-        assert [p.steps for p in partials] == [5, len(BATCHES) - 5]
-        assert child._proc.poll() is None  # still there for the next bundle
-        whole = profile_worker.ProfileThread(collector, 2)
-        for i, b in enumerate(BATCHES):
-            whole.add_step(b, None, i if i < 5 else i - 5, validate=True)
-        assert collector.merge_accumulators(partials) == whole.close()
-    finally:
-        child.close()
+    partials = []
+    for bundle in (BATCHES[:5], BATCHES[5:]):
+        worker = profile_worker.start(collector, 2, child)
+        assert isinstance(worker, profile_worker.ProfileProcess)
+        for i, b in enumerate(bundle):
+            worker.add_step(b, None, i, validate=True)
+        partials.append(worker.close())
+    assert [p.steps for p in partials] == [5, len(BATCHES) - 5]
+    assert child._proc.poll() is None  # still there for the next bundle
+    whole = profile_worker.ProfileThread(collector, 2)
+    for i, b in enumerate(BATCHES):
+        whole.add_step(b, None, i if i < 5 else i - 5, validate=True)
+    assert collector.merge_accumulators(partials) == whole.close()
 
 
 def test_a_bad_step_fails_the_profile_in_the_parent_naming_the_feature():

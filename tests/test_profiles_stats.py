@@ -264,9 +264,9 @@ def test_shard_load_of_id_counts_equals_adding_every_lookup(S, ids, vocab):
 @given(st.sampled_from([1, 2, 8, 16]), st.lists(st.tuples(st.integers(1, 300), st.lists(st.integers(0, 400),
                                                                                         max_size=40)),
                                                  min_size=1, max_size=5))
-def test_shard_loads_of_many_tables_at_once_equal_one_by_one(S, tables):
-    """`ShardLoad.add_many` (every table's loads in two bincounts, as the collector adds them) against the
-    per-table rule, ids past a vocabulary included (no shard's under 'div')."""
+def test_shard_loads_of_tables_equal_the_rule(S, tables):
+    """`ShardLoad.add` against the per-table rule written with bincounts, ids past a vocabulary included
+    (no shard's under 'div')."""
     from profiles.stats import ShardLoad
     one, many = [ShardLoad.empty(S) for _ in tables], [ShardLoad.empty(S) for _ in tables]
     ids = [np.array(x, np.int64) for _, x in tables]
@@ -274,7 +274,8 @@ def test_shard_loads_of_many_tables_at_once_equal_one_by_one(S, tables):
     for load, i, v in zip(one, ids, vocab):
         load.mod += np.bincount(i & (S - 1), minlength=S)
         load.div += np.bincount(i // -(-v // S), minlength=S)[:S]
-    ShardLoad.add_many(many, ids, vocab)
+    for load, i, v in zip(many, ids, vocab):
+        load.add(i, v)
     for a, b in zip(one, many):
         assert np.array_equal(a.mod, b.mod) and np.array_equal(a.div, b.div)
 
