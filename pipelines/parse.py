@@ -19,7 +19,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from pipelines.io import DeadLetter, RawBatch, csv_native, one_array
-from pipelines.token_index import dictionary_encode
+from pipelines.token_index import dictionary_encode, drop_empty
 
 
 @dataclasses.dataclass
@@ -281,17 +281,14 @@ def _categorical(raw: RawBatch, f, probs: _Problems) -> FeatureValues:
             w = w[wkeep]
         weights = w
 
-    # Blank values mean "no value" (Criteo's empty cells, 'a||b').
-    if tokens is not None and len(tokens):
-        nonempty = np.asarray(pc.greater(pc.binary_length(tokens), 0).to_numpy(zero_copy_only=False), dtype=bool)
-        if not nonempty.all():
+    if tokens is not None:
+        # Blank values mean "no value" (Criteo's empty cells, 'a||b').
+        tokens, nonempty = drop_empty(dictionary_encode(tokens))
+        if nonempty is not None:
             rows = _value_rows(lengths)
             lengths = lengths - np.bincount(rows[~nonempty], minlength=n).astype(np.int64)
-            tokens = tokens.filter(pa.array(nonempty))
             if weights is not None:
                 weights = weights[nonempty]
-    if tokens is not None:
-        tokens = dictionary_encode(tokens)
     return FeatureValues(lengths=lengths, tokens=tokens, ints=ints, weights=weights)
 
 

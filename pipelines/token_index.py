@@ -99,6 +99,26 @@ def reference_dictionary_encode(tokens: pa.Array) -> pa.DictionaryArray:
     return _encoded(enc.indices.cast(pa.int32()), _large_binary(enc.dictionary))
 
 
+def drop_empty(tokens: pa.DictionaryArray) -> Tuple[pa.DictionaryArray, Optional[np.ndarray]]:
+    """(the encoded values other than the empty token, the mask of the values kept; None when none is empty).
+
+    The same array as encoding the non-empty values alone: the empty token leaves the first-seen dictionary
+    and the codes after it move down one. It looks at the dictionary (each token once) instead of at every
+    value, which two Arrow passes per column did at about a third of the parse's time."""
+    lengths = np.diff(_buffers(tokens.dictionary)[0])
+    empty = np.flatnonzero(lengths == 0)
+    if not empty.size:
+        return tokens, None
+    e = int(empty[0])
+    codes = codes_of(tokens)
+    keep = codes != e
+    kept = codes[keep]
+    kept = kept - (kept > e).astype(np.int32)
+    d = tokens.dictionary
+    dictionary = pa.concat_arrays([d.slice(0, e), d.slice(e + 1)])
+    return _encoded(pa.array(kept, pa.int32()), dictionary), keep
+
+
 def concat_encoded(parts: List[pa.Array]) -> pa.DictionaryArray:
     """Several arrays' values in order as one encoded array: their dictionaries one after the other (a token
     may then be in it more than once, which counting and lookups allow) and the codes shifted to match."""

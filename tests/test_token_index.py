@@ -200,3 +200,20 @@ def test_native_codes_buffer_too_small_is_refused():
     with pytest.raises(ValueError, match="fewer codes"):
         token_index._native.count(c._offsets, c._data, c._slots, c._hashes, c._counts, c._state,
                                   off, data, np.zeros(0, np.int64), 0, np.zeros(1, np.int32))
+
+
+@settings(max_examples=300, deadline=None)
+@given(tokens, st.data())
+def test_drop_empty_equals_encoding_the_nonempty_tokens(toks, data):
+    """Dropping the empty token after encoding (the parser's blank values) gives the array that encoding the
+    non-empty values alone gives, and the mask of the kept values; None when no value is empty."""
+    q = pa.array(toks, pa.large_binary()).slice(data.draw(st.integers(0, len(toks))))
+    values = q.to_pylist()
+    nonempty = np.array([len(t) > 0 for t in values], bool)
+    got, kept = token_index.drop_empty(token_index.dictionary_encode(q))
+    assert got.equals(token_index.dictionary_encode(q.filter(pa.array(nonempty, pa.bool_()))))
+    assert got.type == token_index.DICTIONARY_TYPE
+    if nonempty.all():
+        assert kept is None
+    else:
+        np.testing.assert_array_equal(kept, nonempty)

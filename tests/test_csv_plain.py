@@ -1,0 +1,121 @@
+"""The native splitter of plain CSV records (native/_csv_native.c `plain_fields`, `pipelines.io._plain_table`)
+against pyarrow's reader (`pipelines.io._pyarrow_csv`, the reference): the same table for any records it
+takes, and None (pyarrow decides) for any it does not."""
+
+import numpy as np
+import pyarrow as pa
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from pipelines import io as pio
+
+pytestmark = pytest.mark.skipif(pio.csv_native() is None,
+                                reason="the native CSV module is not built (setup.py builds it in place)")
+
+DELIMITERS = [",", ";", "\t", "|"]
+# Values of text around the delimiters (the delimiter itself only inside quotes), multi-byte UTF-8 too.
+CHARS = ["a", "b", "0", "9", " ", "-", ".", "é", "€", "𝄞", "x"]
+
+
+@st.composite
+def plain_csv(draw):
+    delimiter = draw(st.sampled_from(DELIMITERS))
+    nfields = draw(st.integers(1, 6))
+    names = [f"c{i}" for i in range(nfields)]
+    nrec = draw(st.integers(1, 25))
+    lines = []
+    for _ in range(nrec):
+        fields = []
+        for _ in range(nfields):
+            text = "".join(draw(st.lists(st.sampled_from(CHARS), max_size=6)))
+            if draw(st.booleans()):  # quoted, as pyarrow and pandas write strings: then the delimiter may be in it
+                text = '"' + (text + delimiter if draw(st.booleans()) else text) + '"'
+            fields.append(text)
+        if nfields == 1 and fields[0] == "":
+            fields[0] = '""'  # an empty unquoted single field is an empty line: no record
+        lines.append(delimiter.join(fields))
+    data = "\n".join(lines) + ("\n" if draw(st.booleans()) else "")
+    columns = draw(st.lists(st.sampled_from(names), unique=True, min_size=1))
+    return data.encode(), names, columns, delimiter, nrec
+
+
+def _reference(data, names, columns, delimiter, nrec):
+    invalid = []
+    table = pio._pyarrow_csv(data, names, columns, delimiter, lambda row: invalid.append(row) or "skip", nrec)
+    return table, invalid
+
+
+@settings(max_examples=400, deadline=None)
+@given(plain_csv())
+def test_plain_records_split_as_pyarrow_reads_them(case):
+    data, names, columns, delimiter, nrec = case
+    got = pio._plain_table(data, names, columns, delimiter, nrec)
+    want, invalid = _reference(data, names, columns, delimiter, nrec)
+    assert not invalid and want.num_rows == nrec
+    assert got is not None, data
+    assert got.schema == want.schema and got.equals(want)
+
+
+@settings(max_examples=300, deadline=None)
+@given(plain_csv(), st.sampled_from(["cr", "inner_quote", "doubled_quote", "after_quote", "short", "long",
+                                     "empty_line", "newline_in_quotes", "fewer_records", "more_records"]),
+       st.data())
+def test_records_needing_the_parser_are_left_to_it(case, flaw, data):
+    """A \\r, a quote not around a whole value ("a""b", a"b, "a"b), a record of too few or too many fields,
+    an empty line, a line break in a quoted value, or a record count other than the framing's: None, and
+    pyarrow's reader (with its letters for malformed records) decides."""
+    text, names, columns, delimiter, nrec = case
+    lines = text.decode().split("\n")
+    if lines[-1] == "":
+        lines.pop()
+    k = data.draw(st.integers(0, len(lines) - 1))
+    line = lines[k]
+    if flaw == "cr":
+        lines[k] = line + "\r"
+    elif flaw == "inner_quote":
+        lines[k] = "a" + '"' + "b" + line
+    elif flaw == "doubled_quote":
+        lines[k] = '"a""b"' + line
+    elif flaw == "after_quote":
+        lines[k] = '"a"b' + line
+    elif flaw == "short":
+        if len(names) == 1:
+            return
+        lines[k] = delimiter.join(["x"] * (len(names) - 1))
+    elif flaw == "long":
+        lines[k] = line + delimiter + "x"
+    elif flaw == "empty_line":
+        lines.insert(k, "")
+    elif flaw == "newline_in_quotes":
+        lines[k] = '"a\nb"' + line
+    elif flaw == "fewer_records":
+        nrec += 1
+    elif flaw == "more_records":
+        nrec -= 1
+    data_ = ("\n".join(lines) + "\n").encode()
+    assert pio._plain_table(data_, names, columns, delimiter, nrec) is None
+
+
+def test_columns_come_out_in_the_order_asked_and_bytes_as_written():
+    data = b'"x",1,"a,b"\n"",2,\xc3\xa9\n'
+    got = pio._plain_table(data, ["s", "n", "t"], ["t", "s"], ",", 2)
+    assert got.column_names == ["t", "s"]
+    assert got.column("t").to_pylist() == ["a,b", "é"] and got.column("s").to_pylist() == ["x", ""]
+    assert got.column("t").type == pa.large_string()
+
+
+def test_a_header_that_names_a_column_twice_or_misses_one_is_left_to_pyarrow():
+    assert pio._plain_table(b"1,2\n", ["a", "a"], ["a"], ",", 1) is None
+    assert pio._plain_table(b"1,2\n", ["a", "b"], ["c"], ",", 1) is None
+    assert pio._plain_table(b"1,2\n", ["a", "b"], ["a"], "::", 1) is None  # a delimiter of more than one byte
+
+
+def test_bad_arguments_are_refused():
+    native = pio.csv_native()
+    with pytest.raises(ValueError, match="one int32 per field"):
+        native.plain_fields(b"a\n", 2, ord(","), np.zeros(1, np.int32).tobytes(), 1)
+    with pytest.raises(ValueError, match="below nfields"):
+        native.plain_fields(b"a\n", 1, ord(","), np.array([5], np.int32).tobytes(), 1)
+    with pytest.raises(ValueError, match="one other byte"):
+        native.plain_fields(b"a\n", 1, ord('"'), np.zeros(1, np.int32).tobytes(), 1)
