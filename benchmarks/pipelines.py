@@ -84,10 +84,13 @@ def bench_spec(data_dir: str, batch: int):
 
 
 def single_process(spec, out: str, candidates) -> int:
-    """The same work, plain Python + numpy, no Beam; with the job's threads: the read and the parse each one
-    thread ahead, the steps' records built one ahead, the profile statistics behind (`pipelines.background`)."""
+    """The same work, plain Python + numpy, no Beam; with the job's threads and processes: the read and the
+    parse each one thread ahead, the steps' records built one thread ahead while the next chunks are mapped,
+    the profile statistics behind in a child process when the machine has 2 cores or more
+    (`pipelines.profile_worker`, as the shard job's workers)."""
     import profiles
-    from pipelines import batching, io as pio, mapping, parse, shard as pshard, vocab as pvocab
+    from pipelines import batching, child_process, io as pio, mapping, parse, profile_worker, shard as pshard
+    from pipelines import vocab as pvocab
     from pipelines.background import Behind, prefetched
     from pipelines.jobs import BUILD_STEPS_AHEAD, PROFILE_STEPS_BEHIND
     from pipelines.token_index import TokenCounter, TokenIndex
@@ -115,19 +118,24 @@ def single_process(spec, out: str, candidates) -> int:
         sizes[k] = max(1, len(toks))
     layout = spec.layout(sizes)
     limits = pshard.resolve_limits(spec, layout)
-    counts = collections.Counter()
-    blocks = [mapping.map_chunk(c, spec, vocabs, counts) for c in chunks]
     B = spec.global_batch_size
-    steps = sum(b.num_examples for b in blocks) // B
-    pieces = collections.defaultdict(list)  # step -> [(position, piece)]: as the job's stitching
-    start = 0
-    for b in blocks:
-        for s, piece in batching.split_into_steps(b, start, B, steps):
-            pieces[s].append(piece)
-        start += b.num_examples
-    collector = profiles.ProfileCollector(spec.model(sizes), spec.topology,
-                                          candidate_chip_counts=candidates)
-    acc, behind = collector.create_accumulator(), Behind(PROFILE_STEPS_BEHIND)
+    steps = sum(c.num_rows for c in chunks) // B
+
+    def global_batches():  # chunks mapped to ids in order, each step as soon as its examples are all mapped
+        counts, pieces, start = collections.Counter(), collections.defaultdict(list), 0
+        done = 0  # the steps yielded
+        while chunks:
+            block = mapping.map_chunk(chunks.pop(0), spec, vocabs, counts)
+            for s, piece in batching.split_into_steps(block, start, B, steps):
+                pieces[s].append(piece)
+            start += block.num_examples
+            while done < min(steps, start // B):
+                yield done, batching.assemble_step(pieces.pop(done), B, len(spec.dense))
+                done += 1
+
+    collector = profiles.ProfileCollector(spec.model(sizes), spec.topology, candidate_chip_counts=candidates)
+    profile = (profile_worker.ProfileProcess(collector, PROFILE_STEPS_BEHIND) if child_process.wanted() else
+               profile_worker.ProfileThread(collector, PROFILE_STEPS_BEHIND))
     os.makedirs(os.path.join(out, "shards"), exist_ok=True)
     building = Behind(BUILD_STEPS_AHEAD)  # as the job: steps built one thread ahead of their writes
 
@@ -138,16 +146,15 @@ def single_process(spec, out: str, candidates) -> int:
         def write(s, recs, gids, oov, _):
             for _, r in recs:
                 fh.write(pio.tfrecord_frame(r))
-            behind.run(collector.add_step, acc, gids, oov, step=s, validate=False)  # as the job: packed ids
+            profile.add_step(gids, oov, step=s, validate=False)  # as the job: the packed ids
 
-        for s in range(steps):
-            building.run(build, s, batching.assemble_step(pieces.pop(s), B, len(spec.dense)))
+        for s, block in global_batches():
+            building.run(build, s, block)
             for built in building.results():
                 write(*built)
         for built in building.close():
             write(*built)
-    behind.close()
-    profiles.ProfileStore(os.path.join(out, "profiles")).write(collector.extract_output(acc))
+    profiles.ProfileStore(os.path.join(out, "profiles")).write(collector.extract_output(profile.close()))
     return steps * spec.global_batch_size
 
 
