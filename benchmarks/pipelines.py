@@ -98,7 +98,8 @@ def single_process(spec, out: str, candidates) -> int:
 
     def parsed():  # as the job: the read one thread ahead of the parse, itself one ahead of the counting
         for f in files:
-            for i, item in enumerate(prefetched(pio.read_file("csv", f, spec.required_columns()))):
+            for i, item in enumerate(prefetched(pio.read_file("csv", f, spec.required_columns(),
+                                                              encode=parse.encodable_columns(spec)))):
                 if isinstance(item, pio.RawBatch):
                     yield parse.parse_batch(item, spec, i)[0]
 

@@ -23,7 +23,7 @@ import dataclasses
 import io
 import os
 import struct
-from typing import Any, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 import pyarrow as pa
@@ -83,6 +83,9 @@ class RawBatch:
     batch_index: int
     record_numbers: np.ndarray  # int64, per row, increasing
     columns: Dict[str, pa.Array]
+    # Columns given dictionary-encoded instead (read_split's `encode`): column -> (its token delimiter or None,
+    # int64 tokens per row, the non-blank tokens as token_index.DICTIONARY_TYPE in first-seen order).
+    encoded: Dict[str, Tuple[Optional[str], np.ndarray, pa.Array]] = dataclasses.field(default_factory=dict)
 
     @property
     def num_rows(self) -> int:
@@ -125,18 +128,21 @@ def plan_splits(fmt: str, files: Sequence[InputFile], split_bytes: int = DEFAULT
 
 def read_split(fmt: str, split: InputSplit, columns: Sequence[str], *, csv_delimiter: str = ",",
                chunk_rows: int = DEFAULT_CHUNK_ROWS, strict: bool = False,
-               csv_state: Optional[Tuple[int, int]] = None) -> Iterator[object]:
+               csv_state: Optional[Tuple[int, int]] = None,
+               encode: Optional[Mapping[str, Optional[str]]] = None) -> Iterator[object]:
     """Yield `RawBatch` and `DeadLetter` objects for the records that start in one split.
 
     Whole-file letters come from the file's split 0 only. `csv_state` is the CSV quote state and line
     count at the split's start (`csv_split_states`); without it a split of a CSV file that is not the
-    first computes it by scanning the bytes before it.
+    first computes it by scanning the bytes before it. `encode`: {column: token delimiter or None} of
+    columns a CSV batch of plain records may give dictionary-encoded (`RawBatch.encoded`,
+    `pipelines.parse.encodable_columns`) instead of as strings.
     """
     f = split.file
     readers = {"csv": _read_csv, "tfrecord": _read_tfrecord, "parquet": _read_parquet}
     any_rows = False
     for item in readers[fmt](split, list(columns), csv_delimiter=csv_delimiter, chunk_rows=chunk_rows,
-                             csv_state=csv_state):
+                             csv_state=csv_state, encode=dict(encode or {})):
         if isinstance(item, DeadLetter):
             item.file_index = f.index
             if strict and item.record < 0:  # record-level letters: the caller raises on the first one
@@ -153,10 +159,11 @@ def read_split(fmt: str, split: InputSplit, columns: Sequence[str], *, csv_delim
 
 
 def read_file(fmt: str, f: InputFile, columns: Sequence[str], *, csv_delimiter: str = ",",
-              chunk_rows: int = DEFAULT_CHUNK_ROWS, strict: bool = False) -> Iterator[object]:
+              chunk_rows: int = DEFAULT_CHUNK_ROWS, strict: bool = False,
+              encode: Optional[Mapping[str, Optional[str]]] = None) -> Iterator[object]:
     """Yield `RawBatch` and `DeadLetter` objects for one input file (one split)."""
     return read_split(fmt, whole_file(f), columns, csv_delimiter=csv_delimiter, chunk_rows=chunk_rows,
-                      strict=strict)
+                      strict=strict, encode=encode)
 
 
 def _open(path: str):
@@ -621,27 +628,45 @@ def _pyarrow_csv(data: bytes, names: List[str], columns: List[str], delimiter: s
                                              check_utf8=False))
 
 
-def _plain_table(data: bytes, names: List[str], columns: List[str], delimiter: str,
-                 records: int) -> Optional[pa.Table]:
-    """The table `_pyarrow_csv` reads from `records` records, by the native splitter, when their bytes need no
-    parser's judgement (no quote character, no \r, one line per record, each of len(names) fields: see
-    native/_csv_native.c `plain_fields`); else None. On Criteo-like files pyarrow's reader converts every
-    column at ~130 MB/s on one core, the splitter several times faster; the table is the same
-    (tests/test_csv_plain.py)."""
+def _plain_table(data: bytes, names: List[str], columns: List[str], delimiter: str, records: int,
+                 encode: Optional[Dict[str, Optional[str]]] = None):
+    """(the table `_pyarrow_csv` reads from `records` records, the `encode` columns dictionary-encoded) by
+    the native splitter, when their bytes need no parser's judgement (no quote character inside a value,
+    no \r, one line per record, each of len(names) fields: see native/_csv_native.c `plain_fields`);
+    else None. On Criteo-like files pyarrow's reader converts every column at ~130 MB/s on one core, the
+    splitter several times faster; the table is the same (tests/test_csv_plain.py).
+
+    `encode`: {column: token delimiter or None}; those columns (with a delimiter of one byte or none) come
+    out as `RawBatch.encoded` entries instead of table columns: (delimiter, int64 tokens per record, the
+    non-blank tokens as token_index.DICTIONARY_TYPE in first-seen order), what the parser makes of the
+    strings (`pipelines.parse._categorical`), here in the read's thread without the GIL."""
+    from pipelines.token_index import encoded_from_buffers
     native, delim = csv_native(), _delimiter_byte(delimiter)
-    slot = {c: i for i, c in enumerate(columns)}
     if native is None or delim < 0 or len(set(names)) != len(names) or not set(columns) <= set(names):
         return None
+    split = {c: (256 if t is None else t.encode("utf-8")[0]) for c, t in (encode or {}).items()
+             if c in columns and (t is None or len(t.encode("utf-8")) == 1)}
+    slot = {c: i for i, c in enumerate(columns)}
     want = np.array([slot.get(n, -1) for n in names], np.int32)
-    got = native.plain_fields(data, len(names), delim, want.tobytes(), records)
+    got = native.plain_fields(data, len(names), delim, want.tobytes(), records,
+                              np.array([split.get(c, -1) for c in columns], np.int32).tobytes())
     if got is None:
         return None
-    return pa.table({c: pa.Array.from_buffers(pa.large_string(), records, [
-        None, pa.py_buffer(offsets), pa.py_buffer(values)]) for c, (offsets, values) in zip(columns, got)})
+    table, encoded = {}, {}
+    for c, parts in zip(columns, got):
+        if c in split:
+            offsets, codes, d_offsets, d_data = parts
+            lengths = np.diff(np.frombuffer(offsets, np.int64))
+            encoded[c] = (encode[c], lengths, encoded_from_buffers(np.frombuffer(codes, np.int32), d_offsets, d_data))
+        else:
+            table[c] = pa.Array.from_buffers(pa.large_string(), records, [
+                None, pa.py_buffer(parts[0]), pa.py_buffer(parts[1])])
+    return pa.table(table) if table else pa.table({"": pa.nulls(records)}).drop_columns([""]), encoded
 
 
 def _parse_records(f: InputFile, head: _CsvHead, columns: List[str], delimiter: str, data: bytes,
-                   starts: np.ndarray, ends: np.ndarray, lines: np.ndarray, batch_index: int):
+                   starts: np.ndarray, ends: np.ndarray, lines: np.ndarray, batch_index: int,
+                   encode: Optional[Dict[str, Optional[str]]] = None):
     """(RawBatch or None, letters) for consecutive records: data[starts[i]:ends[i]] is record i (at line
     lines[i]); only empty lines are between them."""
     m = int(starts.size)
@@ -666,9 +691,13 @@ def _parse_records(f: InputFile, head: _CsvHead, columns: List[str], delimiter: 
             lost.append(row)
         return "skip"
 
+    encoded: Dict[str, Tuple[Optional[str], np.ndarray, pa.Array]] = {}
     try:
-        table = _plain_table(data, head.names, columns, delimiter, m)
-        if table is None:
+        # Dictionary-encoded columns only where every record is kept as it is (no UTF-8 letters to filter).
+        plain = _plain_table(data, head.names, columns, delimiter, m, {} if not_utf8.size else encode)
+        if plain is not None:
+            table, encoded = plain
+        else:
             table = _pyarrow_csv(data, head.names, columns, delimiter, on_invalid, m)
         together = not lost and table.num_rows + len(bad) == m
     except (pa.ArrowException, UnicodeDecodeError, ValueError):
@@ -692,8 +721,8 @@ def _parse_records(f: InputFile, head: _CsvHead, columns: List[str], delimiter: 
             rows = rows[ok]
     if not rows.size:
         return None, letters
-    cols = {c: one_array(table.column(c)) for c in columns}
-    return RawBatch(f.index, f.path, batch_index, lines[rows].astype(np.int64), cols), letters
+    cols = {c: one_array(table.column(c)) for c in table.column_names}
+    return RawBatch(f.index, f.path, batch_index, lines[rows].astype(np.int64), cols, encoded), letters
 
 
 def one_array(col: pa.ChunkedArray) -> pa.Array:
@@ -726,7 +755,7 @@ def _parse_one_by_one(f, head, columns, delimiter, data, starts, ends, lines):
 
 
 def _read_csv(split: InputSplit, columns: List[str], *, csv_delimiter: str, chunk_rows: int,
-              csv_state: Optional[Tuple[int, int]] = None, **_):
+              csv_state: Optional[Tuple[int, int]] = None, encode: Optional[Dict[str, Optional[str]]] = None, **_):
     f = split.file
     with _open(f.path) as fh:
         src = _Source(fh)
@@ -736,11 +765,11 @@ def _read_csv(split: InputSplit, columns: List[str], *, csv_delimiter: str, chun
         if letter is not None and split.index == 0:
             yield letter
         if head is not None:
-            yield from _csv_records(split, src, head, columns, csv_delimiter, chunk_rows, csv_state)
+            yield from _csv_records(split, src, head, columns, csv_delimiter, chunk_rows, csv_state, encode or {})
 
 
 def _csv_records(split: InputSplit, src: _Source, head: _CsvHead, columns: List[str], delimiter: str,
-                 chunk_rows: int, csv_state: Optional[Tuple[int, int]]):
+                 chunk_rows: int, csv_state: Optional[Tuple[int, int]], encode: Dict[str, Optional[str]]):
     """The records that start in the split (after the header), in batches of at most chunk_rows.
 
     A record is the bytes after a record-ending line break (or the header) up to and including the next
@@ -804,7 +833,7 @@ def _csv_records(split: InputSplit, src: _Source, head: _CsvHead, columns: List[
                 npend += 1
         batch_bytes = int(pending[-1][1][-1] - pending[0][0][0]) if npend else 0
         if npend and (done or npend >= chunk_rows or batch_bytes >= _CSV_BATCH_BYTES):
-            rest = yield from _csv_batches(f, head, columns, delimiter, sc, pending, chunk_rows, batch_index,
+            rest = yield from _csv_batches(f, head, columns, delimiter, encode, sc, pending, chunk_rows, batch_index,
                                            done or batch_bytes >= _CSV_BATCH_BYTES)
             batch_index, pending = rest
             npend = sum(int(s.size) for s, _, _ in pending)
@@ -819,7 +848,8 @@ def _csv_records(split: InputSplit, src: _Source, head: _CsvHead, columns: List[
         sc.release(keep_from)
 
 
-def _csv_batches(f, head, columns, delimiter, sc: _Scanner, pending, chunk_rows: int, batch_index: int, all_: bool):
+def _csv_batches(f, head, columns, delimiter, encode, sc: _Scanner, pending, chunk_rows: int, batch_index: int,
+                 all_: bool):
     """Parse the pending records in batches of chunk_rows (all of them, or only full batches);
     returns (next batch index, the records left pending)."""
     s, e, ln = (np.concatenate(x) for x in zip(*pending))
@@ -828,7 +858,7 @@ def _csv_batches(f, head, columns, delimiter, sc: _Scanner, pending, chunk_rows:
         b = min(a + chunk_rows, n)
         lo = int(s[a])
         raw, letters = _parse_records(f, head, columns, delimiter, sc.get(lo, int(e[b - 1])), s[a:b] - lo,
-                                      e[a:b] - lo, ln[a:b], batch_index)
+                                      e[a:b] - lo, ln[a:b], batch_index, encode)
         yield from letters
         if raw is not None:
             batch_index += 1

@@ -215,7 +215,8 @@ class _ReadAndParse(beam.DoFn):
         spec = self.spec
         for item in prefetched(pio.read_split(spec.inputs.format, split, spec.required_columns(),
                                               csv_delimiter=spec.inputs.csv_delimiter, chunk_rows=self.chunk_rows,
-                                              strict=self.strict, csv_state=csv_state)):
+                                              strict=self.strict, csv_state=csv_state,
+                                              encode=parse.encodable_columns(spec))):
             parsed = None
             if isinstance(item, pio.RawBatch) and item.num_rows:
                 parsed = parse.parse_batch(item, spec, int(item.record_numbers[0]))

@@ -226,8 +226,25 @@ def _scalar_float(raw: RawBatch, column: str, fill: Optional[float], what: str, 
 
 # ---------------------------------------------------------------- categorical
 
+def encodable_columns(spec) -> Dict[str, Optional[str]]:
+    """{column: token delimiter or None} of the columns whose values only unweighted categorical features
+    read, all with the same delimiter: the CSV reader may give them dictionary-encoded
+    (`pipelines.io.read_split`'s `encode`), which `_categorical` takes as they are."""
+    other = {c for c in ([spec.label.column] if spec.label is not None else []) + [d.column for d in spec.dense]}
+    other |= {f.weight_column for f in spec.categorical if f.weight_column}
+    delimiters: Dict[str, set] = {}
+    for f in spec.categorical:
+        delimiters.setdefault(f.column, set()).add(f.delimiter)
+        if f.weight_column:
+            other.add(f.column)
+    return {c: next(iter(d)) for c, d in delimiters.items() if len(d) == 1 and c not in other}
+
+
 def _categorical(raw: RawBatch, f, probs: _Problems) -> FeatureValues:
     n = raw.num_rows
+    pre = raw.encoded.get(f.column)
+    if pre is not None and pre[0] == f.delimiter and not f.weight_column:  # the reader's encoding (same values)
+        return FeatureValues(lengths=pre[1], tokens=pre[2])
     lengths, values = list_form(raw.columns[f.column])
     t = values.type
     ints = None

@@ -99,6 +99,13 @@ def reference_dictionary_encode(tokens: pa.Array) -> pa.DictionaryArray:
     return _encoded(enc.indices.cast(pa.int32()), _large_binary(enc.dictionary))
 
 
+def encoded_from_buffers(codes: np.ndarray, offsets: bytes, data: bytes) -> pa.DictionaryArray:
+    """An encoded array (`DICTIONARY_TYPE`) from int32 codes and its dictionary's int64 offsets and bytes."""
+    m = len(offsets) // 8 - 1
+    dictionary = pa.Array.from_buffers(pa.large_binary(), m, [None, pa.py_buffer(offsets), pa.py_buffer(data)])
+    return _encoded(pa.array(codes, pa.int32()), dictionary)
+
+
 def drop_empty(tokens: pa.DictionaryArray) -> Tuple[pa.DictionaryArray, Optional[np.ndarray]]:
     """(the encoded values other than the empty token, the mask of the values kept; None when none is empty).
 

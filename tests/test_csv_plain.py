@@ -54,7 +54,8 @@ def test_plain_records_split_as_pyarrow_reads_them(case):
     want, invalid = _reference(data, names, columns, delimiter, nrec)
     assert not invalid and want.num_rows == nrec
     assert got is not None, data
-    assert got.schema == want.schema and got.equals(want)
+    table, encoded = got
+    assert not encoded and table.schema == want.schema and table.equals(want)
 
 
 @settings(max_examples=300, deadline=None)
@@ -99,7 +100,7 @@ def test_records_needing_the_parser_are_left_to_it(case, flaw, data):
 
 def test_columns_come_out_in_the_order_asked_and_bytes_as_written():
     data = b'"x",1,"a,b"\n"",2,\xc3\xa9\n'
-    got = pio._plain_table(data, ["s", "n", "t"], ["t", "s"], ",", 2)
+    got, _ = pio._plain_table(data, ["s", "n", "t"], ["t", "s"], ",", 2)
     assert got.column_names == ["t", "s"]
     assert got.column("t").to_pylist() == ["a,b", "é"] and got.column("s").to_pylist() == ["x", ""]
     assert got.column("t").type == pa.large_string()
@@ -119,3 +120,96 @@ def test_bad_arguments_are_refused():
         native.plain_fields(b"a\n", 1, ord(","), np.array([5], np.int32).tobytes(), 1)
     with pytest.raises(ValueError, match="one other byte"):
         native.plain_fields(b"a\n", 1, ord('"'), np.zeros(1, np.int32).tobytes(), 1)
+    with pytest.raises(ValueError, match="one int32 per output column"):
+        native.plain_fields(b"a\n", 1, ord(","), np.zeros(1, np.int32).tobytes(), 1, b"")
+    with pytest.raises(ValueError, match="a byte, or 256"):
+        native.plain_fields(b"a\n", 1, ord(","), np.zeros(1, np.int32).tobytes(), 1,
+                            np.array([300], np.int32).tobytes())
+
+
+# ---------------------------------------------------------------- columns given dictionary-encoded
+
+TOKEN_DELIMITERS = ["|", ";", "a", None]
+
+
+@settings(max_examples=300, deadline=None)
+@given(plain_csv(), st.data())
+def test_encoded_columns_are_what_the_parser_makes_of_the_strings(case, data):
+    """A column the reader gives dictionary-encoded (split on its one-byte token delimiter, or whole values;
+    blank tokens dropped) equals what `parse._categorical` makes of its strings: the same tokens per record
+    and the same encoded array (first-seen dictionary, codes)."""
+    from pipelines import parse
+    from pipelines.io import RawBatch
+    raw_bytes, names, columns, delimiter, nrec = case
+    encode = {c: data.draw(st.sampled_from(TOKEN_DELIMITERS)) for c in columns if data.draw(st.booleans())}
+    got = pio._plain_table(raw_bytes, names, columns, delimiter, nrec, encode)
+    plain, _ = pio._plain_table(raw_bytes, names, columns, delimiter, nrec)
+    assert got is not None
+    table, encoded = got
+    assert set(encoded) == set(encode) and set(table.column_names) == set(columns) - set(encode)
+    for c in table.column_names:
+        assert table.column(c).equals(plain.column(c))
+    strings = RawBatch(0, "x.csv", 0, np.arange(nrec, dtype=np.int64), {c: plain.column(c).chunk(0) for c in columns})
+    for c, token_delimiter in encode.items():
+        feature = type("F", (), {"name": c, "column": c, "delimiter": token_delimiter, "weight_column": None})
+        want = parse._categorical(strings, feature, parse._Problems(strings))
+        delim, lengths, tokens = encoded[c]
+        assert delim == token_delimiter
+        np.testing.assert_array_equal(lengths, want.lengths)
+        assert lengths.dtype == np.int64
+        assert tokens.equals(want.tokens) and tokens.type == want.tokens.type
+
+
+def test_a_token_delimiter_of_more_than_one_byte_is_left_as_strings():
+    table, encoded = pio._plain_table(b"a::b,x\n", ["s", "t"], ["s", "t"], ",", 1, {"s": "::", "t": None})
+    assert list(encoded) == ["t"] and table.column_names == ["s"]
+
+
+@pytest.mark.parametrize("example", ["criteo", "movielens"])
+def test_the_samples_parse_the_same_read_encoded_or_as_strings(example):
+    """data/'s real samples (quoted titles with commas, '|' genres, blank Criteo cells) through the
+    example specs: every parsed chunk and dead letter is the same either way."""
+    import os
+    from pipelines import parse
+    from tpu_embed.spec import load_spec
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    spec = load_spec(os.path.join(root, "examples", example, "spec.yaml"))
+    encode = parse.encodable_columns(spec)
+    assert encode
+    for f in pio.list_input_files(spec.input_patterns()):
+        both = [[parse.parse_batch(x, spec) if isinstance(x, pio.RawBatch) else x
+                 for x in pio.read_file("csv", f, spec.required_columns(), chunk_rows=97, encode=e)]
+                for e in (None, encode)]
+        assert len(both[0]) == len(both[1]) > 1
+        assert any(isinstance(x, pio.RawBatch) and x.encoded
+                   for x in pio.read_file("csv", f, spec.required_columns(), chunk_rows=97, encode=encode))
+        for a, b in zip(*both):
+            if not isinstance(a, tuple):
+                assert a == b
+                continue
+            (ca, la), (cb, lb) = a, b
+            assert la == lb
+            np.testing.assert_array_equal(ca.record_numbers, cb.record_numbers)
+            np.testing.assert_array_equal(ca.label, cb.label)
+            np.testing.assert_array_equal(ca.dense, cb.dense)
+            for k, fa in ca.features.items():
+                fb = cb.features[k]
+                np.testing.assert_array_equal(fa.lengths, fb.lengths)
+                assert (fa.tokens is None) == (fb.tokens is None)
+                if fa.tokens is not None:
+                    assert fa.tokens.equals(fb.tokens), k
+
+
+def test_encodable_columns_leave_out_columns_read_otherwise():
+    from pipelines import parse
+    from tpu_embed.spec import parse_spec
+    raw = {"name": "t", "inputs": {"format": "csv", "patterns": ["x.csv"]}, "label": {"column": "y"},
+           "dense": ["d"],
+           "categorical": [{"name": "a", "vocabulary": {"type": "hashing", "num_buckets": 8}},
+                           {"name": "b", "delimiter": "|", "vocabulary": {"type": "hashing", "num_buckets": 8}},
+                           {"name": "w", "weight_column": "ww", "vocabulary": {"type": "hashing", "num_buckets": 8}},
+                           {"name": "b2", "column": "b", "vocabulary": {"type": "hashing", "num_buckets": 8}}],
+           "defaults": {"table": {"dim": 4}}, "optimizer": {"type": "sgd", "learning_rate": 0.1},
+           "topology": {"num_chips": 1, "num_sc_per_chip": 4, "num_hosts": 1}, "global_batch_size": 8}
+    got = parse.encodable_columns(parse_spec(raw))
+    assert got == {"a": None}  # b: two delimiters; w: weighted; y, d, ww: not categorical

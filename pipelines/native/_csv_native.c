@@ -389,6 +389,120 @@ static int column_put(column_bytes *c, const uint8_t *p, Py_ssize_t n) {
 }
 
 
+
+/* A dictionary-encoded output column: the distinct tokens in first-seen order (offsets + bytes), a hash
+ * table over them (open addressing, int32 slots: 0 empty, else 1 + position) and one int32 code per
+ * token. `split` 0..255: a value's tokens are the non-empty runs between those bytes; 256: a non-empty
+ * value is one token. Blank tokens are no token (the parser's "no value"). */
+typedef struct {
+  int split;
+  int32_t *slots;
+  uint64_t nslots;
+  uint64_t *hashes;
+  int64_t *doff, m, mcap;
+  column_bytes ddata;
+  int32_t *codes;
+  int64_t ncodes, ccap;
+} enc_column;
+
+static inline uint64_t enc_hash(const uint8_t *p, int64_t n) { /* as _token_index.c's hash_bytes */
+  uint64_t h = 0x9e3779b97f4a7c15ULL ^ (uint64_t)n;
+  while (n >= 8) {
+    uint64_t w;
+    memcpy(&w, p, 8);
+    h = (h ^ w) * 0x100000001b3ULL;
+    h ^= h >> 29;
+    p += 8;
+    n -= 8;
+  }
+  if (n) {
+    uint64_t w = 0;
+    memcpy(&w, p, (size_t)n);
+    h = (h ^ w) * 0x100000001b3ULL;
+  }
+  h ^= h >> 33;
+  h *= 0xff51afd7ed558ccdULL;
+  h ^= h >> 33;
+  h *= 0xc4ceb9fe1a85ec53ULL;
+  h ^= h >> 33;
+  return h;
+}
+
+static int enc_rehash(enc_column *e) {
+  uint64_t n = e->nslots ? e->nslots * 2 : 1024, mask = n - 1;
+  int32_t *slots = calloc((size_t)n, sizeof(int32_t));
+  if (!slots) return -1;
+  for (int64_t i = 0; i < e->m; i++) {
+    uint64_t s = e->hashes[i] & mask;
+    while (slots[s]) s = (s + 1) & mask;
+    slots[s] = (int32_t)(i + 1);
+  }
+  free(e->slots);
+  e->slots = slots;
+  e->nslots = n;
+  return 0;
+}
+
+static int enc_add(enc_column *e, const uint8_t *p, int64_t n) {
+  if ((uint64_t)(e->m + 1) * 2 > e->nslots && enc_rehash(e) < 0) return -1;
+  uint64_t h = enc_hash(p, n), mask = e->nslots - 1, s = h & mask;
+  int32_t code;
+  for (;;) {
+    int32_t v = e->slots[s];
+    if (!v) break;
+    int64_t i = (int64_t)v - 1;
+    if (e->hashes[i] == h && e->doff[i + 1] - e->doff[i] == n && memcmp(e->ddata.data + e->doff[i], p, (size_t)n) == 0) {
+      code = (int32_t)i;
+      goto have;
+    }
+    s = (s + 1) & mask;
+  }
+  if (e->m + 2 > e->mcap) {
+    int64_t cap = e->mcap * 2;
+    int64_t *doff = realloc(e->doff, (size_t)cap * sizeof(int64_t));
+    if (doff) e->doff = doff;
+    uint64_t *hashes = realloc(e->hashes, (size_t)cap * sizeof(uint64_t));
+    if (hashes) e->hashes = hashes;
+    if (!doff || !hashes) return -1;
+    e->mcap = cap;
+  }
+  if (column_put(&e->ddata, p, n) < 0) return -1;
+  e->hashes[e->m] = h;
+  e->doff[e->m + 1] = e->ddata.used;
+  e->slots[s] = (int32_t)(e->m + 1);
+  code = (int32_t)e->m++;
+have:
+  if (e->ncodes == e->ccap) {
+    int64_t cap = e->ccap ? e->ccap * 2 : 4096;
+    int32_t *codes = realloc(e->codes, (size_t)cap * sizeof(int32_t));
+    if (!codes) return -1;
+    e->codes = codes;
+    e->ccap = cap;
+  }
+  e->codes[e->ncodes++] = code;
+  return 0;
+}
+
+static int enc_value(enc_column *e, const uint8_t *s, const uint8_t *end) {
+  if (e->split > 255) return s < end ? enc_add(e, s, end - s) : 0;
+  const uint8_t *t = s;
+  for (const uint8_t *q = s;; q++) {
+    if (q == end || *q == (uint8_t)e->split) {
+      if (q > t && enc_add(e, t, q - t) < 0) return -1;
+      if (q == end) return 0;
+      t = q + 1;
+    }
+  }
+}
+
+static void enc_free(enc_column *e) {
+  free(e->slots);
+  free(e->hashes);
+  free(e->doff);
+  free(e->ddata.data);
+  free(e->codes);
+}
+
 /* The first byte from p (before end) that `table` marks, or end; 16 bytes at a time where SSE2 is. The
  * marked bytes are `a`, `b`, `c` and `d` (repeats allowed), the same as the table's. */
 static inline const uint8_t *find_marked(const uint8_t *p, const uint8_t *end, const uint8_t *table, uint8_t a,
@@ -422,14 +536,24 @@ static inline const uint8_t *find_marked(const uint8_t *p, const uint8_t *end, c
  * quoted_strings_can_be_null False: "" stays ""), and this one pass replaces
  * the reader, which converts every column on one core at ~130 MB/s. `want` (int32 [nfields]) gives each
  * field's output column, or -1 to skip it. Anything else returns None at once: the caller's pyarrow way
- * decides, malformed records and their letters included. */
+ * decides, malformed records and their letters included.
+ *
+ * `split` (optional, int32 per output column): -1 keeps a column's bytes as above; 0..255 or 256 gives it
+ * dictionary-encoded instead (see enc_column: the tokens between that byte, or whole values; blank
+ * tokens dropped), as (int64 token offsets per record [nrec + 1], int32 codes, int64 dictionary offsets,
+ * dictionary bytes): the parser's `drop_empty(dictionary_encode(tokens))` of the same values, made
+ * here without the GIL. */
 static PyObject *plain_fields(PyObject *self, PyObject *args) {
-  Py_buffer data, want;
+  Py_buffer data, want, split;
   Py_ssize_t nfields, nrec;
   int delim;
-  if (!PyArg_ParseTuple(args, "y*niy*n", &data, &nfields, &delim, &want, &nrec)) return NULL;
+  split.buf = NULL;
+  split.len = 0;
+  split.obj = NULL;
+  if (!PyArg_ParseTuple(args, "y*niy*n|y*", &data, &nfields, &delim, &want, &nrec, &split)) return NULL;
   PyObject *result = NULL;
   column_bytes *cols = NULL;
+  enc_column *encs = NULL;
   int64_t **offs = NULL;
   Py_ssize_t nout = 0;
   const int32_t *w = (const int32_t *)want.buf;
@@ -445,11 +569,34 @@ static PyObject *plain_fields(PyObject *self, PyObject *args) {
     }
     if (w[j] + 1 > nout) nout = w[j] + 1;
   }
+  if (split.obj && split.len != nout * (Py_ssize_t)sizeof(int32_t)) {
+    PyErr_SetString(PyExc_ValueError, "plain_fields: split must hold one int32 per output column");
+    goto done;
+  }
   cols = calloc((size_t)(nout ? nout : 1), sizeof(column_bytes));
+  encs = calloc((size_t)(nout ? nout : 1), sizeof(enc_column));
   offs = calloc((size_t)(nout ? nout : 1), sizeof(int64_t *));
-  if (!cols || !offs) {
+  if (!cols || !encs || !offs) {
     PyErr_NoMemory();
     goto done;
+  }
+  for (Py_ssize_t c = 0; c < nout; c++) {
+    int sp = split.obj ? ((const int32_t *)split.buf)[c] : -1;
+    if (sp < -1 || sp > 256) {
+      PyErr_SetString(PyExc_ValueError, "plain_fields: split values must be -1, a byte, or 256");
+      goto done;
+    }
+    encs[c].split = sp;
+    if (sp >= 0) {
+      encs[c].mcap = 256;
+      encs[c].doff = malloc(256 * sizeof(int64_t));
+      encs[c].hashes = malloc(256 * sizeof(uint64_t));
+      if (!encs[c].doff || !encs[c].hashes || enc_rehash(&encs[c]) < 0) {
+        PyErr_NoMemory();
+        goto done;
+      }
+      encs[c].doff[0] = 0;
+    }
   }
   for (Py_ssize_t c = 0; c < nout; c++) {
     offs[c] = malloc((size_t)(nrec + 1) * sizeof(int64_t));
@@ -502,7 +649,8 @@ static PyObject *plain_fields(PyObject *self, PyObject *args) {
           break;
         }
       }
-      if (f < nfields && w[f] >= 0 && column_put(&cols[w[f]], s, e - s) < 0) {
+      if (f < nfields && w[f] >= 0 &&
+          (encs[w[f]].split >= 0 ? enc_value(&encs[w[f]], s, e) : column_put(&cols[w[f]], s, e - s)) < 0) {
         nomem = 1;
         plain = 0;
         break;
@@ -517,7 +665,7 @@ static PyObject *plain_fields(PyObject *self, PyObject *args) {
       break;
     }
     r++;
-    for (Py_ssize_t c = 0; c < nout; c++) offs[c][r] = cols[c].used;
+    for (Py_ssize_t c = 0; c < nout; c++) offs[c][r] = encs[c].split >= 0 ? encs[c].ncodes : cols[c].used;
     p++;  /* past the \n (or the end) */
   }
   Py_END_ALLOW_THREADS
@@ -533,10 +681,22 @@ static PyObject *plain_fields(PyObject *self, PyObject *args) {
   if (!result) goto done;
   for (Py_ssize_t c = 0; c < nout; c++) {
     PyObject *o = PyBytes_FromStringAndSize((const char *)offs[c], (nrec + 1) * (Py_ssize_t)sizeof(int64_t));
-    PyObject *v = PyBytes_FromStringAndSize((const char *)cols[c].data, cols[c].used);
-    PyObject *t = o && v ? PyTuple_Pack(2, o, v) : NULL;
+    PyObject *t = NULL;
+    if (encs[c].split >= 0) {
+      enc_column *e = &encs[c];
+      PyObject *codes = PyBytes_FromStringAndSize((const char *)e->codes, e->ncodes * (Py_ssize_t)sizeof(int32_t));
+      PyObject *doff = PyBytes_FromStringAndSize((const char *)e->doff, (e->m + 1) * (Py_ssize_t)sizeof(int64_t));
+      PyObject *dd = PyBytes_FromStringAndSize((const char *)e->ddata.data, e->ddata.used);
+      t = o && codes && doff && dd ? PyTuple_Pack(4, o, codes, doff, dd) : NULL;
+      Py_XDECREF(codes);
+      Py_XDECREF(doff);
+      Py_XDECREF(dd);
+    } else {
+      PyObject *v = PyBytes_FromStringAndSize((const char *)cols[c].data, cols[c].used);
+      t = o && v ? PyTuple_Pack(2, o, v) : NULL;
+      Py_XDECREF(v);
+    }
     Py_XDECREF(o);
-    Py_XDECREF(v);
     if (!t) {
       Py_CLEAR(result);
       goto done;
@@ -546,12 +706,16 @@ static PyObject *plain_fields(PyObject *self, PyObject *args) {
 done:
   if (cols)
     for (Py_ssize_t c = 0; c < nout; c++) free(cols[c].data);
+  if (encs)
+    for (Py_ssize_t c = 0; c < nout; c++) enc_free(&encs[c]);
+  free(encs);
   if (offs)
     for (Py_ssize_t c = 0; c < nout; c++) free(offs[c]);
   free(cols);
   free(offs);
   PyBuffer_Release(&data);
   PyBuffer_Release(&want);
+  if (split.obj) PyBuffer_Release(&split);
   return result;
 }
 
