@@ -397,7 +397,7 @@ def decode_example(data: bytes) -> Dict[str, Tuple[str, Any]]:
 
 def _raw(a: np.ndarray, dtype) -> Tuple[str, List[Any]]:
     # The array's bytes without a copy (`encode_example` copies them once, into the record).
-    return "bytes", [memoryview(np.ascontiguousarray(a, dtype=np.dtype(dtype).newbyteorder("<"))).cast("B")]
+    return "bytes", [np.ascontiguousarray(a, dtype=np.dtype(dtype).newbyteorder("<")).data.cast("B")]
 
 
 def narrow_ids(a: np.ndarray, dtype_name: str, what: str = "ids") -> np.ndarray:
