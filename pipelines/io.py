@@ -704,6 +704,7 @@ def _parse_records(f: InputFile, head: _CsvHead, columns: List[str], delimiter: 
         together = False
     if not together:  # the parser and the record boundaries disagree: each record alone (not seen in practice)
         table, bad = _parse_one_by_one(f, head, columns, delimiter, data, starts, ends, lines)
+        encoded = {}  # every column is in the table then
     keep = np.ones(m, bool)
     keep[list(bad)] = False
     letters = [bad[k] for k in sorted(bad)]
