@@ -18,6 +18,7 @@ setup(
         Extension(
             "pipelines._csv_native",
             sources=["pipelines/native/_csv_native.c"],
+            depends=["pipelines/native/hash_bytes.h"],
             extra_compile_args=["-O3"],
             optional=True,
         ),
@@ -25,6 +26,7 @@ setup(
         Extension(
             "pipelines._token_index",
             sources=["pipelines/native/_token_index.c"],
+            depends=["pipelines/native/hash_bytes.h"],
             extra_compile_args=["-O3"],
             optional=True,
         ),

@@ -17,6 +17,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include "hash_bytes.h"
 #if defined(__SSE2__)
 #include <emmintrin.h>
 #endif
@@ -405,29 +406,6 @@ typedef struct {
   int64_t ncodes, ccap;
 } enc_column;
 
-static inline uint64_t enc_hash(const uint8_t *p, int64_t n) { /* as _token_index.c's hash_bytes */
-  uint64_t h = 0x9e3779b97f4a7c15ULL ^ (uint64_t)n;
-  while (n >= 8) {
-    uint64_t w;
-    memcpy(&w, p, 8);
-    h = (h ^ w) * 0x100000001b3ULL;
-    h ^= h >> 29;
-    p += 8;
-    n -= 8;
-  }
-  if (n) {
-    uint64_t w = 0;
-    memcpy(&w, p, (size_t)n);
-    h = (h ^ w) * 0x100000001b3ULL;
-  }
-  h ^= h >> 33;
-  h *= 0xff51afd7ed558ccdULL;
-  h ^= h >> 33;
-  h *= 0xc4ceb9fe1a85ec53ULL;
-  h ^= h >> 33;
-  return h;
-}
-
 static int enc_rehash(enc_column *e) {
   uint64_t n = e->nslots ? e->nslots * 2 : 1024, mask = n - 1;
   int32_t *slots = calloc((size_t)n, sizeof(int32_t));
@@ -445,7 +423,7 @@ static int enc_rehash(enc_column *e) {
 
 static int enc_add(enc_column *e, const uint8_t *p, int64_t n) {
   if ((uint64_t)(e->m + 1) * 2 > e->nslots && enc_rehash(e) < 0) return -1;
-  uint64_t h = enc_hash(p, n), mask = e->nslots - 1, s = h & mask;
+  uint64_t h = hash_bytes(p, n), mask = e->nslots - 1, s = h & mask;
   int32_t code;
   for (;;) {
     int32_t v = e->slots[s];

@@ -19,32 +19,7 @@
 #include <stdint.h>
 #include <string.h>
 
-static inline uint64_t mix(uint64_t h) {
-  h ^= h >> 33;
-  h *= 0xff51afd7ed558ccdULL;
-  h ^= h >> 33;
-  h *= 0xc4ceb9fe1a85ec53ULL;
-  h ^= h >> 33;
-  return h;
-}
-
-static inline uint64_t hash_bytes(const uint8_t *p, int64_t n) {
-  uint64_t h = 0x9e3779b97f4a7c15ULL ^ (uint64_t)n;
-  while (n >= 8) {
-    uint64_t w;
-    memcpy(&w, p, 8);
-    h = (h ^ w) * 0x100000001b3ULL;
-    h ^= h >> 29;
-    p += 8;
-    n -= 8;
-  }
-  if (n) {
-    uint64_t w = 0;
-    memcpy(&w, p, (size_t)n);
-    h = (h ^ w) * 0x100000001b3ULL;
-  }
-  return mix(h);
-}
+#include "hash_bytes.h"
 
 static void release(Py_buffer *bufs, int n) {
   for (int i = 0; i < n; i++) PyBuffer_Release(&bufs[i]);
