@@ -50,6 +50,14 @@ def test_encode_example_equals_its_message_by_message_reference(feats):
     assert shards.decode_example(data) == {k: (kind, list(v)) for k, (kind, v) in want.items()}
 
 
+def test_packed_varints_are_the_varints_one_after_another():
+    """The table of small varints (records' partition counts and sizes) against `varint` itself: every
+    one- and two-byte value, the edges around them and negative / 64-bit values."""
+    values = list(range(1 << 14)) + [1 << 14, (1 << 14) + 1, 2 ** 40, 2 ** 63 - 1, -1, -(2 ** 63)]
+    assert shards._packed_varints(values) == b"".join(shards.varint(v) for v in values)
+    assert shards._packed_varints(np.array([3, 300, -5], np.int64)) == b"".join(map(shards.varint, (3, 300, -5)))
+
+
 def _buffer_kwargs():
     import dataclasses
     names = {f.name for f in dataclasses.fields(CsrBatch)}

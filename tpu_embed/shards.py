@@ -259,23 +259,17 @@ def _feature_parts(value) -> Tuple[List[Any], int]:
     """(the byte chunks of one tf.train.Feature message, their total length): framed without copying the
     values (a bytes value may be any bytes-like object of its bytes, e.g. a memoryview of an array)."""
     kind, v = value
-    if kind == "bytes":
-        inner: List[Any] = []
-        n = 0
-        for x in v:
-            head = varint(0x0A) + varint(len(x))  # BytesList.value (field 1, length-delimited)
-            inner += (head, x)
-            n += len(head) + len(x)
-        return [varint(0x0A) + varint(n)] + inner, len(varint(n)) + 1 + n  # Feature.bytes_list (field 1)
-    if kind == "int64":
-        packed = _packed_varints(v)
-        whole = length_delimited(3, length_delimited(1, packed) if packed else b"")
-    elif kind == "float":
-        packed = np.asarray(v, dtype="<f4").tobytes()
-        whole = length_delimited(2, length_delimited(1, packed) if packed else b"")
-    else:
-        raise ValueError(kind)
-    return [whole], len(whole)
+    if kind != "bytes":  # numbers: packed into one small message, as `_feature_bytes` writes them
+        whole = _feature_bytes(value)
+        return [whole], len(whole)
+    inner: List[Any] = []
+    n = 0
+    for x in v:
+        head = varint(0x0A) + varint(len(x))  # BytesList.value (field 1, length-delimited)
+        inner += (head, x)
+        n += len(head) + len(x)
+    head = varint(0x0A) + varint(n)  # Feature.bytes_list (field 1)
+    return [head] + inner, len(head) + n
 
 
 def encode_example(features: Mapping[str, Tuple[str, Any]]) -> bytes:
@@ -303,7 +297,7 @@ def _feature_bytes(value) -> bytes:
         inner = b"".join(length_delimited(1, x) for x in v)
         return length_delimited(1, inner)
     if kind == "int64":
-        packed = b"".join(varint(int(x)) for x in v)
+        packed = _packed_varints(v)
         return length_delimited(3, length_delimited(1, packed) if packed else b"")
     if kind == "float":
         packed = np.asarray(v, dtype="<f4").tobytes()
