@@ -144,6 +144,7 @@ class _ReadAndParse(beam.DoFn):
         self.chunk_rows = chunk_rows
         self.spill, self.replay = spill, replay  # directories of `pipelines.read_spill`
         self.spill_writes: Optional[Behind] = None  # the bundle's spill part writes
+        self.encode = parse.encodable_columns(spec)  # columns the CSV reader may give dictionary-encoded
 
     def process(self, split: pio.InputSplit, csv_states=()):
         if self.replay is not None:  # the vocabulary job's read of this split, as it was yielded
@@ -216,7 +217,7 @@ class _ReadAndParse(beam.DoFn):
         for item in prefetched(pio.read_split(spec.inputs.format, split, spec.required_columns(),
                                               csv_delimiter=spec.inputs.csv_delimiter, chunk_rows=self.chunk_rows,
                                               strict=self.strict, csv_state=csv_state,
-                                              encode=parse.encodable_columns(spec))):
+                                              encode=self.encode)):
             parsed = None
             if isinstance(item, pio.RawBatch) and item.num_rows:
                 parsed = parse.parse_batch(item, spec, int(item.record_numbers[0]))
