@@ -18,7 +18,7 @@ setup(
         Extension(
             "pipelines._csv_native",
             sources=["pipelines/native/_csv_native.c"],
-            depends=["pipelines/native/hash_bytes.h"],
+            depends=["pipelines/native/token_table.h"],
             extra_compile_args=["-O3"],
             optional=True,
         ),
@@ -26,7 +26,7 @@ setup(
         Extension(
             "pipelines._token_index",
             sources=["pipelines/native/_token_index.c"],
-            depends=["pipelines/native/hash_bytes.h"],
+            depends=["pipelines/native/token_table.h"],
             extra_compile_args=["-O3"],
             optional=True,
         ),

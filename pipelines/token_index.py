@@ -78,15 +78,20 @@ def dictionary_encode(tokens: pa.Array) -> pa.DictionaryArray:
     d_data = np.empty(max(nbytes, 1), np.uint8)
     state = np.zeros(2, np.int64)
     codes = np.empty(n, np.int32)
-    slots = np.zeros(1 << max(4, (2 * n).bit_length()), np.int32)  # load factor <= 1/2: one pass adds all
-    added = _native.count(d_offsets, d_data, slots, np.empty(n, np.uint64), np.empty(n, np.int64), state, offsets,
-                          data, np.zeros(0, np.int64), 0, codes)
+    added = _native.count(d_offsets, d_data, _slots(n), np.empty(n, np.int64), state, offsets, data,
+                          np.zeros(0, np.int64), 0, codes)
     if added != n:  # the arrays hold n distinct tokens of all the bytes: cannot happen
         raise AssertionError(f"dictionary_encode: {added} of {n} tokens encoded")
     m, used = (int(x) for x in state)
     dictionary = pa.LargeBinaryArray.from_buffers(pa.large_binary(), m, [
         None, pa.py_buffer(d_offsets[:m + 1].copy()), pa.py_buffer(d_data[:used].copy())])
     return _encoded(pa.array(codes, pa.int32()), dictionary)
+
+
+def _slots(n: int) -> np.ndarray:
+    """A zeroed table for n tokens: a power of two above 2n of the native module's 16-byte slots (load factor
+    <= 1/2; pipelines/native/token_table.h), one row each."""
+    return np.zeros((1 << max(4, (2 * n).bit_length()), 2), np.uint64)
 
 
 def _encoded(codes: pa.Array, dictionary: pa.Array) -> pa.DictionaryArray:
@@ -160,11 +165,10 @@ class TokenIndex:
         self._table = None
         if _native is not None and not self.vocabulary.null_count:
             n = len(self.vocabulary)
-            slots = np.zeros(1 << max(4, (2 * n).bit_length()), np.int32)  # load factor <= 1/2
-            hashes = np.empty(n, np.uint64)
             offsets, data = _buffers(self.vocabulary)
-            _native.build(offsets, data, slots, hashes)
-            self._table = (offsets, data, slots, hashes)
+            slots = _slots(n)
+            _native.build(offsets, data, slots)
+            self._table = (offsets, data, slots)
 
     def __len__(self) -> int:
         return len(self.vocabulary)
@@ -238,8 +242,7 @@ class TokenCounter:
         self._offsets = np.zeros(1025, np.int64)
         self._data = np.empty(1 << 14, np.uint8)
         self._counts = np.zeros(1024, np.int64)
-        self._hashes = np.zeros(1024, np.uint64)
-        self._slots = np.zeros(2048, np.int32)
+        self._slots = _slots(1023)
 
     def __len__(self) -> int:
         if self._tables is not None:
@@ -273,8 +276,8 @@ class TokenCounter:
         weights = np.zeros(0, np.int64) if counts is None else counts
         j, n = 0, len(tokens)
         while True:
-            j = _native.count(self._offsets, self._data, self._slots, self._hashes, self._counts, self._state,
-                              offsets, data, weights, j)
+            j = _native.count(self._offsets, self._data, self._slots, self._counts, self._state, offsets, data,
+                              weights, j)
             if j >= n:
                 return self
             self._grow(int(offsets[j + 1] - offsets[j]))
@@ -310,13 +313,12 @@ class TokenCounter:
             data = np.empty(max(2 * self._data.size, used + token_bytes), np.uint8)
             data[:used] = self._data[:used]
             self._data = data
-        if n + 1 > min(self._counts.size, self._slots.size // 2):
+        if n + 1 > min(self._counts.size, len(self._slots) // 2):
             size = 2 * self._counts.size
             self._offsets = np.concatenate([self._offsets[:n + 1], np.zeros(size - n, np.int64)])
             self._counts = np.concatenate([self._counts[:n], np.zeros(size - n, np.int64)])
-            self._hashes = np.zeros(size, np.uint64)
-            self._slots = np.zeros(2 * size, np.int32)
-            _native.build(self._offsets[:n + 1], self._data, self._slots, self._hashes)
+            self._slots = _slots(size - 1)
+            _native.build(self._offsets[:n + 1], self._data, self._slots)
 
     def __reduce__(self):
         tokens, counts = self.items()

@@ -17,7 +17,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
-#include "hash_bytes.h"
+#include "token_table.h"
 #if defined(__SSE2__)
 #include <emmintrin.h>
 #endif
@@ -391,13 +391,13 @@ static int column_put(column_bytes *c, const uint8_t *p, Py_ssize_t n) {
 
 
 
-/* A dictionary-encoded output column: the distinct tokens in first-seen order (offsets + bytes), a hash
- * table over them (open addressing, int32 slots: 0 empty, else 1 + position) and one int32 code per
- * token. `split` 0..255: a value's tokens are the non-empty runs between those bytes; 256: a non-empty
- * value is one token. Blank tokens are no token (the parser's "no value"). */
+/* A dictionary-encoded output column: the distinct tokens in first-seen order (offsets + bytes, and their
+ * hashes for growing the table), a token_table.h table over them and one int32 code per token. `split`
+ * 0..255: a value's tokens are the non-empty runs between those bytes; 256: a non-empty value is one
+ * token. Blank tokens are no token (the parser's "no value"). */
 typedef struct {
   int split;
-  int32_t *slots;
+  token_slot *slots;
   uint64_t nslots;
   uint64_t *hashes;
   int64_t *doff, m, mcap;
@@ -408,12 +408,12 @@ typedef struct {
 
 static int enc_rehash(enc_column *e) {
   uint64_t n = e->nslots ? e->nslots * 2 : 1024, mask = n - 1;
-  int32_t *slots = calloc((size_t)n, sizeof(int32_t));
+  token_slot *slots = calloc((size_t)n, sizeof(token_slot));
   if (!slots) return -1;
   for (int64_t i = 0; i < e->m; i++) {
     uint64_t s = e->hashes[i] & mask;
-    while (slots[s]) s = (s + 1) & mask;
-    slots[s] = (int32_t)(i + 1);
+    while (slots[s].pos1) s = (s + 1) & mask;
+    token_slot_set(&slots[s], e->ddata.data + e->doff[i], e->doff[i + 1] - e->doff[i], e->hashes[i], i);
   }
   free(e->slots);
   e->slots = slots;
@@ -423,33 +423,24 @@ static int enc_rehash(enc_column *e) {
 
 static int enc_add(enc_column *e, const uint8_t *p, int64_t n) {
   if ((uint64_t)(e->m + 1) * 2 > e->nslots && enc_rehash(e) < 0) return -1;
-  uint64_t h = hash_bytes(p, n), mask = e->nslots - 1, s = h & mask;
-  int32_t code;
-  for (;;) {
-    int32_t v = e->slots[s];
-    if (!v) break;
-    int64_t i = (int64_t)v - 1;
-    if (e->hashes[i] == h && e->doff[i + 1] - e->doff[i] == n && memcmp(e->ddata.data + e->doff[i], p, (size_t)n) == 0) {
-      code = (int32_t)i;
-      goto have;
+  uint64_t h = hash_bytes(p, n), s = 0;
+  int64_t i = token_probe(e->slots, e->nslots - 1, e->doff, e->ddata.data, p, n, h, &s);
+  if (i < 0) {
+    if (e->m + 2 > e->mcap) {
+      int64_t cap = e->mcap * 2;
+      int64_t *doff = realloc(e->doff, (size_t)cap * sizeof(int64_t));
+      if (doff) e->doff = doff;
+      uint64_t *hashes = realloc(e->hashes, (size_t)cap * sizeof(uint64_t));
+      if (hashes) e->hashes = hashes;
+      if (!doff || !hashes) return -1;
+      e->mcap = cap;
     }
-    s = (s + 1) & mask;
+    if (column_put(&e->ddata, p, n) < 0) return -1;
+    e->hashes[e->m] = h;
+    e->doff[e->m + 1] = e->ddata.used;
+    token_slot_set(&e->slots[s], p, n, h, e->m);
+    i = e->m++;
   }
-  if (e->m + 2 > e->mcap) {
-    int64_t cap = e->mcap * 2;
-    int64_t *doff = realloc(e->doff, (size_t)cap * sizeof(int64_t));
-    if (doff) e->doff = doff;
-    uint64_t *hashes = realloc(e->hashes, (size_t)cap * sizeof(uint64_t));
-    if (hashes) e->hashes = hashes;
-    if (!doff || !hashes) return -1;
-    e->mcap = cap;
-  }
-  if (column_put(&e->ddata, p, n) < 0) return -1;
-  e->hashes[e->m] = h;
-  e->doff[e->m + 1] = e->ddata.used;
-  e->slots[s] = (int32_t)(e->m + 1);
-  code = (int32_t)e->m++;
-have:
   if (e->ncodes == e->ccap) {
     int64_t cap = e->ccap ? e->ccap * 2 : 4096;
     int32_t *codes = realloc(e->codes, (size_t)cap * sizeof(int32_t));
@@ -457,7 +448,7 @@ have:
     e->codes = codes;
     e->ccap = cap;
   }
-  e->codes[e->ncodes++] = code;
+  e->codes[e->ncodes++] = (int32_t)i;
   return 0;
 }
 

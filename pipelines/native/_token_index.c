@@ -6,9 +6,9 @@
  * reference, and tests/test_token_index.py checks the two agree).
  *
  * Tokens are given as Arrow large_binary buffers: int64 offsets (n + 1 of them, not rebased) and the
- * data bytes. The table is open addressing with linear probing over a power-of-two number of int32
- * slots (0: empty, else 1 + the token's position); the first of equal vocabulary tokens wins, as with
- * index_in. Only the buffer protocol is used (no numpy headers).
+ * data bytes. The table is token_table.h's (16-byte slots, open addressing over a power-of-two number
+ * of them, the caller's zeroed buffer); the first of equal vocabulary tokens wins, as with index_in. Only
+ * the buffer protocol is used (no numpy headers).
  *
  * The same table counts tokens (`count`, behind pipelines.token_index.TokenCounter): the distinct tokens
  * are kept in first-seen order in arrays the caller owns and grows, so one pass over a chunk's tokens
@@ -19,34 +19,17 @@
 #include <stdint.h>
 #include <string.h>
 
-#include "hash_bytes.h"
+#include "token_table.h"
 
 static void release(Py_buffer *bufs, int n) {
   for (int i = 0; i < n; i++) PyBuffer_Release(&bufs[i]);
 }
 
-/* Finds the slot of token [p, p + n) with hash h: its position, or -1 (and *empty the free slot). */
-static inline int64_t probe(const int32_t *slots, uint64_t mask, const uint64_t *hashes, const int64_t *voff,
-                            const uint8_t *vdata, const uint8_t *p, int64_t n, uint64_t h, uint64_t *empty) {
-  uint64_t s = h & mask;
-  for (;;) {
-    int32_t v = slots[s];
-    if (!v) {
-      *empty = s;
-      return -1;
-    }
-    int64_t i = (int64_t)v - 1;
-    if (hashes[i] == h && voff[i + 1] - voff[i] == n && memcmp(vdata + voff[i], p, (size_t)n) == 0) return i;
-    s = (s + 1) & mask;
-  }
-}
-
-static int check_sizes(Py_buffer *voff, Py_buffer *vdata, Py_buffer *slots, Py_buffer *hashes, Py_ssize_t *nv) {
-  Py_ssize_t m = slots->len / 4;
+static int check_sizes(Py_buffer *voff, Py_buffer *vdata, Py_buffer *slots, Py_ssize_t *nv) {
+  Py_ssize_t m = slots->len / (Py_ssize_t)sizeof(token_slot);
   *nv = voff->len / 8 - 1;
-  if (*nv < 0 || hashes->len / 8 < *nv || m < 1 || (m & (m - 1)) || m <= *nv || *nv >= INT32_MAX) {
-    PyErr_SetString(PyExc_ValueError, "token index: slots must be a power of two above the vocabulary size, "
-                                      "hashes one per token");
+  if (*nv < 0 || m < 1 || (m & (m - 1)) || m <= *nv || *nv >= INT32_MAX) {
+    PyErr_SetString(PyExc_ValueError, "token index: slots must be a power of two above the vocabulary size");
     return -1;
   }
   const int64_t *o = (const int64_t *)voff->buf;
@@ -57,24 +40,23 @@ static int check_sizes(Py_buffer *voff, Py_buffer *vdata, Py_buffer *slots, Py_b
   return 0;
 }
 
-/* build(vocab_offsets, vocab_data, slots, hashes): fills the zeroed int32 slots and the uint64 hashes. */
+/* build(vocab_offsets, vocab_data, slots): fills the zeroed slots (a buffer of token_slot). */
 static PyObject *build(PyObject *self, PyObject *args) {
-  Py_buffer b[4];
-  if (!PyArg_ParseTuple(args, "y*y*w*w*", &b[0], &b[1], &b[2], &b[3])) return NULL;
+  Py_buffer b[3];
+  if (!PyArg_ParseTuple(args, "y*y*w*", &b[0], &b[1], &b[2])) return NULL;
   Py_ssize_t nv;
-  if (check_sizes(&b[0], &b[1], &b[2], &b[3], &nv) < 0) {
-    release(b, 4);
+  if (check_sizes(&b[0], &b[1], &b[2], &nv) < 0) {
+    release(b, 3);
     return NULL;
   }
   const int64_t *voff = (const int64_t *)b[0].buf;
   const uint8_t *vdata = (const uint8_t *)b[1].buf;
-  int32_t *slots = (int32_t *)b[2].buf;
-  uint64_t *hashes = (uint64_t *)b[3].buf;
-  uint64_t mask = (uint64_t)(b[2].len / 4) - 1;
+  token_slot *slots = (token_slot *)b[2].buf;
+  uint64_t mask = (uint64_t)(b[2].len / (Py_ssize_t)sizeof(token_slot)) - 1;
   for (Py_ssize_t i = 0; i < nv; i++) {
     if (voff[i + 1] < voff[i]) {
       PyErr_SetString(PyExc_ValueError, "token index: vocabulary offsets decrease");
-      release(b, 4);
+      release(b, 3);
       return NULL;
     }
   }
@@ -83,95 +65,91 @@ static PyObject *build(PyObject *self, PyObject *args) {
     const uint8_t *p = vdata + voff[i];
     int64_t n = voff[i + 1] - voff[i];
     uint64_t h = hash_bytes(p, n), empty = 0;
-    hashes[i] = h;
-    if (probe(slots, mask, hashes, voff, vdata, p, n, h, &empty) < 0) slots[empty] = (int32_t)(i + 1);
+    if (token_probe(slots, mask, voff, vdata, p, n, h, &empty) < 0) token_slot_set(&slots[empty], p, n, h, i);
   }
   Py_END_ALLOW_THREADS
-  release(b, 4);
+  release(b, 3);
   Py_RETURN_NONE;
 }
 
-/* lookup(vocab_offsets, vocab_data, slots, hashes, token_offsets, token_data, out): out[j] = the position of
+/* lookup(vocab_offsets, vocab_data, slots, token_offsets, token_data, out): out[j] = the position of
  * token j in the vocabulary, or -1 (int64 out, one per token). */
 static PyObject *lookup(PyObject *self, PyObject *args) {
-  Py_buffer b[7];
-  if (!PyArg_ParseTuple(args, "y*y*y*y*y*y*w*", &b[0], &b[1], &b[2], &b[3], &b[4], &b[5], &b[6])) return NULL;
-  Py_ssize_t nv, nt = b[4].len / 8 - 1;
-  if (check_sizes(&b[0], &b[1], &b[2], &b[3], &nv) < 0) {
-    release(b, 7);
+  Py_buffer b[6];
+  if (!PyArg_ParseTuple(args, "y*y*y*y*y*w*", &b[0], &b[1], &b[2], &b[3], &b[4], &b[5])) return NULL;
+  Py_ssize_t nv, nt = b[3].len / 8 - 1;
+  if (check_sizes(&b[0], &b[1], &b[2], &nv) < 0) {
+    release(b, 6);
     return NULL;
   }
-  const int64_t *toff = (const int64_t *)b[4].buf;
-  if (nt < 0 || b[6].len / 8 < nt || (nt > 0 && (toff[0] < 0 || toff[nt] > b[5].len))) {
+  const int64_t *toff = (const int64_t *)b[3].buf;
+  if (nt < 0 || b[5].len / 8 < nt || (nt > 0 && (toff[0] < 0 || toff[nt] > b[4].len))) {
     PyErr_SetString(PyExc_ValueError, "token index: token offsets outside their data, or out too small");
-    release(b, 7);
+    release(b, 6);
     return NULL;
   }
   for (Py_ssize_t j = 0; j < nt; j++) {
     if (toff[j + 1] < toff[j]) {
       PyErr_SetString(PyExc_ValueError, "token index: token offsets decrease");
-      release(b, 7);
+      release(b, 6);
       return NULL;
     }
   }
   const int64_t *voff = (const int64_t *)b[0].buf;
-  const uint8_t *vdata = (const uint8_t *)b[1].buf, *tdata = (const uint8_t *)b[5].buf;
-  const int32_t *slots = (const int32_t *)b[2].buf;
-  const uint64_t *hashes = (const uint64_t *)b[3].buf;
-  int64_t *out = (int64_t *)b[6].buf;
-  uint64_t mask = (uint64_t)(b[2].len / 4) - 1;
+  const uint8_t *vdata = (const uint8_t *)b[1].buf, *tdata = (const uint8_t *)b[4].buf;
+  const token_slot *slots = (const token_slot *)b[2].buf;
+  int64_t *out = (int64_t *)b[5].buf;
+  uint64_t mask = (uint64_t)(b[2].len / (Py_ssize_t)sizeof(token_slot)) - 1;
   Py_BEGIN_ALLOW_THREADS
   for (Py_ssize_t j = 0; j < nt; j++) {
     const uint8_t *p = tdata + toff[j];
     int64_t n = toff[j + 1] - toff[j];
     uint64_t empty;
-    out[j] = probe(slots, mask, hashes, voff, vdata, p, n, hash_bytes(p, n), &empty);
+    out[j] = token_probe(slots, mask, voff, vdata, p, n, hash_bytes(p, n), &empty);
   }
   Py_END_ALLOW_THREADS
-  release(b, 7);
+  release(b, 6);
   Py_RETURN_NONE;
 }
 
-/* count(offsets, data, slots, hashes, counts, state, token_offsets, token_data, token_counts, start[, codes]):
+/* count(offsets, data, slots, counts, state, token_offsets, token_data, token_counts, start[, codes]):
  * adds tokens start.. (each with token_counts[j], or 1 when token_counts is empty) to the distinct tokens
- * [0, n) held in offsets / data (n = state[0], data bytes used = state[1]), their hashes, counts and slots.
+ * [0, n) held in offsets / data (n = state[0], data bytes used = state[1]), their counts and slots.
  * Returns the index of the first token not added: the number of tokens when all were, else the first
- * new token that does not fit (more distinct tokens than len(counts), len(hashes), len(offsets) - 1 or half
- * the slots allow, or more bytes than data holds). The caller grows the arrays (rebuilding the slots
- * with `build` when they grow) and calls again from there. `codes` (int32, one per token, optional): each
- * added token's position among the distinct tokens is written there (its dictionary code). */
+ * new token that does not fit (more distinct tokens than len(counts), len(offsets) - 1 or half the slots
+ * allow, or more bytes than data holds). The caller grows the arrays (rebuilding the slots with `build`
+ * when they grow) and calls again from there. `codes` (int32, one per token, optional): each added token's
+ * position among the distinct tokens is written there (its dictionary code). */
 static PyObject *count(PyObject *self, PyObject *args) {
-  Py_buffer b[10];
+  Py_buffer b[9];
   Py_ssize_t start;
-  b[9].buf = NULL;
-  b[9].len = 0;
-  b[9].obj = NULL;
-  if (!PyArg_ParseTuple(args, "w*w*w*w*w*w*y*y*y*n|w*", &b[0], &b[1], &b[2], &b[3], &b[4], &b[5], &b[6], &b[7],
-                        &b[8], &start, &b[9]))
+  b[8].buf = NULL;
+  b[8].len = 0;
+  b[8].obj = NULL;
+  if (!PyArg_ParseTuple(args, "w*w*w*w*w*y*y*y*n|w*", &b[0], &b[1], &b[2], &b[3], &b[4], &b[5], &b[6], &b[7],
+                        &start, &b[8]))
     return NULL;
-  int nbufs = b[9].obj != NULL ? 10 : 9;
-  int32_t *codes = (int32_t *)b[9].buf;
-  int64_t *off = (int64_t *)b[0].buf, *counts = (int64_t *)b[4].buf, *state = (int64_t *)b[5].buf;
+  int nbufs = b[8].obj != NULL ? 9 : 8;
+  int32_t *codes = (int32_t *)b[8].buf;
+  int64_t *off = (int64_t *)b[0].buf, *counts = (int64_t *)b[3].buf, *state = (int64_t *)b[4].buf;
   uint8_t *data = (uint8_t *)b[1].buf;
-  int32_t *slots = (int32_t *)b[2].buf;
-  uint64_t *hashes = (uint64_t *)b[3].buf;
-  const int64_t *toff = (const int64_t *)b[6].buf, *tcounts = (const int64_t *)b[8].buf;
-  const uint8_t *tdata = (const uint8_t *)b[7].buf;
-  Py_ssize_t m = b[2].len / 4, nt = b[6].len / 8 - 1;
-  Py_ssize_t cap = b[4].len / 8;
-  if (b[3].len / 8 < cap) cap = b[3].len / 8;
+  token_slot *slots = (token_slot *)b[2].buf;
+  const int64_t *toff = (const int64_t *)b[5].buf, *tcounts = (const int64_t *)b[7].buf;
+  const uint8_t *tdata = (const uint8_t *)b[6].buf;
+  Py_ssize_t m = b[2].len / (Py_ssize_t)sizeof(token_slot), nt = b[5].len / 8 - 1;
+  Py_ssize_t cap = b[3].len / 8;
   if (b[0].len / 8 - 1 < cap) cap = b[0].len / 8 - 1;
   if (m / 2 < cap) cap = m / 2;
   const char *err = NULL;
-  if (b[5].len < 16 || m < 2 || (m & (m - 1)) || m > INT32_MAX)
+  if (b[4].len < 16 || m < 2 || (m & (m - 1)) || m > INT32_MAX)
     err = "token counter: state needs two int64, slots a power of two";
   else if (state[0] < 0 || state[0] > cap || state[1] < 0 || state[1] > b[1].len || off[0] != 0 ||
            off[state[0]] != state[1])
     err = "token counter: its state does not match its arrays";
-  else if (nt < 0 || start < 0 || start > nt || (b[8].len && b[8].len / 8 < nt) ||
-           (nt > 0 && (toff[0] < 0 || toff[nt] > b[7].len)))
+  else if (nt < 0 || start < 0 || start > nt || (b[7].len && b[7].len / 8 < nt) ||
+           (nt > 0 && (toff[0] < 0 || toff[nt] > b[6].len)))
     err = "token counter: token offsets outside their data, or fewer counts than tokens";
-  else if (codes && b[9].len / 4 < nt)
+  else if (codes && b[8].len / 4 < nt)
     err = "token counter: fewer codes than tokens";
   for (Py_ssize_t j = start; !err && j < nt; j++)
     if (toff[j + 1] < toff[j]) err = "token counter: token offsets decrease";
@@ -182,7 +160,7 @@ static PyObject *count(PyObject *self, PyObject *args) {
   }
   int64_t n = state[0], used = state[1], dcap = b[1].len;
   uint64_t mask = (uint64_t)m - 1;
-  int weighted = b[8].len > 0;
+  int weighted = b[7].len > 0;
   Py_ssize_t j = start;
   Py_BEGIN_ALLOW_THREADS
   for (; j < nt; j++) {
@@ -190,7 +168,7 @@ static PyObject *count(PyObject *self, PyObject *args) {
     int64_t len = toff[j + 1] - toff[j];
     int64_t c = weighted ? tcounts[j] : 1;
     uint64_t h = hash_bytes(p, len), empty = 0;
-    int64_t i = probe(slots, mask, hashes, off, data, p, len, h, &empty);
+    int64_t i = token_probe(slots, mask, off, data, p, len, h, &empty);
     if (i >= 0) {
       counts[i] += c;
       if (codes) codes[j] = (int32_t)i;
@@ -201,9 +179,8 @@ static PyObject *count(PyObject *self, PyObject *args) {
     memcpy(data + used, p, (size_t)len);
     used += len;
     off[n + 1] = used;
-    hashes[n] = h;
     counts[n] = c;
-    slots[empty] = (int32_t)(n + 1);
+    token_slot_set(&slots[empty], p, len, h, n);
     n++;
   }
   Py_END_ALLOW_THREADS
@@ -213,11 +190,21 @@ static PyObject *count(PyObject *self, PyObject *args) {
   return PyLong_FromSsize_t(j);
 }
 
+/* hash(data) -> int: token_table.h's hash of the bytes (tests look for tokens that collide in a slot). */
+static PyObject *hash(PyObject *self, PyObject *args) {
+  Py_buffer b;
+  if (!PyArg_ParseTuple(args, "y*", &b)) return NULL;
+  uint64_t h = hash_bytes((const uint8_t *)b.buf, b.len);
+  PyBuffer_Release(&b);
+  return PyLong_FromUnsignedLongLong(h);
+}
+
 static PyMethodDef methods[] = {
     {"build", build, METH_VARARGS, "Fill a vocabulary's hash table (slots, hashes)."},
     {"lookup", lookup, METH_VARARGS, "Positions of tokens in the vocabulary, -1 where absent."},
     {"count", count, METH_VARARGS, "Add tokens (and their counts) to a table of distinct tokens; optionally "
                                    "write each token's position among them (its dictionary code)."},
+    {"hash", hash, METH_VARARGS, "The tables' hash of a byte string."},
     {NULL, NULL, 0, NULL}};
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_token_index", NULL, -1, methods};
