@@ -23,7 +23,7 @@ import dataclasses
 import io
 import os
 import struct
-from typing import Any, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import pyarrow as pa
@@ -177,6 +177,17 @@ class _Source:
         self.fh = fh
         fh.seek(0, 2)
         self.size = int(fh.tell())
+
+    def read_into(self, offset: int, out: memoryview) -> None:
+        """Fill `out` with the bytes from offset on (the file must have that many)."""
+        self.fh.seek(offset)
+        done = 0
+        while done < len(out):
+            got = self.fh.readinto(out[done:])
+            if not got:
+                raise OSError(f"{getattr(self.fh, 'name', 'input file')}: the file ended at byte {offset + done} "
+                              f"while it had {self.size} bytes when opened (it changed while being read)")
+            done += got
 
     def read(self, offset: int, n: int) -> bytes:
         """Bytes [offset, offset + n), fewer only at the end of the file."""
@@ -359,23 +370,34 @@ def _scan_runs(b: np.ndarray, quotes: np.ndarray, breaks: np.ndarray, q: int, bo
 class _Scanner:
     """Streams a file's bytes forward from `pos` and scans them (`_scan`): line breaks, record ends, quote state.
 
-    The buffer holds [base, base + len(buf)); `release` drops what the caller no longer needs, so memory is
-    what the caller keeps plus one read.
+    The buffer holds [base, base + len(buf)). `release` marks what the caller no longer needs and the next
+    read leaves it behind: a read copies only the bytes kept into a new buffer and reads the file's next
+    bytes into it after them (appending to the old one copied all of it and the read again: ~3 copies of
+    every byte, most of them into freshly mapped pages). Memory is what the caller keeps plus one read.
     """
 
     def __init__(self, src: _Source, pos: int, q: int, delim: int, bof: int, both: bool = False,
                  records: bool = True):
         self.src, self.delim, self.bof, self.both, self.records = src, delim, bof, both, records
         self.base = max(pos - 1, 0)
-        self.buf = src.read(self.base, READ_BYTES + (pos - self.base) + 1)
+        self.buf: Union[bytes, bytearray] = src.read(self.base, READ_BYTES + (pos - self.base) + 1)
+        self.kept = self.base  # bytes before this offset are released
         self.pos, self.q = pos, q
         self.f0, self.f1 = 0, 1  # with both: the quote state now, had it been 0 / 1 where the scan started
         self.lines = 0  # line breaks scanned
 
     def _more(self) -> bool:
-        more = self.src.read(self.base + len(self.buf), READ_BYTES)
-        self.buf += more
-        return bool(more)
+        end = self.base + len(self.buf)
+        n = min(READ_BYTES, self.src.size - end)
+        if n <= 0:
+            return False
+        keep = memoryview(self.buf)[self.kept - self.base:]
+        buf = bytearray(len(keep) + n)
+        view = memoryview(buf)
+        view[:len(keep)] = keep
+        self.src.read_into(end, view[len(keep):])
+        self.buf, self.base = buf, self.kept
+        return True
 
     def byte(self, p: int) -> int:
         """The byte at offset p (>= base), -1 past the end of the file."""
@@ -422,13 +444,11 @@ class _Scanner:
     def get(self, lo: int, hi: int) -> bytes:
         """Bytes [lo, hi) (from the buffer, or read again if released)."""
         if lo >= self.base and hi <= self.base + len(self.buf):
-            return self.buf[lo - self.base:hi - self.base]
+            return bytes(memoryview(self.buf)[lo - self.base:hi - self.base])
         return self.src.read(lo, hi - lo)
 
     def release(self, keep_from: int) -> None:
-        keep_from = min(keep_from, self.pos - 1)
-        if keep_from > self.base:
-            self.buf, self.base = self.buf[keep_from - self.base:], keep_from
+        self.kept = max(self.kept, min(keep_from, self.pos - 1))
 
 
 def _scan_end(b: bytes, lo: int, eof: bool) -> int:

@@ -278,6 +278,10 @@ def test_reads_are_streamed_in_bounded_blocks(tmp_path, monkeypatch):
             sizes.append(n)
             return self.fh.read(n)
 
+        def readinto(self, b):
+            sizes.append(len(b))
+            return self.fh.readinto(b)
+
     for fmt, data in (("csv", csv_quoted(600)), ("tfrecord", tfrecord_bytes(300))):
         f = write(tmp_path, "in." + fmt, data)
         whole = _norm(pio.read_file(fmt, f, COLUMNS, chunk_rows=50))
