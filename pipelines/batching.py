@@ -16,7 +16,7 @@ With `shuffle` in the spec, example k goes to position p(k) of its epoch instead
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -300,13 +300,51 @@ def assemble_shuffled_step(pieces: Sequence[PackedPiece], batch: int, num_dense:
 def global_feature_ids(block: ExampleBlock, feature: str, sequence_length: int) -> FeatureIds:
     """Global rows for one feature: example i -> row i, or rows i*L + position for sequences."""
     fb = block.features[feature]
-    n = fb.lengths.size
-    ex = np.repeat(np.arange(n, dtype=np.int64), fb.lengths)
+    return _feature_ids(fb.lengths, fb.ids, fb.weights, sequence_length)
+
+
+def _feature_ids(lengths: np.ndarray, ids: np.ndarray, weights: Optional[np.ndarray],
+                 sequence_length: int) -> FeatureIds:
+    n = lengths.size
+    ex = np.repeat(np.arange(n, dtype=np.int64), lengths)
     if sequence_length > 0:
         starts = np.zeros(n + 1, np.int64)
-        np.cumsum(fb.lengths, out=starts[1:])
-        pos = np.arange(fb.ids.size, dtype=np.int64) - starts[ex]
+        np.cumsum(lengths, out=starts[1:])
+        pos = np.arange(ids.size, dtype=np.int64) - starts[ex]
         rows = ex * sequence_length + pos
     else:
         rows = ex
-    return FeatureIds(rows=rows, ids=fb.ids, weights=fb.weights)
+    return FeatureIds(rows=rows, ids=ids, weights=weights)
+
+
+class GlobalIds(Mapping[str, FeatureIds]):
+    """A step's `global_feature_ids` of each feature, each made when it is first read.
+
+    The shard job hands a step's ids to its profile statistics (often in a child process: it is pickled
+    there) while the step's CSR is packed from the values per example directly (`pipelines.shard`); the
+    rows per id are made where the statistics need them. Pickles the values, not the rows."""
+
+    def __init__(self, features: Mapping[str, Tuple[np.ndarray, np.ndarray, Optional[np.ndarray], int]]):
+        self._features = dict(features)  # {name: (lengths, ids, weights, sequence_length)}
+        self._made: Dict[str, FeatureIds] = {}
+
+    @staticmethod
+    def of(block: ExampleBlock, sequence_lengths: Mapping[str, int]) -> "GlobalIds":
+        return GlobalIds({name: (block.features[name].lengths, block.features[name].ids,
+                                 block.features[name].weights, length)
+                          for name, length in sequence_lengths.items()})
+
+    def __getitem__(self, name: str) -> FeatureIds:
+        got = self._made.get(name)
+        if got is None:
+            got = self._made[name] = _feature_ids(*self._features[name])
+        return got
+
+    def __iter__(self):
+        return iter(self._features)
+
+    def __len__(self) -> int:
+        return len(self._features)
+
+    def __reduce__(self):
+        return GlobalIds, (self._features,)

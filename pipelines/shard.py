@@ -1,9 +1,10 @@
-"""One global batch -> per-host records of per-chip SparseCore CSR (pure numpy).
+"""One global batch -> per-host records of per-chip SparseCore CSR.
 
 `build_step` is everything the shard job does per training step: split the
-global batch per host then per chip (contiguous blocks), run
-`tpu_embed.sparsecore.preprocess_with_layout` for every chip with the
-resolved limits, and encode one record per host (`tpu_embed.shards`).
+global batch per host then per chip (contiguous blocks), pack every chip's
+stacks with the resolved limits (the native packer on `chip_entries`, else
+`tpu_embed.sparsecore.preprocess_with_layout` on `split_global_batch`: the
+same batches), and encode one record per host (`tpu_embed.shards`).
 """
 
 from __future__ import annotations
@@ -15,11 +16,14 @@ import os
 from typing import Dict, List, Mapping, Optional, Tuple
 
 
-from pipelines.batching import ExampleBlock, global_feature_ids
+import numpy as np
+
+from pipelines.batching import ExampleBlock, GlobalIds
 from tpu_embed import shards as shard_format
 from tpu_embed.sparsecore import (DEFAULT_MAX_IDS_PER_CHIP_PER_SAMPLE, DEFAULT_MAX_IDS_PER_TABLE,
-                                  DEFAULT_MAX_UNIQUE_IDS_PER_TABLE, LimitExceededError, buffer_sizes,
+                                  DEFAULT_MAX_UNIQUE_IDS_PER_TABLE, LimitExceededError, buffer_sizes, csr,
                                   preprocess_with_layout, split_global_batch)
+from tpu_embed.sparsecore.csr_types import resolve_limits as stack_limits_of
 
 
 _log = logging.getLogger("tpu_embed.pipelines")
@@ -151,8 +155,42 @@ def shard_format_for(spec, layout, limits: Limits, *, compact: bool = True) -> s
         samples=tuple((name, st.sample_count) for name, st in layout.stacks.items()))
 
 
-def global_ids_of(block: ExampleBlock, spec) -> Dict[str, object]:
-    return {f.name: global_feature_ids(block, f.name, f.sequence_length) for f in spec.sparse_core_features}
+def global_ids_of(block: ExampleBlock, spec) -> GlobalIds:
+    return GlobalIds.of(block, {f.name: f.sequence_length for f in spec.sparse_core_features})
+
+
+def chip_entries(block: ExampleBlock, spec, layout, chips) -> List[Dict[str, tuple]]:
+    """Each chip's batch as the native packer takes it: {feature: (None, ids, weights | None, row_splits)}.
+
+    A chip's samples are a contiguous block of the step's (`split_global_batch`), so its ids and weights are
+    slices of the feature's and its row splits a slice of the step's, rebased: no row per id, no copy of the
+    ids, one cumulative sum for all features of a sample count. A sequence feature's sample (example,
+    position) holds one id below the example's length, none after. The packer reads them as it reads
+    `split_global_batch(global_ids_of(block, spec), layout)` (tests/test_shard_entries.py)."""
+    num_chips = layout.topology.num_chips
+    sequence = {f.name: f.sequence_length for f in spec.sparse_core_features}
+    groups: Dict[int, List[Tuple[str, object, np.ndarray]]] = collections.defaultdict(list)
+    for feat in layout.features:
+        fb = block.features[feat.path]
+        L = sequence.get(feat.path, 0)
+        per_sample = fb.lengths if L <= 0 else (np.arange(L) < fb.lengths[:, None]).reshape(-1)
+        if per_sample.size != feat.sample_count * num_chips:
+            raise ValueError(f"Feature {feat.path!r}: the step has {per_sample.size} samples, not the "
+                             f"{feat.sample_count * num_chips} of its global batch ({num_chips} chips x "
+                             f"{feat.sample_count}).")
+        groups[feat.sample_count].append((feat.path, fb, per_sample))
+    out: List[Dict[str, tuple]] = [{} for _ in chips]
+    for n, feats in groups.items():
+        splits = np.zeros((len(feats), n * num_chips + 1), np.int64)
+        np.cumsum(np.stack([c for _, _, c in feats]), axis=1, out=splits[:, 1:])
+        for i, c in enumerate(chips):
+            lo, hi = splits[:, c * n].tolist(), splits[:, (c + 1) * n].tolist()
+            local = splits[:, c * n:(c + 1) * n + 1] - splits[:, c * n:c * n + 1]
+            for j, (path, fb, _) in enumerate(feats):
+                a, b = lo[j], hi[j]
+                out[i][path] = (None, csr._i64(fb.ids[a:b]), None if fb.weights is None else csr._f32(fb.weights[a:b]),
+                                local[j])
+    return out
 
 
 def build_step(step: int, block: ExampleBlock, spec, layout, limits: Limits, *, encode: bool = True,
@@ -171,17 +209,24 @@ def build_step(step: int, block: ExampleBlock, spec, layout, limits: Limits, *, 
         cph = topo.chips_per_host
         hb = spec.per_host_batch_size
         fmt = shard_format_for(spec, layout, limits, compact=compact)
+        native = csr.native_available()
+        kw = dict(max_ids_per_chip_per_sample=limits.max_ids_per_chip_per_sample,
+                  max_ids_per_table=dict(limits.max_ids_per_table),
+                  max_unique_ids_per_table=dict(limits.max_unique_ids_per_table),
+                  allow_id_dropping=limits.allow_id_dropping)
+        per_stack = stack_limits_of(layout, kw["max_ids_per_table"], kw["max_unique_ids_per_table"],
+                                    kw["max_ids_per_chip_per_sample"], kw["allow_id_dropping"])
         for h in range(topo.num_hosts):
             chips = list(range(h * cph, (h + 1) * cph))
-            per_chip = split_global_batch(gids, layout, chips=chips)
-            csr = []
-            for c, chip_ids in zip(chips, per_chip):
+            per_chip = chip_entries(block, spec, layout, chips) if native else split_global_batch(gids, layout, chips)
+            packed = []
+            for c, chip in zip(chips, per_chip):
                 try:
-                    batches = preprocess_with_layout(
-                        chip_ids, layout, max_ids_per_chip_per_sample=limits.max_ids_per_chip_per_sample,
-                        max_ids_per_table=dict(limits.max_ids_per_table),
-                        max_unique_ids_per_table=dict(limits.max_unique_ids_per_table),
-                        allow_id_dropping=limits.allow_id_dropping)
+                    if native:
+                        batches = {name: csr.preprocess_stack_native(stack, layout, chip, per_stack[name])
+                                   for name, stack in layout.stacks.items()}
+                    else:
+                        batches = preprocess_with_layout(chip, layout, **kw)
                 except LimitExceededError as e:
                     raise LimitExceededError(
                         f"step {step}, chip {c} (limits from {limits.source}): {e} Run `tpu-embed profile` then "
@@ -190,14 +235,14 @@ def build_step(step: int, block: ExampleBlock, spec, layout, limits: Limits, *, 
                 for stack, b in batches.items():
                     if b.dropped_ids:
                         counts[f"stack/{stack}/dropped_ids"] += int(b.dropped_ids)
-                csr.append(batches)
+                packed.append(batches)
             sl = slice(h * hb, (h + 1) * hb)
             tc = {}
             for f in spec.tensor_core_features:
                 fb = block.features[f.name].slice(sl.start, sl.stop)
                 tc[f.name] = (fb.lengths, fb.ids, fb.weights)
             rec = shard_format.encode_step_record(step=step, host=h, label=block.label[sl], mask=block.mask[sl],
-                                                  dense=block.dense[sl], tensor_core=tc, chips=csr,
+                                                  dense=block.dense[sl], tensor_core=tc, chips=packed,
                                                   fmt=fmt)
             records.append((h, rec))
     counts["steps"] += 1
