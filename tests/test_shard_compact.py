@@ -16,6 +16,8 @@ import types
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from pipelines import runner
 from pipelines import shard as pshard
@@ -304,6 +306,26 @@ def test_narrow_ids_that_do_not_fit_are_refused():
     assert shards.widen_ids(np.array([3, 255], np.uint8), "uint8").tolist() == [3, shards.PAD_VALUE]
     from tpu_embed.sparsecore import PAD_VALUE
     assert shards.PAD_VALUE == PAD_VALUE
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.sampled_from(["uint8", "uint16"]),
+       st.lists(st.one_of(st.integers(-3, 300), st.integers(65530, 65540), st.integers(-(1 << 31), (1 << 31) - 2),
+                          st.just(shards.PAD_VALUE)), max_size=40))
+def test_narrow_ids_is_the_where_and_cast_it_stands_for(dtype_name, values):
+    """PAD_VALUE -> the type's maximum, ids in [0, maximum) kept, anything else refused: as the plain
+    definition (a mask of the padding, a check of the other ids, `np.where`) gives it."""
+    a = np.array(values, np.int32)
+    top = int(np.iinfo(shards.ID_DTYPES[dtype_name]).max)
+    real = a[a != shards.PAD_VALUE]
+    if real.size and (real.min() < 0 or real.max() >= top):
+        with pytest.raises(ValueError, match=f"does not fit the shard format's {dtype_name}"):
+            shards.narrow_ids(a, dtype_name)
+        return
+    got = shards.narrow_ids(a, dtype_name)
+    assert got.dtype == shards.ID_DTYPES[dtype_name]
+    np.testing.assert_array_equal(got, np.where(a == shards.PAD_VALUE, top, a))
+    np.testing.assert_array_equal(shards.widen_ids(got, dtype_name), a)
 
 
 def test_tf_default_size_buffers_decode_the_same(criteo):

@@ -405,12 +405,13 @@ def narrow_ids(a: np.ndarray, dtype_name: str, what: str = "ids") -> np.ndarray:
         return a
     dt = ID_DTYPES[dtype_name]
     top = int(np.iinfo(dt).max)
-    pad = a == PAD_VALUE
-    real = a[~pad]
-    if real.size and (int(real.min()) < 0 or int(real.max()) >= top):
+    # As uint32, PAD_VALUE and every id outside [0, top) are >= top: only the padding may be. Then the cast
+    # keeps the low bits: an id is itself and PAD_VALUE (all ones below bit 31) the type's maximum.
+    if np.count_nonzero(a.view(np.uint32) >= top) != np.count_nonzero(a == PAD_VALUE):
+        real = a[a != PAD_VALUE]
         raise ValueError(f"{what}: id {int(real.max()) if int(real.max()) >= top else int(real.min())} does not "
                          f"fit the shard format's {dtype_name} (ids must be in [0, {top}))")
-    return np.where(pad, top, a).astype(dt)
+    return a.astype(dt)
 
 
 def widen_ids(a: np.ndarray, dtype_name: str) -> np.ndarray:
