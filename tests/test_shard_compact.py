@@ -428,8 +428,8 @@ def test_spec_compression_key():
             "global_batch_size": 8}
     plain = parse_spec(base)
     assert plain.shards.compression == "none" and plain.to_dict()["shards"] == {"compression": "none"}
-    for given, canonical in (("gzip", "GZIP"), ("Zlib", "ZLIB"), ("NONE", "none"), (None, "none")):
-        s = parse_spec(dict(base, shards={"compression": given}))
+    for written, canonical in (("gzip", "GZIP"), ("Zlib", "ZLIB"), ("NONE", "none"), (None, "none")):
+        s = parse_spec(dict(base, shards={"compression": written}))
         assert s.shards.compression == canonical
         assert s.fingerprint == plain.fingerprint  # how the files are stored is not part of the fingerprint
         assert parse_spec(s.to_dict()).shards == s.shards
