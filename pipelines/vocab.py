@@ -85,7 +85,7 @@ def finalize(counts: pa.Table, top_k: Optional[int], frequency_threshold: Option
 def vocabulary_file_bytes(tokens: Sequence[bytes]) -> bytes:
     if not tokens:
         tokens = [TFT_EMPTY_VOCABULARY_TOKEN]
-    return b"".join(t + b"\n" for t in tokens)
+    return b"\n".join(tokens) + b"\n"
 
 
 def read_vocabulary_file(data: bytes) -> List[bytes]:
