@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import csv
 import dataclasses
+import hashlib
 import io
 import os
 import struct
@@ -1259,6 +1260,25 @@ def write_atomic(base: str, rel: str, chunks, records: Optional[int] = None, ext
     """Write `chunks` (bytes or an iterable of bytes) to base/rel atomically (`tpu_embed.io.write_atomic`)."""
     written = tio.write_atomic(join(base, rel), chunks)
     return FileInfo(rel, written.sha256, written.bytes, records, extra)
+
+
+def move_into_place(src: str, base: str, rel: str, sha256: str, size: int, records: Optional[int] = None,
+                    extra=None) -> FileInfo:
+    """A finished transient file `src` (its sha256 and size known) as base/rel (`tpu_embed.io.move`).
+
+    A retried bundle may find `src` gone and the file in place: accepted when its bytes hash the same."""
+    dst = join(base, rel)
+    if not tio.exists(src) and tio.exists(dst):
+        h = hashlib.sha256()
+        with tio.open_read(dst) as fh:
+            for block in iter(lambda: fh.read(16 << 20), b""):
+                h.update(block)
+        if h.hexdigest() != sha256:
+            raise IOError(f"{src} is gone and {dst} is not the file it held: the output directory changed while "
+                          "the job ran; re-run it.")
+    else:
+        tio.move(src, dst)
+    return FileInfo(rel, sha256, size, records, extra)
 
 
 def read_bytes(path: str) -> bytes:

@@ -714,7 +714,8 @@ class _WriteShardFile(beam.DoFn):
     """One shard file from its steps' runs: TFRecord frames in step order, then the spec's
     `shards.compression` over the whole file (`tpu_embed.shards.compress_chunks`: the bytes TF's
     TFRecordWriter with TFRecordOptions writes; no time or name in a GZIP header, so deterministic).
-    Streamed: one record in memory at a time (on object stores the file is uploaded whole)."""
+    Uncompressed and held whole by one run (`shard_runs.Run.is_whole_file`): that run, moved into place.
+    Else streamed: one record in memory at a time (on object stores the file is uploaded whole)."""
 
     def __init__(self, output: str, steps_per_file: int, compression: str = "none"):
         self.output, self.steps_per_file, self.compression = output, steps_per_file, compression
@@ -722,12 +723,17 @@ class _WriteShardFile(beam.DoFn):
     def process(self, kv, info):
         from tpu_embed.shards import compress_chunks
         (host, file_no), runs = kv
+        runs = list(runs)
         steps = sorted(step for run in runs for step, _, _ in run.records)
         num_files = max(1, -(-info["steps"] // self.steps_per_file))
         rel = pshard.shard_file_name(host, file_no, num_files)
+        extra = {"kind": "shard", "host": host, "first_step": steps[0], "last_step": steps[-1]}
+        if self.compression == "none" and len(runs) == 1 and runs[0].is_whole_file():
+            yield pio.move_into_place(runs[0].path, self.output, rel, runs[0].sha256, runs[0].size,
+                                      records=len(steps), extra=extra)
+            return
         frames = compress_chunks(shard_runs.frames_in_step_order(runs), self.compression)
-        yield pio.write_atomic(self.output, rel, frames, records=len(steps),
-                               extra={"kind": "shard", "host": host, "first_step": steps[0], "last_step": steps[-1]})
+        yield pio.write_atomic(self.output, rel, frames, records=len(steps), extra=extra)
 
 
 def _remove_runs(files, output: str):

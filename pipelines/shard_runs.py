@@ -1,27 +1,31 @@
-"""Shard files written in two passes, so that no worker or runner holds a shard file's records.
+"""Shard files from runs, so that no worker or runner holds a shard file's records.
 
 A shard file holds `steps_per_file` consecutive steps of one host, and its steps are built wherever
 their examples are (in several bundles, on several workers, in any order). Grouping the records
 themselves by shard file made the runner hold every record of the job at once (the DirectRunner
 keeps a GroupByKey's whole input: 20 GB at 10 M examples). Instead:
 
-1. Where steps are built, `RunWriter` appends each step's TFRecord frame to a buffer per shard file
-   and, past `FLUSH_BYTES` and at the end of the bundle, writes each buffer in step order as one *run*
-   under `<output>/.tmp-shard-runs/` (a unique name per flush: a retried bundle writes new runs and its
-   lost ones are never referenced). Only a `Run` (path + (step, offset, length) per record) goes
-   through the GroupByKey by shard file.
-2. The shard file's writer streams the records of all its runs in step order (`frames_in_step_order`)
-   into the file: the same bytes as before, whatever the bundles, workers or arrival order.
+1. Where steps are built, `RunWriter` streams each step's TFRecord frame, by a background thread, into
+   one *run* per shard file and bundle under `<output>/.tmp-shard-runs/` (a unique name: a retried
+   bundle writes new runs and its lost ones are never referenced), hashing it as it goes. Only a `Run`
+   (path, (step, offset, length) per record, sha256, size) goes through the GroupByKey by shard file.
+2. A shard file that one run holds whole, in step order (one bundle built all its steps, as a worker
+   that reads the input in order does), is that run moved into place (`Run.is_whole_file`, `tio.move`):
+   no second copy of its bytes, no second hash. Otherwise the shard file's writer streams the records of
+   all its runs in step order (`frames_in_step_order`) into the file. The same bytes either way,
+   whatever the bundles, workers or arrival order.
 3. When every shard file is written (and, for a failed job, when it ends) `remove` deletes the
    runs directory: nothing a reader accepts ever points into it.
 
-Peak disk is the shards' size twice (runs + files) until step 3.
+Peak disk is the shards' size twice (runs + files) until step 3 where runs are merged, once where they
+are moved.
 """
 
 from __future__ import annotations
 
 import collections
 import dataclasses
+import hashlib
 import uuid
 from typing import Dict, Iterable, Iterator, List, Optional, Tuple
 
@@ -30,7 +34,7 @@ from tpu_embed import io as tio
 from tpu_embed.shards import tfrecord_frame
 
 RUNS_DIR = ".tmp-shard-runs"
-FLUSH_BYTES = 64 << 20  # per writer: bounds a bundle's buffered records; runs stay few and large
+FLUSH_BYTES: Optional[int] = None  # a run ends past this many bytes; None: one run per shard file and bundle
 _OPEN_RUNS = 16  # run files kept open while a shard file is assembled
 
 FileKey = Tuple[int, int]  # (host, file number)
@@ -39,51 +43,89 @@ FileKey = Tuple[int, int]  # (host, file number)
 @dataclasses.dataclass(frozen=True)
 class Run:
     path: str
-    records: Tuple[Tuple[int, int, int], ...]  # (step, offset, length) of each framed record, by step
+    records: Tuple[Tuple[int, int, int], ...]  # (step, offset, length) of each framed record, as written
+    sha256: Optional[str] = None  # of the run's bytes
+    size: int = 0
+
+    def is_whole_file(self) -> bool:
+        """Whether the run's bytes are its records in step order, each step once: a shard file's bytes."""
+        at, last = 0, None
+        for step, offset, length in self.records:
+            if offset != at or (last is not None and step <= last):
+                return False
+            at, last = at + length, step
+        return self.sha256 is not None and at == self.size
 
 
 def runs_dir(output: str) -> str:
     return tio.join(output, RUNS_DIR)
 
 
+class _Open:
+    """A run being written (by the writer's thread only)."""
+
+    def __init__(self, path: str):
+        self.path, self.fh = path, tio.open_write(path)
+        self.hash, self.size, self.records = hashlib.sha256(), 0, []
+
+    def append(self, step: int, frame: bytes) -> None:
+        self.fh.write(frame)
+        self.hash.update(frame)
+        self.records.append((step, self.size, len(frame)))
+        self.size += len(frame)
+
+    def close(self) -> Run:
+        self.fh.close()
+        return Run(self.path, tuple(self.records), self.hash.hexdigest(), self.size)
+
+
 class RunWriter:
-    """Buffers framed records per shard file and writes them out as runs (see the module docstring)."""
+    """Streams framed records into one run per shard file (see the module docstring).
+
+    The frames are written, in the order added, by a background thread (`Behind`: at most a few frames
+    wait for it). `flush_bytes` (default `FLUSH_BYTES`): a run ends once it holds this many bytes and the
+    shard file's next records start another (None: one run per shard file; tests make many)."""
 
     def __init__(self, output: str, flush_bytes: Optional[int] = None):
         self.output, self.flush_bytes = output, FLUSH_BYTES if flush_bytes is None else flush_bytes
-        self._buffers: Dict[FileKey, List[Tuple[int, bytes]]] = collections.defaultdict(list)
-        self._size = 0
+        self._open: Dict[FileKey, _Open] = {}
         self._writes = Behind()
 
     def add(self, key: FileKey, step: int, record: bytes) -> List[Tuple[FileKey, Run]]:
-        """Buffer one step's record; the runs written if the buffer became full (else [])."""
-        frame = tfrecord_frame(record)
-        self._buffers[key].append((step, frame))
-        self._size += len(frame)
-        return self.flush() if self._size >= self.flush_bytes else []
-
-    def flush(self) -> List[Tuple[FileKey, Run]]:
-        """Write every buffer as one run each (behind: `close` waits for the writes); their (shard file, Run)s."""
-        out = []
-        for key in sorted(self._buffers):
-            items = sorted(self._buffers[key], key=lambda t: t[0])
-            host, file_no = key
-            path = tio.join(runs_dir(self.output), f"{host:05d}-{file_no:05d}-{uuid.uuid4().hex}.run")
-            records, offset = [], 0
-            for step, frame in items:
-                records.append((step, offset, len(frame)))
-                offset += len(frame)
-            self._writes.run(tio.write_atomic, path, [frame for _, frame in items], durable=False)
-            out.append((key, Run(path, tuple(records))))
-        self._buffers.clear()
-        self._size = 0
-        return out
+        """Queue one step's record; the runs that ended meanwhile (else [])."""
+        self._writes.run(self._append, key, step, tfrecord_frame(record))
+        return self._ended(self._writes.results())
 
     def close(self) -> List[Tuple[FileKey, Run]]:
-        """Flush, and wait until every run is written: call before the bundle ends (its Runs name the files)."""
-        out = self.flush()
-        self._writes.close()
-        return out
+        """End every run and wait until all are written: call before the bundle ends (its Runs name the files).
+        A failed write raises here (or at `add`); the runs then stay unreferenced until `remove`."""
+        try:
+            self._writes.run(self._end_all)
+            return self._ended(self._writes.close())
+        finally:
+            for run in self._open.values():  # after a failure: do not leave files open
+                run.fh.close()
+            self._open.clear()
+
+    def _append(self, key: FileKey, step: int, frame: bytes) -> List[Tuple[FileKey, Run]]:
+        run = self._open.get(key)
+        if run is None:
+            host, file_no = key
+            name = f"{host:05d}-{file_no:05d}-{uuid.uuid4().hex}.run"
+            run = self._open[key] = _Open(tio.join(runs_dir(self.output), name))
+        run.append(step, frame)
+        if self.flush_bytes is not None and run.size >= self.flush_bytes:
+            return [(key, self._open.pop(key).close())]
+        return []
+
+    def _end_all(self) -> List[Tuple[FileKey, Run]]:
+        ended = [(key, self._open[key].close()) for key in sorted(self._open)]
+        self._open.clear()
+        return ended
+
+    @staticmethod
+    def _ended(results) -> List[Tuple[FileKey, Run]]:
+        return [item for ended in results for item in ended]
 
 
 def frames_in_step_order(runs: Iterable[Run]) -> Iterator[bytes]:

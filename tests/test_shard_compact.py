@@ -491,3 +491,25 @@ def test_prefix_longer_than_the_buffer_is_refused(movielens, criteo, which):
     rec = shards.read_records(shards.shard_files(art, 0)[0])[0]
     with pytest.raises(tf.errors.InvalidArgumentError, match="a CSR prefix is longer than the format"):
         list(tf.data.Dataset.from_tensors(rec).map(shards.parse_fn(small)))
+
+
+def test_shard_files_moved_from_their_runs_are_the_merged_ones(tmp_path, monkeypatch):
+    """A shard file that one run holds whole in step order is that run, moved into place
+    (`shard_runs.Run.is_whole_file`); the same files and manifest as merging the runs record by record."""
+    from pipelines import io as pio, shard_runs
+    spec = _spec(MOVIELENS)
+    moved = []
+    real_move = pio.move_into_place
+    monkeypatch.setattr(pio, "move_into_place", lambda *a, **k: moved.append(a[2]) or real_move(*a, **k))
+    a = _run(spec, str(tmp_path / "moved"), steps_per_file=5)
+    monkeypatch.setattr(shard_runs.Run, "is_whole_file", lambda self: False)
+    b = _run(spec, str(tmp_path / "merged"), steps_per_file=5)
+    files = sorted(f.path for f in read_manifest(a).files if f.kind == "shard")
+    # Moved where one bundle built all of a file's steps; merged where a step straddled two bundles.
+    assert moved and set(moved) <= set(files)
+    for rel in files:
+        with open(os.path.join(a, rel), "rb") as x, open(os.path.join(b, rel), "rb") as y:
+            assert x.read() == y.read()
+    with open(os.path.join(a, "manifest.json"), "rb") as x, open(os.path.join(b, "manifest.json"), "rb") as y:
+        assert x.read() == y.read()
+    assert not os.path.exists(shard_runs.runs_dir(a))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 import random
 import threading
@@ -46,18 +47,25 @@ def test_any_flush_size_and_arrival_order_gives_the_step_ordered_file(tmp_path_f
         got = b"".join(shard_runs.frames_in_step_order(key_runs))
         want = b"".join(tfrecord_frame(records[(key, s)]) for s in sorted(s for k, s in records if k == key))
         assert got == want
+        for run in key_runs:  # a run's hash and size are those of its bytes
+            with open(run.path, "rb") as fh:
+                data = fh.read()
+            assert (run.size, run.sha256) == (len(data), hashlib.sha256(data).hexdigest())
+        if len(key_runs) == 1 and key_runs[0].is_whole_file():  # moved into place as it is: the file's bytes
+            assert data == want
     shard_runs.remove(out)
     assert not os.path.exists(shard_runs.runs_dir(out))
 
 
 def test_a_step_delivered_twice_is_refused(tmp_path):
-    w = shard_runs.RunWriter(str(tmp_path))
-    w.add((0, 0), 3, b"a")
-    (_, first), = w.flush()
-    w.add((0, 0), 3, b"a")
-    (_, again), = w.close()
+    runs = []
+    for _ in range(2):  # two bundles that both built step 3
+        w = shard_runs.RunWriter(str(tmp_path))
+        w.add((0, 0), 3, b"a")
+        (_, run), = w.close()
+        runs.append(run)
     with pytest.raises(ValueError, match="step 3 was built twice"):
-        list(shard_runs.frames_in_step_order([first, again]))
+        list(shard_runs.frames_in_step_order(runs))
 
 
 def test_a_truncated_run_is_an_error_naming_it(tmp_path):
@@ -70,48 +78,86 @@ def test_a_truncated_run_is_an_error_naming_it(tmp_path):
         list(shard_runs.frames_in_step_order([run]))
 
 
-def test_the_buffer_is_written_when_full_and_only_then(tmp_path, monkeypatch):
+def test_one_run_per_shard_file_unless_flush_bytes_ends_it(tmp_path, monkeypatch):
     synced = []
     monkeypatch.setattr(os, "fsync", synced.append)
-    w = shard_runs.RunWriter(str(tmp_path), flush_bytes=100)
-    assert w.add((0, 0), 0, b"x" * 50) == []  # 66 framed bytes buffered
-    written = w.add((0, 1), 1, b"y" * 50)  # 132 >= 100: both shard files' buffers written, one run each
-    assert sorted(k for k, _ in written) == [(0, 0), (0, 1)]
-    assert w.close() == []
-    assert len(os.listdir(shard_runs.runs_dir(str(tmp_path)))) == 2
-    assert synced == []  # transient runs: not synced (the shard job merges and deletes them)
+    w = shard_runs.RunWriter(str(tmp_path))
+    for step in range(5):
+        assert w.add((0, step % 2), step, b"x" * 50) == []
+    ended = w.close()
+    assert sorted(k for k, _ in ended) == [(0, 0), (0, 1)]
+    assert [len(r.records) for _, r in ended] == [3, 2] and all(r.is_whole_file() for _, r in ended)
+    w = shard_runs.RunWriter(str(tmp_path / "b"), flush_bytes=100)
+    ended = [run for step in range(3) for run in w.add((0, 0), step, b"y" * 50)]  # 66 framed bytes each
+    ended += w.close()  # (a run that ended is returned by the next add, or by close, once written)
+    # The run ends at 132 >= 100 bytes; step 2 starts another.
+    assert [[s for s, _, _ in r.records] for _, r in ended] == [[0, 1], [2]]
+    assert synced == []  # transient runs: not synced (the shard job moves or merges, then deletes them)
+
+
+def test_a_run_is_a_whole_file_only_in_step_order_with_each_step_once():
+    assert shard_runs.Run("r", ((3, 0, 10), (4, 10, 5)), "h", 15).is_whole_file()
+    assert not shard_runs.Run("r", ((4, 0, 10), (3, 10, 5)), "h", 15).is_whole_file()  # out of order
+    assert not shard_runs.Run("r", ((3, 0, 10), (3, 10, 5)), "h", 15).is_whole_file()  # a step twice
+    assert not shard_runs.Run("r", ((3, 0, 10), (4, 11, 5)), "h", 16).is_whole_file()  # a gap
+    assert not shard_runs.Run("r", ((3, 0, 10),), "h", 12).is_whole_file()  # bytes after the records
+    assert not shard_runs.Run("r", ((3, 0, 10),), None, 10).is_whole_file()  # no hash
 
 
 def test_runs_are_written_behind_and_close_waits_for_them(tmp_path, monkeypatch):
-    from tpu_embed import io as tio
-    release, started, orig = threading.Event(), threading.Event(), tio.write_atomic
+    release, started, orig = threading.Event(), threading.Event(), shard_runs._Open.append
 
-    def slow(path, data, **kw):
+    def slow(self, step, frame):
         started.set()
         assert release.wait(10)
-        return orig(path, data, **kw)
+        return orig(self, step, frame)
 
-    monkeypatch.setattr(tio, "write_atomic", slow)
-    w = shard_runs.RunWriter(str(tmp_path), flush_bytes=10)
-    (_, run), = w.add((0, 0), 0, b"x" * 20)  # full: the run is named at once, written by the thread
-    assert started.wait(10) and not os.path.exists(run.path)
+    monkeypatch.setattr(shard_runs._Open, "append", slow)
+    w = shard_runs.RunWriter(str(tmp_path))
+    assert w.add((0, 0), 0, b"x" * 20) == []  # returns while the thread writes
+    assert started.wait(10)
     threading.Timer(0.2, release.set).start()
-    assert w.close() == []
-    assert os.path.getsize(run.path) == len(tfrecord_frame(b"x" * 20))
+    (_, run), = w.close()
+    assert os.path.getsize(run.path) == len(tfrecord_frame(b"x" * 20)) == run.size
 
 
-def test_a_failed_run_write_fails_the_bundle_at_close(tmp_path, monkeypatch):
+def test_a_failed_run_write_fails_the_bundle(tmp_path, monkeypatch):
+    """The writer thread's error is raised in the bundle's thread: at the next add, else at close."""
     from tpu_embed import io as tio
 
-    def full(path, data, **kw):
+    def full(path):
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(tio, "write_atomic", full)
+    monkeypatch.setattr(tio, "open_write", full)
     w = shard_runs.RunWriter(str(tmp_path))
-    w.add((0, 0), 0, b"x")
     with pytest.raises(OSError, match="No space left"):
+        w.add((0, 0), 0, b"x")
+        w.add((0, 0), 1, b"y")
         w.close()
 
 
 def test_remove_of_a_missing_directory_is_a_no_op(tmp_path):
     shard_runs.remove(str(tmp_path / "nothing"))
+
+
+@pytest.mark.parametrize("store", ["local", "memory"])
+def test_a_run_moved_into_place_and_a_retry_that_finds_it_moved(tmp_path, store):
+    """`pio.move_into_place` (`tpu_embed.io.move`): the run becomes the file; a retried bundle that finds the
+    run gone and the file in place accepts it when its bytes hash the same, and refuses it otherwise."""
+    import uuid
+    from pipelines import io as pio
+    from tpu_embed import io as tio
+    root = str(tmp_path) if store == "local" else f"memory://runs-{uuid.uuid4().hex}"
+    src = tio.join(shard_runs.runs_dir(root), "00000-00000-x.run")
+    with tio.open_write(src) as fh:
+        fh.write(b"abc")
+    sha = hashlib.sha256(b"abc").hexdigest()
+    info = pio.move_into_place(src, root, "shards/f.tfrecord", sha, 3, records=1)
+    assert tio.read_bytes(tio.join(root, "shards/f.tfrecord")) == b"abc" and not tio.exists(src)
+    assert (info.path, info.sha256, info.bytes, info.records) == ("shards/f.tfrecord", sha, 3, 1)
+    assert pio.move_into_place(src, root, "shards/f.tfrecord", sha, 3, records=1) == info
+    with pytest.raises(IOError, match="is not the file it held"):
+        pio.move_into_place(src, root, "shards/f.tfrecord", hashlib.sha256(b"x").hexdigest(), 3)
+    if store == "local":  # a run's name is new: a local file of that name is an error, not replaced
+        with pytest.raises(FileExistsError):
+            tio.open_write(tio.join(root, "shards/f.tfrecord"))

@@ -8,6 +8,7 @@ and shards.
     join(base, *parts)       exists(path)          read_bytes(path) / read_text(path)
     glob(pattern)            list_files(pattern)   open_read(path)  (streaming)
     write_atomic(path, data[, durable=False]) -> Written(path, sha256, bytes)
+    open_write(path)  (streaming, a job's transient files)    move(src, dst)
     delete(path)             delete_tree(path)     relpath(path, base)   is_url(path) / protocol(path)
 
 Why fsspec (+ gcsfs for gs://).  Beam's `FileSystems` made the core depend
@@ -40,6 +41,10 @@ file list records them).  `durable=False` is for a job's own intermediates
 (shard runs, the read spill), which it deletes itself and which a crashed
 job re-creates: still atomic, but no fsync and no sha256 (`Written.sha256`
 is None); at 2 M examples these cost ~3 s of a 35 s `run`.
+
+`open_write` streams a job's transient file under a name of its own (not atomic: the job refers to it only
+once it is closed); `move` puts such a file in place of an artifact: locally an fsync then `os.replace`
+(atomic), on object stores a copy inside the store then a delete (the copy appears whole).
 
 Listing: `glob` / `list_files` return full paths (with the scheme for
 object stores) sorted by path, files only; `**` matches across directories.
@@ -347,6 +352,45 @@ def write_atomic(path: str, data: Data, *, durable: bool = True) -> Written:
     fs.pipe_file(p, b"".join(parts))
     fs.invalidate_cache(p)
     return Written(path, h.hexdigest() if h is not None else None, n)
+
+
+def open_write(path: str) -> IO[bytes]:
+    """A new file for streaming writes (use as a context manager); a local one that exists is an error
+    (FileExistsError), an object is replaced.
+
+    For a job's own transient files under unique names, which it refers to only once they are closed (not
+    atomic, no fsync; on object stores the object appears when the file is closed)."""
+    if not is_url(path):
+        local = _local(path)
+        os.makedirs(os.path.dirname(os.path.abspath(local)), exist_ok=True)
+        return open(local, "xb")
+    fs, p = filesystem(path)
+    return fs.open(p, "wb")
+
+
+def move(src: str, dst: str, *, durable: bool = True) -> None:
+    """Put file `src` at `dst` (replacing it) and remove `src`; both on one store.
+
+    Local paths: `src`'s data fsync'ed first (`durable`), then `os.replace` (atomic; the same filesystem).
+    Object stores: a copy inside the store, then `src` deleted (the copy appears whole)."""
+    if is_url(src) != is_url(dst) or (is_url(src) and protocol(src) != protocol(dst)):
+        raise ValueError(f"move: {src} and {dst} are not on one store")
+    if not is_url(src):
+        s, d = _local(src), _local(dst)
+        os.makedirs(os.path.dirname(os.path.abspath(d)), exist_ok=True)
+        if durable:
+            fd = os.open(s, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        os.replace(s, d)
+        return
+    fs, ps = filesystem(src)
+    _, pd = filesystem(dst)
+    fs.mv(ps, pd)
+    fs.invalidate_cache(ps)
+    fs.invalidate_cache(pd)
 
 
 def write_text_atomic(path: str, text: str, encoding: str = "utf-8") -> Written:

@@ -18,13 +18,21 @@ from tpu_embed.manifest import ManifestError, read_manifest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-# `tpu-embed` in a subprocess whose tpu_embed.io.write_atomic is patched to SIGKILL the process at a point.
+# `tpu-embed` in a subprocess whose tpu_embed.io.write_atomic and move (a shard file that one run holds whole
+# is moved into place: pipelines.shard_runs) are patched to SIGKILL the process at a point.
 KILLER = textwrap.dedent("""
     import os, signal, sys
     from tpu_embed import io as tio
-    orig, point, seen = tio.write_atomic, os.environ.get("KILL_AT", ""), []
+    orig, orig_move, point, seen = tio.write_atomic, tio.move, os.environ.get("KILL_AT", ""), []
     def die():
         os.kill(os.getpid(), signal.SIGKILL)
+    def patched_move(src, dst, **kw):
+        if "/shards/" in dst:
+            seen.append(dst)
+            if point == "after_vocab" or (point == "mid_shard" and len(seen) == 3):  # before the third file
+                die()
+        return orig_move(src, dst, **kw)
+    tio.move = patched_move
     def patched(path, data, **kw):
         if "/shards/" in path:
             seen.append(path)
@@ -90,8 +98,9 @@ def test_sigkill_leaves_nothing_accepted_and_overwrite_rerun_is_identical(work, 
     assert p.returncode == -9, (p.returncode, p.stderr)
     full = os.path.join(work, out)
     not_accepted(full)
-    if point == "mid_shard":
-        assert any(n.startswith(".tmp-") for _, _, ns in os.walk(full) for n in ns)  # the half-written file
+    if point == "mid_shard":  # the half-written shard file, or the runs not yet moved into place
+        assert any(n.startswith(".tmp-") for _, ds, ns in os.walk(full) for n in ns + ds
+                   if n not in (".tmp-read-spill",))
     if point == "after_vocab":  # a later run refuses the directory unless told to replace it
         p = run_cli(work, out)
         assert p.returncode == 1 and "already holds an artifact: pass --overwrite" in p.stderr, p.stderr
