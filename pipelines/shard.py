@@ -188,8 +188,8 @@ def chip_entries(block: ExampleBlock, spec, layout, chips) -> List[Dict[str, tup
             local = splits[:, c * n:(c + 1) * n + 1] - splits[:, c * n:c * n + 1]
             for j, (path, fb, _) in enumerate(feats):
                 a, b = lo[j], hi[j]
-                out[i][path] = (None, csr._i64(fb.ids[a:b]), None if fb.weights is None else csr._f32(fb.weights[a:b]),
-                                local[j])
+                weights = None if fb.weights is None else np.ascontiguousarray(fb.weights[a:b], np.float32)
+                out[i][path] = (None, np.ascontiguousarray(fb.ids[a:b], np.int64), weights, local[j])
     return out
 
 
