@@ -141,12 +141,20 @@ def test_remove_of_a_missing_directory_is_a_no_op(tmp_path):
 
 
 @pytest.mark.parametrize("store", ["local", "memory"])
-def test_a_run_moved_into_place_and_a_retry_that_finds_it_moved(tmp_path, store):
+def test_a_run_moved_into_place_and_a_retry_that_finds_it_moved(tmp_path, store, monkeypatch):
     """`pio.move_into_place` (`tpu_embed.io.move`): the run becomes the file; a retried bundle that finds the
-    run gone and the file in place accepts it when its bytes hash the same, and refuses it otherwise."""
+    run gone and the file in place accepts it when its bytes hash the same, and refuses it otherwise. On
+    object stores without the filesystem's `mv` (gcsfs's first tries GCS's moveTo, which plain buckets and the
+    emulator refuse, and retries: ~35 s per object)."""
     import uuid
+    from fsspec.implementations.memory import MemoryFileSystem
     from pipelines import io as pio
     from tpu_embed import io as tio
+
+    def no_mv(*a, **k):
+        raise AssertionError("tio.move must not call the filesystem's mv")
+
+    monkeypatch.setattr(MemoryFileSystem, "mv", no_mv)
     root = str(tmp_path) if store == "local" else f"memory://runs-{uuid.uuid4().hex}"
     src = tio.join(shard_runs.runs_dir(root), "00000-00000-x.run")
     with tio.open_write(src) as fh:
