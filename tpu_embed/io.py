@@ -389,7 +389,7 @@ def move(src: str, dst: str, *, durable: bool = True) -> None:
     fs, ps = filesystem(src)
     _, pd = filesystem(dst)
     # A copy inside the store, then a delete: not `fs.mv`, whose gcsfs version first tries GCS's moveTo
-    # (hierarchical-namespace buckets only) and falls back after its retries, ~35 s per object.
+    # (hierarchical-namespace buckets) and falls back after its retries (~35 s per object on the emulator).
     fs.cp_file(ps, pd)
     fs.rm_file(ps)
     fs.invalidate_cache(ps)
