@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import csv
 import dataclasses
-import hashlib
 import io
 import os
 import struct
@@ -1269,11 +1268,7 @@ def move_into_place(src: str, base: str, rel: str, sha256: str, size: int, recor
     A retried bundle may find `src` gone and the file in place: accepted when its bytes hash the same."""
     dst = join(base, rel)
     if not tio.exists(src) and tio.exists(dst):
-        h = hashlib.sha256()
-        with tio.open_read(dst) as fh:
-            for block in iter(lambda: fh.read(16 << 20), b""):
-                h.update(block)
-        if h.hexdigest() != sha256:
+        if tio.sha256_of(dst) != sha256:
             raise IOError(f"{src} is gone and {dst} is not the file it held: the output directory changed while "
                           "the job ran; re-run it.")
     else:

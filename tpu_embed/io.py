@@ -6,7 +6,7 @@ profiles, plans and reports, and the training side's reads of manifests
 and shards.
 
     join(base, *parts)       exists(path)          read_bytes(path) / read_text(path)
-    glob(pattern)            list_files(pattern)   open_read(path)  (streaming)
+    glob(pattern)            list_files(pattern)   open_read(path)  (streaming)   sha256_of(path)
     write_atomic(path, data[, durable=False]) -> Written(path, sha256, bytes)
     open_write(path)  (streaming, a job's transient files)    move(src, dst)
     delete(path)             delete_tree(path)     relpath(path, base)   is_url(path) / protocol(path)
@@ -257,6 +257,15 @@ def open_read(path: str) -> IO[bytes]:
         return fs.open(p, "rb")
     except FileNotFoundError:
         raise FileNotFoundError(f"{path} does not exist") from None
+
+
+def sha256_of(path: str) -> str:
+    """The sha256 of a file's bytes, read in blocks."""
+    h = hashlib.sha256()
+    with open_read(path) as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
 
 
 def size(path: str) -> int:

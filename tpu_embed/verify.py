@@ -53,16 +53,6 @@ def path_of(artifact_dir: str, entry: FileEntry) -> str:
     return entry.path if tio.is_absolute(entry.path) else tio.join(artifact_dir, entry.path)
 
 
-def _sha256_of(path: str) -> str:
-    h = hashlib.sha256()
-    with tio.open_read(path) as fh:
-        while True:
-            b = fh.read(1 << 20)
-            if not b:
-                return h.hexdigest()
-            h.update(b)
-
-
 def _what(entry: FileEntry) -> str:
     if entry.kind == "shard":
         return f"shard file (host {entry.host}, steps {entry.first_step}..{entry.last_step})"
@@ -85,7 +75,7 @@ def check_file(artifact_dir: str, entry: FileEntry, level: str = "size") -> None
         raise ArtifactDamagedError(f"{path}: {_what(entry)} has {size} bytes, the manifest lists {entry.bytes}: it "
                                    f"was truncated, replaced or rewritten after the manifest. {_FIX}")
     if level == "sha256" or entry.kind in SMALL_KINDS:
-        digest = _sha256_of(path)
+        digest = tio.sha256_of(path)
         if digest != entry.sha256:
             raise ArtifactDamagedError(
                 f"{path}: {_what(entry)} has sha256 {digest[:16]}…, the manifest lists {entry.sha256[:16]}…: it was "
