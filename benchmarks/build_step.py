@@ -14,20 +14,20 @@ import cProfile
 import os
 import pstats
 import sys
-import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def main() -> None:
     sys.path.insert(0, ROOT)  # before benchmarks/ (its pipelines.py is not the package)
+    from profile_step import assembled_steps, timed
     import numpy as np
     from pipelines import shard as pshard
     from tpu_embed import shards
     from tpu_embed.sparsecore import csr, preprocess_with_layout, split_global_batch
     args = [a for a in sys.argv[1:] if not a.startswith("--")]
     data = os.path.abspath(args[0] if args else os.path.join(ROOT, "build", "bench", "data"))
-    spec, sizes, blocks = _steps(data)
+    spec, sizes, blocks = assembled_steps(data)
     layout = spec.layout(sizes)
     limits = pshard.resolve_limits(spec, layout)
     print(f"native CSR kernel: {csr.native_available()}")
@@ -36,7 +36,7 @@ def main() -> None:
         for s, block in enumerate(blocks):
             pshard.build_step(s, block, spec, layout, limits)
 
-    best = min(_timed(build_all) for _ in range(3))
+    best = min(timed(build_all) for _ in range(3))
     print(f"build_step: {best / len(blocks) * 1e3:.2f} ms per step ({len(blocks)} steps of "
           f"{spec.global_batch_size} examples, best of 3)")
     kw = dict(max_ids_per_chip_per_sample=limits.max_ids_per_chip_per_sample,
@@ -50,53 +50,13 @@ def main() -> None:
         for a in ids:
             shards.narrow_ids(a, "uint16")
 
-    best = min(_timed(narrow_all) for _ in range(3))
+    best = min(timed(narrow_all) for _ in range(3))
     print(f"narrow_ids: {best / len(ids) * 1e6:.1f} us per call ({len(ids)} arrays of ~{ids[0].size} sample ids "
           "to uint16, best of 3)")
     if "--cprofile" in sys.argv:
         prof = cProfile.Profile()
         prof.runcall(build_all)
         pstats.Stats(prof).sort_stats("tottime").print_stats(15)
-
-
-def _steps(data: str):
-    """(the benchmark's spec, vocabulary sizes, the steps' ExampleBlocks as the shard job assembles them)."""
-    import collections
-    import importlib.util
-    import pyarrow as pa
-    spec_ = importlib.util.spec_from_file_location("bench", os.path.join(ROOT, "benchmarks", "pipelines.py"))
-    bench = importlib.util.module_from_spec(spec_)
-    spec_.loader.exec_module(bench)
-    spec = bench.bench_spec(data, 4096)
-    from pipelines import batching, io as pio, mapping, parse, vocab as pvocab
-    from pipelines.token_index import TokenCounter, TokenIndex
-    chunks, per_key = [], collections.defaultdict(TokenCounter)
-    for f in pio.list_input_files(spec.input_patterns()):
-        for i, item in enumerate(pio.read_file("csv", f, spec.required_columns())):
-            if isinstance(item, pio.RawBatch):
-                chunks.append(parse.parse_batch(item, spec, i)[0])
-                for k, t in pvocab.chunk_tokens(chunks[-1], spec):
-                    per_key[k].add(t)
-    vocabs, sizes = {}, {}
-    for k, counter in per_key.items():
-        v = spec.vocabulary_groups()[k][0].vocabulary
-        toks, _, _ = pvocab.finalize(pvocab.counts_table(counter), v.top_k, v.frequency_threshold)
-        vocabs[k], sizes[k] = TokenIndex(pa.array(toks, pa.large_binary())), max(1, len(toks))
-    mapped = [mapping.map_chunk(c, spec, vocabs, collections.Counter()) for c in chunks]
-    B = spec.global_batch_size
-    n = sum(b.num_examples for b in mapped) // B
-    pieces, start = collections.defaultdict(list), 0
-    for b in mapped:
-        for s, piece in batching.split_into_steps(b, start, B, n):
-            pieces[s].append(piece)
-        start += b.num_examples
-    return spec, sizes, [batching.assemble_step(pieces.pop(s), B, len(spec.dense)) for s in range(n)]
-
-
-def _timed(fn) -> float:
-    t = time.perf_counter()
-    fn()
-    return time.perf_counter() - t
 
 
 if __name__ == "__main__":

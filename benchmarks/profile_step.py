@@ -20,13 +20,15 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def steps_of(data: str):
+def assembled_steps(data: str):
+    """(the benchmark's spec, vocabulary sizes, every step's ExampleBlock) of benchmarks/pipelines.py's data:
+    the vocabularies counted, the chunks mapped and the steps assembled as the shard job does."""
     sys.path.insert(0, ROOT)
     spec_ = importlib.util.spec_from_file_location("bench", os.path.join(ROOT, "benchmarks", "pipelines.py"))
     bench = importlib.util.module_from_spec(spec_)
     spec_.loader.exec_module(bench)
     import pyarrow as pa
-    from pipelines import batching, io as pio, mapping, parse, shard as pshard, vocab as pvocab
+    from pipelines import batching, io as pio, mapping, parse, vocab as pvocab
     from pipelines.token_index import TokenCounter, TokenIndex
     spec = bench.bench_spec(data, 4096)
     chunks, per_key = [], collections.defaultdict(TokenCounter)
@@ -41,8 +43,6 @@ def steps_of(data: str):
         v = spec.vocabulary_groups()[k][0].vocabulary
         toks, _, _ = pvocab.finalize(pvocab.counts_table(counter), v.top_k, v.frequency_threshold)
         vocabs[k], sizes[k] = TokenIndex(pa.array(toks, pa.large_binary())), max(1, len(toks))
-    layout = spec.layout(sizes)
-    limits = pshard.resolve_limits(spec, layout)
     blocks = [mapping.map_chunk(c, spec, vocabs, collections.Counter()) for c in chunks]
     B = spec.global_batch_size
     n = sum(b.num_examples for b in blocks) // B
@@ -51,10 +51,18 @@ def steps_of(data: str):
         for s, piece in batching.split_into_steps(b, start, B, n):
             pieces[s].append(piece)
         start += b.num_examples
+    return spec, sizes, [batching.assemble_step(pieces.pop(s), B, len(spec.dense)) for s in range(n)]
+
+
+def steps_of(data: str):
+    """(spec, vocabulary sizes, [(step, global ids, OOV counts)]) as the shard job hands them to the profile."""
+    spec, sizes, blocks = assembled_steps(data)
+    from pipelines import shard as pshard
+    layout = spec.layout(sizes)
+    limits = pshard.resolve_limits(spec, layout)
     steps = []
-    for s in range(n):
-        _, gids, oov, _ = pshard.build_step(s, batching.assemble_step(pieces.pop(s), B, len(spec.dense)), spec,
-                                            layout, limits)
+    for s, block in enumerate(blocks):
+        _, gids, oov, _ = pshard.build_step(s, block, spec, layout, limits)
         steps.append((s, gids, oov))
     return spec, sizes, steps
 
@@ -71,7 +79,7 @@ def main() -> None:
         for s, gids, oov in steps:
             collector.add_step(acc, gids, oov, step=s, validate=False)
 
-    best = min(_timed(add_all) for _ in range(3))
+    best = min(timed(add_all) for _ in range(3))
     print(f"ProfileCollector.add_step: {best / len(steps) * 1e3:.2f} ms per step ({len(steps)} steps of "
           f"{spec.global_batch_size} examples, best of 3)")
     if "--cprofile" in sys.argv:
@@ -80,7 +88,8 @@ def main() -> None:
         pstats.Stats(prof).sort_stats("tottime").print_stats(15)
 
 
-def _timed(fn) -> float:
+def timed(fn) -> float:
+    """Seconds fn() takes (the benchmark scripts' one timer)."""
     t = time.perf_counter()
     fn()
     return time.perf_counter() - t

@@ -17,6 +17,7 @@ import time
 def main() -> None:
     root = os.path.abspath(sys.argv[1] if len(sys.argv) > 1 else os.path.dirname(os.path.dirname(__file__)))
     sys.path.insert(0, root)
+    from profile_step import timed
     import numpy as np
     import pyarrow as pa
     from pipelines.token_index import TokenCounter, TokenIndex
@@ -26,16 +27,10 @@ def main() -> None:
     t = time.perf_counter()
     index = TokenIndex(vocab)
     build = time.perf_counter() - t
-    lookup = min(_timed(lambda: index.lookup(tokens)) for _ in range(3))
-    count = _timed(lambda: TokenCounter().add(tokens))
+    lookup = min(timed(lambda: index.lookup(tokens)) for _ in range(3))
+    count = timed(lambda: TokenCounter().add(tokens))
     print(f"{root}: build {build * 1e3:.0f} ms, lookup {lookup * 1e3:.0f} ms (2 M tokens, 500 k vocabulary), "
           f"count {count * 1e3:.0f} ms")
-
-
-def _timed(fn) -> float:
-    t = time.perf_counter()
-    fn()
-    return time.perf_counter() - t
 
 
 if __name__ == "__main__":
