@@ -31,7 +31,7 @@ from pipelines import batching, child_process, chunk_sizes, io as pio, manifest 
 from pipelines import profile_worker
 from pipelines import read_spill, shard as pshard, shard_runs, vocab as pvocab
 from pipelines.background import Behind, prefetched
-from pipelines.coders import BulkElement
+from pipelines.coders import BulkCoder, BulkElement
 from pipelines.token_index import TokenCounter, TokenIndex
 from tpu_embed import io as tio, permutation
 
@@ -303,14 +303,18 @@ class WriteDeadLetters(beam.PTransform):
 
 # ---------------------------------------------------------------- vocabulary
 
-@beam.typehints.with_output_types(typing.Any)
+@beam.typehints.with_output_types(BulkElement)
 class TokenCountCombineFn(beam.CombineFn):
     """Token arrays -> Table(token, count) of the writable tokens (`pvocab.counts_table`).
 
-    The accumulator is a `TokenCounter` (picklable: its distinct tokens and counts)."""
+    The accumulator is a `TokenCounter` (picklable: its distinct tokens and counts). Accumulators and
+    outputs are sized without pickling them (`BulkCoder`): Beam samples the size of a combine's outputs."""
 
     def create_accumulator(self):
         return TokenCounter()
+
+    def get_accumulator_coder(self):
+        return BulkCoder()
 
     def add_input(self, acc, tokens):
         return acc.add(tokens)
@@ -326,8 +330,9 @@ class TokenCountCombineFn(beam.CombineFn):
         return pvocab.counts_table(acc)
 
 
-def _with_counts(key: str, counts: Dict[str, pa.Table]):
-    return key, counts[key] if key in counts else pvocab.counts_table(TokenCounter())
+def _uncounted(key: str, counted: List[str]):
+    if key not in counted:
+        yield key, pvocab.counts_table(TokenCounter())
 
 
 class _WriteVocabulary(beam.DoFn):
@@ -383,12 +388,16 @@ class ComputeVocabulary(beam.PTransform):
         if self.engine == "combine":
             counts = (chunks | "Tokens" >> beam.FlatMap(pvocab.chunk_tokens, spec)
                       | "CountTokens" >> beam.CombinePerKey(TokenCountCombineFn()))
-            # Every vocabulary key gets a file, also when no record has a token for it (TFT's dummy). The
-            # keys meet the counts as a side input: a Flatten of seeds with the token arrays would make
-            # the local runner hold every chunk's tokens before the combine saw one.
-            counts = (chunks.pipeline | "EveryKey" >> beam.Create(list(spec.vocabulary_groups()))
-                      | "WithCounts" >> beam.Map(_with_counts, beam.pvalue.AsDict(counts)))
-            out = split_tagged(counts | "Write" >> beam.ParDo(_WriteVocabulary(spec, self.output)), ("info", "files"))
+            written = counts | "Write" >> beam.ParDo(_WriteVocabulary(spec, self.output))  # fused with the combine
+            # Every vocabulary key gets a file, also when no record has a token for it (TFT's dummy): the
+            # keys the counts lack, found through a side input of the counted keys (the counts themselves
+            # stay where they are made; a Flatten of seeds with the token arrays would make the local
+            # runner hold every chunk's tokens before the combine saw one).
+            counted = beam.pvalue.AsList(counts | "CountedKeys" >> beam.Keys())
+            uncounted = (chunks.pipeline | "EveryKey" >> beam.Create(sorted(spec.vocabulary_groups()))
+                         | "Uncounted" >> beam.FlatMap(_uncounted, counted)
+                         | "WriteUncounted" >> beam.ParDo(_WriteVocabulary(spec, self.output)))
+            out = split_tagged((written, uncounted) | "AllWritten" >> beam.Flatten(), ("info", "files"))
             return {"vocabularies": out["info"], "files": out["files"]}
         return self._expand_tft(chunks)
 
@@ -667,10 +676,14 @@ class _BuildStep(beam.DoFn):
     def start_bundle(self):
         self.runs = shard_runs.RunWriter(self.output)
         self.building = Behind(BUILD_STEPS_AHEAD)
-        if self.collector is not None:
+        self.profiling = None  # started at the bundle's first step: a bundle without steps starts no child
+
+    def _profiling(self):
+        if self.profiling is None:
             if self.profile_child is None and child_process.wanted():
                 self.profile_child = child_process.Child()  # one per DoFn instance, bundle after bundle
             self.profiling = profile_worker.start(self.collector, PROFILE_STEPS_BEHIND, self.profile_child)
+        return self.profiling
 
     def process(self, kv):
         step, block = kv
@@ -688,7 +701,7 @@ class _BuildStep(beam.DoFn):
             for written in self.runs.add((host, step // self.steps_per_file), step, rec):
                 yield "runs", written
         if self.collector is not None:  # ids the packer took need no second check (`add_step`'s validate)
-            self.profiling.add_step(gids, oov, step, validate=not self.encode)
+            self._profiling().add_step(gids, oov, step, validate=not self.encode)
 
     def finish_bundle(self):
         from apache_beam.transforms.window import GlobalWindows
@@ -698,7 +711,7 @@ class _BuildStep(beam.DoFn):
         self.building = None
         for written in self.runs.close():
             yield GlobalWindows.windowed_value(("runs", written))
-        if self.collector is not None:
+        if self.profiling is not None:
             profiling, self.profiling = self.profiling, None
             try:
                 partial = profiling.close()

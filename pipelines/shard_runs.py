@@ -26,6 +26,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import hashlib
+import os
 import uuid
 from typing import Dict, Iterable, Iterator, List, Optional, Tuple
 
@@ -36,6 +37,10 @@ from tpu_embed.shards import tfrecord_frame
 RUNS_DIR = ".tmp-shard-runs"
 FLUSH_BYTES: Optional[int] = None  # a run ends past this many bytes; None: one run per shard file and bundle
 _OPEN_RUNS = 16  # run files kept open while a shard file is assembled
+# A local run's data is synced to disk every this many bytes by the writer's thread, beside the build: the
+# fsync before a run is moved into place (`tio.move`) then waits for the last part only (a 560 MB run:
+# ~0.15 s at the end of the job otherwise).
+SYNC_BYTES = 64 << 20
 
 FileKey = Tuple[int, int]  # (host, file number)
 
@@ -67,12 +72,17 @@ class _Open:
     def __init__(self, path: str):
         self.path, self.fh = path, tio.open_write(path)
         self.hash, self.size, self.records = hashlib.sha256(), 0, []
+        self.synced = 0 if not tio.is_url(path) else None  # bytes synced to disk (None: an object store)
 
     def append(self, step: int, frame: bytes) -> None:
         self.fh.write(frame)
         self.hash.update(frame)
         self.records.append((step, self.size, len(frame)))
         self.size += len(frame)
+        if self.synced is not None and self.size - self.synced >= SYNC_BYTES:
+            self.fh.flush()
+            os.fdatasync(self.fh.fileno())
+            self.synced = self.size
 
     def close(self) -> Run:
         self.fh.close()

@@ -181,6 +181,20 @@ def test_compute_vocabulary_combine(tmp_path):
     assert open(os.path.join(out, "vocab", "c.txt"), "rb").read() == b"b\na\nc\n"
 
 
+def test_compute_vocabulary_without_records_writes_every_key_a_dummy(tmp_path):
+    """No record, no token: every vocabulary key still gets its file (TFT's dummy token), through the keys the
+    counts lack."""
+    write(tmp_path, "a.csv", "label,x,c,w,d\n")
+    spec = small_spec(tmp_path)
+    out = str(tmp_path / "o")
+    with tp() as p:
+        chunks = (p | jobs.ReadExamples(spec, pio.list_input_files(spec.input_patterns())))["chunks"]
+        v = chunks | jobs.ComputeVocabulary(spec, out)
+        assert_that(v["vocabularies"] | beam.Map(lambda d: (d["key"], d["size"], d["empty_vocabulary_dummy"])),
+                    equal_to([("c", 1, True)]), label="info")
+    assert open(os.path.join(out, "vocab", "c.txt"), "rb").read() == pvocab.TFT_EMPTY_VOCABULARY_TOKEN + b"\n"
+
+
 def test_compute_vocabulary_counts_chunks_as_they_are_read(tmp_path, monkeypatch):
     """Each chunk's tokens reach the counter before the next chunk is read: nothing between the read and the
     combine makes the local runner hold every chunk's tokens (a Flatten there did, and the vocabulary
@@ -217,7 +231,11 @@ def test_large_elements_are_sized_without_pickling(tmp_path, monkeypatch):
         vocab = {"c": pa.array([b"t1", b"t2"], pa.large_binary())}
         blocks = chunks | beam.Map(lambda c: mapping.map_chunk(c, spec, vocab, collections.Counter()))
         assert_that(blocks | beam.Map(lambda b: b.num_examples), equal_to([10] * 4))
+        _ = chunks | jobs.ComputeVocabulary(spec, str(tmp_path / "o"))
     assert "ParsedChunk" not in pickled
+    # The vocabulary's counts tables are written where the combine makes them (never encoded), and its
+    # one accumulator is encoded once, for the combine's GroupByKey (not again to be sized).
+    assert "Table" not in pickled and pickled.count("TokenCounter") == 1
     chunk, _ = parse.parse_batch(next(i for i in pio.read_file("csv", files[0], spec.required_columns())
                                       if isinstance(i, pio.RawBatch)), spec)
     coder = BulkCoder()
@@ -296,6 +314,25 @@ def test_build_shards_and_profile_combine(tmp_path):
                     equal_to([("shards/host-00000/part-00000-of-00001.tfrecord", 1)]), label="files")
         prof = built["profile"] | jobs.CollectProfile(spec, sizes, str(tmp_path / "prof"), candidate_chip_counts=[1])
         assert_that(prof | beam.Map(lambda ps: len(ps) > 0), equal_to([True]), label="profile")
+
+
+def test_a_bundle_without_steps_starts_no_profile_child(tmp_path, monkeypatch):
+    """The job's second step stream (steps assembled across bundles) is empty when one worker reads in order:
+    its bundle starts no child process for a profile of nothing (0.16 s at the end of the 2 M benchmark)."""
+    from pipelines import child_process
+    spec, out, sizes, _, limits, block = _mapped_first_chunk(tmp_path, GOOD)
+    monkeypatch.setenv(child_process.ENV, "1")
+    started, init = [], child_process.Child.__init__
+    monkeypatch.setattr(child_process.Child, "__init__", lambda self: started.append(1) or init(self))
+    with tp() as p:
+        whole = p | "Whole" >> beam.Create([(0, block.slice(0, 4))])
+        across = p | "Across" >> beam.Create([]).with_output_types(typing.Any)
+        info = p | "Info" >> beam.Create([{"steps": 1}])
+        built = ((whole, across), info) | jobs.BuildShards(spec, sizes, limits, out, profile=True,
+                                                            candidate_chip_counts=[1])
+        partials = tuple(built["profile"]) | beam.Flatten() | beam.Map(lambda partial: partial.steps)
+        assert_that(partials, equal_to([1]))
+    assert len(started) == 1
 
 
 def test_the_profile_of_partials_per_bundle_is_the_profile_of_all_steps_at_once(tmp_path):

@@ -92,7 +92,29 @@ def test_one_run_per_shard_file_unless_flush_bytes_ends_it(tmp_path, monkeypatch
     ended += w.close()  # (a run that ended is returned by the next add, or by close, once written)
     # The run ends at 132 >= 100 bytes; step 2 starts another.
     assert [[s for s, _, _ in r.records] for _, r in ended] == [[0, 1], [2]]
-    assert synced == []  # transient runs: not synced (the shard job moves or merges, then deletes them)
+    assert synced == []  # runs below SYNC_BYTES: not synced by the writer
+
+
+def test_a_local_run_is_synced_as_it_grows_by_the_writer_thread(tmp_path, monkeypatch):
+    """Every SYNC_BYTES the writer's thread syncs the run's data, so the fsync of the move into place
+    (`tio.move`) at the end of the job has only the last part left to wait for."""
+    synced, orig = [], os.fdatasync
+
+    def fdatasync(fd):
+        synced.append((threading.current_thread().name, os.fstat(fd).st_size))
+        orig(fd)
+
+    monkeypatch.setattr(os, "fdatasync", fdatasync)
+    monkeypatch.setattr(shard_runs, "SYNC_BYTES", 150)
+    w = shard_runs.RunWriter(str(tmp_path))
+    for step in range(5):
+        w.add((0, 0), step, b"x" * 50)  # 66 framed bytes each
+    (_, run), = w.close()
+    # Synced once 150 bytes were written since the last sync: after steps 2 (198 bytes) and 4 (330 - 198 = 132
+    # < 150: not yet), and never on the bundle's own thread.
+    assert [size for _, size in synced] == [198]
+    assert all(name != threading.current_thread().name for name, _ in synced)
+    assert open(run.path, "rb").read() == b"".join(tfrecord_frame(b"x" * 50) for _ in range(5))
 
 
 def test_a_run_is_a_whole_file_only_in_step_order_with_each_step_once():
