@@ -26,6 +26,7 @@ import subprocess
 import sys
 import time
 
+import apache_beam as beam
 import pytest
 
 from pipelines import runner
@@ -286,3 +287,24 @@ def test_direct_runner_never_tries_prism(tmp_path, monkeypatch):
     local = runner.local_runner(opts)
     assert type(local).__name__ == "FnApiRunner"
     assert opts.get_all_options()["direct_running_mode"] == "multi_processing"
+
+
+
+_PERIODS = []  # what the DoFn below saw (a module global: the DoFn is pickled by reference)
+
+
+class _RecordSamplingPeriod(beam.DoFn):
+    def process(self, x):
+        from apache_beam.runners.worker import statesampler
+        _PERIODS.append(statesampler.get_current_tracker().sampling_period_ms)
+        yield x
+
+
+def test_in_process_bundles_sample_their_state_every_20_ms_during_the_run_only():
+    """The end of every bundle joins Beam's state-sampling thread, which sleeps up to its period between
+    samples (200 ms by default): the jobs' in-process runs use `STATE_SAMPLING_MS` (`runner._run`)."""
+    from apache_beam.runners.worker import statesampler
+    _PERIODS.clear()
+    runner._run(lambda p: p | beam.Create([1]) | beam.ParDo(_RecordSamplingPeriod()), [])
+    assert _PERIODS == [runner.STATE_SAMPLING_MS] == [20]
+    assert statesampler.StateSampler.__init__.__defaults__ == (statesampler.DEFAULT_SAMPLING_PERIOD_MS,) == (200,)
