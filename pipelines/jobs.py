@@ -258,7 +258,7 @@ class ReadExamples(beam.PTransform):
     def expand(self, pbegin):
         fmt = self.spec.inputs.format
         splits = pio.plan_splits(fmt, self.files, self.split_bytes)
-        spread = (pbegin | "Files" >> beam.Create(splits)
+        spread = (pbegin | "Files" >> beam.Create(splits, reshuffle=False)  # "Spread" is the one reshuffle
                   | "Spread" >> beam.Reshuffle())
         read = _ReadAndParse(self.spec, self.strict, self.chunk_rows, self.spill, self.replay)
         if fmt == "csv" and any(s.count > 1 for s in splits) and self.replay is None:
@@ -394,7 +394,7 @@ class ComputeVocabulary(beam.PTransform):
             # stay where they are made; a Flatten of seeds with the token arrays would make the local
             # runner hold every chunk's tokens before the combine saw one).
             counted = beam.pvalue.AsList(counts | "CountedKeys" >> beam.Keys())
-            uncounted = (chunks.pipeline | "EveryKey" >> beam.Create(sorted(spec.vocabulary_groups()))
+            uncounted = (chunks.pipeline | "EveryKey" >> beam.Create(sorted(spec.vocabulary_groups()), reshuffle=False)
                          | "Uncounted" >> beam.FlatMap(_uncounted, counted)
                          | "WriteUncounted" >> beam.ParDo(_WriteVocabulary(spec, self.output)))
             out = split_tagged((written, uncounted) | "AllWritten" >> beam.Flatten(), ("info", "files"))
@@ -525,10 +525,9 @@ class FormGlobalBatches(beam.PTransform):
     def expand(self, blocks):
         batch, nd = self.batch, self.num_dense
         seed, epochs, known = self.shuffle_seed, self.epochs, self.known_sizes
-        sizes = (blocks | "Sizes" >> beam.Map(lambda kv: (tuple(kv[0]), kv[1].num_examples))
-                 | "AllSizes" >> beam.combiners.ToList())
+        sizes = blocks | "Sizes" >> beam.Map(lambda kv: (tuple(kv[0]), kv[1].num_examples))
         if known is None:
-            info = sizes | "Info" >> beam.Map(self._info)
+            info = sizes | "AllSizes" >> beam.combiners.ToList() | "Info" >> beam.Map(self._info)
             split_info: Any = beam.pvalue.AsSingleton(info)
         else:
             split_info = static = self._info(known)
@@ -544,7 +543,8 @@ class FormGlobalBatches(beam.PTransform):
                         "Fix: re-run `tpu-embed run` on input that does not change while it runs.")
                 return static
 
-            info = sizes | "Info" >> beam.Map(checked)
+            info = (blocks.pipeline | "InfoTrigger" >> beam.Create([None])
+                    | "Info" >> beam.Map(lambda _, seen: checked(seen), beam.pvalue.AsList(sizes)))
 
         recorded = None if known is None else dict(known)
 
@@ -749,7 +749,7 @@ class _WriteShardFile(beam.DoFn):
         yield pio.write_atomic(self.output, rel, frames, records=len(steps), extra=extra)
 
 
-def _remove_runs(files, output: str):
+def _remove_runs(_, files, output: str):
     """After every shard file is written: the runs are no longer needed (`pipelines.shard_runs`)."""
     shard_runs.remove(output)
     return files
@@ -796,8 +796,8 @@ class BuildShards(beam.PTransform):
                    | "WriteFile" >> beam.ParDo(_WriteShardFile(self.output, self.steps_per_file,
                                                                self.spec.shards.compression),
                                                beam.pvalue.AsSingleton(info)))
-        files = (written | "AllWritten" >> beam.combiners.ToList()
-                 | "RemoveRuns" >> beam.FlatMap(_remove_runs, self.output))
+        files = (steps_and_info[1].pipeline | "RemoveRunsTrigger" >> beam.Create([None])
+                 | "RemoveRuns" >> beam.FlatMap(_remove_runs, beam.pvalue.AsList(written), self.output))
         return {"files": files, "profile": tuple(b["profile"] for b in built), "stats": stats}
 
 
@@ -866,33 +866,48 @@ class CollectProfile(beam.PTransform):
 
 # ---------------------------------------------------------------- manifests
 
+def merge_extras(extras) -> dict:
+    """The manifest's extra sections from several dicts: a key's dict values are merged (e.g. one
+    {"vocabularies": {key: info}} per vocabulary), other values set."""
+    merged: Dict[str, Any] = {}
+    for e in extras:
+        for k, v in e.items():
+            if isinstance(v, dict) and isinstance(merged.get(k), dict):
+                merged[k] = {**merged[k], **v}
+            else:
+                merged[k] = v
+    return merged
+
+
 class _WriteManifest(beam.DoFn):
     def __init__(self, cfg_json: dict, output: str, job: str):
         self.cfg_json, self.output, self.job = cfg_json, output, job
 
-    def process(self, _, stats, files, extra):
-        merged = {}
-        for e in extra:
-            merged.update(e)
-        pmanifest.update_manifest(self.output, self.job, self.cfg_json, stats=stats, files=files, extra=merged)
+    def process(self, _, stats, files, extras):
+        sums = SumCounters()
+        total = sums.merge_accumulators([sums.add_input(sums.create_accumulator(), s) for s in stats])
+        pmanifest.update_manifest(self.output, self.job, self.cfg_json, stats=sums.extract_output(total),
+                                  files=[f.to_json() for f in files], extra=merge_extras(extras))
         yield "manifest.json"
 
 
-def write_manifest(p, output: str, job: str, cfg_json: dict, stats, files, extra):
-    """Write/merge output/manifest.json after every other output of the pipeline exists."""
+def _flat(label: str, pcolls):
+    return tuple(pcolls) | label >> beam.Flatten()
+
+
+def write_manifest(p, output: str, job: str, cfg_json: dict, stats, files, extras):
+    """Write/merge output/manifest.json after every other output of the pipeline exists.
+
+    `stats`: PCollections of counter dicts, summed (once per bundle, then here); `files`: PCollections of
+    `pio.FileInfo`; `extras`: PCollections of dicts (`merge_extras`). A few small side inputs, one step: each
+    transform of a pipeline costs its construction and the runner's translation ~10 ms (most of it Beam
+    inspecting every method of every DoFn), and the jobs run two pipelines per `run`."""
+    summed = _flat(f"AllStats{job}", stats) | f"SumStats{job}" >> beam.CombineGlobally(SumCounters()).without_defaults()
     return (p | f"ManifestTrigger{job}" >> beam.Create([None])
             | f"WriteManifest{job}" >> beam.ParDo(_WriteManifest(cfg_json, output, job),
-                                                   beam.pvalue.AsSingleton(stats), beam.pvalue.AsList(files),
-                                                   beam.pvalue.AsList(extra)))
-
-
-def _stats_of(p, label, pcolls):
-    flat = tuple(pcolls) | f"Flatten{label}" >> beam.Flatten()
-    return flat | f"Sum{label}" >> beam.CombineGlobally(SumCounters())
-
-
-def _file_json(info: pio.FileInfo) -> dict:
-    return info.to_json()
+                                                   beam.pvalue.AsList(summed),
+                                                   beam.pvalue.AsList(_flat(f"AllFiles{job}", files)),
+                                                   beam.pvalue.AsList(_flat(f"AllExtras{job}", extras))))
 
 
 def _split_bytes(cfg: JobConfig, given: Optional[int]) -> int:
@@ -906,21 +921,18 @@ def build_vocab_pipeline(p, cfg: JobConfig, files: Sequence[pio.InputFile], spli
     read = p | "Read" >> ReadExamples(spec, files, cfg.strict, cfg.chunk_rows, _split_bytes(cfg, split_bytes),
                                       spill=read_spill.spill_dir(cfg.output) if cfg.spill_read else None)
     vocab = read["chunks"] | "Vocabulary" >> ComputeVocabulary(spec, cfg.output, cfg.vocab_engine)
-    stats = _stats_of(p, "VocabStats", [read["stats"]])
-    vocab_info = (vocab["vocabularies"] | "VocabInfoList" >> beam.combiners.ToList()
-                  | "VocabInfoDict" >> beam.Map(lambda l: {"vocabularies": {d["key"]: d for d in l}}))
+    vocab_info = vocab["vocabularies"] | "VocabInfo" >> beam.Map(lambda d: {"vocabularies": {d["key"]: d}})
     # Dead letters are written by both jobs (same read, same files): a vocab run that fails on its input
     # leaves them for the user.
     dead_files = read["dead"] | "DeadLetters" >> WriteDeadLetters(cfg.output, files, cfg.dead_letter_limit)
-    file_json = ((vocab["files"], dead_files) | "VocabFiles" >> beam.Flatten()
-                 | "VocabFileJson" >> beam.Map(_file_json))
     if cfg.record_chunk_sizes:
         output, key = cfg.output, chunk_sizes.read_key(cfg, files)
-        _ = (read["chunks"] | "ChunkSizes" >> beam.Map(lambda c: ((c.file_index, c.chunk_index), c.num_rows))
-             | "AllChunkSizes" >> beam.combiners.ToList()
-             | "WriteChunkSizes" >> beam.Map(lambda sizes: chunk_sizes.write(output, key, sizes)))
-    return write_manifest(p, cfg.output, "vocab", pmanifest.job_json(cfg, files, "vocab"), stats, file_json,
-                          vocab_info)
+        sizes = read["chunks"] | "ChunkSizes" >> beam.Map(lambda c: ((c.file_index, c.chunk_index), c.num_rows))
+        _ = (p | "ChunkSizesTrigger" >> beam.Create([None])
+             | "WriteChunkSizes" >> beam.Map(lambda _, sizes: chunk_sizes.write(output, key, sizes),
+                                             beam.pvalue.AsList(sizes)))
+    return write_manifest(p, cfg.output, "vocab", pmanifest.job_json(cfg, files, "vocab"), [read["stats"]],
+                          [vocab["files"], dead_files], [vocab_info])
 
 
 def build_shard_pipeline(p, cfg: JobConfig, files: Sequence[pio.InputFile], vocab_sizes: Dict[str, int],
@@ -963,11 +975,8 @@ def build_shard_pipeline(p, cfg: JobConfig, files: Sequence[pio.InputFile], voca
         file_pcolls.append(paths | "ProfileFileInfo" >> beam.FlatMap(profile_files))
         extras.append(paths | "ProfileInfo" >> beam.Map(lambda ps: {"profile": {"directory": pdir,
                                                                                    "files_written": len(ps)}}))
-    files_flat = tuple(file_pcolls) | "AllFiles" >> beam.Flatten()
-    file_json = files_flat | "FileJson" >> beam.Map(_file_json)
-    extra_flat = tuple(extras) | "AllExtras" >> beam.Flatten()
-    stats = _stats_of(p, "ShardStats", [read["stats"], mapped["stats"], built["stats"]])
     job_json = pmanifest.job_json(cfg, files, job)
     job_json.update({"layout": layout.to_dict(), "limits": limits.to_json(), "format": fmt.to_json(),
                      "vocab_sizes": vocab_sizes})
-    return write_manifest(p, cfg.output, job, job_json, stats, file_json, extra_flat)
+    return write_manifest(p, cfg.output, job, job_json, [read["stats"], mapped["stats"], built["stats"]],
+                          file_pcolls, extras)
