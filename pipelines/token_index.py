@@ -326,4 +326,22 @@ class TokenCounter:
 
 
 def _restore_counter(tokens: pa.Array, counts: np.ndarray) -> TokenCounter:
-    return TokenCounter().add(tokens, counts)
+    """The counter of `__reduce__`'s distinct tokens and counts: natively, its arrays at their size and its
+    table built in one pass (adding them would probe each token and rebuild the table at every doubling)."""
+    counter = TokenCounter()
+    n = len(tokens)
+    if counter._tables is not None or n == 0 or tokens.null_count:
+        return counter.add(tokens, counts)
+    offsets, data = _buffers(_large_binary(tokens))
+    lo, hi = int(offsets[0]), int(offsets[n])
+    size = 1 << n.bit_length()  # room for n + 1 tokens, as after `_grow`
+    counter._offsets = np.zeros(size + 1, np.int64)
+    counter._offsets[:n + 1] = offsets - lo
+    counter._data = np.empty(max(counter._data.size, hi - lo), np.uint8)
+    counter._data[:hi - lo] = data[lo:hi]
+    counter._counts = np.zeros(size, np.int64)
+    counter._counts[:n] = counts
+    counter._slots = _slots(size - 1)
+    _native.build(counter._offsets[:n + 1], counter._data, counter._slots)
+    counter._state[:] = (n, hi - lo)
+    return counter

@@ -147,6 +147,28 @@ def test_counter_counts_like_collections_counter_native_and_reference(batches, o
 
 
 @needs_native
+def test_a_pickled_counter_is_restored_at_its_size_in_one_pass(monkeypatch):
+    """A combine's accumulators cross its GroupByKey pickled: restored, the counter holds the same tokens in
+    the same order with the same counts, counts on as the original does, and was not re-grown token by
+    token to get there."""
+    import pickle
+    rng = np.random.default_rng(5)
+    ids = rng.zipf(1.3, 50_000) % 20_000
+    toks = pa.array(np.char.mod("t%x", ids).astype(object), pa.large_binary())
+    c = token_index.TokenCounter().add(toks.slice(7))
+    data = pickle.dumps(c)
+    grown = []
+    monkeypatch.setattr(token_index.TokenCounter, "_grow", lambda self, n: grown.append(n))
+    restored = pickle.loads(data)
+    assert grown == []
+    for a, b in zip(restored.items(), c.items()):
+        assert np.array_equal(np.asarray(a), np.asarray(b)) if isinstance(a, np.ndarray) else a.equals(b)
+    monkeypatch.undo()
+    more = pa.array([b"t1", b"new", b"t2", b"new"], pa.large_binary())
+    assert _as_dict(restored.add(more)) == _as_dict(c.add(more))
+
+
+@needs_native
 def test_counter_grows_past_its_first_arrays_and_keeps_first_seen_order():
     rng = np.random.default_rng(3)
     ids = rng.zipf(1.2, 300_000) % 100_000
