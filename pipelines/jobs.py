@@ -121,9 +121,8 @@ def split_tagged(tagged, tags: Sequence[str], bulk: Sequence[str] = ()) -> Dict[
     """
     out = {}
     for t in tags:
-        select = beam.FlatMap(_select, t)
-        out[t] = tagged | f"Select{t[:1].upper()}{t[1:]}" >> (select.with_output_types(BulkElement) if t in bulk
-                                                               else select)
+        select = beam.FlatMap(_select, t).with_output_types(BulkElement if t in bulk else typing.Any)
+        out[t] = tagged | f"Select{t[:1].upper()}{t[1:]}" >> select
     return out
 
 
@@ -296,7 +295,8 @@ class WriteDeadLetters(beam.PTransform):
         self.output, self.files, self.limit = output, files, limit
 
     def expand(self, dead):
-        return (dead | "ByFile" >> beam.Map(lambda d: (d.file_index, d))
+        by_file = beam.Map(lambda d: (d.file_index, d)).with_output_types(typing.Tuple[int, typing.Any])
+        return (dead | "ByFile" >> by_file
                 | "Group" >> beam.GroupByKey()
                 | "Write" >> beam.ParDo(_WriteDeadLetterFile(self.output, self.files, self.limit)))
 
@@ -526,9 +526,10 @@ class FormGlobalBatches(beam.PTransform):
     def expand(self, blocks):
         batch, nd = self.batch, self.num_dense
         seed, epochs, known = self.shuffle_seed, self.epochs, self.known_sizes
-        sizes = blocks | "Sizes" >> beam.Map(lambda kv: (tuple(kv[0]), kv[1].num_examples))
+        sizes = blocks | "Sizes" >> beam.Map(lambda kv: (tuple(kv[0]), kv[1].num_examples)).with_output_types(Any)
         if known is None:
-            info = sizes | "AllSizes" >> beam.combiners.ToList() | "Info" >> beam.Map(self._info)
+            info = (sizes | "AllSizes" >> beam.combiners.ToList()
+                    | "Info" >> beam.Map(self._info).with_output_types(Any))
             split_info: Any = beam.pvalue.AsSingleton(info)
         else:
             split_info = static = self._info(known)
@@ -545,7 +546,8 @@ class FormGlobalBatches(beam.PTransform):
                 return static
 
             info = (blocks.pipeline | "InfoTrigger" >> beam.Create([None])
-                    | "Info" >> beam.Map(lambda _, seen: checked(seen), beam.pvalue.AsList(sizes)))
+                    | "Info" >> beam.Map(lambda _, seen: checked(seen),
+                                         beam.pvalue.AsList(sizes)).with_output_types(Any))
 
         recorded = None if known is None else dict(known)
 
@@ -880,6 +882,7 @@ def merge_extras(extras) -> dict:
     return merged
 
 
+@beam.typehints.with_output_types(str)
 class _WriteManifest(beam.DoFn):
     def __init__(self, cfg_json: dict, output: str, job: str):
         self.cfg_json, self.output, self.job = cfg_json, output, job
@@ -922,16 +925,18 @@ def build_vocab_pipeline(p, cfg: JobConfig, files: Sequence[pio.InputFile], spli
     read = p | "Read" >> ReadExamples(spec, files, cfg.strict, cfg.chunk_rows, _split_bytes(cfg, split_bytes),
                                       spill=read_spill.spill_dir(cfg.output) if cfg.spill_read else None)
     vocab = read["chunks"] | "Vocabulary" >> ComputeVocabulary(spec, cfg.output, cfg.vocab_engine)
-    vocab_info = vocab["vocabularies"] | "VocabInfo" >> beam.Map(lambda d: {"vocabularies": {d["key"]: d}})
+    vocab_info = vocab["vocabularies"] | "VocabInfo" >> beam.Map(
+        lambda d: {"vocabularies": {d["key"]: d}}).with_output_types(Any)
     # Dead letters are written by both jobs (same read, same files): a vocab run that fails on its input
     # leaves them for the user.
     dead_files = read["dead"] | "DeadLetters" >> WriteDeadLetters(cfg.output, files, cfg.dead_letter_limit)
     if cfg.record_chunk_sizes:
         output, key = cfg.output, chunk_sizes.read_key(cfg, files)
-        sizes = read["chunks"] | "ChunkSizes" >> beam.Map(lambda c: ((c.file_index, c.chunk_index), c.num_rows))
+        sizes = read["chunks"] | "ChunkSizes" >> beam.Map(
+            lambda c: ((c.file_index, c.chunk_index), c.num_rows)).with_output_types(Any)
         _ = (p | "ChunkSizesTrigger" >> beam.Create([None])
              | "WriteChunkSizes" >> beam.Map(lambda _, sizes: chunk_sizes.write(output, key, sizes),
-                                             beam.pvalue.AsList(sizes)))
+                                             beam.pvalue.AsList(sizes)).with_output_types(typing.Any))
     return write_manifest(p, cfg.output, "vocab", pmanifest.job_json(cfg, files, "vocab"), [read["stats"]],
                           [vocab["files"], dead_files], [vocab_info])
 
@@ -954,7 +959,7 @@ def build_shard_pipeline(p, cfg: JobConfig, files: Sequence[pio.InputFile], voca
         spec, vocab_sizes, limits, cfg.output, cfg.steps_per_file, cfg.write_shards, cfg.write_profile,
         cfg.candidate_chip_counts)
     extras = [batches["info"] | "BatchInfo" >> beam.Map(lambda i: {"batching": {
-        k: v for k, v in i.items() if k != "offsets"}})]
+        k: v for k, v in i.items() if k != "offsets"}}).with_output_types(typing.Any)]
     file_pcolls = [dead_files, built["files"]]
     job = "shard" if cfg.write_shards else "profile"
     if cfg.write_profile:
@@ -974,8 +979,8 @@ def build_shard_pipeline(p, cfg: JobConfig, files: Sequence[pio.InputFile], voca
             return out
 
         file_pcolls.append(paths | "ProfileFileInfo" >> beam.FlatMap(profile_files).with_output_types(pio.FileInfo))
-        extras.append(paths | "ProfileInfo" >> beam.Map(lambda ps: {"profile": {"directory": pdir,
-                                                                                   "files_written": len(ps)}}))
+        extras.append(paths | "ProfileInfo" >> beam.Map(lambda ps: {"profile": {
+            "directory": pdir, "files_written": len(ps)}}).with_output_types(typing.Any))
     job_json = pmanifest.job_json(cfg, files, job)
     job_json.update({"layout": layout.to_dict(), "limits": limits.to_json(), "format": fmt.to_json(),
                      "vocab_sizes": vocab_sizes})
