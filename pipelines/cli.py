@@ -107,6 +107,10 @@ def build_parser() -> argparse.ArgumentParser:
                             help="the shard job reads and parses the input again, instead of replaying the "
                                  "vocabulary job's parsed read kept under --output/.tmp-read-spill until it ends "
                                  "(about twice the CSV's size on disk); same output")
+            sp.add_argument("--read-memory-mb", type=int, default=None,
+                            help="where both jobs run in this process (the DirectRunner without worker processes), "
+                                 "up to this many MB of the parsed read stay in memory for the shard job instead "
+                                 "of the spill files; 0: all spilled (default 1024)")
         sp.set_defaults(func={"shard": cmd_shard, "profile": cmd_profile, "run": cmd_run}[name])
 
     sp = sub.add_parser("inspect", help="summarise an artifact directory (manifest, vocabularies, first records)")
@@ -152,6 +156,10 @@ def _config(args, **kw):
         c["write_profile"] = False
     if getattr(args, "reread_input", False):
         c["reuse_read"] = False
+    if getattr(args, "read_memory_mb", None) is not None:
+        if args.read_memory_mb < 0:
+            raise UserError(f"--read-memory-mb must be 0 or more, got {args.read_memory_mb}")
+        c["read_memory_bytes"] = args.read_memory_mb << 20
     if getattr(args, "candidate_chip_counts", None):
         c["candidate_chip_counts"] = [int(x) for x in args.candidate_chip_counts.split(",") if x]
     c.update(kw)

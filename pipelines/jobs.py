@@ -66,6 +66,9 @@ class JobConfig:
     reuse_read: bool = True  # honoured by `runner.run_all`
     spill_read: bool = False
     replay_read: bool = False
+    # Of the kept read, the bytes that may stay in this process's memory instead of the spill files; `run_all`
+    # uses it where both jobs run in this process, else 0 (`read_spill`, "memory_bytes").
+    read_memory_bytes: int = read_spill.MEMORY_BYTES
 
     @property
     def tail_policy(self) -> str:
@@ -137,11 +140,12 @@ class _ReadAndParse(beam.DoFn):
     """
 
     def __init__(self, spec, strict: bool, chunk_rows: int, spill: Optional[str] = None,
-                 replay: Optional[str] = None):
+                 replay: Optional[str] = None, spill_memory_bytes: int = 0):
         self.spec = spec
         self.strict = strict
         self.chunk_rows = chunk_rows
         self.spill, self.replay = spill, replay  # directories of `pipelines.read_spill`
+        self.spill_memory_bytes = spill_memory_bytes
         self.spill_writes: Optional[Behind] = None  # the bundle's spill part writes
         self.encode = parse.encodable_columns(spec)  # columns the CSV reader may give dictionary-encoded
 
@@ -155,7 +159,8 @@ class _ReadAndParse(beam.DoFn):
         if self.spill is None:
             yield from self._read(split, csv_states)
             return
-        writer = read_spill.SpillWriter(self.spill, split.file.index, split.index, writes=self.spill_writes)
+        writer = read_spill.SpillWriter(self.spill, split.file.index, split.index, writes=self.spill_writes,
+                                        memory_bytes=self.spill_memory_bytes)
         for item in self._read(split, csv_states):
             writer.add(item)
             yield item
@@ -237,8 +242,9 @@ def _csv_states(kv):
 class ReadExamples(beam.PTransform):
     """PBegin -> {"chunks": ParsedChunk, "dead": DeadLetter, "stats": counter dicts}.
 
-    `spill`: also keep each split's outputs in that directory; `replay`: yield the outputs kept there
-    instead of reading (`pipelines.read_spill`: `run`'s shard job replays its vocabulary job's read).
+    `spill`: also keep each split's outputs in that directory (up to `spill_memory_bytes` of them in this
+    process's memory); `replay`: yield the outputs kept there instead of reading (`pipelines.read_spill`:
+    `run`'s shard job replays its vocabulary job's read).
 
     Files larger than `split_bytes` are read as several splits, by as many workers (`pio.plan_splits`):
     the same records, record numbers, chunks' order and dead letters for any split size. CSV splits
@@ -248,18 +254,18 @@ class ReadExamples(beam.PTransform):
 
     def __init__(self, spec, files: Sequence[pio.InputFile], strict: bool = False,
                  chunk_rows: int = pio.DEFAULT_CHUNK_ROWS, split_bytes: int = pio.DEFAULT_SPLIT_BYTES,
-                 spill: Optional[str] = None, replay: Optional[str] = None):
+                 spill: Optional[str] = None, replay: Optional[str] = None, spill_memory_bytes: int = 0):
         super().__init__()
         self.spec, self.files, self.strict, self.chunk_rows = spec, list(files), strict, chunk_rows
         self.split_bytes = split_bytes
-        self.spill, self.replay = spill, replay
+        self.spill, self.replay, self.spill_memory_bytes = spill, replay, spill_memory_bytes
 
     def expand(self, pbegin):
         fmt = self.spec.inputs.format
         splits = pio.plan_splits(fmt, self.files, self.split_bytes)
         spread = (pbegin | "Files" >> beam.Create(splits, reshuffle=False)  # "Spread" is the one reshuffle
                   | "Spread" >> beam.Reshuffle())
-        read = _ReadAndParse(self.spec, self.strict, self.chunk_rows, self.spill, self.replay)
+        read = _ReadAndParse(self.spec, self.strict, self.chunk_rows, self.spill, self.replay, self.spill_memory_bytes)
         if fmt == "csv" and any(s.count > 1 for s in splits) and self.replay is None:
             states = (spread | "CsvScan" >> beam.FlatMap(_csv_summary, self.spec.inputs.csv_delimiter)
                       | "CsvScanByFile" >> beam.GroupByKey()
@@ -923,7 +929,8 @@ def build_vocab_pipeline(p, cfg: JobConfig, files: Sequence[pio.InputFile], spli
     pio.DEFAULT_SPLIT_BYTES."""
     spec = cfg.spec
     read = p | "Read" >> ReadExamples(spec, files, cfg.strict, cfg.chunk_rows, _split_bytes(cfg, split_bytes),
-                                      spill=read_spill.spill_dir(cfg.output) if cfg.spill_read else None)
+                                      spill=read_spill.spill_dir(cfg.output) if cfg.spill_read else None,
+                                      spill_memory_bytes=cfg.read_memory_bytes)
     vocab = read["chunks"] | "Vocabulary" >> ComputeVocabulary(spec, cfg.output, cfg.vocab_engine)
     vocab_info = vocab["vocabularies"] | "VocabInfo" >> beam.Map(
         lambda d: {"vocabularies": {d["key"]: d}}).with_output_types(Any)

@@ -11,6 +11,14 @@ fifth of `run`'s time (CSV framing, pyarrow's parser, the numbers and the catego
 * `run` deletes the directory when the shard job ends, also when it fails (and before the vocabulary
   job, a leftover of a killed run). The manifest never lists it; `--overwrite` sweeps it like any
   `.tmp-` leftover.
+* Where both jobs run in this process (the in-process DirectRunner with one worker: `runner.run_all`
+  decides), a writer given `memory_bytes` keeps a split's items as they are, in this process, while
+  the items kept by all writers stay under that many bytes (`MEMORY_BYTES` by default; as
+  `pipelines.coders.approx_nbytes` counts them); the split's later items go to its parts. The shard
+  job's reader then takes the kept items first (releasing them as it goes), then the parts. At 2 M
+  benchmark examples everything fits (~0.8 GB): no compaction, pickling, files or restoring, ~0.9 s of
+  CPU in each job (docs/benchmarks.md); at 10 M the first ~2.5 M examples' chunks are kept, the rest
+  spilled, so memory stays bounded. `remove` also drops what a directory kept.
 
 The parts are pickles written by this job into its own output directory and read back by the same
 job, as Beam's own shuffles are; disk use is about the parsed input's size (twice the CSV for the
@@ -23,18 +31,66 @@ from __future__ import annotations
 import dataclasses
 import io
 import pickle
-from typing import Any, Callable, Iterator, List, Optional
+import threading
+from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
 import numpy as np
 import pyarrow as pa
 
 from pipelines.background import Behind
+from pipelines.coders import approx_nbytes
 from pipelines.parse import FeatureValues, ParsedChunk
 from pipelines.token_index import DICTIONARY_TYPE, dictionary_encode, is_encoded
 from tpu_embed import io as tio
 
 SPILL_DIR = ".tmp-read-spill"
 PART_BYTES = 64 << 20  # a part's pickles are buffered before the part is written
+MEMORY_BYTES = 1 << 30  # what writers keep in memory where both jobs run in one process (`run --read-memory-mb`)
+
+
+@dataclasses.dataclass
+class _Kept:
+    """A split's first items (with their sizes), kept in this process; `whole`: all of them (no parts)."""
+    items: List[Tuple[Any, int]]
+    nbytes: int = 0
+    whole: bool = False
+
+
+_kept: Dict[str, Dict[Tuple[int, int], _Kept]] = {}  # spill directory -> (file index, split index) -> items
+_kept_bytes = 0
+_kept_lock = threading.Lock()
+
+
+def kept_bytes() -> int:
+    """The bytes of items kept in this process (by `approx_nbytes`)."""
+    return _kept_bytes
+
+
+def _keep(directory: str, key: Tuple[int, int], kept: Optional[_Kept]) -> None:
+    """Set (or drop, with None) a split's kept items."""
+    global _kept_bytes
+    with _kept_lock:
+        splits = _kept.setdefault(directory, {})
+        old = splits.pop(key, None)
+        _kept_bytes -= old.nbytes if old is not None else 0
+        if kept is not None:
+            splits[key] = kept
+            _kept_bytes += kept.nbytes
+
+
+def _reserve(nbytes: int, limit: int) -> bool:
+    global _kept_bytes
+    with _kept_lock:
+        if _kept_bytes + nbytes > limit:
+            return False
+        _kept_bytes += nbytes
+        return True
+
+
+def _release(nbytes: int) -> None:
+    global _kept_bytes
+    with _kept_lock:
+        _kept_bytes -= nbytes
 
 
 class _End:
@@ -58,10 +114,11 @@ class SpillWriter:
 
     The parts are written behind (`pipelines.background.Behind`): by `writes` if given (shared by a
     bundle's splits; its owner waits for it before the bundle ends), else by the writer's own, which
-    `close` waits for."""
+    `close` waits for. `memory_bytes`: keep the split's first items in this process while all kept items
+    stay under that many bytes (see the module docstring; only where the reader runs in this process)."""
 
     def __init__(self, directory: str, file_index: int, split_index: int, part_bytes: Optional[int] = None,
-                 writes: Optional[Behind] = None):
+                 writes: Optional[Behind] = None, memory_bytes: int = 0):
         self.directory, self.file_index, self.split_index = directory, file_index, split_index
         self.part_bytes = PART_BYTES if part_bytes is None else part_bytes
         self._buffer: List[bytes] = []
@@ -69,8 +126,20 @@ class SpillWriter:
         self._part = 0
         self._own = writes is None
         self._writes = Behind() if writes is None else writes
+        self._memory_bytes = memory_bytes
+        self._kept: Optional[_Kept] = None
+        _keep(directory, (file_index, split_index), None)  # a retried split's earlier items
+        if memory_bytes > 0:
+            self._kept = _Kept([])
+            _keep(directory, (file_index, split_index), self._kept)
 
     def add(self, item: Any) -> None:
+        if self._kept is not None and self._part == 0 and not self._buffer:  # nothing of the split on disk yet
+            nbytes = approx_nbytes(item)
+            if _reserve(nbytes, self._memory_bytes):
+                self._kept.items.append((item, nbytes))
+                self._kept.nbytes += nbytes
+                return
         data = pickle.dumps(_compact(item), protocol=pickle.HIGHEST_PROTOCOL)
         self._buffer.append(data)
         self._size += len(data)
@@ -79,6 +148,9 @@ class SpillWriter:
 
     def close(self) -> None:
         """Write the last part (and wait until every part is written, unless `writes` was given)."""
+        if self._kept is not None and self._part == 0 and not self._buffer:
+            self._kept.whole = True  # every item kept: no parts
+            return
         self._buffer.append(pickle.dumps(_End, protocol=pickle.HIGHEST_PROTOCOL))
         self._flush()
         if self._own:
@@ -93,7 +165,23 @@ class SpillWriter:
 
 
 def replay(directory: str, file_index: int, split_index: int) -> Iterator[Any]:
-    """The items one split's writer added, in order."""
+    """The items one split's writer added, in order: those it kept in this process (each released as it is
+    yielded), then those in its parts."""
+    with _kept_lock:
+        kept = _kept.get(directory, {}).pop((file_index, split_index), None)
+    if kept is not None:
+        items, kept.items = kept.items[::-1], []
+        try:
+            while items:
+                item, nbytes = items.pop()
+                kept.nbytes -= nbytes
+                _release(nbytes)
+                yield item
+        finally:  # also when the reader stops early: what it did not take is released
+            _release(kept.nbytes)
+            kept.nbytes = 0
+        if kept.whole:
+            return
     part = 0
     while True:
         path = _part_path(directory, file_index, split_index, part)
@@ -159,4 +247,10 @@ def _with_features(item, convert: Callable[[FeatureValues], FeatureValues]):
 
 
 def remove(output: str) -> None:
-    tio.delete_tree(spill_dir(output))
+    """Delete the spill directory and drop the items its writers kept in this process."""
+    directory = spill_dir(output)
+    with _kept_lock:
+        splits = _kept.pop(directory, {})
+    for kept in splits.values():
+        _release(kept.nbytes)
+    tio.delete_tree(directory)

@@ -228,6 +228,14 @@ def check_outcome(cfg: jobs.JobConfig, m: Manifest, job: str) -> None:
 WHOLE_FILES = 1 << 62  # a split size no file reaches
 
 
+def runs_in_process(beam_args: Sequence[str] = ()) -> bool:
+    """Whether the jobs' bundles run in this process: the DirectRunner in memory or in threads (not its
+    worker processes, not another runner)."""
+    opts = pipeline_options(dask_args(beam_args)[0]).get_all_options(drop_default=False)
+    return opts.get("runner") == "DirectRunner" and opts.get("direct_running_mode") in ("in_memory",
+                                                                                          "multi_threading")
+
+
 def split_bytes_for(cfg: jobs.JobConfig, beam_args: Sequence[str] = ()) -> int:
     """The split size the jobs read with: `cfg.split_bytes` if given, else whole files where one worker reads
     everything (the DirectRunner with one worker: splits would only add the CSV split scan and a cold start of
@@ -301,11 +309,14 @@ def run_all(cfg: jobs.JobConfig, beam_args: Sequence[str] = ()) -> Manifest:
     The vocabulary job records every chunk's size (`pipelines.chunk_sizes`), so the shard job streams its
     chunks instead of holding them all to learn their offsets; with `cfg.reuse_read` it also keeps what it
     read and parsed, and the shard job replays that instead of reading the input again
-    (`pipelines.read_spill`)."""
+    (`pipelines.read_spill`): up to `cfg.read_memory_bytes` of it in this process's memory where both jobs
+    run in this process (`runs_in_process`), the rest in spill files."""
     reuse = cfg.reuse_read and bool(cfg.spec.vocabulary_groups())  # else the vocabulary job reads nothing
+    memory = cfg.read_memory_bytes if runs_in_process(beam_args) else 0  # kept where the shard job reads it
     read_spill.remove(cfg.output)  # a killed run's
     try:
-        run_vocab(dataclasses.replace(cfg, vocab_dir=None, record_chunk_sizes=True, spill_read=reuse), beam_args)
+        run_vocab(dataclasses.replace(cfg, vocab_dir=None, record_chunk_sizes=True, spill_read=reuse,
+                                      read_memory_bytes=memory), beam_args)
         known = chunk_sizes.take(cfg.output, chunk_sizes.read_key(cfg, pio.list_input_files(
             cfg.spec.input_patterns())))
         return run_shard(dataclasses.replace(cfg, known_chunk_sizes=known, replay_read=reuse), beam_args)

@@ -138,3 +138,125 @@ def test_spilled_chunks_are_compact_and_replay_as_the_same_arrays(tmp_path, n, m
     if n >= 500:
         spilled = sum(os.path.getsize(os.path.join(d, p)) for p in os.listdir(d))
         assert spilled < 0.8 * len(pickle.dumps(chunk, protocol=pickle.HIGHEST_PROTOCOL))
+
+
+def _items(n):
+    return [("chunks", bytes(range(i % 250)) * 40) for i in range(n)] + [("stats", {"records_read": n})]
+
+
+def test_a_writer_keeps_the_first_items_in_memory_then_writes_parts(tmp_path):
+    """Under `memory_bytes` (counted by `approx_nbytes` over every writer of the process) the items are kept as
+    they are; the split's later items go to parts; the reader takes both, in order, and releases the memory."""
+    from pipelines.coders import approx_nbytes
+    d = str(tmp_path / "spill")
+    items = _items(30)
+    budget = sum(approx_nbytes(it) for it in items[:10])
+    w = read_spill.SpillWriter(d, 1, 0, part_bytes=2000, memory_bytes=budget)
+    for it in items:
+        w.add(it)
+    w.close()
+    assert read_spill.kept_bytes() == budget
+    got = list(read_spill.replay(d, 1, 0))
+    assert got == items and all(a is b for a, b in zip(got[:10], items[:10]))  # kept: the same objects
+    assert read_spill.kept_bytes() == 0
+    on_disk = []
+    for p in sorted(os.listdir(d)):
+        with open(os.path.join(d, p), "rb") as fh:
+            on_disk += [x for x in iter(lambda: _load(fh), None)]
+    assert on_disk[:-1] == items[10:]  # only the items not kept, then the end mark
+
+
+def _load(fh):
+    import pickle
+    try:
+        return pickle.load(fh)
+    except EOFError:
+        return None
+
+
+def test_a_split_kept_whole_writes_nothing_and_a_second_split_spills_past_the_budget(tmp_path):
+    from pipelines.coders import approx_nbytes
+    d = str(tmp_path / "spill")
+    a, b = _items(5), _items(7)
+    budget = sum(approx_nbytes(it) for it in a) + approx_nbytes(b[0])
+    for split, items in ((0, a), (1, b)):
+        w = read_spill.SpillWriter(d, 0, split, part_bytes=1 << 20, memory_bytes=budget)
+        for it in items:
+            w.add(it)
+        w.close()
+    assert sorted(os.listdir(d)) == ["000000-000001-000000.pkl"]  # split 0 kept whole; split 1 from item 1 on
+    assert list(read_spill.replay(d, 0, 1)) == b and list(read_spill.replay(d, 0, 0)) == a
+    assert read_spill.kept_bytes() == 0
+
+
+def test_kept_items_are_released_by_a_reader_that_stops_by_remove_and_by_a_retried_split(tmp_path):
+    out = str(tmp_path / "out")
+    d = read_spill.spill_dir(out)
+    items = _items(6)
+
+    def write(split):
+        w = read_spill.SpillWriter(d, 0, split, memory_bytes=1 << 30)
+        for it in items:
+            w.add(it)
+        w.close()
+
+    write(0)
+    held = read_spill.kept_bytes()
+    write(0)  # a retried split replaces what the first attempt kept
+    assert held > 0 and read_spill.kept_bytes() == held
+    reader = read_spill.replay(d, 0, 0)
+    assert next(reader) == items[0]
+    reader.close()  # a reader that stops early (a failed bundle)
+    assert read_spill.kept_bytes() == 0
+    write(1)
+    read_spill.remove(out)
+    assert read_spill.kept_bytes() == 0
+    with pytest.raises(read_spill.IncompleteSpillError):
+        list(read_spill.replay(d, 0, 1))
+
+
+@pytest.mark.parametrize("mb", [0, 0.05, None], ids=["spilled", "partly-kept", "kept"])
+def test_run_gives_the_same_bytes_whatever_it_keeps_in_memory(tmp_path, monkeypatch, mb):
+    """`run` in this process keeps up to `read_memory_bytes` of its read in memory, the rest spilled: the same
+    outputs as a second read of the input; parts are written only for what did not fit."""
+    flushed, kept = [], []
+    flush, reserve = read_spill.SpillWriter._flush, read_spill._reserve
+    monkeypatch.setattr(read_spill.SpillWriter, "_flush", lambda self: flushed.append(1) or flush(self))
+    monkeypatch.setattr(read_spill, "_reserve", lambda n, limit: kept.append(reserve(n, limit)) or kept[-1])
+    spec = load_spec(CRITEO)
+    kw = dict(spec=spec, chunk_rows=50, steps_per_file=3)
+    if mb is not None:
+        kw["read_memory_bytes"] = int(mb * (1 << 20))
+    out = str(tmp_path / "out")
+    runner.run_all(JobConfig(output=out, **kw))
+    assert read_spill.kept_bytes() == 0
+    if mb is None:  # all kept, no parts
+        assert flushed == [] and kept and all(kept)
+    elif mb == 0:  # all spilled
+        assert flushed and not any(kept)
+    else:  # the first items kept, then the rest of that split spilled
+        assert flushed and kept[0] and not kept[-1]
+    other = str(tmp_path / "again")
+    runner.run_all(JobConfig(output=other, reuse_read=False, **kw))
+    a, b = _tree(out), _tree(other)
+    assert sorted(a) == sorted(b) and [p for p in a if a[p] != b[p]] == []
+
+
+def test_memory_is_kept_only_where_both_jobs_run_in_this_process():
+    assert runner.runs_in_process([])
+    assert runner.runs_in_process(["--direct_num_workers=2", "--direct_running_mode=multi_threading"])
+    assert not runner.runs_in_process(["--direct_num_workers=2"])  # worker processes
+    assert not runner.runs_in_process(["--direct_running_mode=multi_processing"])
+    assert not runner.runs_in_process(["--runner=dask"])
+
+
+def test_cli_read_memory_mb(tmp_path):
+    from pipelines import cli
+    from pipelines.cli import UserError
+    argv = ["run", "--spec", CRITEO, "--output", str(tmp_path / "o")]
+    assert cli._config(cli.build_parser().parse_args(argv)).read_memory_bytes == read_spill.MEMORY_BYTES
+    run_help = cli.build_parser()._subparsers._group_actions[0].choices["run"].format_help()
+    assert "(default %d)" % (read_spill.MEMORY_BYTES >> 20) in " ".join(run_help.split())  # the help says it
+    assert cli._config(cli.build_parser().parse_args(argv + ["--read-memory-mb", "3"])).read_memory_bytes == 3 << 20
+    with pytest.raises(UserError, match="--read-memory-mb"):
+        cli._config(cli.build_parser().parse_args(argv + ["--read-memory-mb", "-1"]))
