@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import importlib.util
 import os
 import resource
 import shutil
 import sys
 import threading
 import time
+
+import bench_data  # benchmarks/bench_data.py: this script's directory is first on sys.path
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
@@ -37,9 +38,7 @@ def main():
     ap.add_argument("--out", required=True)
     ap.add_argument("--batch", type=int, default=4096)
     args = ap.parse_args()
-    spec_ = importlib.util.spec_from_file_location("bench_pipelines", os.path.join(ROOT, "benchmarks", "pipelines.py"))
-    bp = importlib.util.module_from_spec(spec_)
-    spec_.loader.exec_module(bp)
+    bp = bench_data.load()
     from pipelines import chunk_sizes, io as pio, runner
     from pipelines.jobs import JobConfig
     shutil.rmtree(args.out, ignore_errors=True)

@@ -14,21 +14,19 @@ and profiled with py-spy: `py-spy record -r 100 --threads --idle -f raw -o F -- 
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import shutil
 import sys
 import time
+
+import bench_data  # benchmarks/bench_data.py: this script's directory is first on sys.path
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def main() -> None:
     t0 = time.time()
-    sys.path.insert(0, ROOT)
-    spec_ = importlib.util.spec_from_file_location("bench", os.path.join(ROOT, "benchmarks", "pipelines.py"))
-    bench = importlib.util.module_from_spec(spec_)
-    spec_.loader.exec_module(bench)
+    bench = bench_data.load()
     from pipelines import runner
     from pipelines.jobs import JobConfig
     data = os.path.abspath(sys.argv[1])

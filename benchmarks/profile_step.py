@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import collections
 import cProfile
-import importlib.util
 import os
 import pstats
 import sys
 import time
+
+import bench_data  # benchmarks/bench_data.py: this script's directory is first on sys.path
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -23,10 +24,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 def assembled_steps(data: str):
     """(the benchmark's spec, vocabulary sizes, every step's ExampleBlock) of benchmarks/pipelines.py's data:
     the vocabularies counted, the chunks mapped and the steps assembled as the shard job does."""
-    sys.path.insert(0, ROOT)
-    spec_ = importlib.util.spec_from_file_location("bench", os.path.join(ROOT, "benchmarks", "pipelines.py"))
-    bench = importlib.util.module_from_spec(spec_)
-    spec_.loader.exec_module(bench)
+    bench = bench_data.load()
     import pyarrow as pa
     from pipelines import batching, io as pio, mapping, parse, vocab as pvocab
     from pipelines.token_index import TokenCounter, TokenIndex

@@ -11,19 +11,17 @@ give the same chunks.
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import sys
 import time
+
+import bench_data  # benchmarks/bench_data.py: this script's directory is first on sys.path
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def main() -> None:
-    sys.path.insert(0, ROOT)
-    spec_ = importlib.util.spec_from_file_location("bench", os.path.join(ROOT, "benchmarks", "pipelines.py"))
-    bench = importlib.util.module_from_spec(spec_)
-    spec_.loader.exec_module(bench)
+    bench = bench_data.load()
     import numpy as np
     from pipelines import io as pio, parse
     path = os.path.abspath(sys.argv[1] if len(sys.argv) > 1 else

@@ -16,20 +16,18 @@ script's wrappers (a few microseconds per call).
 from __future__ import annotations
 
 import functools
-import importlib.util
 import os
 import shutil
 import sys
 import time
 
+import bench_data  # benchmarks/bench_data.py: this script's directory is first on sys.path
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def main() -> None:
-    sys.path.insert(0, ROOT)
-    spec_ = importlib.util.spec_from_file_location("bench", os.path.join(ROOT, "benchmarks", "pipelines.py"))
-    bench = importlib.util.module_from_spec(spec_)
-    spec_.loader.exec_module(bench)
+    bench = bench_data.load()
     import apache_beam as beam
     from apache_beam.runners.portability.fn_api_runner import fn_runner
     from pipelines import jobs, runner
