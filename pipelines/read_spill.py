@@ -127,11 +127,8 @@ class SpillWriter:
         self._own = writes is None
         self._writes = Behind() if writes is None else writes
         self._memory_bytes = memory_bytes
-        self._kept: Optional[_Kept] = None
-        _keep(directory, (file_index, split_index), None)  # a retried split's earlier items
-        if memory_bytes > 0:
-            self._kept = _Kept([])
-            _keep(directory, (file_index, split_index), self._kept)
+        self._kept: Optional[_Kept] = _Kept([]) if memory_bytes > 0 else None
+        _keep(directory, (file_index, split_index), self._kept)  # replaces a retried split's earlier items
 
     def add(self, item: Any) -> None:
         if self._kept is not None and self._part == 0 and not self._buffer:  # nothing of the split on disk yet
