@@ -117,6 +117,12 @@ DESCRIPTIONS: Dict[str, str] = {
                          "num_chips x num_sc_per_chip. Per chip: global / num_chips.",
     "profile_data_directory": "Where the profile job writes the lookup statistics, relative to the artifact "
                               "directory (or absolute / a URL). Not fingerprinted.",
+    "profile_candidate_chip_counts": "Other chip counts (same SparseCores per chip, same global batch) the profile "
+                                     "computes figures for in the same pass, so that `tpu-embed plan --spec` can plan "
+                                     "those topologies; `--candidate-chip-counts` overrides it. Each one "
+                                     "re-partitions every step (a few ms per step each), hence none by default: "
+                                     "the plan refuses a topology the profile does not cover, saying so. Not "
+                                     "fingerprinted.",
     "limits": "SparseCore limits to **pin** (enforced: an over-limit step fails, naming the fix, unless "
               "`allow_id_dropping`). Absent (or `null`): `run`/`shard` pack without enforced limits, plan the "
               "same pass's profile with exact maxima and record those limits (`manifest.json` `limits`, "
@@ -217,6 +223,7 @@ BAD: Dict[str, Dict[str, Any]] = {
     "topology.num_hosts": {"topology": {"num_chips": 2, "num_hosts": 3}},
     "global_batch_size": {"global_batch_size": 6},
     "profile_data_directory": {"profile_data_directory": 1},
+    "profile_candidate_chip_counts": {"profile_candidate_chip_counts": [8, 0]},
     "limits": {"limits": {"max_ids": 8}},
     "limits.max_ids_per_chip_per_sample": {"limits": {"max_ids_per_chip_per_sample": 0}},
     "limits.max_ids_per_table": {"limits": {"max_ids_per_table": {"C1": 0}}},

@@ -14,7 +14,7 @@ import argparse
 import logging
 import os
 import sys
-from typing import Optional, Sequence
+from typing import List, Optional, Sequence
 
 from pipelines import paths, quiet, user_errors
 from pipelines.flags import NoAbbrevParser, check_pass_through, subcommand_flags
@@ -75,8 +75,10 @@ def _add_shard(sp: argparse.ArgumentParser):
     sp.add_argument("--steps-per-file", type=int, default=1000, help="training steps per shard file")
     sp.add_argument("--profile-dir", default=None,
                     help="where the lookup statistics go (default: spec profile_data_directory, relative to --output)")
-    sp.add_argument("--candidate-chip-counts", default=None,
-                    help="comma-separated chip counts to profile too (default: the profiles package's)")
+    sp.add_argument("--candidate-chip-counts", default=None, metavar="N,N,...",
+                    help="other chip counts (same global batch) to profile in the same pass, e.g. 8,16, so that "
+                         "`tpu-embed plan --spec` can plan them (default: the spec's profile_candidate_chip_counts; "
+                         "none: the spec's topology only)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -136,7 +138,7 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--examples", type=int, default=None, help="synthetic examples to generate (default 500000)")
     sp.set_defaults(func=cmd_demo)
 
-    profiles_commands.add_commands(sub)
+    profiles_commands.add_commands(sub, spec_loader=_plan_model)
     return parser
 
 
@@ -165,10 +167,45 @@ def _config(args, **kw):
         if args.read_memory_mb < 0:
             raise UserError(f"--read-memory-mb must be 0 or more, got {args.read_memory_mb}")
         c["read_memory_bytes"] = args.read_memory_mb << 20
-    if getattr(args, "candidate_chip_counts", None):
-        c["candidate_chip_counts"] = [int(x) for x in args.candidate_chip_counts.split(",") if x]
+    if getattr(args, "candidate_chip_counts", None) is not None:
+        c["candidate_chip_counts"] = _chip_counts(args.candidate_chip_counts)
     c.update(kw)
     return JobConfig(**c)
+
+
+def _plan_model(path: str, profile_dir: Optional[str]):
+    """`tpu-embed plan --spec SPEC.yaml`: the project's spec as a model, its table sizes from the vocabularies of
+    the artifact whose profile directory is `profile_dir`; None for the other files `plan --spec` reads."""
+    import yaml
+
+    from profiles.report import find_artifact  # plan's imports (see the imports)
+    from tpu_embed.artifact import io as tio
+    from tpu_embed.artifact.manifest import read_manifest
+    from tpu_embed.artifact.spec import load_spec
+    try:
+        raw = yaml.safe_load(tio.read_text(path))
+    except (OSError, yaml.YAMLError):
+        return None  # plan's own reader says what is wrong with it
+    if not (isinstance(raw, dict) and "categorical" in raw):
+        return None
+    spec = load_spec(path)
+    artifact = find_artifact(profile_dir) if profile_dir else None
+    if artifact is None:
+        raise UserError(f"--spec {path}: a spec's table sizes come from its artifact's vocabularies, and "
+                        f"--profiles {profile_dir} is not an artifact's profile directory (DIR/profiles beside "
+                        "DIR/manifest.json); pass that one, or a layout dump or model file as --spec")
+    return spec.model(read_manifest(artifact).vocabulary_sizes)
+
+
+def _chip_counts(text: str) -> List[int]:
+    try:
+        counts = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        counts = []
+    if not counts or min(counts) < 1:
+        raise UserError(f"--candidate-chip-counts must be positive integers separated by commas (e.g. 8,16), "
+                        f"got {text!r}")
+    return counts
 
 
 def _job_command(job: str):

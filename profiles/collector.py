@@ -14,7 +14,7 @@ only plain data (`ModelConfig`, chip counts), so it pickles to workers.
 
 from __future__ import annotations
 
-from typing import Any, Dict, Iterable, Mapping, Optional, Sequence
+from typing import Any, Dict, Iterable, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -27,7 +27,10 @@ from tpu_embed.core.model import ModelConfig, from_tf_feature_config
 from tpu_embed.core.topology import Topology
 from tpu_embed.sparsecore import FeatureIds, layout_of
 
-DEFAULT_CANDIDATE_CHIP_COUNTS = tuple(2 ** k for k in range(9))  # 1, 2, 4, ..., 256
+# The profiled topology only.  What-if figures for other chip counts are asked for by name (the jobs'
+# `--candidate-chip-counts`, the spec's `profile_candidate_chip_counts`): each one re-partitions every step, and
+# nine of them (1..256) made the statistics cost several times the rest of a `tpu-embed run`.
+DEFAULT_CANDIDATE_CHIP_COUNTS: Tuple[int, ...] = ()
 
 
 class ProfileCollector:
@@ -37,9 +40,9 @@ class ProfileCollector:
         """`feature_config`: a `tpu_embed.core.model.ModelConfig`, or TF feature configs + `topology` as for
         `tpu_embed.sparsecore.stack_tables` (output_shape = the per-chip batch shape).
         `candidate_chip_counts`: other chip counts (same SCs per chip, same global batch) to compute
-        per-partition figures for in the same pass; those that cannot run the batch are recorded as
-        skipped, with the reason.  `series_steps`: how many per-step maxima to keep for plots
-        (quantiles always use every step).
+        per-partition figures for in the same pass (default: none, the profiled topology only); those
+        that cannot run the batch are recorded as skipped, with the reason.  `series_steps`: how many
+        per-step maxima to keep for plots (quantiles always use every step).
         `oov_ids_in_batch`: True if the out-of-vocabulary lookups counted in `oov_counts` are in the batch
         (mapped to OOV buckets), False if they were dropped upstream; it sets the OOV rate's denominator."""
         model = from_tf_feature_config(feature_config, topology)

@@ -55,8 +55,9 @@ a plan with exact maxima is computed for the report.
 def add_commands(subparsers, spec_loader: Optional[SpecLoader] = None) -> None:
     """Add `plan` and `report` to an argparse subparsers object.
 
-    `spec_loader(path)` may return a tpu_embed.core.model.ModelConfig or (feature_config, tpu_embed.Topology); it
-    reads the project's YAML spec for --spec.  Without it, --spec accepts the formats of profiles/model_file.py.
+    `spec_loader(path, profile_dir)` may return a tpu_embed.core.model.ModelConfig or (feature_config,
+    tpu_embed.Topology), or None for a file it does not read; it reads the project's YAML spec for --spec.
+    Without it, --spec accepts the formats of profiles/model_file.py.
     """
     p = subparsers.add_parser("plan", help=PLAN_HELP, description=PLAN_DESCRIPTION,
                               formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -94,7 +95,7 @@ def add_commands(subparsers, spec_loader: Optional[SpecLoader] = None) -> None:
 def _cmd_plan(args, spec_loader) -> int:
     from profiles.model_file import load_model_config  # a command's imports (see the imports)
     from profiles.planner import plan
-    spec = load_model_config(args.spec, spec_loader) if args.spec else None
+    spec = load_model_config(args.spec, spec_loader, args.profiles) if args.spec else None
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # printed below from the plan, once each
         p = plan(args.profiles, spec, quantile=args.quantile, headroom=args.headroom,
@@ -111,6 +112,10 @@ def _cmd_plan(args, spec_loader) -> int:
     m = p.memory
     print(f"memory per SparseCore (model): {m['planned_bytes_per_sc']} B planned vs "
           f"{m['tf_default_bytes_per_sc']} B with TF defaults")
+    covered = [t["num_chips"] for t in p.topologies if t["status"] in ("main", "profiled")]
+    if covered:
+        print(f"chip counts the profile covers: {', '.join(map(str, covered))} (another needs a profile with "
+              "--candidate-chip-counts)")
     return 0
 
 

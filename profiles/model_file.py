@@ -10,7 +10,9 @@ Accepted, recognised by content:
        "features": [{"name": "f", "table": "t", "output_shape": [128]}]}
   (`optimizer` only groups tables for stacking: equal strings stack together).
 The project's full YAML spec is read by a loader the top-level CLI passes in
-(`profiles.commands.add_commands(subparsers, spec_loader=...)`).
+(`profiles.commands.add_commands(subparsers, spec_loader=...)`): it is called with
+the file and the profile directory (where the vocabulary sizes can be found) and
+returns None for a file it does not read, which then goes through the formats above.
 """
 
 from __future__ import annotations
@@ -25,12 +27,14 @@ from tpu_embed.core.model import FeatureConfig, ModelConfig, TableConfig, from_t
 from tpu_embed.core.topology import Topology
 from tpu_embed.sparsecore.layout import layout_of
 
-SpecLoader = Callable[[str], Any]  # path -> ModelConfig | (feature_config, Topology)
+# (path, profile directory or None) -> ModelConfig | (feature_config, Topology) | None (not a file it reads)
+SpecLoader = Callable[[str, Optional[str]], Any]
 
 
-def load_model_config(path: str, spec_loader: Optional[SpecLoader] = None) -> ModelConfig:
-    if spec_loader is not None:
-        obj = spec_loader(path)
+def load_model_config(path: str, spec_loader: Optional[SpecLoader] = None,
+                      profile_dir: Optional[str] = None) -> ModelConfig:
+    obj = spec_loader(path, profile_dir) if spec_loader is not None else None
+    if obj is not None:
         if isinstance(obj, (tuple, list)) and len(obj) == 2 and isinstance(obj[1], Topology):
             return from_tf_feature_config(obj[0], obj[1])
         if isinstance(obj, ModelConfig):

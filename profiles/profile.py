@@ -11,7 +11,7 @@ the file is named by.
 from __future__ import annotations
 
 import dataclasses
-from typing import Dict, Iterable, Mapping
+from typing import Dict, Iterable, Mapping, Tuple
 
 from profiles.config import GlobalConfig, StackUnit, TableUnit, rescaled, stack_key, stack_units, table_key, table_units
 from profiles.errors import ProfileMismatchError
@@ -134,6 +134,11 @@ class Profile:
         g = self.global_config
         return {name: StackProfile(spec, g, self.accumulator.stacks[name])
                 for name, spec in stack_units(self.model).items()}
+
+    @property
+    def covered_chip_counts(self) -> Tuple[int, ...]:
+        """The chip counts this profile has figures for: its own, and the candidates it profiled."""
+        return tuple(sorted(c for c, st in self.candidates.items() if st.status in ("main", "profiled")))
 
     def candidate_stacks(self, num_chips: int) -> Dict[str, StackProfile]:
         """The stacks of this model rescaled to `num_chips` (same global batch), with their statistics."""

@@ -369,7 +369,11 @@ def write_report(profile_or_dir: Union[Profile, str, os.PathLike], plan: Union[P
              f"{g.per_chip_batch} examples per chip; "
              f"{profile.steps} steps profiled. Plan policy: id buffer at {html.escape(str(plan.policy['quantile']))}, "
              f"partition limits at {html.escape(str(plan.policy.get('partition_quantile', 'max')))}, headroom "
-             f"x{plan.policy['headroom']:g}.</p>"]
+             f"x{plan.policy['headroom']:g}.</p>",
+             f"<p>Chip counts this profile has figures for (same global batch): "
+             f"{', '.join(map(str, profile.covered_chip_counts))}. Another chip count is planned from a profile "
+             "that covered it: <code>--candidate-chip-counts</code> on the job, or "
+             "<code>profile_candidate_chip_counts</code> in the spec.</p>"]
     for w in plan.warnings:
         parts.append(f"<div class='warn'>{html.escape(w)}</div>")
     parts.append("<h2>SparseCoreEmbeddingConfig</h2>")

@@ -14,11 +14,14 @@ from tpu_embed.artifact import io as tio
 
 
 def profile_collector(spec, vocab_sizes, candidate_chip_counts=None):
-    """The job's `profiles.ProfileCollector`: the one that builds the partial profiles and merges them."""
-    kwargs = {}
-    if candidate_chip_counts is not None:
-        kwargs["candidate_chip_counts"] = tuple(candidate_chip_counts)
-    return profiles.ProfileCollector(spec.model(vocab_sizes), spec.topology, **kwargs)
+    """The job's `profiles.ProfileCollector`: the one that builds the partial profiles and merges them.
+
+    `candidate_chip_counts`: the other chip counts to profile (`--candidate-chip-counts`); None: the spec's
+    `profile_candidate_chip_counts` (none unless given: the spec's topology only)."""
+    if candidate_chip_counts is None:
+        candidate_chip_counts = spec.profile_candidate_chip_counts
+    return profiles.ProfileCollector(spec.model(vocab_sizes), spec.topology,
+                                     candidate_chip_counts=tuple(candidate_chip_counts))
 
 
 class MergeProfiles(beam.CombineFn):

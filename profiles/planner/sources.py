@@ -175,11 +175,20 @@ def resolve(target: ModelConfig, index: StatisticsIndex) -> Tuple[Dict[str, Stac
         missing.append(f"{name} (tables without statistics: "
                        f"{[m.name for m in members if m.partitions is None]})")
     if missing:
-        raise MissingProfileError(
-            f"No statistics for stack(s) {missing} under {g}. Profile this model and topology (`tpu-embed "
-            f"profile`), or a topology whose candidate chip counts include {g.num_chips}, with the same global "
-            f"batch ({g.global_batch}) and tables.")
+        chips, batch = g.num_chips, g.global_batch
+        how = (f"Profile {chips} chips: `tpu-embed run` (or `profile`) with `--candidate-chip-counts {chips}`, or "
+               f"`profile_candidate_chip_counts: [{chips}]` in the spec, computes its figures in the same pass as "
+               f"the spec's own topology, with the same tables, features and global batch ({batch}).")
+        covered = sorted({c for p in index.models if _same_tables(p.model, target) for c in p.covered_chip_counts})
+        if covered and chips not in covered:
+            raise MissingProfileError(f"The profile has no figures for {chips} chips: it covers "
+                                      f"{', '.join(map(str, covered))} chip(s) for these tables. {how}")
+        raise MissingProfileError(f"No statistics for stack(s) {missing} under {g}. {how}")
     return stacks, table_fig
+
+
+def _same_tables(model: ModelConfig, target: ModelConfig) -> bool:
+    return sorted(t.name for t in model.tables) == sorted(t.name for t in target.tables)
 
 
 def _bound(spec: StackUnit, g: GlobalConfig, parts: List[PartitionStats]) -> StackFigures:

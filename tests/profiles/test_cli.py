@@ -55,12 +55,12 @@ def test_spec_loader_hook(tmp_path, profile_dir):
     """The top-level CLI passes its YAML loader; plan calls it for --spec."""
     seen = []
 
-    def loader(path):
-        seen.append(path)
+    def loader(path, profiles):
+        seen.append((path, profiles))
         return ProfileStore(profile_dir).read().model
     parser = _parser(spec_loader=loader)
     args = parser.parse_args(["plan", "--profiles", str(profile_dir), "--spec", "model.yaml",
                               "--output", str(tmp_path / "plan.json")])
     assert args.func(args) == 0
-    assert seen == ["model.yaml"]
+    assert seen == [("model.yaml", str(profile_dir))]
     assert json.loads((tmp_path / "plan.json").read_text())["kind"] == "plan"

@@ -182,7 +182,8 @@ def test_plan_for_another_chip_count_uses_candidate_figures(tmp_path, profile):
     # And never overflows on the data at 2 chips.
     assert all(d == 0 for step in _preprocess_all(plan, target, BATCHES) for d in step.values())
     # A chip count the profile did not cover is refused, naming what to do.
-    with pytest.raises(MissingProfileError, match="candidate chip counts include 16"):
+    with pytest.raises(MissingProfileError, match=r"no figures for 16 chips: it covers 1, 2, 4, 8 chip\(s\).*"
+                                                  r"--candidate-chip-counts 16"):
         profiles.plan(tmp_path, rescaled(profile.model, 16), min_steps=1)
 
 

@@ -43,6 +43,8 @@ def test_report_with_plan(tmp_path, profile_dir):
     html_path = write_report(profile_dir, plan_path, tmp_path / "report")
     html = _check_report(tmp_path / "report" / "index.html")
     assert str(html_path).endswith("index.html")
+    covered = ", ".join(map(str, ProfileStore(profile_dir).read().covered_chip_counts))
+    assert f"Chip counts this profile has figures for (same global batch): {covered}." in html
     assert "max_ids_per_chip_per_sample" in html and "InsufficientDataWarning" in html
     for name in plan.stacks:
         assert name in html

@@ -33,6 +33,7 @@ A spec file looks like this (every key is documented in docs/reference/spec.md):
     topology: {num_chips: 1, num_sc_per_chip: 4, num_hosts: 1}
     global_batch_size: 64
     profile_data_directory: profiles   # relative to the artifact directory
+    profile_candidate_chip_counts: []  # other chip counts to profile too, e.g. [8, 16]; not fingerprinted
     limits: {max_ids_per_chip_per_sample: 64, max_ids_per_table: {}, max_unique_ids_per_table: {},
              allow_id_dropping: false}
     policies: {invalid_ids: drop, nan_weights: drop, tail: drop, lost_framing: error}
@@ -437,6 +438,10 @@ class Spec(_Model):
     topology: Annotated[Topology, PlainValidator(_topology)] = Field(default_factory=lambda: _topology(None))
     global_batch_size: PosInt = _field(fix="set global_batch_size to a positive integer.")
     profile_data_directory: Optional[Annotated[str, Field(strict=True)]] = "profiles"
+    # Other chip counts (same global batch) the profile also computes figures for; not fingerprinted (the shards
+    # do not depend on it).  Each one re-partitions every step, so none by default.
+    profile_candidate_chip_counts: Annotated[Tuple[PosInt, ...], NullIsDefault] = _field(
+        (), fix="a list of chip counts, e.g. [8, 16]; `tpu-embed plan --spec` can then plan those topologies.")
     limits: Annotated[LimitsSpec, NullIsDefault] = Field(default_factory=_no_limits)
     policies: Annotated[PoliciesSpec, NullIsDefault] = Field(default_factory=PoliciesSpec)
     shuffle: Optional[ShuffleSpec] = None  # None: (input file, record) order
@@ -618,6 +623,9 @@ class Spec(_Model):
                 "dense": d["dense"], "categorical": d["categorical"], "tables": d["tables"],
                 "optimizer": d["optimizer"], "topology": self.topology.to_dict(),
                 "global_batch_size": self.global_batch_size, "profile_data_directory": self.profile_data_directory,
+                # only when given: the normalized form of specs without candidates is unchanged
+                **({"profile_candidate_chip_counts": list(self.profile_candidate_chip_counts)}
+                   if self.profile_candidate_chip_counts else {}),
                 "limits": limits if self.limits.given else None, "policies": d["policies"],
                 "training": d["training"], "shards": d["shards"],
                 # shuffle/epochs only when shuffled: the fingerprints of unshuffled specs are unchanged
@@ -631,8 +639,8 @@ class Spec(_Model):
         """sha256 of the canonical JSON of `to_dict()` without where the data lives.
 
         `inputs` (where the data lives and how it is encoded: patterns, format, csv
-        options), `name`, `profile_data_directory`, `training` and `shards` (how the
-        shard files are stored; every option decodes to the same tensors) are left out: the
+        options), `name`, `profile_data_directory`, `profile_candidate_chip_counts`, `training` and
+        `shards` (how the shard files are stored; every option decodes to the same tensors) are left out: the
         same spec run on another copy of the data -- CSV or Parquet or TFRecord --
         (or by the training job, which does not read raw data) has the same fingerprint.
         """
@@ -640,6 +648,7 @@ class Spec(_Model):
         d.pop("inputs")
         d.pop("name")
         d.pop("profile_data_directory")
+        d.pop("profile_candidate_chip_counts", None)
         d.pop("training")
         d.pop("shards")
         return _fingerprint(d)
