@@ -32,6 +32,20 @@ $(ORACLE_STAMP): tests/conformance/oracle-requirements.txt
 	   > $(ORACLE_VENV)/install.log 2>&1 || (tail -n 40 $(ORACLE_VENV)/install.log; exit 1)
 	@touch $@
 
+# jax-tpu-embedding's C++ input preprocessing, the second baseline of benchmarks/csr.py (only the benchmark uses it).
+JAX_VENV := .venv-jax
+JAX_STAMP := $(JAX_VENV)/.installed-stamp
+.PHONY: jax-bench
+jax-bench: $(JAX_STAMP)
+
+$(JAX_STAMP): benchmarks/jax-requirements.txt
+	@echo "installing jax-tpu-embedding 0.1.0 into $(JAX_VENV) (log: $(JAX_VENV)/install.log)"
+	@test -x $(JAX_VENV)/bin/python || $(PYTHON) -m venv $(JAX_VENV)
+	@( $(JAX_VENV)/bin/python -m pip install -q --upgrade pip && \
+	   $(JAX_VENV)/bin/python -m pip install -q -r benchmarks/jax-requirements.txt ) \
+	   > $(JAX_VENV)/install.log 2>&1 || (tail -n 40 $(JAX_VENV)/install.log; exit 1)
+	@touch $@
+
 demo: $(STAMP)
 	$(VENV)/bin/tpu-embed demo --output build/demo
 
@@ -57,7 +71,7 @@ test: $(STAMP) $(ORACLE_STAMP) lint docs native
 test-fast: $(STAMP) lint native
 	$(PY) -m pytest -q -m "not slow and not conformance"
 
-bench: $(STAMP) $(ORACLE_STAMP)
+bench: $(STAMP) $(ORACLE_STAMP) $(JAX_STAMP)
 	TPU_EMBED_ORACLE_PYTHON=$(abspath $(ORACLE_VENV))/bin/python $(PY) benchmarks/csr.py
 
 clean:

@@ -90,6 +90,30 @@ def to_ours(case: dict, use_tf: bool = True):
     return inputs, fc, Topology(case["num_chips"], case["num_sc_per_chip"]), kwargs
 
 
+def tf_inputs(case: dict, int32: bool = False):
+    """The case's inputs and weights as the TF tensors a user has (tf.Tensor, tf.SparseTensor, tf.RaggedTensor);
+    `int32`: int32 ids and row_splits (as tf.constant of Python ints and tf.io.RaggedFeature make them)."""
+    import tensorflow as tf
+
+    def convert(spec, ids):
+        if spec is None or spec["kind"] is None:
+            return None
+        values = np.asarray(spec["values"])
+        if ids and int32:
+            values = values.astype(np.int32)
+        if spec["kind"] == "dense":
+            return tf.constant(values)
+        if spec["kind"] == "sparse":
+            return tf.SparseTensor(tf.constant(spec["indices"], tf.int64), tf.constant(values),
+                                   tf.constant(spec["dense_shape"], tf.int64))
+        return tf.RaggedTensor.from_row_splits(
+            tf.constant(values), tf.constant(spec["row_splits"], tf.int32 if int32 else tf.int64))
+
+    inputs = {n: convert(s, True) for n, s in case["inputs"].items()}
+    weights = {n: convert(s, False) for n, s in case["weights"].items()} if case.get("weights") else None
+    return inputs, weights
+
+
 # ------------------------------------------------------------------ strategies
 
 @st.composite

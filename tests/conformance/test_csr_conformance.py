@@ -3,6 +3,7 @@
 import numpy as np
 import pytest
 from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from tests.conformance import cases as C
 from tpu_embed.sparsecore import LimitExceededError, preprocess, stack_tables
@@ -18,11 +19,14 @@ def _apply_limits(case, layout):
         case["max_unique_ids_per_table"] = {s: max(1, lim - 1) for s in layout.stacks}
 
 
-def _compare(case, oracle):
+def _compare(case, oracle, tf_inputs=None):
+    """`tf_inputs`: None, our side gets numpy inputs; "int64" / "int32", the TF tensors a user has."""
     inputs, fc, topo, kwargs = C.to_ours(case)
     layout = stack_tables(fc, topo)
     _apply_limits(case, layout)
     inputs, fc, topo, kwargs = C.to_ours(case)
+    if tf_inputs is not None:
+        inputs, kwargs["weights"] = C.tf_inputs(case, int32=tf_inputs == "int32")
     tf_out = oracle(C.request(case, "preprocess"))
     if "error" in tf_out:
         with pytest.raises((LimitExceededError, ValueError)):
@@ -51,6 +55,14 @@ def _compare(case, oracle):
 @given(case=C.cases())
 def test_preprocess_matches_tensorflow(case, oracle):
     _compare(case, oracle)
+
+
+@settings(max_examples=60)
+@given(case=C.cases(), tf_inputs=st.sampled_from(["int64", "int32"]))
+def test_tf_tensor_inputs_match_tensorflow(case, tf_inputs, oracle):
+    """tf.Tensor / tf.SparseTensor / tf.RaggedTensor inputs (int64, or int32 ids and row_splits) go to our kernel
+    as they are and give TF's bytes."""
+    _compare(case, oracle, tf_inputs)
 
 
 @settings(max_examples=40)

@@ -5,7 +5,8 @@ stacking; `preprocess(features, feature_config, topology, ...)` turns one
 chip's batch into `{stacked_table: CsrBatch}` whose meaningful prefixes equal
 what TF's `TPUEmbeddingV2.enqueue` computes, bit for bit.  numpy only.
 
-`layout` (table stacking, `layout_of(model)`), `padding` (the pad value,
+`layout` (table stacking, `layout_of(model)`), `layout_cache` (stacking
+remembered for `preprocess`), `padding` (the pad value,
 the multiple of 8, rounding up), `inputs` (dense, sparse and ragged ids to
 COO), `csr_types` (`CsrBatch`, buffer sizes, limits), `csr` (the packers:
 the C kernel, numpy), `csr_reference` (the per-id transcription of TF's
@@ -31,7 +32,7 @@ from tpu_embed.sparsecore.csr_types import (
     buffer_sizes,
     stack_limits_of,
 )
-from tpu_embed.sparsecore.inputs import FeatureIds, RaggedIds, SparseIds, to_feature_ids, to_native_entry
+from tpu_embed.sparsecore.inputs import FeatureIds, RaggedIds, SparseIds, to_feature_ids
 from tpu_embed.sparsecore.layout import (
     FeaturePlacement,
     SparseCoreLayout,
@@ -40,6 +41,7 @@ from tpu_embed.sparsecore.layout import (
     layout_of,
     stack_tables,
 )
+from tpu_embed.sparsecore.layout_cache import layout_for
 from tpu_embed.sparsecore.padding import PAD_VALUE
 
 __all__ = [
@@ -60,22 +62,21 @@ def feature_ids_for(features: Any, layout: SparseCoreLayout, weights: Any = None
         vocabulary_size=feat.vocabulary_size, check_ids=check_ids))
 
 
-def native_entries_for(features: Any, layout: SparseCoreLayout, weights: Any = None) -> Dict[str, tuple]:
-    """Every feature of a batch as the native packer takes it (dense and ragged passed as they are)."""
-    return _per_feature(features, layout, weights, lambda value, weight, feat: to_native_entry(
-        value, weight, path=feat.path, sample_count=feat.sample_count, vocabulary_size=feat.vocabulary_size))
-
-
 def _per_feature(features: Any, layout: SparseCoreLayout, weights: Any, convert) -> Dict[str, Any]:
+    flat_inputs, flat_weights = _flat_batch(features, layout, weights)
+    return {feat.path: convert(value, weight, feat)
+            for feat, value, weight in zip(layout.features, flat_inputs, flat_weights)}
+
+
+def _flat_batch(features: Any, layout: SparseCoreLayout, weights: Any):
+    """(inputs, weights) of every feature in the layout's order; weights None: a list of None."""
     paths = [f.path for f in layout.features]
     flat_inputs = _flat_like(features, paths, "features")
     flat_weights = _flat_like(weights, paths, "weights") if weights is not None else [None] * len(paths)
-    out = {}
-    for feat, value, weight in zip(layout.features, flat_inputs, flat_weights):
-        if value is None:
-            raise ValueError(f"Feature {feat.path!r} is missing from the batch (got None).")
-        out[feat.path] = convert(value, weight, feat)
-    return out
+    if any(value is None for value in flat_inputs):
+        path = paths[next(i for i, value in enumerate(flat_inputs) if value is None)]
+        raise ValueError(f"Feature {path!r} is missing from the batch (got None).")
+    return flat_inputs, flat_weights
 
 
 def _flat_like(structure: Any, paths, what: str):
@@ -121,9 +122,9 @@ def preprocess_with_layout(
     prevalidated = (isinstance(features, dict) and features
                     and all(isinstance(v, FeatureIds) for v in features.values()))
     if native and not prevalidated:
-        # Dense and ragged inputs go to the C kernel as they are; it checks every id and weight.
-        entries = native_entries_for(features, layout, weights)
-        return {name: csr.preprocess_stack_native(stack, layout, entries, limits[name])
+        # The inputs' buffers go to the C kernel as they are; it checks every id, weight and row.
+        flat_inputs, flat_weights = _flat_batch(features, layout, weights)
+        return {name: csr.preprocess_stack_inputs(stack, layout, flat_inputs, flat_weights, limits[name])
                 for name, stack in layout.stacks.items()}
     fids = features if prevalidated else feature_ids_for(features, layout, weights, check_ids=not native)
     if implementation == "reference":
@@ -161,7 +162,7 @@ def preprocess(
     `allow_id_dropping=True` ids that do not fit the id buffer are dropped and
     counted in `CsrBatch.dropped_ids`.
     """
-    layout = stack_tables(feature_config, topology)
+    layout = layout_for(feature_config, topology)
     return preprocess_with_layout(
         features, layout, weights=weights,
         max_ids_per_chip_per_sample=max_ids_per_chip_per_sample, max_ids_per_table=max_ids_per_table,

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import importlib
 import os
-from typing import Any, Dict, Optional
+from typing import Any, Callable, Dict, Optional, Sequence
 
 import numpy as np
 
@@ -25,6 +25,8 @@ from tpu_embed.sparsecore.inputs import (
     bad_row_splits,
     dense_count_mismatch,
     id_out_of_range,
+    native_entries,
+    to_feature_ids,
     weight_not_finite,
 )
 from tpu_embed.sparsecore.layout import SparseCoreLayout, StackLayout
@@ -91,6 +93,7 @@ class _StackTables:
         feats = layout.stack_features(stack.name)
         self.feats = feats
         self.paths = [f.path for f in feats]
+        self.index = [f.index for f in feats]  # positions in the layout's flattened features
         self.offsets = np.array([f.sample_offset for f in feats], dtype=np.int64)
         self.log2s = S.bit_length() - 1
         self.shift = np.array([f.col_shift for f in feats], dtype=np.int64)
@@ -149,7 +152,10 @@ def native_available() -> bool:
     return _csr_native is not None
 
 
-PARALLEL_MIN_IDS = 16384  # fewer ids per call: packed by the calling thread alone
+# Fewer ids per call: packed by the calling thread alone.  Waking the pool costs more than it saves on
+# small batches (profile counting calls the kernel once per table and chip: 4.4 vs 9.8 ms per 4096-example
+# step with one thread instead of two).
+PARALLEL_MIN_IDS = 16384
 
 
 def native_threads() -> int:
@@ -168,43 +174,57 @@ def native_threads() -> int:
         return max(1, os.cpu_count() or 1)
 
 
-def native_entries_from_ids(feature_ids: Dict[str, FeatureIds], paths=None) -> Dict[str, tuple]:
-    """The native packer's entries of `paths` (default: every feature in `feature_ids`)."""
-    paths = feature_ids.keys() if paths is None else paths
-    return {p: _native_entry(feature_ids[p]) for p in paths}
-
-
 def _native_entry(f: FeatureIds) -> tuple:
     return (_i64(f.rows), _i64(f.ids), None if f.weights is None else _f32(f.weights), None)
 
 
-def _native_call(stack: StackLayout, layout: SparseCoreLayout, entries: Dict[str, tuple],
-                 limits: Optional[StackLimits] = None, id_buffer: int = 0):
-    """`entries`: {feature path: (rows | None, ids, weights | None, row_splits | None)}.
+# The kernel's statuses for an input it does not take: a row out of range or order, bad row_splits or a dense
+# input without one id per sample, lengths that differ, a buffer it does not read as it is.
+_INPUT_STATUSES = (3, 7, 8, 10)
 
-    Without `limits` only the per-partition counts are computed."""
+
+def _native_call(stack: StackLayout, layout: SparseCoreLayout, parts: Sequence[Optional[tuple]],
+                 limits: Optional[StackLimits] = None, id_buffer: int = 0,
+                 normalise: Optional[Callable[[int], tuple]] = None):
+    """`parts`: per feature of the stack, in its order, (rows | None, ids, weights | None, row_splits | None).
+
+    Without `limits` only the per-partition counts are computed.  `normalise(f)`, when given, returns
+    feature f's entry as `to_feature_ids` makes it (or raises its error); it replaces entries that are
+    None and those the kernel does not take as they are, and the stack is packed again."""
     if _csr_native is None:
         raise RuntimeError("the native CSR kernel is not built (no C compiler at install time?); "
                            "use implementation='numpy'")
     topo = layout.topology
     tab = _stack_tables(stack, layout)
-    parts = [entries[p] for p in tab.paths]
+    if normalise is not None and None in parts:
+        parts = [normalise(f) if p is None else p for f, p in enumerate(parts)]
     if limits is None:
         max_ids = max_uniq = id_buffer = 1 << 62
         allow = 1
     else:
         max_ids, max_uniq = limits.max_ids_per_partition, limits.max_unique_ids_per_partition
         allow = int(limits.allow_id_dropping)
-    # Waking the pool costs more than it saves on small batches (profile counting calls this once per
-    # table and chip: 4.4 vs 9.8 ms per 4096-example step with one thread instead of two).
-    threads = native_threads() if sum(p[1].size for p in parts) >= PARALLEL_MIN_IDS else 1
-    res = _csr_native.pack_stack(
-        parts, tab.offsets, tab.shift, tab.col_token_offset, tab.vocab, tab.srow_of, tab.row_code,
-        topo.num_sc_per_chip, tab.log2s, tab.tbits, threads, int(limits is None),
-        max_ids, max_uniq, id_buffer, allow, PAD_VALUE)
-    if res[0] in (1, 2, 3, 7):
-        _raise_bad_value(res, tab, parts)
-    return res
+    while True:
+        res = _csr_native.pack_stack(
+            parts, tab.offsets, tab.shift, tab.col_token_offset, tab.vocab, tab.srow_of, tab.row_code,
+            topo.num_sc_per_chip, tab.log2s, tab.tbits, native_threads(), PARALLEL_MIN_IDS, int(limits is None),
+            max_ids, max_uniq, id_buffer, allow, PAD_VALUE)
+        if res[0] in (1, 2):
+            raise _bad_value(res, tab)
+        if res[0] not in _INPUT_STATUSES:
+            return res
+        bad = res[1] if res[0] == 10 else [res[1]]
+        if normalise is None:
+            raise _bad_input(res, tab, parts)
+        # The readable path raises the descriptive error; an input it accepts is packed in its form.
+        parts = list(parts)
+        for f in bad:
+            parts[f] = normalise(f)
+        normalise = None
+
+
+def _size(a) -> int:
+    return int(np.asarray(a).size)
 
 
 def _counts(res, topo):
@@ -221,21 +241,28 @@ def _f32(a):
     return a if (a.dtype == np.float32 and a.flags.c_contiguous) else np.ascontiguousarray(a, dtype=np.float32)
 
 
-def _raise_bad_value(res, tab, parts):
-    kind, f, pos = res
+def _bad_value(res, tab) -> ValueError:
+    kind, f, pos, value = res
     feat = tab.feats[f]
-    rows, ids, weights, splits = parts[f]
-    if kind == 7:
-        if pos == 0:
-            raise bad_row_splits(feat.path, ids.size)
-        raise dense_count_mismatch(feat.path, ids.size, feat.sample_count)
-    if kind == 3:
-        row = int(rows[pos]) if rows is not None else pos
-        raise ValueError(f"Feature {feat.path!r}: row {row} (position {pos}) is outside "
-                         f"its {feat.sample_count} samples per chip or out of order; rows must be sorted.")
     if kind == 1:
-        raise id_out_of_range(feat.path, int(ids[pos]), feat.vocabulary_size, pos)
-    raise weight_not_finite(feat.path, weights[pos], pos)
+        return id_out_of_range(feat.path, value, feat.vocabulary_size, pos)
+    return weight_not_finite(feat.path, np.float32(value), pos)
+
+
+def _bad_input(res, tab, parts) -> Exception:
+    if res[0] == 10:
+        feat = tab.feats[res[1][0]]
+        return TypeError(f"Feature {feat.path!r}: the native packer takes C-contiguous int32/int64 ids, rows and "
+                         "row_splits and float32 weights; pass numpy arrays of those types.")
+    kind, f, pos = res[:3]
+    feat = tab.feats[f]
+    if kind == 7:
+        n = _size(parts[f][1])
+        return bad_row_splits(feat.path, n) if pos == 0 else dense_count_mismatch(feat.path, n, feat.sample_count)
+    if kind == 8:
+        return ValueError(f"Feature {feat.path!r}: {'rows' if pos == 0 else 'weights'} and ids differ in length.")
+    return ValueError(f"Feature {feat.path!r}: row {res[3]} (position {pos}) is outside "
+                      f"its {feat.sample_count} samples per chip or out of order; rows must be sorted.")
 
 
 def sort_stack(stack: StackLayout, layout: SparseCoreLayout, feature_ids: Dict[str, FeatureIds]) -> _Sorted:
@@ -347,18 +374,46 @@ def count_partitions(stack: StackLayout, layout: SparseCoreLayout, feature_ids: 
         native = _csr_native is not None
     if native:
         # Only the stack's features: a chip's batch holds every table's (the profile counts table by table).
-        entries = native_entries_from_ids(feature_ids, _stack_tables(stack, layout).paths)
-        return _counts(_native_call(stack, layout, entries), layout.topology)
+        parts = [_native_entry(feature_ids[p]) for p in _stack_tables(stack, layout).paths]
+        return _counts(_native_call(stack, layout, parts), layout.topology)
     srt = sort_stack(stack, layout, feature_ids)
     return srt.ids_pp, srt.uniq_pp
 
 
 def preprocess_stack_native(stack: StackLayout, layout: SparseCoreLayout, entries: Dict[str, tuple],
                             limits: StackLimits) -> CsrBatch:
-    """The native packer on `entries` ({path: (rows | None, ids, weights | None, row_splits | None)})."""
+    """The native packer on `entries` ({path: (rows | None, ids, weights | None, row_splits | None)}, int64
+    ids, rows and row_splits, float32 weights): the form the shard job builds its chips' batches in."""
+    parts = [entries[p] for p in _stack_tables(stack, layout).paths]
+    return _batch_of(stack, layout, parts, limits)
+
+
+def preprocess_stack_inputs(stack: StackLayout, layout: SparseCoreLayout, inputs: Sequence[Any],
+                            weights: Sequence[Any], limits: StackLimits) -> CsrBatch:
+    """The native packer on one chip's batch as the caller passed it.
+
+    `inputs` and `weights` hold every feature of the layout, flattened (None: no weights): dense, ragged or
+    sparse; numpy arrays, TF tensors, `RaggedIds`/`SparseIds`.  Their buffers reach the kernel without a
+    copy or a conversion (`inputs.native_entries`); a feature the kernel does not take as it is goes through
+    `to_feature_ids`, the readable normalisation, which raises the error naming the feature or converts it.
+    """
+    tab = _stack_tables(stack, layout)
+    parts = native_entries(inputs, weights, tab.index)
+
+    def normalise(f: int) -> tuple:
+        feat = tab.feats[f]
+        return _native_entry(to_feature_ids(
+            inputs[feat.index], weights[feat.index], path=feat.path, sample_count=feat.sample_count,
+            vocabulary_size=feat.vocabulary_size))
+
+    return _batch_of(stack, layout, parts, limits, normalise)
+
+
+def _batch_of(stack: StackLayout, layout: SparseCoreLayout, parts: Sequence[Optional[tuple]], limits: StackLimits,
+              normalise: Optional[Callable[[int], tuple]] = None) -> CsrBatch:
     topo = layout.topology
     sizes = buffer_sizes(stack, topo, limits.max_ids_per_chip_per_sample)
-    res = _native_call(stack, layout, entries, limits, sizes.ids)
+    res = _native_call(stack, layout, parts, limits, sizes.ids, normalise)
     if res[0] in (4, 5):
         ids_pp, uniq_pp = _counts((None, res[4], res[5]), topo)
         limits.check(stack.name, res[1], ids_pp[res[1]], uniq_pp[res[1]])
@@ -382,9 +437,8 @@ def preprocess_stack(stack: StackLayout, layout: SparseCoreLayout, feature_ids: 
     if native is None:
         native = _csr_native is not None
     if native:
-        return preprocess_stack_native(stack, layout,
-                                       native_entries_from_ids(feature_ids, _stack_tables(stack, layout).paths),
-                                       limits)
+        return _batch_of(stack, layout, [_native_entry(feature_ids[p]) for p in _stack_tables(stack, layout).paths],
+                         limits)
     topo = layout.topology
     nsc, S = topo.num_sc_per_chip, topo.num_sparse_cores
     srt = sort_stack(stack, layout, feature_ids)

@@ -9,7 +9,7 @@ does not (ids out of range, NaN weights), naming the feature.
 
 from __future__ import annotations
 
-from typing import NamedTuple, Optional
+from typing import List, NamedTuple, Optional
 
 import numpy as np
 
@@ -66,17 +66,28 @@ def bad_row_splits(path: str, n: int) -> ValueError:
 
 
 def _np(x) -> np.ndarray:
-    if hasattr(x, "numpy") and not isinstance(x, np.ndarray):
-        x = x.numpy()
-    return np.asarray(x)
+    # np.asarray reads a TF eager tensor without copying it (`.numpy()` copies); the view is read-only.
+    return x if isinstance(x, np.ndarray) else np.asarray(x)
+
+
+# The input kind of a type, learnt from its first value: one dict look-up per feature instead of
+# attribute probes.  Only for types whose attributes do not vary between values (ours and TF's).
+_KIND_OF_TYPE = {np.ndarray: "dense", SparseIds: "sparse", RaggedIds: "ragged"}
 
 
 def kind_of(value) -> str:
-    if isinstance(value, SparseIds) or (hasattr(value, "indices") and hasattr(value, "dense_shape")):
-        return "sparse"
-    if isinstance(value, RaggedIds) or hasattr(value, "row_splits"):
-        return "ragged"
-    return "dense"
+    kind = _KIND_OF_TYPE.get(type(value))
+    if kind is not None:
+        return kind
+    if hasattr(value, "indices") and hasattr(value, "dense_shape"):
+        kind = "sparse"
+    elif hasattr(value, "row_splits"):
+        kind = "ragged"
+    else:
+        kind = "dense"
+    if type(value).__module__.startswith("tensorflow."):
+        _KIND_OF_TYPE[type(value)] = kind
+    return kind
 
 
 _RANGES: dict = {}
@@ -185,32 +196,37 @@ def _weights(weight, kind: str, n: int, path: str) -> np.ndarray:
     return w
 
 
-def to_native_entry(value, weight, *, path: str, sample_count: int, vocabulary_size: int):
-    """(rows | None, ids, weights | None, row_splits | None) for the native packer.
+def native_entries(inputs, weights, positions) -> List[Optional[tuple]]:
+    """For the features at `positions` of the flattened `inputs` and `weights`, what the native packer takes:
+    (rows | None, ids, weights | None, row_splits | None), nothing copied.
 
-    Dense and ragged inputs go through without materialising per-id rows (the
-    native kernel derives them, and checks ids, weights and row_splits itself);
-    anything else, or anything that looks wrong, takes `to_feature_ids`, which
-    raises the descriptive errors.
+    The buffers go to the kernel as the caller passed them (numpy arrays, TF
+    eager tensors: anything with the buffer protocol); the kernel reads
+    int32/int64 ids, rows and row_splits and float32 weights, and checks every
+    id, weight, row and length.  What it cannot read as it is, or rejects, is
+    then normalised by `to_feature_ids`, which converts it or raises the
+    error naming the feature.  An entry is None where that must happen at
+    once: a SparseTensor of rank > 2, whose rows need its dense shape.
     """
-    if isinstance(value, np.ndarray) and value.dtype.kind in "iu":
-        ids = value.reshape(-1)
-        if ids.size == sample_count and (weight is None or isinstance(weight, np.ndarray)):
-            w = None
-            if weight is not None:
-                w = np.ascontiguousarray(weight.reshape(-1), dtype=np.float32)
-                if w.size != ids.size:
-                    w = _weights(weight, "dense", ids.size, path)  # raises
-            return None, np.ascontiguousarray(ids, dtype=np.int64), w, None
-    elif isinstance(value, RaggedIds) or (hasattr(value, "row_splits") and getattr(value, "ragged_rank", 1) == 1):
-        ids = _np(value.values).reshape(-1)
-        splits = _np(value.row_splits)
-        if ids.dtype.kind in "iu" and splits.size == sample_count + 1:
-            w = None
-            if weight is not None:
-                w = _weights(weight, "ragged", ids.size, path)
-            return (None, np.ascontiguousarray(ids, dtype=np.int64), w,
-                    np.ascontiguousarray(splits, dtype=np.int64))
-    f = to_feature_ids(value, weight, path=path, sample_count=sample_count, vocabulary_size=vocabulary_size,
-                       check_ids=False)
-    return f.rows, f.ids, f.weights, None
+    kinds = _KIND_OF_TYPE
+    out: List[Optional[tuple]] = []
+    for i in positions:
+        value, weight = inputs[i], weights[i]
+        kind = kinds.get(type(value)) or kind_of(value)
+        if kind == "dense":
+            rows, ids, splits = None, value, None
+        elif kind == "ragged":
+            rows, ids, splits = None, value.values, value.row_splits
+        else:
+            rows, ids, splits = value.indices, value.values, None
+            shape = getattr(rows, "shape", None)
+            if shape is None or len(shape) != 2 or shape[1] != 2:
+                out.append(None)
+                continue
+        if weight is not None:
+            if kind != "dense" and (kinds.get(type(weight)) or kind_of(weight)) == kind:
+                weight = weight.values
+            if type(weight) is np.ndarray and weight.dtype != np.float32:
+                weight = weight.astype(np.float32)
+        out.append((rows, ids, weight, splits))
+    return out

@@ -2,7 +2,8 @@
 
 `stack_tables(feature_config, topology)` computes a `SparseCoreLayout` (where
 every table and feature lives in its stacked table); `layout_of(model)` is
-the layout of a `ModelConfig`, computed once per model.
+the layout of a `ModelConfig`, computed once per model (`layout_cache.layout_for`
+remembers those of the configurations `preprocess` is called with).
 
 TF (`tpu_embedding_v3._stack_tables_with_same_table_dim_and_optimizer` and
 `tensorflow/core/tpu/kernels/sparse_core_layout.cc`):

@@ -21,9 +21,11 @@
 #include <Python.h>
 #include <math.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #define XLA_PAD 8
 #define MAX_THREADS 64
@@ -225,6 +227,7 @@ static uint64_t *radix_sort(Radix *r, uint64_t *keys, uint64_t *tmp, Py_ssize_t 
 typedef struct {
   Py_ssize_t F, R;
   const int64_t **rows, **ids, **splits; /* rows NULL: dense (row = position) or ragged (splits) */
+  const Py_ssize_t *rstride;             /* rows[f][i * rstride[f]]: 2 reads a SparseTensor's [n, 2] indices */
   const float **weights;
   const int64_t *offsets, *shift, *ctok, *vocab;
   const int32_t *srow_of;
@@ -240,8 +243,12 @@ typedef struct {
   int64_t *ids_pp, *uniq_pp; /* nsc x S */
   int *err_kind;             /* per SC: 0 ok, 1 bad id, 2 bad weight, 3 bad row, 9 no memory */
   Py_ssize_t *err_f, *err_i;
+  int64_t *err_v;            /* the bad id or row */
+  float *err_w;              /* the bad weight */
   int nthreads;
-  int phase; /* 1: sort and merge; 2: fill the CSR outputs */
+  int next_task; /* the next local SC to claim (atomic) */
+  int joined;    /* workers that joined the job (atomic): nthreads - 1 take part */
+  int phase;     /* 1: sort and merge; 2: fill the CSR outputs */
   /* phase 2 */
   const int64_t *start, *kept;
   int64_t total, rp_block;
@@ -285,6 +292,7 @@ static void sc_task(Job *J, int s) {
   int64_t pg = -1, pid = -1;
   for (Py_ssize_t f = 0; f < F; f++) {
     const int64_t *rows = J->rows[f], *ids = J->ids[f], *splits = J->splits[f];
+    const Py_ssize_t rs = J->rstride[f];
     const float *weights = J->weights[f];
     const int64_t off = J->offsets[f], sh = J->shift[f], ct = J->ctok[f], v = J->vocab[f];
     const int64_t per_sc = ((f + 1 < F ? J->offsets[f + 1] : J->R) - off) / J->nsc;
@@ -294,7 +302,7 @@ static void sc_task(Job *J, int s) {
     for (Py_ssize_t i = J->bounds[f * nb + s], end = J->bounds[f * nb + s + 1]; i < end; i++) {
       int64_t r;
       if (rows) {
-        r = rows[i];
+        r = rows[i * rs];
       } else if (splits) {
         while (i >= splits[cur + 1]) cur++;
         r = cur;
@@ -302,11 +310,11 @@ static void sc_task(Job *J, int s) {
         r = i;
       }
       const int64_t id = ids[i];
-      if (id < 0 || id >= v) { J->err_kind[s] = 1; J->err_f[s] = f; J->err_i[s] = i; return; }
-      if (r < prev_r || r >= rhi_row) { J->err_kind[s] = 3; J->err_f[s] = f; J->err_i[s] = i; return; }
+      if (id < 0 || id >= v) { J->err_kind[s] = 1; J->err_f[s] = f; J->err_i[s] = i; J->err_v[s] = id; return; }
+      if (r < prev_r || r >= rhi_row) { J->err_kind[s] = 3; J->err_f[s] = f; J->err_i[s] = i; J->err_v[s] = r; return; }
       prev_r = r;
       const float w = weights ? weights[i] : 1.0f;
-      if (weights && !isfinite(w)) { J->err_kind[s] = 2; J->err_f[s] = f; J->err_i[s] = i; return; }
+      if (weights && !isfinite(w)) { J->err_kind[s] = 2; J->err_f[s] = f; J->err_i[s] = i; J->err_w[s] = w; return; }
       const int64_t g = r + off;
       if (code == 1) scale[g] = scale[g] + w;
       else if (code == 2) scale[g] = scale[g] + w * w;
@@ -411,16 +419,26 @@ static void sc_fill(Job *J, int s) {
 
 /* ------------------------------------------------------------------ thread pool */
 
-/* Workers live for the life of the process; one call uses them at a time (call_mu). */
+/* Workers live for the life of the process; one call uses them at a time (call_mu).
+ *
+ * Tasks (local SparseCores) are claimed one at a time by whichever thread is free, so a worker
+ * that starts late costs nothing but its start: the calling thread packs what is left.  A woken
+ * worker can start late indeed: Linux tends to queue it on the waking thread's CPU, where it
+ * waits until that thread sleeps (measured: two threads no faster than one on a 2-CPU VM).
+ * So workers that finished a task wait for the next one spinning for a while (POOL_SPIN_NS)
+ * before they sleep: back-to-back calls (a stream of batches; the two phases of one call) find
+ * them running on their own CPU.  The calling thread waits for stragglers with sched_yield, so a
+ * worker queued on its CPU runs. */
 static pthread_mutex_t call_mu = PTHREAD_MUTEX_INITIALIZER;
 static pthread_mutex_t pool_mu = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t pool_go = PTHREAD_COND_INITIALIZER;
-static pthread_cond_t pool_done = PTHREAD_COND_INITIALIZER;
-static int pool_size = 0; /* worker threads started; worker t (1-based) runs share t */
-static unsigned long pool_gen = 0;
-static int pool_pending = 0;
+static int pool_size = 0;          /* worker threads started */
+static unsigned long pool_gen = 0; /* one more per job; read by spinning workers */
+static int pool_sleeping = 0;      /* workers blocked on pool_go (pool_mu) */
+static int pool_pending = 0;       /* workers yet to finish the current job */
 static Job *pool_job = NULL;
 static Scratch pool_scratch[MAX_THREADS * 4];
+#define POOL_SPIN_NS 300000
 
 /* A forked child has none of the parent's worker threads: start over (and re-create the locks,
  * which another thread may have held at the moment of the fork). */
@@ -428,43 +446,61 @@ static void pool_after_fork_in_child(void) {
   pthread_mutex_t m = PTHREAD_MUTEX_INITIALIZER;
   pthread_cond_t c = PTHREAD_COND_INITIALIZER;
   call_mu = m; pool_mu = m; cache_mu = m;
-  pool_go = c; pool_done = c;
+  pool_go = c;
   pool_size = 0;
+  pool_sleeping = 0;
   pool_pending = 0;
   pool_job = NULL;
 }
 
-static void run_share(Job *J, int t) {
-  for (int s = t; s < J->nsc; s += J->nthreads) {
+static int64_t now_ns(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return (int64_t)t.tv_sec * 1000000000 + t.tv_nsec;
+}
+
+static void run_share(Job *J) {
+  for (;;) {
+    const int s = __atomic_fetch_add(&J->next_task, 1, __ATOMIC_RELAXED);
+    if (s >= J->nsc) break;
     if (J->phase == 2) sc_fill(J, s); else sc_task(J, s);
   }
 }
 
 static void *worker_main(void *arg) {
-  const int t = (int)(intptr_t)arg;
-  unsigned long seen = 0;
-  pthread_mutex_lock(&pool_mu);
+  unsigned long seen = (unsigned long)(uintptr_t)arg;
   for (;;) {
-    while (pool_gen == seen) pthread_cond_wait(&pool_go, &pool_mu);
-    seen = pool_gen;
-    Job *J = pool_job;
-    pthread_mutex_unlock(&pool_mu);
-    if (t < J->nthreads) run_share(J, t);
-    pthread_mutex_lock(&pool_mu);
-    if (--pool_pending == 0) pthread_cond_signal(&pool_done);
+    unsigned long gen = __atomic_load_n(&pool_gen, __ATOMIC_ACQUIRE);
+    for (const int64_t until = now_ns() + POOL_SPIN_NS; gen == seen && now_ns() < until;
+         gen = __atomic_load_n(&pool_gen, __ATOMIC_ACQUIRE))
+      sched_yield();
+    if (gen == seen) {
+      pthread_mutex_lock(&pool_mu);
+      pool_sleeping++;
+      while (pool_gen == seen) pthread_cond_wait(&pool_go, &pool_mu);
+      pool_sleeping--;
+      gen = pool_gen;
+      pthread_mutex_unlock(&pool_mu);
+    }
+    seen = gen;
+    Job *J = __atomic_load_n(&pool_job, __ATOMIC_ACQUIRE);
+    if (__atomic_fetch_add(&J->joined, 1, __ATOMIC_RELAXED) < J->nthreads - 1) run_share(J);
+    __atomic_fetch_sub(&pool_pending, 1, __ATOMIC_RELEASE);
   }
   return NULL;
 }
 
 /* Runs every task of J: on the pool when J->nthreads > 1 (call_mu held), else inline. */
 static void run_job(Job *J) {
+  J->next_task = 0;
+  J->joined = 0;
   if (J->nthreads > 1) {
     while (pool_size < J->nthreads - 1) {
       pthread_t tid;
       pthread_attr_t attr;
       pthread_attr_init(&attr);
       pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
-      int ok = pthread_create(&tid, &attr, worker_main, (void *)(intptr_t)(pool_size + 1)) == 0;
+      int ok = pthread_create(&tid, &attr, worker_main, (void *)(uintptr_t)pool_gen) == 0;
       pthread_attr_destroy(&attr);
       if (!ok) break;
       pool_size++;
@@ -473,49 +509,100 @@ static void run_job(Job *J) {
   }
   if (J->nthreads <= 1) {
     J->nthreads = 1;
-    run_share(J, 0);
+    run_share(J);
     return;
   }
+  /* Every worker looks at every job (the first nthreads - 1 take part): all of them have left J before
+   * it is released. */
+  __atomic_store_n(&pool_job, J, __ATOMIC_RELAXED);
+  __atomic_store_n(&pool_pending, pool_size, __ATOMIC_RELAXED);
   pthread_mutex_lock(&pool_mu);
-  pool_job = J;
-  pool_pending = pool_size;
-  pool_gen++;
-  pthread_cond_broadcast(&pool_go);
+  __atomic_fetch_add(&pool_gen, 1, __ATOMIC_RELEASE);
+  if (pool_sleeping) pthread_cond_broadcast(&pool_go);
   pthread_mutex_unlock(&pool_mu);
-  run_share(J, 0);
-  pthread_mutex_lock(&pool_mu);
-  while (pool_pending > 0) pthread_cond_wait(&pool_done, &pool_mu);
-  pthread_mutex_unlock(&pool_mu);
+  run_share(J);
+  while (__atomic_load_n(&pool_pending, __ATOMIC_ACQUIRE) > 0) sched_yield();
 }
 
 /* ------------------------------------------------------------------ entry point */
 
+/* What the kernel reads from a feature's buffers.  Any object with the buffer protocol is taken
+ * as it is (numpy arrays, TensorFlow's eager tensors, ...) when it is C-contiguous and of one of
+ * these element types; anything else is reported back (status 10) for the caller to convert. */
+enum { E_BAD = 0, E_I32, E_I64, E_F32 };
+
+static int elem_type(const Py_buffer *b) {
+  const char *f = b->format ? b->format : "B";
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+  if (*f == '@' || *f == '=' || *f == '<') f++;
+#else
+  if (*f == '@' || *f == '=') f++;
+#endif
+  if (!f[0] || f[1]) return E_BAD;
+  if (strchr("bhilqn", f[0])) return b->itemsize == 8 ? E_I64 : b->itemsize == 4 ? E_I32 : E_BAD;
+  return f[0] == 'f' && b->itemsize == 4 ? E_F32 : E_BAD;
+}
+
+/* 0: `o` is None (absent) or a usable buffer of `want` (E_F32, or E_I64 for any integer type),
+ * its element type in *type; 1: not usable as it is. */
+static int get_input(PyObject *o, Buf *buf, int want, int *type) {
+  buf->held = 0;
+  *type = E_BAD;
+  if (o == Py_None) return 0;
+  if (PyObject_GetBuffer(o, &buf->b, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) {
+    PyErr_Clear();
+    return 1;
+  }
+  buf->held = 1;
+  *type = elem_type(&buf->b);
+  if (want == E_F32 ? *type != E_F32 : (*type != E_I32 && *type != E_I64)) return 1;
+  return 0;
+}
+
+/* An int64 view of an integer buffer of `n` elements read every `stride` elements: the buffer itself,
+ * or (int32) a converted copy kept in *copy for the caller to free. */
+static const int64_t *as_int64(const Buf *buf, int type, Py_ssize_t n, Py_ssize_t stride, int64_t **copy) {
+  if (type == E_I64) return buf->b.buf;
+  const int32_t *src = buf->b.buf;
+  int64_t *dst = malloc(sizeof(int64_t) * (n + 1));
+  if (!dst) return NULL;
+  for (Py_ssize_t i = 0; i < n; i++) dst[i] = src[i * stride];
+  *copy = dst;
+  return dst;
+}
+
 /* pack_stack(features, offsets, shift, col_token_offset, vocab, srow_of, row_code,
- *            num_sc_per_chip, log2s, tbits, num_threads, counts_only,
+ *            num_sc_per_chip, log2s, tbits, num_threads, parallel_min_ids, counts_only,
  *            max_ids, max_unique_ids, id_buffer, allow_id_dropping, pad)
- *   features  list of (rows int64[n_f] or None, ids int64[n_f], weights float32[n_f] or None,
- *             row_splits int64[samples + 1] or None), in stack order; rows non-decreasing in
- *             [0, samples of the feature); no rows and no splits: dense, one id per sample
+ *   features  list of (rows or None, ids, weights or None, row_splits or None), in stack order:
+ *             ids of any shape, int32 or int64; weights float32, as many as ids; rows int32/int64,
+ *             [n] or a SparseTensor's [n, 2] indices (the row is the first column), non-decreasing
+ *             in [0, samples of the feature); row_splits int32/int64 [samples + 1]; no rows and no
+ *             splits: dense, one id per sample.  Every buffer C-contiguous.
  *   offsets, shift, col_token_offset, vocab: int64[F] per feature
  *   srow_of int32[R], row_code int8[R] (0 sum, 1 mean, 2 sqrtn) per stack sample
+ *   num_threads: at most this many threads, one when the stack has fewer than parallel_min_ids ids
  * Returns one of
  *   (0, ids_pp, uniq_pp)                                 counts_only: int64[nsc*S] each
  *   (0, ids_pp, uniq_pp, row_pointers int32, sample_ids int32, token_ids int32, gains float32,
  *    ids_unpadded_size, dropped)                         TF's meaningful prefixes
- *   (1, feature, position)  id out of [0, vocab)
- *   (2, feature, position)  non-finite weight
- *   (3, feature, position)  row out of range or out of order
+ *   (1, feature, position, id)      id out of [0, vocab)
+ *   (2, feature, position, weight)  non-finite weight
+ *   (3, feature, position, row)     row out of range or out of order
  *   (4, sc, dest, count, ids_pp, uniq_pp)  ids over max_ids (TF checks SC by SC, ids first)
  *   (5, sc, dest, count, ids_pp, uniq_pp)  unique ids over max_unique_ids
  *   (6, needed)             the id buffer overflows and dropping is off
- *   (7, feature, 0 | 1)     bad row_splits (0) / dense input without one id per sample (1) */
+ *   (7, feature, 0 | 1)     bad row_splits (0) / dense input without one id per sample (1)
+ *   (8, feature, 0 | 2)     rows (0) / weights (2) and ids of a feature differ in length
+ *   (10, [feature, ...])    features with a buffer the kernel does not read as it is (no buffer
+ *                           protocol, not C-contiguous, another dtype, indices of rank > 2) */
 static PyObject *pack_stack(PyObject *self, PyObject *args) {
   PyObject *features, *o[6];
   int nsc, log2s, tbits, nthreads, counts_only, allow_dropping;
-  long long max_ids, max_uniq, cap, pad;
-  if (!PyArg_ParseTuple(args, "O!OOOOOOiiiiiLLLiL", &PyList_Type, &features, &o[0], &o[1], &o[2], &o[3],
-                        &o[4], &o[5], &nsc, &log2s, &tbits, &nthreads, &counts_only, &max_ids, &max_uniq,
-                        &cap, &allow_dropping, &pad))
+  long long max_ids, max_uniq, cap, pad, parallel_min;
+  if (!PyArg_ParseTuple(args, "O!OOOOOOiiiiLiLLLiL", &PyList_Type, &features, &o[0], &o[1], &o[2], &o[3],
+                        &o[4], &o[5], &nsc, &log2s, &tbits, &nthreads, &parallel_min, &counts_only, &max_ids,
+                        &max_uniq, &cap, &allow_dropping, &pad))
     return NULL;
   if (nsc < 1 || nsc > 4 * MAX_THREADS || log2s < 0 || log2s > 20 || tbits < 1 || log2s + tbits > 60) {
     PyErr_SetString(PyExc_ValueError, "bad SparseCore geometry");
@@ -528,12 +615,13 @@ static PyObject *pack_stack(PyObject *self, PyObject *args) {
   const Py_ssize_t F = PyList_GET_SIZE(features);
   const int64_t S = (int64_t)1 << log2s;
   Buf *fb = calloc(4 * (F + 1), sizeof(Buf));
+  int64_t **copies = calloc(3 * (F + 1), sizeof(int64_t *)); /* int32 inputs widened */
   Job J;
   memset(&J, 0, sizeof(J));
-  PyObject *result = NULL;
+  PyObject *result = NULL, *convert = NULL;
   int own_scratch = 0, locked = 0;
-  Py_ssize_t *bounds = NULL;
-  if (!fb) return PyErr_NoMemory();
+  Py_ssize_t *bounds = NULL, *rstride = NULL;
+  if (!fb || !copies) { free(fb); free(copies); return PyErr_NoMemory(); }
   for (int i = 0; i < 6; i++)
     if (get_buf(o[i], &b[i], sizes[i], names[i]) < 0) goto done;
   J.F = F;
@@ -550,6 +638,8 @@ static PyObject *pack_stack(PyObject *self, PyObject *args) {
   J.ids = calloc(F + 1, sizeof(int64_t *));
   J.weights = calloc(F + 1, sizeof(float *));
   J.splits = calloc(F + 1, sizeof(int64_t *));
+  rstride = calloc(F + 1, sizeof(Py_ssize_t));
+  J.rstride = rstride;
   bounds = calloc((F + 1) * (nsc + 1), sizeof(Py_ssize_t));
   J.bounds = bounds;
   J.scale = calloc(J.R + 1, sizeof(float));
@@ -562,9 +652,13 @@ static PyObject *pack_stack(PyObject *self, PyObject *args) {
   J.err_kind = calloc(nsc, sizeof(int));
   J.err_f = calloc(nsc, sizeof(Py_ssize_t));
   J.err_i = calloc(nsc, sizeof(Py_ssize_t));
-  if (!J.rows || !J.ids || !J.weights || !J.splits || !bounds || !J.scale || !J.out_hi || !J.out_srow || !J.out_gain ||
-      !J.out_k || !J.ids_pp || !J.uniq_pp || !J.err_kind || !J.err_f || !J.err_i) {
-    PyErr_NoMemory();
+  J.err_v = calloc(nsc, sizeof(int64_t));
+  J.err_w = calloc(nsc, sizeof(float));
+  convert = PyList_New(0);
+  if (!J.rows || !J.ids || !J.weights || !J.splits || !rstride || !bounds || !J.scale || !J.out_hi ||
+      !J.out_srow || !J.out_gain || !J.out_k || !J.ids_pp || !J.uniq_pp || !J.err_kind || !J.err_f || !J.err_i ||
+      !J.err_v || !J.err_w || !convert) {
+    if (!PyErr_Occurred()) PyErr_NoMemory();
     goto done;
   }
   for (Py_ssize_t r = 0; r < J.R; r++) if (J.row_code[r]) { J.any_combiner = 1; break; }
@@ -574,28 +668,48 @@ static PyObject *pack_stack(PyObject *self, PyObject *args) {
       PyErr_SetString(PyExc_TypeError, "features must be (rows, ids, weights, row_splits) tuples");
       goto done;
     }
-    if (get_buf(PyTuple_GET_ITEM(t, 0), &fb[4 * f], 8, "rows") < 0 ||
-        get_buf(PyTuple_GET_ITEM(t, 1), &fb[4 * f + 1], 8, "ids") < 0 ||
-        get_buf(PyTuple_GET_ITEM(t, 2), &fb[4 * f + 2], 4, "weights") < 0 ||
-        get_buf(PyTuple_GET_ITEM(t, 3), &fb[4 * f + 3], 8, "row_splits") < 0)
-      goto done;
-    const Py_ssize_t nf = fb[4 * f + 1].b.len / 8;
+    Buf *rb = &fb[4 * f], *ib = &fb[4 * f + 1], *wb = &fb[4 * f + 2], *sb = &fb[4 * f + 3];
+    int rt, it, wt, st;
+    if (get_input(PyTuple_GET_ITEM(t, 1), ib, E_I64, &it) || !ib->held ||
+        get_input(PyTuple_GET_ITEM(t, 0), rb, E_I64, &rt) || get_input(PyTuple_GET_ITEM(t, 2), wb, E_F32, &wt) ||
+        get_input(PyTuple_GET_ITEM(t, 3), sb, E_I64, &st) ||
+        (rb->held && !(rb->b.ndim == 1 || (rb->b.ndim == 2 && rb->b.shape[1] == 2))) ||
+        (sb->held && sb->b.ndim != 1)) {
+      PyObject *fi = PyLong_FromSsize_t(f);
+      if (!fi || PyList_Append(convert, fi) < 0) { Py_XDECREF(fi); goto done; }
+      Py_DECREF(fi);
+      continue;
+    }
+    const Py_ssize_t nf = ib->b.len / ib->b.itemsize;
     const int64_t per_sc = ((f + 1 < F ? J.offsets[f + 1] : J.R) - J.offsets[f]) / nsc;
     const int64_t samples = (int64_t)nsc * per_sc;
-    if ((fb[4 * f].held && fb[4 * f].b.len / 8 != nf) || (fb[4 * f + 2].held && fb[4 * f + 2].b.len / 4 != nf)) {
-      PyErr_SetString(PyExc_ValueError, "rows, ids and weights of a feature differ in length");
+    const Py_ssize_t rs = rb->held && rb->b.ndim == 2 ? 2 : 1;
+    if (rb->held && rb->b.len / rb->b.itemsize / rs != nf) {
+      result = Py_BuildValue("(inn)", 8, f, (Py_ssize_t)0);
       goto done;
     }
-    J.rows[f] = fb[4 * f].held ? fb[4 * f].b.buf : NULL;
-    J.ids[f] = fb[4 * f + 1].b.buf;
-    J.weights[f] = fb[4 * f + 2].held ? fb[4 * f + 2].b.buf : NULL;
-    J.splits[f] = fb[4 * f + 3].held ? fb[4 * f + 3].b.buf : NULL;
+    if (wb->held && wb->b.len / 4 != nf) {
+      result = Py_BuildValue("(inn)", 8, f, (Py_ssize_t)2);
+      goto done;
+    }
+    J.ids[f] = as_int64(ib, it, nf, 1, &copies[3 * f]);
+    J.weights[f] = wb->held ? wb->b.buf : NULL;
+    J.rows[f] = rb->held ? as_int64(rb, rt, nf, rs, &copies[3 * f + 1]) : NULL;
+    rstride[f] = rb->held && rt == E_I64 ? rs : 1;
+    J.splits[f] = sb->held ? as_int64(sb, st, sb->b.len / sb->b.itemsize, 1, &copies[3 * f + 2]) : NULL;
+    if (!J.ids[f] || (rb->held && !J.rows[f]) || (sb->held && !J.splits[f])) { PyErr_NoMemory(); goto done; }
     if (J.splits[f]) {
       /* Ragged: row_splits must start at 0, never decrease and end at the number of ids. */
       const int64_t *sp = J.splits[f];
-      int bad = fb[4 * f + 3].b.len / 8 != samples + 1 || sp[0] != 0 || sp[samples] != nf;
-      for (int64_t r = 0; !bad && r < samples; r++) bad = sp[r + 1] < sp[r];
-      if (bad) { result = Py_BuildValue("(inn)", 7, f, (Py_ssize_t)0); goto done; }
+      int bad = sb->b.len / sb->b.itemsize != samples + 1 || sp[0] != 0 || sp[samples] != nf;
+      int64_t decreasing = 0, unit = 0; /* unit: one id per sample, packed as a dense input */
+      if (!bad)
+        for (int64_t r = 0; r < samples; r++) {
+          decreasing |= sp[r + 1] < sp[r];
+          unit |= sp[r + 1] ^ (r + 1);
+        }
+      if (bad || decreasing) { result = Py_BuildValue("(inn)", 7, f, (Py_ssize_t)0); goto done; }
+      if (!unit) J.splits[f] = NULL;
       for (int sc = 0; sc <= nsc; sc++) bounds[f * (nsc + 1) + sc] = sp[(int64_t)sc * per_sc];
       continue;
     }
@@ -607,8 +721,10 @@ static PyObject *pack_stack(PyObject *self, PyObject *args) {
     }
     /* Where each local SC's block starts (rows are sorted; the tasks re-check the order). */
     const int64_t *rows = J.rows[f];
-    if (nf && (rows[0] < 0 || rows[nf - 1] >= samples)) {
-      result = Py_BuildValue("(inn)", 3, f, rows[0] < 0 ? (Py_ssize_t)0 : nf - 1);
+    const Py_ssize_t st_ = rstride[f];
+    if (nf && (rows[0] < 0 || rows[(nf - 1) * st_] >= samples)) {
+      const Py_ssize_t at = rows[0] < 0 ? 0 : nf - 1;
+      result = Py_BuildValue("(innL)", 3, f, at, (long long)rows[at * st_]);
       goto done;
     }
     Py_ssize_t lo = 0;
@@ -618,13 +734,20 @@ static PyObject *pack_stack(PyObject *self, PyObject *args) {
       if (sc == nsc) a = nf;
       while (a < z) {
         const Py_ssize_t mid = a + (z - a) / 2;
-        if (rows[mid] < target) a = mid + 1; else z = mid;
+        if (rows[mid * st_] < target) a = mid + 1; else z = mid;
       }
       bounds[f * (nsc + 1) + sc] = a;
       lo = a;
     }
   }
+  if (PyList_GET_SIZE(convert)) {
+    result = Py_BuildValue("(iO)", 10, convert);
+    goto done;
+  }
 
+  Py_ssize_t total_ids = 0;
+  for (Py_ssize_t f = 0; f < F; f++) total_ids += fb[4 * f + 1].b.len / fb[4 * f + 1].b.itemsize;
+  if (total_ids < parallel_min) nthreads = 1;
   J.nthreads = nthreads < 1 ? 1 : nthreads > nsc ? nsc : nthreads;
   if (J.nthreads > MAX_THREADS) J.nthreads = MAX_THREADS;
   Py_BEGIN_ALLOW_THREADS
@@ -645,7 +768,9 @@ static PyObject *pack_stack(PyObject *self, PyObject *args) {
   for (int sc = 0; sc < nsc; sc++) {
     if (J.err_kind[sc] == 9) { PyErr_NoMemory(); goto done; }
     if (J.err_kind[sc]) {
-      result = Py_BuildValue("(inn)", J.err_kind[sc], J.err_f[sc], J.err_i[sc]);
+      const int k = J.err_kind[sc];
+      result = k == 2 ? Py_BuildValue("(innd)", k, J.err_f[sc], J.err_i[sc], (double)J.err_w[sc])
+                      : Py_BuildValue("(innL)", k, J.err_f[sc], J.err_i[sc], (long long)J.err_v[sc]);
       goto done;
     }
   }
@@ -733,10 +858,13 @@ done:
   if (own_scratch && J.scratch) { for (int sc = 0; sc < nsc; sc++) scratch_free(&J.scratch[sc]); free(J.scratch); }
   for (int q = 0; q < 6; q++) release(&b[q]);
   for (Py_ssize_t q = 0; q < 4 * F; q++) release(&fb[q]);
-  free(fb);
+  for (Py_ssize_t q = 0; q < 3 * F; q++) free(copies[q]);
+  free(fb); free(copies);
+  Py_XDECREF(convert);
   free(J.out_hi); free(J.out_srow); free(J.out_gain); free(J.out_k);
   free(J.rows); free(J.ids); free(J.weights); free(J.splits); free(bounds); free(J.scale);
   free(J.ids_pp); free(J.uniq_pp); free(J.err_kind); free(J.err_f); free(J.err_i);
+  free(J.err_v); free(J.err_w); free(rstride);
   return result;
 }
 
