@@ -32,8 +32,9 @@ TOKEN_TABLE = "pipelines/native/token_table.h"  # the slot layout both token-tab
 setup(
     ext_modules=[
         # Fallback: the numpy CSR packer.
+        # -fno-wrapv: Python's CFLAGS carry -fwrapv, which costs this kernel 10-14%; it has no signed overflow.
         native_extension("tpu_embed.sparsecore._csr_native", "tpu_embed/sparsecore/native/_csr_native.c",
-                         flags=("-O3", "-fno-fast-math")),
+                         flags=("-O3", "-fno-fast-math", "-fno-wrapv")),
         # Fallback: CSV framing the numpy way.
         native_extension("pipelines._csv_native", "pipelines/native/_csv_native.c", depends=[TOKEN_TABLE]),
         # Fallback: vocabulary lookups with pyarrow's index_in.

@@ -29,8 +29,10 @@ per round; medians over `--rounds`):
                    of its input forms (benchmarks/jax_preprocess.py).
 ids/s counts the ids given (before dedup) per second of wall time; every
 side uses the threads it uses by default (ours: TPU_EMBED_THREADS, else every
-CPU).  Before timing, every public form is checked to give the kernel's bytes,
-and TF's CSR of step 0 ours.
+CPU; jax-tpu-embedding: its own pool).  The load average printed with each
+round says how much of the machine other processes took.  Before timing,
+every public form is checked to give the kernel's bytes, and TF's CSR of
+step 0 ours.
 
 Run: `make bench`, or
 `TPU_EMBED_ORACLE_PYTHON=.venv-oracle/bin/python .venv/bin/python benchmarks/csr.py`
@@ -199,8 +201,9 @@ def main(argv=None):
               max_ids_per_chip_per_sample=MAX_IDS_PER_CHIP_PER_SAMPLE)
     n_ids = float(np.mean([sum(v.size for v, _ in b.values()) for b in batches]))
     vocabs = sorted(t["vocabulary_size"] for t in tables)
-    print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs; "
-          f"ours: native kernel {csr.native_available()}, {csr.native_threads()} threads")
+    print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, load average "
+          f"{os.getloadavg()[0]:.2f} at start; ours: native kernel {csr.native_available()}, "
+          f"{csr.native_threads()} threads")
     print(f"workload: {UNIVALENT} univalent + {NUM_FEATURES - UNIVALENT} multivalent (1-9 ids) features, "
           f"vocabularies {vocabs[0]}..{vocabs[-1]}, dim {DIM}, {COMBINER}, Zipf(1.2); per-chip batch {args.batch}, "
           f"{num_chips} chips x {nsc} SparseCores; {n_ids:.0f} ids per chip batch, {args.steps} batches; "
@@ -284,8 +287,8 @@ def main(argv=None):
                 got[f"jax, {form}"] = jax_ids / seconds
         for k, v in got.items():
             rows.setdefault(k, []).append(v / 1e6)
-        print(f"round {r + 1}: " + "; ".join(f"{k} {v / 1e6:.1f}" for k, v in got.items()) + " (M ids/s)",
-              flush=True)
+        print(f"round {r + 1} (load average {os.getloadavg()[0]:.2f}): "
+              + "; ".join(f"{k} {v / 1e6:.1f}" for k, v in got.items()) + " (M ids/s)", flush=True)
     for helper in (oracle, jax):
         if helper is not None:
             helper.close()

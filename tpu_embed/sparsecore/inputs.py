@@ -1,10 +1,15 @@
-"""Normalise one feature's ids (dense, sparse or ragged; TF or numpy) to COO.
+"""A feature's ids (dense, sparse or ragged; TF or numpy) as the packers take them.
 
 TF's `ConvertToListOfSparseCoreCooTensors` takes three input kinds:
 dense (one id per sample, row = position), SparseTensor (row = first index
-column, indices sorted) and RaggedTensor (row from row_splits).  This module
-turns any of them into (row, id, weight) numpy arrays and validates what TF
-does not (ids out of range, NaN weights), naming the feature.
+column, indices sorted) and RaggedTensor (row from row_splits).
+
+* `native_entries`: the buffers of each kind as they are, for the C kernel,
+  which reads numpy arrays and TF tensors in place and checks them itself;
+* `to_feature_ids`: the readable path, which turns any of them into (row, id,
+  weight) numpy arrays and validates what TF does not (ids out of range, NaN
+  weights), naming the feature.  It is the numpy and reference packers'
+  input, and the kernel's fallback for what it does not read as it is.
 """
 
 from __future__ import annotations

@@ -155,7 +155,13 @@ typedef struct {
   size_t cap[8];
 } Scratch;
 
-enum { S_G, S_W, S_KEYS, S_TMP, S_COUNT, S_HI, S_SROW, S_GAIN };
+enum { S_ENTRY, S_KEYS, S_TMP, S_COUNT, S_HI, S_SROW, S_GAIN };
+
+/* One id after adjacent duplicates merged: its sample id on the SparseCore and its weight. */
+typedef struct {
+  int32_t srow;
+  float w;
+} Entry;
 
 static void *scratch_get(Scratch *sc, int which, size_t bytes) {
   if (bytes == 0) bytes = 8;
@@ -183,10 +189,13 @@ typedef struct {
   Py_ssize_t *count;
 } Radix;
 
-static int radix_init(Radix *r, Scratch *s, int lo, int width) {
-  enum { MAXD = 9 }; /* 512-bucket histograms stay in L1; measured faster than 2 x 13 bits */
+/* Digits of at most 12 bits for n >= 4096 keys, else 9: a 4096-bucket histogram pays for itself on a
+ * few thousand keys (measured: 24-bit keys of 12k entries sort 11% faster in 2 passes of 12 bits
+ * than in 3 of 8), 512 buckets stay in L1 for the small batches. */
+static int radix_init(Radix *r, Scratch *s, int lo, int width, Py_ssize_t n) {
+  const int maxd = n >= 4096 ? 12 : 9;
   r->lo = lo;
-  r->passes = width <= 0 ? 0 : (width + MAXD - 1) / MAXD;
+  r->passes = width <= 0 ? 0 : (width + maxd - 1) / maxd;
   r->digit = r->passes ? (width + r->passes - 1) / r->passes : 1;
   r->buckets = (Py_ssize_t)1 << r->digit;
   r->dmask = ((uint64_t)1 << r->digit) - 1;
@@ -234,7 +243,7 @@ typedef struct {
   const int8_t *row_code;
   int nsc, log2s, tbits, any_combiner;
   const Py_ssize_t *bounds; /* F x (nsc + 1): first element of local SC s in feature f */
-  float *scale;             /* R: combiner sums, then scales (each SC owns its rows) */
+  float *scale;             /* R: combiner sums, then scales; SC s owns R / nsc of them, by sample id on it */
   Scratch *scratch;         /* nsc slots */
   int64_t **out_hi;         /* per SC, sorted and merged: (destination SC, token) */
   int32_t **out_srow;
@@ -267,16 +276,15 @@ static void sc_task(Job *J, int s) {
   for (Py_ssize_t f = 0; f < F; f++) n += J->bounds[f * nb + s + 1] - J->bounds[f * nb + s];
   int ibits = 1;
   while (((Py_ssize_t)1 << ibits) <= n) ibits++;
-  int64_t *G = scratch_get(scr, S_G, sizeof(int64_t) * (n + 1));
-  float *W = scratch_get(scr, S_W, sizeof(float) * (n + 1));
+  Entry *P = scratch_get(scr, S_ENTRY, sizeof(Entry) * (n + 1));
   uint64_t *keys = scratch_get(scr, S_KEYS, sizeof(uint64_t) * (n + 1));
   uint64_t *tmp = scratch_get(scr, S_TMP, sizeof(uint64_t) * (n + 1));
   int64_t *out_hi = scratch_get(scr, S_HI, sizeof(int64_t) * (n + 1));
   int32_t *out_srow = scratch_get(scr, S_SROW, sizeof(int32_t) * (n + 1));
   float *out_gain = scratch_get(scr, S_GAIN, sizeof(float) * (n + 1));
   Radix radix;
-  if (!G || !W || !keys || !tmp || !out_hi || !out_srow || !out_gain ||
-      radix_init(&radix, scr, ibits, log2s + tbits) < 0) {
+  if (!P || !keys || !tmp || !out_hi || !out_srow || !out_gain ||
+      radix_init(&radix, scr, ibits, log2s + tbits, n) < 0) {
     J->err_kind[s] = 9;
     return;
   }
@@ -284,50 +292,87 @@ static void sc_task(Job *J, int s) {
                    *const hist2 = radix.count + 2 * radix.buckets;
   const int rlo = radix.lo, rdig = radix.digit, rpasses = radix.passes;
   const uint64_t rmask = radix.dmask;
-  float *scale = J->scale;
+  /* This SC's samples, by their sample id on it: feature f's rows of SC s are its samples
+   * off_f / nsc ... off_f / nsc + per_sc - 1 there. */
+  float *scale = J->scale + s * (J->R / J->nsc);
 
   /* 1. Validate, rewrite columns, merge adjacent duplicates, accumulate combiner sums
    *    (of weights for mean, of squared weights for sqrtn: TF's contribution functions). */
   Py_ssize_t m = 0;
-  int64_t pg = -1, pid = -1;
+  int64_t pid = -1;
+  int32_t psr = -1;
+/* Feature f's id at position i fails a check: report it and stop the task. */
+#define FAIL(kind, i, what)                                                  \
+  do {                                                                       \
+    J->err_kind[s] = (kind); J->err_f[s] = f; J->err_i[s] = (i); what;       \
+    return;                                                                  \
+  } while (0)
+/* The sort key of an id: (destination SC, token) above the entry's index m. */
+#define KEY(id) \
+  (((((uint64_t)(((id) + sh) & mask)) << tbits | (uint64_t)(((id) >> log2s) + ct)) << ibits) | (uint64_t)m)
+/* One id of sample sr: checked, its combiner contribution added, merged into the previous entry when
+ * it repeats it (same sample, same id), else a new entry. */
+#define TAKE(i, sr)                                                          \
+  do {                                                                       \
+    const int64_t id = ids[i];                                               \
+    if (id < 0 || id >= v) FAIL(1, i, J->err_v[s] = id);                     \
+    const float w = weights ? weights[i] : 1.0f;                             \
+    if (weights && !isfinite(w)) FAIL(2, i, J->err_w[s] = w);                \
+    if (code == 1) scale[sr] = scale[sr] + w;                                \
+    else if (code == 2) scale[sr] = scale[sr] + w * w;                       \
+    if ((sr) == psr && id == pid) {                                          \
+      P[m - 1].w = P[m - 1].w + w;                                           \
+    } else {                                                                 \
+      keys[m] = KEY(id); P[m].srow = (sr); P[m].w = w; m++;                  \
+      psr = (sr); pid = id;                                                  \
+    }                                                                        \
+  } while (0)
+
   for (Py_ssize_t f = 0; f < F; f++) {
     const int64_t *rows = J->rows[f], *ids = J->ids[f], *splits = J->splits[f];
     const Py_ssize_t rs = J->rstride[f];
     const float *weights = J->weights[f];
     const int64_t off = J->offsets[f], sh = J->shift[f], ct = J->ctok[f], v = J->vocab[f];
     const int64_t per_sc = ((f + 1 < F ? J->offsets[f + 1] : J->R) - off) / J->nsc;
-    const int64_t rhi_row = (s + 1) * per_sc;
+    const int64_t rlo_row = s * per_sc, rhi_row = (s + 1) * per_sc;
     const int code = J->row_code[off];
-    int64_t prev_r = s * per_sc, cur = s * per_sc;
-    for (Py_ssize_t i = J->bounds[f * nb + s], end = J->bounds[f * nb + s + 1]; i < end; i++) {
-      int64_t r;
-      if (rows) {
-        r = rows[i * rs];
-      } else if (splits) {
-        while (i >= splits[cur + 1]) cur++;
-        r = cur;
-      } else {
-        r = i;
+    const int64_t srow_base = off / J->nsc - s * per_sc; /* row r's sample id on the SC */
+    const Py_ssize_t begin = J->bounds[f * nb + s], end = J->bounds[f * nb + s + 1];
+    if (splits) {
+      /* Ragged: the SC's samples in order, each one's ids from row_splits (checked at entry). */
+      for (int64_t r = rlo_row; r < rhi_row; r++) {
+        const int32_t sr = (int32_t)(r + srow_base);
+        for (Py_ssize_t i = splits[r], e = splits[r + 1]; i < e; i++) TAKE(i, sr);
       }
-      const int64_t id = ids[i];
-      if (id < 0 || id >= v) { J->err_kind[s] = 1; J->err_f[s] = f; J->err_i[s] = i; J->err_v[s] = id; return; }
-      if (r < prev_r || r >= rhi_row) { J->err_kind[s] = 3; J->err_f[s] = f; J->err_i[s] = i; J->err_v[s] = r; return; }
-      prev_r = r;
-      const float w = weights ? weights[i] : 1.0f;
-      if (weights && !isfinite(w)) { J->err_kind[s] = 2; J->err_f[s] = f; J->err_i[s] = i; J->err_w[s] = w; return; }
-      const int64_t g = r + off;
-      if (code == 1) scale[g] = scale[g] + w;
-      else if (code == 2) scale[g] = scale[g] + w * w;
-      if (g == pg && id == pid) { W[m - 1] = W[m - 1] + w; continue; }
-      G[m] = g;
-      const uint64_t key =
-          ((((uint64_t)((id + sh) & mask)) << tbits | (uint64_t)((id >> log2s) + ct)) << ibits) | (uint64_t)m;
-      keys[m] = key;
-      W[m] = w;
-      m++;
-      pg = g; pid = id;
+    } else if (rows) {
+      /* Rows given (a SparseTensor's): checked to be in the SC's range and non-decreasing. */
+      int64_t prev_r = rlo_row;
+      for (Py_ssize_t i = begin; i < end; i++) {
+        const int64_t r = rows[i * rs];
+        if (r < prev_r || r >= rhi_row) FAIL(3, i, J->err_v[s] = r);
+        prev_r = r;
+        const int32_t sr = (int32_t)(r + srow_base);
+        TAKE(i, sr);
+      }
+    } else {
+      /* Dense: sample = position, one id each.  No two entries share a sample, so none merges, and a
+       * sample's combiner sum is its one contribution (added to 0, as TF adds it). */
+      for (Py_ssize_t i = begin; i < end; i++) {
+        const int64_t id = ids[i];
+        if (id < 0 || id >= v) FAIL(1, i, J->err_v[s] = id);
+        const float w = weights ? weights[i] : 1.0f;
+        if (weights && !isfinite(w)) FAIL(2, i, J->err_w[s] = w);
+        const int32_t sr = (int32_t)(i + srow_base);
+        if (code == 1) scale[sr] = 0.0f + w;
+        else if (code == 2) scale[sr] = 0.0f + w * w;
+        keys[m] = KEY(id); P[m].srow = sr; P[m].w = w; m++;
+      }
+      psr = -1;
     }
   }
+#undef TAKE
+#undef KEY
+#undef FAIL
 
   /* Radix histograms in one sequential read of the keys (measured cheaper than counting inside
    * the loop above, which runs short of registers). */
@@ -337,6 +382,12 @@ static void sc_task(Job *J, int s) {
       hist0[(key >> rlo) & rmask]++;
       hist1[(key >> (rlo + rdig)) & rmask]++;
       hist2[(key >> (rlo + 2 * rdig)) & rmask]++;
+    }
+  } else if (rpasses == 2) {
+    for (Py_ssize_t e = 0; e < m; e++) {
+      const uint64_t key = keys[e];
+      hist0[(key >> rlo) & rmask]++;
+      hist1[(key >> (rlo + rdig)) & rmask]++;
     }
   } else {
     for (Py_ssize_t e = 0; e < m; e++) radix_count(&radix, keys[e]);
@@ -351,9 +402,9 @@ static void sc_task(Job *J, int s) {
       const int64_t off = J->offsets[f];
       const int64_t per_sc = ((f + 1 < F ? J->offsets[f + 1] : J->R) - off) / J->nsc;
       const int code = J->row_code[off];
-      for (int64_t g = off + s * per_sc, ge = g + per_sc; g < ge; g++) {
-        const float x = scale[g];
-        scale[g] = code == 0 ? 1.0f : x == 0.0f ? 0.0f : code == 1 ? 1.0f / x : 1.0f / sqrtf(x);
+      for (int64_t q = off / J->nsc, qe = q + per_sc; q < qe; q++) {
+        const float x = scale[q];
+        scale[q] = code == 0 ? 1.0f : x == 0.0f ? 0.0f : code == 1 ? 1.0f / x : 1.0f / sqrtf(x);
       }
     }
   }
@@ -367,21 +418,22 @@ static void sc_task(Job *J, int s) {
   const uint64_t imask = ((uint64_t)1 << ibits) - 1;
   const int any_combiner = J->any_combiner;
   Py_ssize_t k = 0;
-  int64_t ph = -1, prow = -1;
+  int64_t ph = -1;
+  int32_t prow = -1;
   for (Py_ssize_t j = 0; j < m; j++) {
     const uint64_t key = sorted[j];
-    const Py_ssize_t e = (Py_ssize_t)(key & imask);
-    const int64_t h = (int64_t)(key >> ibits), g = G[e];
-    const float gain = any_combiner ? W[e] * scale[g] : W[e];
-    if (h == ph && g == prow) { out_gain[k - 1] = out_gain[k - 1] + gain; continue; }
+    const Entry p = P[key & imask];
+    const int64_t h = (int64_t)(key >> ibits);
+    const float gain = any_combiner ? p.w * scale[p.srow] : p.w;
+    if (h == ph && p.srow == prow) { out_gain[k - 1] = out_gain[k - 1] + gain; continue; }
     const int64_t dest = h >> tbits;
     ids_pp[dest]++;
-    if (h != ph) uniq_pp[dest]++;
+    uniq_pp[dest] += h != ph; /* branch-free: a new token is a coin flip on skewed ids */
     out_hi[k] = h;
-    out_srow[k] = J->srow_of[g];
+    out_srow[k] = p.srow;
     out_gain[k] = gain;
     k++;
-    ph = h; prow = g;
+    ph = h; prow = p.srow;
   }
   J->out_hi[s] = out_hi;
   J->out_srow[s] = out_srow;
