@@ -1,6 +1,8 @@
 """Reads ahead and writes behind in a background thread, so that a worker's I/O and parsing overlap its work.
 
 * `prefetched`: an iterator (a split's read and parse) runs one thread ahead of its consumer.
+* `mapped`: work on the items of an iterator (a split's decoding and parsing, chunk by chunk) spread over
+  several threads, the results in order.
 * `Behind`: calls that can wait (writes of the job's own transient files, a bundle's profile statistics,
   the build of the next steps' records) run in order in a thread while the worker goes on.
 
@@ -19,6 +21,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Callable, Deque, Iterable, Iterator, List, TypeVar
 
 T = TypeVar("T")
+U = TypeVar("U")
 
 DEFAULT_DEPTH = 2  # items made ahead: enough to hide a read's jitter, little memory (a chunk is ~10 MB)
 _ITEM, _END, _ERROR = range(3)
@@ -73,6 +76,37 @@ def prefetched(items: Iterable[T], depth: int = DEFAULT_DEPTH) -> Iterator[T]:
     finally:
         stop.set()
         thread.join()
+
+
+def mapped(fn: Callable[[T], U], items: Iterable[T], workers: int, depth: int = 0) -> Iterator[U]:
+    """Yield fn(x) for each x of `items`, in order, computed by `workers` background threads.
+
+    At most `depth` calls (default: workers + 1) are under way or done and not yet yielded, which bounds
+    the memory their results hold. `items` is iterated in the calling thread (give it `prefetched` to make
+    them in another). An exception of a call is raised here, at the place of its item. Closing this
+    generator early (or an exception in the consumer) waits for the calls under way, drops the rest and
+    closes `items`.
+    """
+    if workers < 1:
+        raise ValueError(f"workers {workers} must be >= 1")
+    depth = depth or workers + 1
+    pool = ThreadPoolExecutor(workers, thread_name_prefix="tpu-embed-mapped")
+    pending: Deque[Future] = collections.deque()
+    it = iter(items)
+    try:
+        for x in it:
+            if len(pending) >= depth:
+                yield pending.popleft().result()
+            pending.append(pool.submit(fn, x))
+        while pending:
+            yield pending.popleft().result()
+    finally:
+        for f in pending:
+            f.cancel()
+        pool.shutdown(wait=True)
+        close = getattr(it, "close", None)
+        if close is not None:
+            close()
 
 
 class Behind:

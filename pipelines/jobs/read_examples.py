@@ -3,17 +3,29 @@
 from __future__ import annotations
 
 import collections
-from typing import List, Optional, Sequence
+import typing
+from typing import Any, List, Optional, Sequence, Tuple
 
 import apache_beam as beam
 
-from pipelines.background import Behind, prefetched
+from pipelines.background import Behind, mapped, prefetched
 from pipelines.jobs.coders import BulkElement
 from pipelines.jobs.counters import inc_counters
 from pipelines.jobs.tagged import split_tagged
 from pipelines.read import csv_scan, parse, splits
 from pipelines.read import spill as read_spill
-from pipelines.read.records import DEFAULT_CHUNK_ROWS, DeadLetter, InputFile, InputSplit, RawBatch, StrictModeError
+from pipelines.read.parse import ParsedChunk
+from pipelines.read.records import (
+    DEFAULT_CHUNK_ROWS,
+    DeadLetter,
+    Deferred,
+    InputFile,
+    InputSplit,
+    RawBatch,
+    StrictModeError,
+)
+from pipelines.sharding import chunk_sizes
+from tpu_embed.sparsecore.csr import native_threads
 
 
 @beam.typehints.with_output_types(BulkElement)
@@ -69,7 +81,7 @@ class _ReadAndParse(beam.DoFn):
             raise StrictModeError(f"--strict: {first.file} record {first.record}: {first.reason}: "
                                       f"{first.detail}")
 
-        for item, parsed in prefetched(self._parsed(split, state)):
+        for item, parsed in self._parsed(split, state):
             if isinstance(item, DeadLetter):
                 if self.strict:
                     held.append(item)
@@ -100,17 +112,54 @@ class _ReadAndParse(beam.DoFn):
         yield "stats", dict(counts)
 
     def _parsed(self, split: InputSplit, csv_state):
-        """(reader item, (chunk, letters) parsed from it, or None): run one thread ahead of `_read`, with the
-        read (file reads, framing, pyarrow's parser) one more thread ahead of the parse."""
+        """(reader item, (chunk, letters) parsed from it, or None), in order: the reader's framing (file reads,
+        the CSV scan, TFRecord frames) one thread ahead, each batch's decoding (the native CSV split,
+        pyarrow's CSV reader, tfx_bsl's Example decoder) and parse on `read_threads` threads beside it."""
         spec = self.spec
-        for item in prefetched(splits.read_split(spec.inputs.format, split, spec.required_columns(),
-                                              csv_delimiter=spec.inputs.csv_delimiter, chunk_rows=self.chunk_rows,
-                                              strict=self.strict, csv_state=csv_state,
-                                              encode=self.encode)):
+        items = prefetched(splits.read_split(spec.inputs.format, split, spec.required_columns(),
+                                             csv_delimiter=spec.inputs.csv_delimiter, chunk_rows=self.chunk_rows,
+                                             strict=self.strict, csv_state=csv_state, encode=self.encode,
+                                             deferred=True))
+        for done in mapped(self._decode_and_parse, items, read_threads()):
+            yield from done
+
+    def _decode_and_parse(self, item) -> List[Tuple[Any, Optional[Tuple[ParsedChunk, List[DeadLetter]]]]]:
+        out = []
+        for x in item.run() if isinstance(item, Deferred) else [item]:
             parsed = None
-            if isinstance(item, RawBatch) and item.num_rows:
-                parsed = parse.parse_batch(item, spec, int(item.record_numbers[0]))
-            yield item, parsed
+            if isinstance(x, RawBatch) and x.num_rows:
+                parsed = parse.parse_batch(x, self.spec, int(x.record_numbers[0]))
+            out.append((x, parsed))
+        return out
+
+
+def read_threads() -> int:
+    """Threads that decode and parse a split's batches: the native packer's thread count (`native_threads`:
+    TPU_EMBED_THREADS, which multi-process runners set to 1, else the CPUs this process may use)."""
+    return native_threads()
+
+
+def _chunk_size(chunk: ParsedChunk):
+    return (chunk.file_index, chunk.chunk_index), chunk.num_rows
+
+
+def _write_chunk_sizes(_, sizes, output: str, key: dict, name: str) -> str:
+    return chunk_sizes.write(output, key, sizes, name)
+
+
+class RecordChunkSizes(beam.PTransform):
+    """ParsedChunk -> the read's record of every chunk's valid examples (`pipelines.sharding.chunk_sizes`), written
+    under `output` once every chunk is read: the record's path."""
+
+    def __init__(self, output: str, key: dict, name: str = chunk_sizes.FILENAME):
+        super().__init__()
+        self.output, self.key, self.name = output, key, name
+
+    def expand(self, chunks):
+        sizes = chunks | "Sizes" >> beam.Map(_chunk_size).with_output_types(typing.Any)
+        return (chunks.pipeline | "Trigger" >> beam.Create([None])
+                | "Write" >> beam.Map(_write_chunk_sizes, beam.pvalue.AsList(sizes), self.output, self.key,
+                                      self.name).with_output_types(str))
 
 
 def _csv_summary(split: InputSplit, delimiter: str):

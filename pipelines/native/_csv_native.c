@@ -227,6 +227,8 @@ static PyObject *quote_states(PyObject *self, PyObject *args) {
   uint8_t *out = have_flags ? (uint8_t *)flags.buf : NULL;
   Py_ssize_t nflags = have_flags ? flags.len : PY_SSIZE_T_MAX, nbreaks = -1;
   int end = -1, other = -1;
+  /* Without the GIL: the reader's framing thread scans while other threads split and count. */
+  Py_BEGIN_ALLOW_THREADS
   if (!(lo <= bof && bof < hi)) {
     int ok, other_ok;
     int par = parity_scan(b, lo, hi, q, delim, out, nflags, &nbreaks, &ok, &other_ok);
@@ -237,6 +239,11 @@ static PyObject *quote_states(PyObject *self, PyObject *args) {
     if (ok && !other_ok && both) other = machine_scan(b, lo, hi, 1 - q, bof, delim, after, NULL, 0, &unused, end);
   }
   if (end < 0) end = machine_scan(b, lo, hi, q, bof, delim, after, out, nflags, &nbreaks, -1);
+  if (end >= 0 && !(have_flags && nbreaks != nflags) && both && other < 0) {
+    Py_ssize_t unused;
+    other = machine_scan(b, lo, hi, 1 - q, bof, delim, after, NULL, 0, &unused, -1);
+  }
+  Py_END_ALLOW_THREADS
   if (end < 0 || (have_flags && nbreaks != nflags)) {
     PyErr_Format(PyExc_ValueError, "flags has %zd entries; the range has a different number of line breaks",
                  nflags);
@@ -245,10 +252,6 @@ static PyObject *quote_states(PyObject *self, PyObject *args) {
   if (!both) {
     result = PyLong_FromLong(end);
     goto done;
-  }
-  if (other < 0) {
-    Py_ssize_t unused;
-    other = machine_scan(b, lo, hi, 1 - q, bof, delim, after, NULL, 0, &unused, -1);
   }
   result = Py_BuildValue("(ii)", end, other);
 done:
@@ -272,13 +275,15 @@ static PyObject *line_breaks(PyObject *self, PyObject *args) {
     goto done;
   }
   const uint8_t *b = (const uint8_t *)data.buf;
-  int cr = memchr(b + lo, '\r', (size_t)(hi - lo)) != NULL;
   Py_ssize_t cap = 1024, k = 0;
-  pos = (int64_t *)PyMem_Malloc((size_t)cap * sizeof(int64_t));
+  int nomem = 0;
+  pos = (int64_t *)malloc((size_t)cap * sizeof(int64_t));  /* no PyMem_*: filled without the GIL */
   if (!pos) {
     PyErr_NoMemory();
     goto done;
   }
+  Py_BEGIN_ALLOW_THREADS
+  int cr = memchr(b + lo, '\r', (size_t)(hi - lo)) != NULL;
   for (Py_ssize_t p = lo; p < hi;) {
     const uint8_t *hit;
     if (cr) {
@@ -294,18 +299,23 @@ static PyObject *line_breaks(PyObject *self, PyObject *args) {
     if (*hit == '\r' && (at + 1 < hi ? b[at + 1] == '\n' : after == '\n')) continue;  /* \r\n: the \n breaks */
     if (k == cap) {
       cap *= 2;
-      int64_t *grown = (int64_t *)PyMem_Realloc(pos, (size_t)cap * sizeof(int64_t));
+      int64_t *grown = (int64_t *)realloc(pos, (size_t)cap * sizeof(int64_t));
       if (!grown) {
-        PyErr_NoMemory();
-        goto done;
+        nomem = 1;
+        break;
       }
       pos = grown;
     }
     pos[k++] = (int64_t)(at - lo);
   }
+  Py_END_ALLOW_THREADS
+  if (nomem) {
+    PyErr_NoMemory();
+    goto done;
+  }
   result = PyBytes_FromStringAndSize((const char *)pos, (Py_ssize_t)(k * (Py_ssize_t)sizeof(int64_t)));
 done:
-  PyMem_Free(pos);
+  free(pos);
   PyBuffer_Release(&data);
   return result;
 }
@@ -337,9 +347,14 @@ static PyObject *plain_decimals(PyObject *self, PyObject *args) {
   if (!values || !blank) goto done;
   double *out = (double *)PyBytes_AS_STRING(values);
   uint8_t *bl = (uint8_t *)PyBytes_AS_STRING(blank);
-  for (Py_ssize_t i = 0; i < n; i++) {
+  int plain = 1;
+  Py_BEGIN_ALLOW_THREADS  /* the new bytes objects are this call's alone until it returns */
+  for (Py_ssize_t i = 0; i < n && plain; i++) {
     int64_t a = o[i], b = o[i + 1];
-    if (b < a) goto not_plain;
+    if (b < a) {
+      plain = 0;
+      break;
+    }
     bl[i] = a == b;
     if (a == b) {
       out[i] = 0.0;
@@ -347,25 +362,73 @@ static PyObject *plain_decimals(PyObject *self, PyObject *args) {
     }
     int neg = d[a] == '-';
     if (d[a] == '-' || d[a] == '+') a++;
-    if (a == b || b - a > 15) goto not_plain;
+    if (a == b || b - a > 15) {
+      plain = 0;
+      break;
+    }
     uint64_t u = 0;
     for (int64_t p = a; p < b; p++) {
       unsigned digit = (unsigned)d[p] - '0';
-      if (digit > 9) goto not_plain;
+      if (digit > 9) {
+        plain = 0;
+        break;
+      }
       u = u * 10 + digit;
     }
     out[i] = neg ? -(double)u : (double)u;
   }
-  result = PyTuple_Pack(2, values, blank);
-  goto done;
-not_plain:
-  result = Py_NewRef(Py_None);
+  Py_END_ALLOW_THREADS
+  result = plain ? PyTuple_Pack(2, values, blank) : Py_NewRef(Py_None);
 done:
   Py_XDECREF(values);
   Py_XDECREF(blank);
   PyBuffer_Release(&offs);
   PyBuffer_Release(&data);
   return result;
+}
+
+
+/* room_after(data, extra) -> bytearray of len(data) + extra bytes: data's bytes, then `extra` bytes left as
+ * they are (the caller fills them: the CSV scanner's next read). Python's bytearray(n) zero-fills, and a
+ * slice assignment copies, with the GIL held; here the copy runs without it and nothing is zero-filled. */
+static PyObject *room_after(PyObject *self, PyObject *args) {
+  Py_buffer data;
+  Py_ssize_t extra;
+  if (!PyArg_ParseTuple(args, "y*n", &data, &extra)) return NULL;
+  PyObject *out = NULL;
+  if (extra < 0 || data.len > PY_SSIZE_T_MAX - extra) {
+    PyErr_SetString(PyExc_ValueError, "room_after: extra must be >= 0");
+    goto done;
+  }
+  out = PyByteArray_FromStringAndSize(NULL, data.len + extra);
+  if (!out) goto done;
+  char *dst = PyByteArray_AS_STRING(out);
+  Py_BEGIN_ALLOW_THREADS  /* the new bytearray is this call's alone until it returns */
+  memcpy(dst, data.buf, (size_t)data.len);
+  Py_END_ALLOW_THREADS
+done:
+  PyBuffer_Release(&data);
+  return out;
+}
+
+
+/* is_ascii(data) -> bool: every byte below 0x80 (bytes.isascii for any buffer), without the GIL. */
+static PyObject *is_ascii(PyObject *self, PyObject *args) {
+  Py_buffer data;
+  if (!PyArg_ParseTuple(args, "y*", &data)) return NULL;
+  const uint8_t *b = (const uint8_t *)data.buf;
+  Py_ssize_t n = data.len, i = 0;
+  uint64_t high = 0;
+  Py_BEGIN_ALLOW_THREADS
+  for (; i + 64 <= n && !high; i += 64) {
+    uint64_t w[8];
+    memcpy(w, b + i, 64);
+    high = (w[0] | w[1] | w[2] | w[3] | w[4] | w[5] | w[6] | w[7]) & 0x8080808080808080ULL;
+  }
+  for (; i < n && !high; i++) high = b[i] & 0x80;
+  Py_END_ALLOW_THREADS
+  PyBuffer_Release(&data);
+  return PyBool_FromLong(!high);
 }
 
 
@@ -525,6 +588,7 @@ static PyObject *plain_fields(PyObject *self, PyObject *args) {
   column_bytes *cols = NULL;
   enc_column *encs = NULL;
   int64_t **offs = NULL;
+  PyObject **offs_obj = NULL;
   Py_ssize_t nout = 0;
   const int32_t *w = (const int32_t *)want.buf;
   if (nfields < 1 || want.len != nfields * (Py_ssize_t)sizeof(int32_t) || nrec < 0 || delim < 0 || delim > 255 ||
@@ -568,12 +632,16 @@ static PyObject *plain_fields(PyObject *self, PyObject *args) {
       encs[c].doff[0] = 0;
     }
   }
+  /* The offsets are filled in place in the bytes objects returned (no copy of them with the GIL held). */
+  offs_obj = calloc((size_t)(nout ? nout : 1), sizeof(PyObject *));
+  if (!offs_obj) {
+    PyErr_NoMemory();
+    goto done;
+  }
   for (Py_ssize_t c = 0; c < nout; c++) {
-    offs[c] = malloc((size_t)(nrec + 1) * sizeof(int64_t));
-    if (!offs[c]) {
-      PyErr_NoMemory();
-      goto done;
-    }
+    offs_obj[c] = PyBytes_FromStringAndSize(NULL, (nrec + 1) * (Py_ssize_t)sizeof(int64_t));
+    if (!offs_obj[c]) goto done;
+    offs[c] = (int64_t *)PyBytes_AS_STRING(offs_obj[c]);
     offs[c][0] = 0;
   }
   const uint8_t *b = (const uint8_t *)data.buf, *end = b + data.len;
@@ -650,7 +718,8 @@ static PyObject *plain_fields(PyObject *self, PyObject *args) {
   result = PyList_New(nout);
   if (!result) goto done;
   for (Py_ssize_t c = 0; c < nout; c++) {
-    PyObject *o = PyBytes_FromStringAndSize((const char *)offs[c], (nrec + 1) * (Py_ssize_t)sizeof(int64_t));
+    PyObject *o = offs_obj[c];
+    offs_obj[c] = NULL;
     PyObject *t = NULL;
     if (encs[c].split >= 0) {
       enc_column *e = &encs[c];
@@ -679,8 +748,9 @@ done:
   if (encs)
     for (Py_ssize_t c = 0; c < nout; c++) enc_free(&encs[c]);
   free(encs);
-  if (offs)
-    for (Py_ssize_t c = 0; c < nout; c++) free(offs[c]);
+  if (offs_obj)
+    for (Py_ssize_t c = 0; c < nout; c++) Py_XDECREF(offs_obj[c]);
+  free(offs_obj);
   free(cols);
   free(offs);
   PyBuffer_Release(&data);
@@ -697,6 +767,8 @@ static PyMethodDef methods[] = {
     {"plain_fields", plain_fields, METH_VARARGS,
      "The wanted columns of CSV records that need no parser (no quote, no \\r, one line each), else None."},
     {"line_breaks", line_breaks, METH_VARARGS, "Offsets from lo of the line breaks of data[lo:hi] (int64 bytes)."},
+    {"is_ascii", is_ascii, METH_VARARGS, "Whether every byte of a buffer is below 0x80."},
+    {"room_after", room_after, METH_VARARGS, "A bytearray of a buffer's bytes followed by n bytes to fill."},
     {NULL, NULL, 0, NULL}};
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_csv_native", NULL, -1, methods};

@@ -28,7 +28,15 @@ from pipelines.read.csv_scan import (
     delimiter_byte,
     range_summary,
 )
-from pipelines.read.records import DeadLetter, InputFile, InputSplit, RawBatch, missing_columns_letter, one_array
+from pipelines.read.records import (
+    DeadLetter,
+    Deferred,
+    InputFile,
+    InputSplit,
+    RawBatch,
+    missing_columns_letter,
+    one_array,
+)
 from pipelines.read.source import Source
 from pipelines.token_index import encoded_from_buffers
 
@@ -149,6 +157,7 @@ def _pyarrow_csv(data: bytes, names: List[str], columns: List[str], delimiter: s
     """`records`: how many records (framed by the scan) `data` holds, if known. When its line breaks are
     exactly their ends (no line break inside a value, no empty line, no \r), pyarrow is told values have
     no newlines, which parses about twice as fast; the table is the same."""
+    data = bytes(data)  # a view of the scanner's buffer: the checks below are bytes methods
     newlines = records is None or CR_BYTE in data or \
         data.count(LF_BYTE) != records - (0 if data.endswith(LF_BYTE) else 1)
     # The caller made `data` valid UTF-8, and values split at ASCII bytes stay valid: no second check.
@@ -199,19 +208,25 @@ def _plain_table(data: bytes, names: List[str], columns: List[str], delimiter: s
     return pa.table(table) if table else pa.table({"": pa.nulls(records)}).drop_columns([""]), encoded
 
 
-def _parse_records(f: InputFile, head: _CsvHead, columns: List[str], delimiter: str, data: bytes,
+def _is_ascii(data) -> bool:
+    """Whether every byte is below 0x80 (natively without the GIL, for a view too)."""
+    native = csv_native()
+    return native.is_ascii(data) if native is not None else bytes(data).isascii()
+
+
+def _parse_records(f: InputFile, head: _CsvHead, columns: List[str], delimiter: str, data,
                    starts: np.ndarray, ends: np.ndarray, lines: np.ndarray, batch_index: int,
                    encode: Optional[Dict[str, Optional[str]]] = None):
     """(RawBatch or None, letters) for consecutive records: data[starts[i]:ends[i]] is record i (at line
-    lines[i]); only empty lines are between them."""
+    lines[i]); only empty lines are between them. `data`: bytes or a view of them."""
     m = int(starts.size)
     original = data
     try:
-        if not data.isascii():  # ASCII is UTF-8; isascii is ~10x faster than a decode
-            data.decode("utf-8")
+        if not _is_ascii(data):  # ASCII is UTF-8, and the check is ~10x faster than a decode
+            str(data, "utf-8")
         not_utf8 = np.zeros(0, np.int64)
     except UnicodeDecodeError:
-        data, invalid = _blank_invalid_utf8(data)
+        data, invalid = _blank_invalid_utf8(bytes(data))
         not_utf8 = np.unique(np.searchsorted(starts, invalid, side="right") - 1)
     bad: Dict[int, DeadLetter] = {}
     lost = []
@@ -248,7 +263,8 @@ def _parse_records(f: InputFile, head: _CsvHead, columns: List[str], delimiter: 
         ok = np.ones(rows.size, bool)
         for i in np.flatnonzero(np.isin(rows, not_utf8)):
             k = int(rows[i])
-            letter = _utf8_letter(f, original[starts[k]:ends[k]], int(lines[k]), head.names, columns, delimiter)
+            letter = _utf8_letter(f, bytes(original[starts[k]:ends[k]]), int(lines[k]), head.names, columns,
+                                  delimiter)
             if letter is not None:
                 ok[i] = False
                 letters.append(letter)
@@ -381,17 +397,23 @@ def _csv_records(split: InputSplit, src: Source, head: _CsvHead, columns: List[s
 
 def _csv_batches(f, head, columns, delimiter, encode, sc: Scanner, pending, chunk_rows: int, batch_index: int,
                  all_: bool):
-    """Parse the pending records in batches of chunk_rows (all of them, or only full batches);
-    returns (next batch index, the records left pending)."""
+    """The pending records in batches of chunk_rows (all of them, or only full batches), each a `Deferred`
+    parse (`_parsed_records`: the native split or pyarrow's reader let go of the GIL, so batches can be
+    parsed side by side); returns (next batch index, the records left pending)."""
     s, e, ln = (np.concatenate(x) for x in zip(*pending))
     n = s.size if all_ else s.size - s.size % chunk_rows
     for a in range(0, n, chunk_rows):
         b = min(a + chunk_rows, n)
         lo = int(s[a])
-        raw, letters = _parse_records(f, head, columns, delimiter, sc.get(lo, int(e[b - 1])), s[a:b] - lo,
-                                      e[a:b] - lo, ln[a:b], batch_index, encode)
-        yield from letters
-        if raw is not None:
-            batch_index += 1
-            yield raw
+        yield Deferred(_parsed_records, (f, head, columns, delimiter, sc.view(lo, int(e[b - 1])), s[a:b] - lo,
+                                         e[a:b] - lo, ln[a:b], batch_index, encode))
+        batch_index += 1
     return batch_index, ([(s[n:], e[n:], ln[n:])] if n < s.size else [])
+
+
+def _parsed_records(*args):
+    """`_parse_records`' dead letters, then its batch if any record is left."""
+    raw, letters = _parse_records(*args)
+    yield from letters
+    if raw is not None:
+        yield raw

@@ -180,9 +180,13 @@ class Scanner:
         if n <= 0:
             return False
         keep = memoryview(self.buf)[self.kept - self.base:]
-        buf = bytearray(len(keep) + n)
-        view = memoryview(buf)
-        view[:len(keep)] = keep
+        if _csv_native is not None:  # copied without the GIL, the rest not zero-filled first
+            buf = _csv_native.room_after(keep, n)
+            view = memoryview(buf)
+        else:
+            buf = bytearray(len(keep) + n)
+            view = memoryview(buf)
+            view[:len(keep)] = keep
         self.src.read_into(end, view[len(keep):])
         self.buf, self.base = buf, self.kept
         return True
@@ -234,6 +238,13 @@ class Scanner:
         if lo >= self.base and hi <= self.base + len(self.buf):
             return bytes(memoryview(self.buf)[lo - self.base:hi - self.base])
         return self.src.read(lo, hi - lo)
+
+    def view(self, lo: int, hi: int) -> memoryview:
+        """Bytes [lo, hi) as a read-only view of the buffer, without a copy (a buffer is never written once
+        `_more` made it: the next read makes a new one), or read again if released."""
+        if lo >= self.base and hi <= self.base + len(self.buf):
+            return memoryview(self.buf).toreadonly()[lo - self.base:hi - self.base]
+        return memoryview(self.src.read(lo, hi - lo))
 
     def release(self, keep_from: int) -> None:
         self.kept = max(self.kept, min(keep_from, self.pos - 1))

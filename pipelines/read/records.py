@@ -7,7 +7,7 @@ number of every row) plus `DeadLetter`s for what cannot be read; they never drop
 from __future__ import annotations
 
 import dataclasses
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
 import numpy as np
 import pyarrow as pa
@@ -77,6 +77,18 @@ class RawBatch:
     @property
     def num_rows(self) -> int:
         return int(self.record_numbers.size)
+
+
+@dataclasses.dataclass
+class Deferred:
+    """Work of a reader that need not run in its thread: decoding or splitting one batch of records it framed.
+    `run()` gives the `RawBatch`es and `DeadLetter`s it stands for, in order. A reader yields these where
+    its caller may spread them over threads (`pipelines.read.splits.read_split`'s `deferred`)."""
+    fn: Callable[..., Iterable[Any]]
+    args: Tuple[Any, ...] = ()
+
+    def run(self) -> List[Any]:
+        return list(self.fn(*self.args))
 
 
 def missing_columns_letter(f: InputFile, missing: List[str], have: List[str]) -> DeadLetter:

@@ -12,7 +12,7 @@ from typing import Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
 
 from pipelines import progress
 from pipelines.read import csv_reader, parquet_reader, tfrecord_reader
-from pipelines.read.records import DEFAULT_CHUNK_ROWS, DeadLetter, InputFile, InputSplit, StrictModeError
+from pipelines.read.records import DEFAULT_CHUNK_ROWS, DeadLetter, Deferred, InputFile, InputSplit, StrictModeError
 from tpu_embed.artifact import io as tio
 
 DEFAULT_SPLIT_BYTES = 64 << 20  # input files larger than this are read by several workers
@@ -53,7 +53,7 @@ def plan_splits(fmt: str, files: Sequence[InputFile], split_bytes: int = DEFAULT
 def read_split(fmt: str, split: InputSplit, columns: Sequence[str], *, csv_delimiter: str = ",",
                chunk_rows: int = DEFAULT_CHUNK_ROWS, strict: bool = False,
                csv_state: Optional[Tuple[int, int]] = None,
-               encode: Optional[Mapping[str, Optional[str]]] = None) -> Iterator[object]:
+               encode: Optional[Mapping[str, Optional[str]]] = None, deferred: bool = False) -> Iterator[object]:
     """Yield `RawBatch` and `DeadLetter` objects for the records that start in one split.
 
     Whole-file letters come from the file's split 0 only. `csv_state` is the CSV quote state and line
@@ -61,6 +61,10 @@ def read_split(fmt: str, split: InputSplit, columns: Sequence[str], *, csv_delim
     first computes it by scanning the bytes before it. `encode`: {column: token delimiter or None} of
     columns a CSV batch of plain records may give dictionary-encoded (`RawBatch.encoded`,
     `pipelines.read.parse.encodable_columns`) instead of as strings.
+
+    `deferred`: the decoding of each batch of framed records (CSV, TFRecord) comes as a `Deferred` whose
+    `run()` gives its items, for the caller to run, in order, on threads of its own
+    (`pipelines.jobs.read_examples`); else it runs here.
     """
     f = split.file
     readers = {"csv": csv_reader.read_csv, "tfrecord": tfrecord_reader.read_tfrecord,
@@ -68,6 +72,12 @@ def read_split(fmt: str, split: InputSplit, columns: Sequence[str], *, csv_delim
     any_rows = False
     for item in readers[fmt](split, list(columns), csv_delimiter=csv_delimiter, chunk_rows=chunk_rows,
                              csv_state=csv_state, encode=dict(encode or {})):
+        if isinstance(item, Deferred):
+            if deferred:
+                yield Deferred(_checked_all, (item, f.index))
+            else:
+                yield from _checked_all(item, f.index)
+            continue  # a batch's records start after a header or record: never a file's only letter
         if isinstance(item, DeadLetter):
             item.file_index = f.index
             if strict and item.record < 0:  # record-level letters: the caller raises on the first one
@@ -81,6 +91,16 @@ def read_split(fmt: str, split: InputSplit, columns: Sequence[str], *, csv_delim
         if strict:
             raise StrictModeError(f"--strict: {f.path}: empty file")
         yield dl
+
+
+def _checked_all(work: Deferred, file_index: int) -> Iterator[object]:
+    """A batch's items as `read_split` gives the others (its letters are records' letters)."""
+    for item in work.run():
+        if isinstance(item, DeadLetter):
+            item.file_index = file_index
+        elif item.num_rows:
+            progress.advance(item.num_rows)
+        yield item
 
 
 def read_file(fmt: str, f: InputFile, columns: Sequence[str], *, csv_delimiter: str = ",",

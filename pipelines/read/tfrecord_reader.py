@@ -13,15 +13,14 @@ import numpy as np
 import pyarrow as pa
 
 from pipelines.read import source
-from pipelines.read.records import DeadLetter, InputFile, InputSplit, RawBatch
+from pipelines.read.records import DeadLetter, Deferred, InputFile, InputSplit, RawBatch
 from pipelines.read.source import Source
 from tpu_embed.artifact import tfrecord
 
 
 def read_tfrecord(split: InputSplit, columns: List[str], *, chunk_rows: int, **_):
-    # tfx_bsl's decoder takes 0.17 s to import: only where a TFRecord input is read.
-    from tfx_bsl.coders import example_coder
-    decoder = example_coder.ExamplesToRecordBatchDecoder()
+    """Frames in this thread; each batch of chunk_rows payloads decoded by a `Deferred` (tfx_bsl's decoder lets
+    go of the GIL for most of its work: two batches decode side by side on two threads)."""
     f = split.file
     # Record numbers are 0-based record indexes; a lost stretch of framing counts as one record.
     first_loss: Optional[int] = None
@@ -29,6 +28,12 @@ def read_tfrecord(split: InputSplit, columns: List[str], *, chunk_rows: int, **_
     first_row = 0  # the record number of payloads[0]
     ordinal = 0
     bi = 0
+
+    def decode(batch: List[bytes], first: int) -> Deferred:
+        nonlocal bi
+        bi += 1
+        return Deferred(_decode_examples, (f, columns, batch, np.arange(first, first + len(batch)), bi - 1))
+
     with source.open_input(f.path) as fh:
         for kind, pos, x in tfrecord.scan_frames(Source(fh), chunk_rows, source.READ_BYTES):
             if kind == "ok":
@@ -37,13 +42,11 @@ def read_tfrecord(split: InputSplit, columns: List[str], *, chunk_rows: int, **_
                 payloads += x
                 ordinal += len(x)
                 while len(payloads) >= chunk_rows:
-                    bi += yield from _decode_examples(decoder, f, columns, payloads[:chunk_rows],
-                                                      np.arange(first_row, first_row + chunk_rows), bi)
+                    yield decode(payloads[:chunk_rows], first_row)
                     payloads, first_row = payloads[chunk_rows:], first_row + chunk_rows
                 continue
             if payloads:
-                bi += yield from _decode_examples(decoder, f, columns, payloads,
-                                                  np.arange(first_row, first_row + len(payloads)), bi)
+                yield decode(payloads, first_row)
                 payloads = []
             if kind == "corrupt":
                 yield DeadLetter(f.path, ordinal, "corrupt_record",
@@ -66,12 +69,15 @@ def read_tfrecord(split: InputSplit, columns: List[str], *, chunk_rows: int, **_
                     ordinal += 1
                     pos += tfrecord.FRAME_OVERHEAD + len(payload)
     if payloads:
-        yield from _decode_examples(decoder, f, columns, payloads, np.arange(first_row, first_row + len(payloads)), bi)
+        yield decode(payloads, first_row)
 
 
-def _decode_examples(decoder, f: InputFile, columns: List[str], payloads: List[bytes], rows_: np.ndarray, bi: int):
+def _decode_examples(f: InputFile, columns: List[str], payloads: List[bytes], rows_: np.ndarray, bi: int):
     """tf.train.Examples -> one RawBatch (tfx_bsl's batch decoder); records that are not Examples are found one
-    by one and dead-lettered. Returns the number of batches yielded (0 or 1)."""
+    by one and dead-lettered."""
+    # tfx_bsl's decoder takes 0.17 s to import: only where a TFRecord input is read.
+    from tfx_bsl.coders import example_coder
+    decoder = example_coder.ExamplesToRecordBatchDecoder()  # one per batch: a microsecond, and no shared state
     rows = np.asarray(rows_, dtype=np.int64)
     try:
         rb = decoder.DecodeBatch(payloads)
@@ -88,7 +94,7 @@ def _decode_examples(decoder, f: InputFile, columns: List[str], payloads: List[b
             good.append(payload)
             good_rows.append(r)
         if not good:
-            return 0
+            return
         rb = decoder.DecodeBatch(good)
         rows = np.asarray(good_rows, dtype=np.int64)
     cols = {}
@@ -96,4 +102,3 @@ def _decode_examples(decoder, f: InputFile, columns: List[str], payloads: List[b
         idx = rb.schema.get_field_index(c)
         cols[c] = rb.column(idx) if idx >= 0 else pa.nulls(rb.num_rows, pa.large_list(pa.large_binary()))
     yield RawBatch(f.index, f.path, bi, rows, cols)
-    return 1

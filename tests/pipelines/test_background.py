@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pipelines.background import prefetched
+from pipelines.background import mapped, prefetched
 
 
 @settings(max_examples=30, deadline=None)
@@ -150,3 +150,66 @@ def test_a_write_error_is_raised_by_wait(tmp_path, monkeypatch):
     w.run(tio.write_atomic, str(tmp_path / "x"), b"1")
     with pytest.raises(OSError, match="No space left on device: .*x"):
         w.close()
+
+
+# ---------------------------------------------------------------- mapped
+
+@settings(max_examples=30, deadline=None)
+@given(st.lists(st.integers(), max_size=60), st.integers(1, 4), st.integers(0, 5))
+def test_mapped_results_arrive_in_order(items, workers, depth):
+    def slow_square(x):
+        time.sleep(0.0005 * (x % 3))  # later items often finish first
+        return x * x
+    assert list(mapped(slow_square, iter(items), workers, depth)) == [x * x for x in items]
+
+
+def test_mapped_runs_calls_side_by_side_on_its_threads():
+    barrier = threading.Barrier(2, timeout=5)
+    threads = []
+
+    def meet(x):  # two calls must be under way at once, or the barrier times out
+        threads.append(threading.current_thread())
+        barrier.wait()
+        return x
+    assert list(mapped(meet, iter([1, 2, 3, 4]), 2)) == [1, 2, 3, 4]
+    assert threading.current_thread() not in threads
+
+
+def test_mapped_raises_a_calls_error_at_its_item_and_closes_the_items():
+    closed = []
+
+    def gen():
+        try:
+            yield from range(10)
+        finally:
+            closed.append(True)
+
+    def fn(x):
+        if x == 3:
+            raise ValueError("bad batch 3")
+        return x
+    got = []
+    with pytest.raises(ValueError, match="bad batch 3"):
+        for x in mapped(fn, gen(), 2):
+            got.append(x)
+    assert got == [0, 1, 2] and closed == [True]
+
+
+def test_mapped_holds_at_most_depth_results():
+    started = []
+    release = threading.Event()
+
+    def fn(x):
+        started.append(x)
+        release.wait(5)
+        return x
+    it = mapped(fn, iter(range(100)), 2, depth=3)
+    first = threading.Thread(target=lambda: next(it))
+    first.start()
+    time.sleep(0.2)
+    assert len(started) <= 3  # no more calls than depth before the consumer takes one
+    release.set()
+    first.join()
+    assert list(it) == list(range(1, 100))
+    with pytest.raises(ValueError):
+        list(mapped(fn, iter([]), 0))

@@ -214,3 +214,19 @@ def test_encodable_columns_leave_out_columns_read_otherwise():
            "topology": {"num_chips": 1, "num_sc_per_chip": 4, "num_hosts": 1}, "global_batch_size": 8}
     got = parse.encodable_columns(parse_spec(raw))
     assert got == {"a": None}  # b: two delimiters; w: weighted; y, d, ww: not categorical
+
+
+def test_the_native_helpers_of_the_reader():
+    """`is_ascii` (bytes.isascii for any buffer) and `room_after` (the scanner's next buffer: the bytes kept, then
+    room for a read) without the GIL."""
+    native = csv_scan.csv_native()
+    if native is None:
+        pytest.skip("the native CSV module is not built")
+    for data in (b"", b"abc", b"x" * 200, b"x" * 130 + b"\x80", bytes(range(128)) * 3, "é".encode()):
+        for view in (data, memoryview(data)[1:], bytearray(data)):
+            assert native.is_ascii(view) == bytes(view).isascii()
+    buf = native.room_after(memoryview(b"0123456789")[3:], 5)
+    assert isinstance(buf, bytearray) and len(buf) == 12 and bytes(buf[:7]) == b"3456789"
+    assert len(native.room_after(b"", 0)) == 0
+    with pytest.raises(ValueError):
+        native.room_after(b"ab", -1)

@@ -146,6 +146,29 @@ def test_every_split_size_reads_the_same_records_and_letters(tmp_path, fmt, make
         assert len(psplits.plan_splits(fmt, [f], 300)) > 5 and pq.ParquetFile(f.path).metadata.num_row_groups == 10
 
 
+def _run_deferred(items):
+    """`read_split(deferred=True)`'s items with each `Deferred` run in place (as the jobs' threads run them)."""
+    for item in items:
+        if isinstance(item, records.Deferred):
+            yield from item.run()
+        else:
+            yield item
+
+
+@pytest.mark.parametrize("fmt,make", [("csv", csv_quoted), ("csv", csv_plain), ("parquet", parquet_bytes),
+                                      ("tfrecord", tfrecord_bytes)],
+                         ids=["csv_quoted", "csv_plain", "parquet", "tfrecord"])
+def test_deferred_batches_give_the_same_records_and_letters(tmp_path, fmt, make):
+    """Each batch's decoding as a `Deferred` (the jobs run them on threads of their own): the same items, in order."""
+    f = write(tmp_path, "in." + fmt, make())
+    whole = _norm(psplits.read_file(fmt, f, COLUMNS, chunk_rows=7))
+    for split_bytes in (5, 300, f.size):
+        got = [x for s in psplits.plan_splits(fmt, [f], split_bytes)
+               for x in psplits.read_split(fmt, s, COLUMNS, chunk_rows=7, deferred=True)]
+        assert fmt == "parquet" or any(isinstance(x, records.Deferred) for x in got)
+        assert _norm(_run_deferred(got)) == whole, split_bytes
+
+
 def test_csv_dead_letters_name_the_lines_where_records_start(tmp_path):
     data = csv_quoted(40)
     f = write(tmp_path, "in.csv", data)
@@ -251,6 +274,8 @@ def test_damaged_tfrecord_reads_the_same_in_any_block_size(tmp_path_factory, dam
     whole = _norm(psplits.read_file("tfrecord", f, COLUMNS, chunk_rows=7))
     with read_bytes(block):
         assert _norm(psplits.read_file("tfrecord", f, COLUMNS, chunk_rows=7)) == whole
+    deferred = psplits.read_split("tfrecord", psplits.whole_file(f), COLUMNS, chunk_rows=7, deferred=True)
+    assert _norm(_run_deferred(deferred)) == whole
 
 
 # ---------------------------------------------------------------- streaming, object stores
