@@ -14,7 +14,7 @@ Design (no mix of old and new files, nothing half-written accepted):
   over some new files). After the job has written its manifest, every file under the output that
   the new manifest does not list (stale `part-…-of-…` shards of another file count, profiles of
   another spec, `.tmp-…` leftovers of a killed run, an old plan.json) is deleted; input files
-  (if they lie inside the output) are never deleted.
+  (if they lie inside the output) and the vocabulary job's record of its read (for `shard`) are not.
 * Without `--overwrite`, `run` and `vocab` refuse a non-empty output directory, and `shard` one that
   already has shards.
 * Writability is checked up front (a probe file written and deleted), so a read-only location
@@ -29,6 +29,7 @@ import os
 import uuid
 from typing import List, Optional
 
+from pipelines.sharding import chunk_sizes
 from tpu_embed.artifact import io as tio
 from tpu_embed.artifact.manifest import Manifest, ManifestError, manifest_bytes, manifest_path, read_manifest
 
@@ -157,11 +158,13 @@ def prepare(output: str, command: str, overwrite: bool) -> None:
 
 
 def sweep(output: str) -> List[str]:
-    """Delete every file under `output` the manifest does not list (but manifest.json and input files)."""
+    """Delete every file under `output` the manifest does not list (but manifest.json, input files and the
+    vocabulary job's record of its read)."""
     m = read_manifest(output)
+    # The vocabulary job's record of its read (`pipelines.sharding.chunk_sizes`) stays for a later `tpu-embed shard`.
     keep = {os.path.normpath(p) if not tio.is_url(p) else p for p in
             [tio.join(output, f.path) if not tio.is_absolute(f.path) else f.path for f in m.files]
-            + [manifest_path(output)] + [i.path for j in m.jobs.values() for i in j.inputs]}
+            + [manifest_path(output), chunk_sizes.path(output)] + [i.path for j in m.jobs.values() for i in j.inputs]}
     if not tio.is_url(output):
         keep |= {os.path.abspath(p) for p in keep}
     deleted = []

@@ -14,6 +14,7 @@ from apache_beam.options.pipeline_options import PipelineOptions
 
 from pipelines import dask_compat, jobs, paths
 from pipelines.jobs import manifest_writer
+from pipelines.jobs.global_batches import INPUT_CHANGED, InputChangedError
 from pipelines.read import records, splits
 from pipelines.read import spill as read_spill
 from pipelines.sharding import chunk_sizes, planned_limits
@@ -273,6 +274,9 @@ def run_vocab(cfg: jobs.JobConfig, beam_args: Sequence[str] = ()) -> Manifest:
                                   files=[], extra={"vocabularies": {}})
         return read_manifest(cfg.output)
     split = split_bytes_for(cfg, beam_args)
+    # Every vocabulary job records its chunks' sizes (`chunk_sizes`): `run`'s shard job takes them, a later
+    # `tpu-embed shard` reads them (`run_shard`).
+    cfg = dataclasses.replace(cfg, record_chunk_sizes=True)
     _run(lambda p: jobs.build_vocab_pipeline(p, cfg, files, split), beam_args, "vocabulary")
     m = read_manifest(cfg.output)
     check_outcome(cfg, m, "vocab")
@@ -304,11 +308,61 @@ def vocab_sizes_for(cfg: jobs.JobConfig) -> Dict[str, int]:
 
 
 def run_shard(cfg: jobs.JobConfig, beam_args: Sequence[str] = ()) -> Manifest:
+    """The shard (or profile) job. Cutting steps from a stream needs every chunk's size
+    (`pipelines.sharding.chunk_sizes`): `run` passes them (`cfg.known_chunk_sizes`); else those the vocabulary
+    job recorded for the same read are used, and where there are none (other input files, another chunking or
+    split size) the job reads the input in a first pass that records them and keeps the read, which the
+    second pass replays (`pipelines.read.spill`), as `run` does. Memory stays bounded either way."""
     cfg = paths.for_workers(cfg, runner_name(beam_args))
     files = splits.list_input_files(cfg.spec.input_patterns())
     sizes = vocab_sizes_for(cfg)
+    split = split_bytes_for(cfg, beam_args)
+    if cfg.known_chunk_sizes is not None or cfg.replay_read:
+        return _shard(cfg, files, sizes, split, beam_args)
+    key = chunk_sizes.read_key(cfg, files, split)
+    recorded = chunk_sizes.read(cfg.vocab_dir or cfg.output, key)
+    if recorded is not None:
+        try:
+            return _shard(dataclasses.replace(cfg, known_chunk_sizes=recorded), files, sizes, split, beam_args)
+        except Exception as e:  # noqa: BLE001 - which runner raised it (and how it wrapped it) varies
+            if not _input_changed(e):
+                raise
+            log.warning("the input changed since the vocabulary job read it (%s); reading it again to record "
+                        "its chunks", str(e).splitlines()[0][:300])
+    return _two_pass_shard(cfg, files, sizes, split, key, beam_args)
+
+
+def _input_changed(e: BaseException) -> bool:
+    """Whether `e` (as the runner raised it) is the shard job's `InputChangedError`."""
+    seen = set()
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        if isinstance(e, InputChangedError) or INPUT_CHANGED in str(e):
+            return True
+        e = e.__cause__ or e.__context__
+    return False
+
+
+def _two_pass_shard(cfg: jobs.JobConfig, files, sizes: Dict[str, int], split: int, key: dict,
+                    beam_args: Sequence[str]) -> Manifest:
+    """The read first (its chunks' sizes recorded, the read kept), then the shard job replaying it."""
+    memory = cfg.read_memory_bytes if runs_in_process(beam_args) else 0  # kept where the second pass reads it
+    read_spill.remove(cfg.output)  # a killed run's
     try:
-        split = split_bytes_for(cfg, beam_args)
+        _run(lambda p: jobs.build_read_pipeline(p, dataclasses.replace(cfg, read_memory_bytes=memory), files, split),
+             beam_args, "shard" if cfg.write_shards else "profile")
+        known = chunk_sizes.take(cfg.output, key, chunk_sizes.READ_PASS_FILENAME)
+        if known is None:  # the first pass wrote it moments ago
+            raise RuntimeError(f"{chunk_sizes.path(cfg.output, chunk_sizes.READ_PASS_FILENAME)} is missing or "
+                               "from another read: the output directory changed while the job ran; re-run it.")
+        return _shard(dataclasses.replace(cfg, known_chunk_sizes=known, replay_read=True), files, sizes, split,
+                      beam_args)
+    finally:
+        read_spill.remove(cfg.output)
+
+
+def _shard(cfg: jobs.JobConfig, files, sizes: Dict[str, int], split: int, beam_args: Sequence[str]) -> Manifest:
+    try:
         _run(lambda p: jobs.build_shard_pipeline(p, cfg, files, sizes, split), beam_args,
              "shard" if cfg.write_shards else "profile")
     finally:
@@ -327,8 +381,8 @@ def run_profile(cfg: jobs.JobConfig, beam_args: Sequence[str] = ()) -> Manifest:
 def run_all(cfg: jobs.JobConfig, beam_args: Sequence[str] = ()) -> Manifest:
     """Vocabulary job, then shards + profile in one read of the data.
 
-    The vocabulary job records every chunk's size (`pipelines.sharding.chunk_sizes`), so the shard job streams its
-    chunks instead of holding them all to learn their offsets; with `cfg.reuse_read` it also keeps what it
+    The vocabulary job records every chunk's size (`pipelines.sharding.chunk_sizes`, taken here: `run` leaves no
+    record), so the shard job streams its chunks; with `cfg.reuse_read` it also keeps what it
     read and parsed, and the shard job replays that instead of reading the input again
     (`pipelines.read.spill`): up to `cfg.read_memory_bytes` of it in this process's memory where both jobs
     run in this process (`runs_in_process`), the rest in spill files."""
@@ -337,10 +391,9 @@ def run_all(cfg: jobs.JobConfig, beam_args: Sequence[str] = ()) -> Manifest:
     memory = cfg.read_memory_bytes if runs_in_process(beam_args) else 0  # kept where the shard job reads it
     read_spill.remove(cfg.output)  # a killed run's
     try:
-        run_vocab(dataclasses.replace(cfg, vocab_dir=None, record_chunk_sizes=True, spill_read=reuse,
-                                      read_memory_bytes=memory), beam_args)
+        run_vocab(dataclasses.replace(cfg, vocab_dir=None, spill_read=reuse, read_memory_bytes=memory), beam_args)
         known = chunk_sizes.take(cfg.output, chunk_sizes.read_key(cfg, splits.list_input_files(
-            cfg.spec.input_patterns())))
+            cfg.spec.input_patterns()), split_bytes_for(cfg, beam_args)))
         return run_shard(dataclasses.replace(cfg, known_chunk_sizes=known, replay_read=reuse), beam_args)
     finally:
         read_spill.remove(cfg.output)

@@ -23,9 +23,12 @@ class InputChangedError(RuntimeError):
     """The chunks the shard job read differ from those the vocabulary job recorded."""
 
 
+INPUT_CHANGED = "the input changed after the vocabulary job"
+
+
 def input_changed(what: str) -> InputChangedError:
-    return InputChangedError(f"the input changed after the vocabulary job: {what}. Fix: re-run `tpu-embed run` "
-                             "on input that does not change while it runs.")
+    return InputChangedError(f"{INPUT_CHANGED}: {what}. Fix: re-run `tpu-embed run` on input that does not change "
+                             "while it runs.")
 
 
 def _chunk_size(kv) -> Tuple[Tuple[int, int], int]:

@@ -180,9 +180,11 @@ def _features(spec: dict, m: dict) -> dict:
         if v["type"] == "frequency":
             d["vocabulary_key"] = key
             d["vocabulary_file"] = f"vocab/{f['name']}.txt"
-            if key in vocabs:
-                d["vocabulary_size"] = vocabs[key]["size"]
-                d["table_vocabulary_size"] = max(1, vocabs[key]["size"] + v["num_oov_buckets"])
+            # The vocabulary job's sizes; a shard job given another directory's vocabularies (--vocab) has them too.
+            size = vocabs[key]["size"] if key in vocabs else (m.get("vocab_sizes") or {}).get(key)
+            if size is not None:
+                d["vocabulary_size"] = size
+                d["table_vocabulary_size"] = max(1, size + v["num_oov_buckets"])
         else:
             d["table_vocabulary_size"] = v["num_buckets"]
         ids = m.get("counts", {}).get("ids", {}).get(f["name"])

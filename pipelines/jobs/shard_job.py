@@ -1,5 +1,8 @@
 """The shard job (`tpu-embed shard | profile`, the second half of `run`): read (or replay the vocabulary
-job's read), map to ids, form the global batches, build the shard files and the profile, then the manifest."""
+job's read), map to ids, form the global batches, build the shard files and the profile, then the manifest.
+
+`build_read_pipeline` is its first pass where no vocabulary job recorded the read's chunk sizes
+(`runner.run_shard`): the read kept for the second pass and every chunk's size recorded."""
 
 from __future__ import annotations
 
@@ -15,12 +18,12 @@ from pipelines.jobs.dead_letters import WriteDeadLetters
 from pipelines.jobs.global_batches import FormGlobalBatches
 from pipelines.jobs.manifest_writer import job_json, write_manifest
 from pipelines.jobs.map_to_ids import MapToIds
-from pipelines.jobs.read_examples import ReadExamples
+from pipelines.jobs.read_examples import ReadExamples, RecordChunkSizes
 from pipelines.output import FileInfo
 from pipelines.read import spill as read_spill
 from pipelines.read.records import InputFile
+from pipelines.sharding import chunk_sizes, step_records
 from pipelines.sharding import limits as shard_limits
-from pipelines.sharding import step_records
 
 
 def _batching_extra(info: dict) -> dict:
@@ -29,6 +32,16 @@ def _batching_extra(info: dict) -> dict:
 
 def _profile_extra(paths: List[str], directory: str) -> dict:
     return {"profile": {"directory": directory, "files_written": len(paths)}}
+
+
+def build_read_pipeline(p, cfg: JobConfig, files: Sequence[InputFile], split_bytes: Optional[int] = None):
+    """Read, keep the read (`pipelines.read.spill`, up to `cfg.read_memory_bytes` in this process) and record every
+    chunk's size under `chunk_sizes.READ_PASS_FILENAME`. `split_bytes` as for `build_vocab_pipeline`."""
+    split = cfg.read_split_bytes(split_bytes)
+    read = p | "Read" >> ReadExamples(cfg.spec, files, cfg.strict, cfg.chunk_rows, split,
+                                      spill=read_spill.spill_dir(cfg.output), spill_memory_bytes=cfg.read_memory_bytes)
+    return read["chunks"] | "ChunkSizes" >> RecordChunkSizes(cfg.output, chunk_sizes.read_key(cfg, files, split),
+                                                             chunk_sizes.READ_PASS_FILENAME)
 
 
 def build_shard_pipeline(p, cfg: JobConfig, files: Sequence[InputFile], vocab_sizes: Dict[str, int],

@@ -3,7 +3,6 @@ dead letters and (for `run`) every chunk's size, then the manifest."""
 
 from __future__ import annotations
 
-import typing
 from typing import Any, Optional, Sequence
 
 import apache_beam as beam
@@ -12,7 +11,7 @@ from pipelines.jobs.compute_vocabulary import ComputeVocabulary
 from pipelines.jobs.config import JobConfig
 from pipelines.jobs.dead_letters import WriteDeadLetters
 from pipelines.jobs.manifest_writer import job_json, write_manifest
-from pipelines.jobs.read_examples import ReadExamples
+from pipelines.jobs.read_examples import ReadExamples, RecordChunkSizes
 from pipelines.read import spill as read_spill
 from pipelines.read.records import InputFile
 from pipelines.sharding import chunk_sizes
@@ -22,19 +21,12 @@ def _vocabulary_extra(info: dict) -> dict:
     return {"vocabularies": {info["key"]: info}}
 
 
-def _chunk_size(chunk):
-    return (chunk.file_index, chunk.chunk_index), chunk.num_rows
-
-
-def _write_chunk_sizes(_, sizes, output: str, key: dict) -> str:
-    return chunk_sizes.write(output, key, sizes)
-
-
 def build_vocab_pipeline(p, cfg: JobConfig, files: Sequence[InputFile], split_bytes: Optional[int] = None):
     """`split_bytes`: the split size to read with (`runner.split_bytes_for`); None: cfg.split_bytes, else
     the default (`JobConfig.read_split_bytes`)."""
     spec = cfg.spec
-    read = p | "Read" >> ReadExamples(spec, files, cfg.strict, cfg.chunk_rows, cfg.read_split_bytes(split_bytes),
+    split = cfg.read_split_bytes(split_bytes)
+    read = p | "Read" >> ReadExamples(spec, files, cfg.strict, cfg.chunk_rows, split,
                                       spill=read_spill.spill_dir(cfg.output) if cfg.spill_read else None,
                                       spill_memory_bytes=cfg.read_memory_bytes)
     vocab = read["chunks"] | "Vocabulary" >> ComputeVocabulary(spec, cfg.output, cfg.vocab_engine)
@@ -43,9 +35,6 @@ def build_vocab_pipeline(p, cfg: JobConfig, files: Sequence[InputFile], split_by
     # leaves them for the user.
     dead_files = read["dead"] | "DeadLetters" >> WriteDeadLetters(cfg.output, files, cfg.dead_letter_limit)
     if cfg.record_chunk_sizes:
-        sizes = read["chunks"] | "ChunkSizes" >> beam.Map(_chunk_size).with_output_types(Any)
-        _ = (p | "ChunkSizesTrigger" >> beam.Create([None])
-             | "WriteChunkSizes" >> beam.Map(_write_chunk_sizes, beam.pvalue.AsList(sizes), cfg.output,
-                                             chunk_sizes.read_key(cfg, files)).with_output_types(typing.Any))
+        _ = read["chunks"] | "ChunkSizes" >> RecordChunkSizes(cfg.output, chunk_sizes.read_key(cfg, files, split))
     return write_manifest(p, cfg.output, "vocab", job_json(cfg, files, "vocab"), [read["stats"]],
                           [vocab["files"], dead_files], [vocab_info])

@@ -1,16 +1,18 @@
-"""Every chunk's valid example count, recorded by `run`'s vocabulary job for its shard job.
+"""Every chunk's valid example count, recorded by the vocabulary job for the shard job.
 
 The shard job must know where each chunk's examples start in the global order before it can cut
-steps. Without this record it learns that from every mapped block (a side input, which makes the
+steps. Without this record it would learn that from every mapped block (a side input, which makes the
 runner hold all the mapped data); with it, the offsets are plain data
 (`pipelines.jobs.global_batches.FormGlobalBatches`).
 
-The record is a transient file in the output directory, written by the vocabulary pipeline and
-deleted by `runner.run_all` once the shard job has read it; it is not part of the artifact (the
-manifest does not list it, so `--overwrite` sweeps a leftover of a killed run). It is used only if
-it was made by a read identical to the shard job's: the same input files (path and size), format,
-chunk rows, split size and strictness; otherwise the shard job computes the offsets itself. The
-shard job still checks the sizes it sees against it (`pipelines.jobs.global_batches.InputChangedError`).
+Every vocabulary job writes the record into its output directory (`FILENAME`; a read's own record, not
+part of the artifact: the manifest does not list it, and `pipelines.output.sweep` leaves it). `run` takes it
+(reads and deletes it) for its shard job; after `tpu-embed vocab` it stays for the `tpu-embed shard` /
+`profile` runs that use those vocabularies (`runner.run_shard`). It is used only if it was made by a read
+identical to the shard job's (`read_key`): the same spec, input files (path and size), format, chunk rows,
+splits and strictness; otherwise the shard job reads the input once to record the sizes itself (keeping the
+read for its second pass, as `run` does). The shard job still checks the sizes it sees against it
+(`pipelines.jobs.global_batches.InputChangedError`).
 """
 
 from __future__ import annotations
@@ -21,35 +23,49 @@ from typing import Any, List, Optional, Sequence, Tuple
 from tpu_embed.artifact import io as tio
 
 FILENAME = ".tpu-embed-chunk-sizes.json"
+READ_PASS_FILENAME = ".tmp-chunk-sizes.json"  # the shard job's own read pass (`runner.run_shard`), taken at once
 
 ChunkSizes = List[Tuple[Tuple[int, int], int]]  # [((file index, first record), valid examples)]
 
 
-def read_key(cfg, files: Sequence[Any]) -> dict:
-    """What makes two reads cut the same chunks."""
-    return {"format": cfg.spec.inputs.format, "inputs": [[f.path, int(f.size)] for f in files],
-            "chunk_rows": int(cfg.chunk_rows), "split_bytes": cfg.split_bytes, "strict": bool(cfg.strict)}
+def read_key(cfg, files: Sequence[Any], split_bytes: int) -> dict:
+    """What makes two reads cut the same chunks. `split_bytes`: the split size the job reads with
+    (`runner.split_bytes_for`); it changes the chunks only where a CSV or Parquet file is larger."""
+    fmt = cfg.spec.inputs.format
+    split = int(split_bytes) if fmt != "tfrecord" and any(int(f.size) > split_bytes for f in files) else None
+    return {"spec": cfg.spec.fingerprint, "format": fmt,
+            "inputs": [[f.path, int(f.size)] for f in files], "chunk_rows": int(cfg.chunk_rows),
+            "split_bytes": split, "strict": bool(cfg.strict)}
 
 
-def path(output: str) -> str:
-    return tio.join(output, FILENAME)
+def path(output: str, name: str = FILENAME) -> str:
+    return tio.join(output, name)
 
 
-def write(output: str, key: dict, sizes: ChunkSizes) -> str:
+def write(output: str, key: dict, sizes: ChunkSizes, name: str = FILENAME) -> str:
     body = {"key": key, "chunks": sorted([int(f), int(c), int(n)] for (f, c), n in sizes)}
-    tio.write_atomic(path(output), json.dumps(body, separators=(",", ":")).encode("utf-8"))
-    return path(output)
+    tio.write_atomic(path(output, name), json.dumps(body, separators=(",", ":")).encode("utf-8"))
+    return path(output, name)
 
 
-def take(output: str, key: dict) -> Optional[ChunkSizes]:
-    """The recorded sizes if they were made by a read with this `key` (None otherwise); the file is deleted."""
-    p = path(output)
+def read(output: str, key: dict, name: str = FILENAME) -> Optional[ChunkSizes]:
+    """The recorded sizes if they were made by a read with this `key`, else None (also without a record)."""
+    p = path(output, name)
     if not tio.exists(p):
         return None
     try:
         body = json.loads(tio.read_bytes(p))
-    finally:
-        tio.delete(p)
-    if body.get("key") != key:
+    except (OSError, ValueError):  # a damaged record is no record: the shard job records the sizes itself
+        return None
+    if not isinstance(body, dict) or body.get("key") != key:
         return None
     return [((f, c), n) for f, c, n in body["chunks"]]
+
+
+def take(output: str, key: dict, name: str = FILENAME) -> Optional[ChunkSizes]:
+    """`read`, and the record is deleted."""
+    try:
+        return read(output, key, name)
+    finally:
+        if tio.exists(path(output, name)):
+            tio.delete(path(output, name))
