@@ -31,7 +31,8 @@ Protocol: `tpu_embed.core.pipe`.  Requests:
    "features": [{"name", "table"}] (features use tables by name), "num_chips",
    "num_sc_per_chip", "global_batches": [{feature: (values int64, row_splits int64)}]}
    -> {"stacks", "ids_per_batch", "packed_ids": per global batch, the ids jax packed (dedup'd,
-       padding excluded), "limits": the installed stacked-table limits}
+       padding excluded), "limits": the installed stacked-table limits, "threads": the process's threads
+       after packing (its C++ pool's among them)}
   {"op": "bench", "repeats": n} -> {form: best seconds per global batch}
 """
 
@@ -168,7 +169,7 @@ def main():
         if req["op"] == "setup":
             b = state["bench"] = JaxBench(req)
             return {"stacks": b.stacks, "ids_per_batch": b.ids_per_batch, "packed_ids": b.packed,
-                    "limits": b.limits}
+                    "limits": b.limits, "threads": len(os.listdir("/proc/self/task"))}
         if req["op"] == "bench":
             return state["bench"].bench(int(req["repeats"]))
         raise ValueError(f"unknown op {req['op']!r}")

@@ -250,13 +250,12 @@ typedef struct {
   float **out_gain;
   Py_ssize_t *out_k;
   int64_t *ids_pp, *uniq_pp; /* nsc x S */
-  int *err_kind;             /* per SC: 0 ok, 1 bad id, 2 bad weight, 3 bad row, 9 no memory */
+  int *err_kind;             /* per SC: 0 ok, 1 bad id, 2 bad weight, 3 bad row, 7 bad row_splits, 9 no memory */
   Py_ssize_t *err_f, *err_i;
   int64_t *err_v;            /* the bad id or row */
   float *err_w;              /* the bad weight */
   int nthreads;
   int next_task; /* the next local SC to claim (atomic) */
-  int joined;    /* workers that joined the job (atomic): nthreads - 1 take part */
   int phase;     /* 1: sort and merge; 2: fill the CSR outputs */
   /* phase 2 */
   const int64_t *start, *kept;
@@ -339,10 +338,13 @@ static void sc_task(Job *J, int s) {
     const int64_t srow_base = off / J->nsc - s * per_sc; /* row r's sample id on the SC */
     const Py_ssize_t begin = J->bounds[f * nb + s], end = J->bounds[f * nb + s + 1];
     if (splits) {
-      /* Ragged: the SC's samples in order, each one's ids from row_splits (checked at entry). */
+      /* Ragged: the SC's samples in order, each one's ids from row_splits.  Its first and last split
+       * were checked at entry (every SC's lie in order in [0, n]); those between, here. */
       for (int64_t r = rlo_row; r < rhi_row; r++) {
+        const int64_t a = splits[r], b = splits[r + 1];
+        if (b < a) FAIL(7, 0, (void)0);
         const int32_t sr = (int32_t)(r + srow_base);
-        for (Py_ssize_t i = splits[r], e = splits[r + 1]; i < e; i++) TAKE(i, sr);
+        for (Py_ssize_t i = a; i < b; i++) TAKE(i, sr);
       }
     } else if (rows) {
       /* Rows given (a SparseTensor's): checked to be in the SC's range and non-decreasing. */
@@ -477,17 +479,22 @@ static void sc_fill(Job *J, int s) {
  * that starts late costs nothing but its start: the calling thread packs what is left.  A woken
  * worker can start late indeed: Linux tends to queue it on the waking thread's CPU, where it
  * waits until that thread sleeps (measured: two threads no faster than one on a 2-CPU VM).
- * So workers that finished a task wait for the next one spinning for a while (POOL_SPIN_NS)
- * before they sleep: back-to-back calls (a stream of batches; the two phases of one call) find
- * them running on their own CPU.  The calling thread waits for stragglers with sched_yield, so a
- * worker queued on its CPU runs. */
+ * So workers that finished a task wait for the next one spinning for a while (POOL_SPIN_NS,
+ * yielding the CPU to anything runnable) before they sleep: back-to-back calls (a stream of
+ * batches; the two phases of one call) find them running on their own CPU.
+ *
+ * A job has nthreads - 1 seats.  A worker that sees a new job enters (pool_busy), takes a seat if
+ * one is left and only then reads the job; the calling thread, done with its share, takes the
+ * seats away and waits for the workers inside.  A worker that arrives later never reads the job,
+ * so the caller waits only for those that took part. */
 static pthread_mutex_t call_mu = PTHREAD_MUTEX_INITIALIZER;
 static pthread_mutex_t pool_mu = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t pool_go = PTHREAD_COND_INITIALIZER;
 static int pool_size = 0;          /* worker threads started */
 static unsigned long pool_gen = 0; /* one more per job; read by spinning workers */
 static int pool_sleeping = 0;      /* workers blocked on pool_go (pool_mu) */
-static int pool_pending = 0;       /* workers yet to finish the current job */
+static int pool_seats = 0;         /* seats left in the current job (atomic) */
+static int pool_busy = 0;          /* workers between entering a job and leaving it (atomic) */
 static Job *pool_job = NULL;
 static Scratch pool_scratch[MAX_THREADS * 4];
 #define POOL_SPIN_NS 300000
@@ -501,7 +508,8 @@ static void pool_after_fork_in_child(void) {
   pool_go = c;
   pool_size = 0;
   pool_sleeping = 0;
-  pool_pending = 0;
+  pool_seats = 0;
+  pool_busy = 0;
   pool_job = NULL;
 }
 
@@ -535,9 +543,10 @@ static void *worker_main(void *arg) {
       pthread_mutex_unlock(&pool_mu);
     }
     seen = gen;
-    Job *J = __atomic_load_n(&pool_job, __ATOMIC_ACQUIRE);
-    if (__atomic_fetch_add(&J->joined, 1, __ATOMIC_RELAXED) < J->nthreads - 1) run_share(J);
-    __atomic_fetch_sub(&pool_pending, 1, __ATOMIC_RELEASE);
+    __atomic_fetch_add(&pool_busy, 1, __ATOMIC_SEQ_CST);
+    if (__atomic_fetch_sub(&pool_seats, 1, __ATOMIC_SEQ_CST) > 0)
+      run_share(__atomic_load_n(&pool_job, __ATOMIC_SEQ_CST));
+    __atomic_fetch_sub(&pool_busy, 1, __ATOMIC_SEQ_CST);
   }
   return NULL;
 }
@@ -545,7 +554,6 @@ static void *worker_main(void *arg) {
 /* Runs every task of J: on the pool when J->nthreads > 1 (call_mu held), else inline. */
 static void run_job(Job *J) {
   J->next_task = 0;
-  J->joined = 0;
   if (J->nthreads > 1) {
     while (pool_size < J->nthreads - 1) {
       pthread_t tid;
@@ -564,16 +572,15 @@ static void run_job(Job *J) {
     run_share(J);
     return;
   }
-  /* Every worker looks at every job (the first nthreads - 1 take part): all of them have left J before
-   * it is released. */
-  __atomic_store_n(&pool_job, J, __ATOMIC_RELAXED);
-  __atomic_store_n(&pool_pending, pool_size, __ATOMIC_RELAXED);
+  __atomic_store_n(&pool_job, J, __ATOMIC_SEQ_CST);
+  __atomic_store_n(&pool_seats, J->nthreads - 1, __ATOMIC_SEQ_CST);
   pthread_mutex_lock(&pool_mu);
-  __atomic_fetch_add(&pool_gen, 1, __ATOMIC_RELEASE);
+  __atomic_fetch_add(&pool_gen, 1, __ATOMIC_SEQ_CST);
   if (pool_sleeping) pthread_cond_broadcast(&pool_go);
   pthread_mutex_unlock(&pool_mu);
   run_share(J);
-  while (__atomic_load_n(&pool_pending, __ATOMIC_ACQUIRE) > 0) sched_yield();
+  __atomic_store_n(&pool_seats, 0, __ATOMIC_SEQ_CST);
+  while (__atomic_load_n(&pool_busy, __ATOMIC_SEQ_CST) > 0) sched_yield();
 }
 
 /* ------------------------------------------------------------------ entry point */
@@ -644,7 +651,7 @@ static const int64_t *as_int64(const Buf *buf, int type, Py_ssize_t n, Py_ssize_
  *   (4, sc, dest, count, ids_pp, uniq_pp)  ids over max_ids (TF checks SC by SC, ids first)
  *   (5, sc, dest, count, ids_pp, uniq_pp)  unique ids over max_unique_ids
  *   (6, needed)             the id buffer overflows and dropping is off
- *   (7, feature, 0 | 1)     bad row_splits (0) / dense input without one id per sample (1)
+ *   (7, feature, 0 | 1[, 0]) bad row_splits (0) / dense input without one id per sample (1)
  *   (8, feature, 0 | 2)     rows (0) / weights (2) and ids of a feature differ in length
  *   (10, [feature, ...])    features with a buffer the kernel does not read as it is (no buffer
  *                           protocol, not C-contiguous, another dtype, indices of rank > 2) */
@@ -752,16 +759,12 @@ static PyObject *pack_stack(PyObject *self, PyObject *args) {
     if (!J.ids[f] || (rb->held && !J.rows[f]) || (sb->held && !J.splits[f])) { PyErr_NoMemory(); goto done; }
     if (J.splits[f]) {
       /* Ragged: row_splits must start at 0, never decrease and end at the number of ids. */
+      /* Ragged: row_splits must start at 0, never decrease and end at the number of ids; here the
+       * splits that bound each SC's rows, the SC's task checks those between (in parallel). */
       const int64_t *sp = J.splits[f];
       int bad = sb->b.len / sb->b.itemsize != samples + 1 || sp[0] != 0 || sp[samples] != nf;
-      int64_t decreasing = 0, unit = 0; /* unit: one id per sample, packed as a dense input */
-      if (!bad)
-        for (int64_t r = 0; r < samples; r++) {
-          decreasing |= sp[r + 1] < sp[r];
-          unit |= sp[r + 1] ^ (r + 1);
-        }
-      if (bad || decreasing) { result = Py_BuildValue("(inn)", 7, f, (Py_ssize_t)0); goto done; }
-      if (!unit) J.splits[f] = NULL;
+      for (int sc = 0; !bad && sc < nsc; sc++) bad = sp[(int64_t)(sc + 1) * per_sc] < sp[(int64_t)sc * per_sc];
+      if (bad) { result = Py_BuildValue("(inn)", 7, f, (Py_ssize_t)0); goto done; }
       for (int sc = 0; sc <= nsc; sc++) bounds[f * (nsc + 1) + sc] = sp[(int64_t)sc * per_sc];
       continue;
     }
