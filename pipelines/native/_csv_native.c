@@ -10,6 +10,9 @@
  * every string, as pyarrow and pandas can); this is one pass over the bytes: a branch-free parity count
  * where the range allows it (`parity_scan`, for both start states at once), else the state machine.
  *
+ * The module also holds the readers' other native helpers: `tfrecord_frames` (TFRecord framing and CRC32C
+ * checks, the fast path of pipelines.read.tfrecord_reader), `is_ascii` and `room_after`.
+ *
  * Only the buffer protocol is used (no numpy headers).
  */
 #define PY_SSIZE_T_CLEAN
@@ -412,6 +415,119 @@ done:
 }
 
 
+/* CRC32C (Castagnoli), as TFRecord frames carry it (masked): the SSE4.2 instruction where the CPU has it,
+ * else a table, byte by byte. */
+static uint32_t crc_table[256];
+static int crc_hw;
+
+static void crc_init(void) {
+  for (uint32_t i = 0; i < 256; i++) {
+    uint32_t c = i;
+    for (int k = 0; k < 8; k++) c = c & 1 ? (c >> 1) ^ 0x82F63B78u : c >> 1;
+    crc_table[i] = c;
+  }
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+  __builtin_cpu_init();
+  crc_hw = __builtin_cpu_supports("sse4.2");
+#endif
+}
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+__attribute__((target("sse4.2"))) static uint32_t crc32c_hw(const uint8_t *p, size_t n) {
+  uint64_t c = 0xFFFFFFFFu;
+  for (; n >= 8; p += 8, n -= 8) {
+    uint64_t w;
+    memcpy(&w, p, 8);
+    c = __builtin_ia32_crc32di(c, w);
+  }
+  uint32_t c32 = (uint32_t)c;
+  for (; n; p++, n--) c32 = __builtin_ia32_crc32qi(c32, *p);
+  return c32 ^ 0xFFFFFFFFu;
+}
+#endif
+
+static uint32_t crc32c(const uint8_t *p, size_t n) {
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+  if (crc_hw) return crc32c_hw(p, n);
+#endif
+  uint32_t c = 0xFFFFFFFFu;
+  for (; n; p++, n--) c = crc_table[(c ^ *p) & 0xFF] ^ (c >> 8);
+  return c ^ 0xFFFFFFFFu;
+}
+
+static uint32_t masked_crc32c(const uint8_t *p, size_t n) {
+  uint32_t c = crc32c(p, n);
+  return ((c >> 15) | (c << 17)) + 0xA282EAD8u;
+}
+
+static uint64_t load_u64(const uint8_t *p) {
+  uint64_t v = 0;
+  for (int k = 7; k >= 0; k--) v = (v << 8) | p[k];  /* little-endian, whatever the host */
+  return v;
+}
+
+static uint32_t load_u32(const uint8_t *p) { return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24; }
+
+/* tfrecord_frames(data, pos, most) -> (payloads, end, bad)
+ *
+ * The TFRecord frames of data from offset pos on (uint64 length | uint32 masked CRC32C of the length bytes |
+ * payload | uint32 masked CRC32C of the payload, little-endian), each frame's two CRCs checked, up to `most`
+ * of them: a list of the payloads (bytes), the offset after the last one, and bad = 1 when the frame at `end`
+ * is whole in data but a CRC does not match (else 0: `most` frames were read, or the frame at `end` is not
+ * whole in data: the caller reads on, or at the end of the file decides). The checks run without the GIL;
+ * the caller's careful way (`tpu_embed.artifact.tfrecord.scan_frames`) takes over at a bad frame. */
+static PyObject *tfrecord_frames(PyObject *self, PyObject *args) {
+  Py_buffer data;
+  Py_ssize_t pos, most;
+  if (!PyArg_ParseTuple(args, "y*nn", &data, &pos, &most)) return NULL;
+  PyObject *result = NULL, *list = NULL;
+  int64_t *at = NULL;
+  if (pos < 0 || pos > data.len || most < 0) {
+    PyErr_SetString(PyExc_ValueError, "tfrecord_frames: pos must be inside data, most >= 0");
+    goto done;
+  }
+  at = malloc((size_t)(most ? most : 1) * 2 * sizeof(int64_t));  /* (payload offset, length) per frame */
+  if (!at) {
+    PyErr_NoMemory();
+    goto done;
+  }
+  const uint8_t *b = (const uint8_t *)data.buf;
+  Py_ssize_t n = data.len, p = pos, k = 0;
+  int bad = 0;
+  Py_BEGIN_ALLOW_THREADS
+  while (k < most && n - p >= 12) {
+    uint64_t len = load_u64(b + p);
+    if (masked_crc32c(b + p, 8) != load_u32(b + p + 8)) {
+      bad = 1;
+      break;
+    }
+    if (n - p < 16 || len > (uint64_t)(n - p - 16)) break;  /* not whole in data (or longer than any buffer) */
+    if (masked_crc32c(b + p + 12, (size_t)len) != load_u32(b + p + 12 + len)) {
+      bad = 1;
+      break;
+    }
+    at[2 * k] = p + 12;
+    at[2 * k + 1] = (int64_t)len;
+    k++;
+    p += 16 + (Py_ssize_t)len;
+  }
+  Py_END_ALLOW_THREADS
+  list = PyList_New(k);
+  if (!list) goto done;
+  for (Py_ssize_t i = 0; i < k; i++) {
+    PyObject *payload = PyBytes_FromStringAndSize((const char *)b + at[2 * i], (Py_ssize_t)at[2 * i + 1]);
+    if (!payload) goto done;
+    PyList_SET_ITEM(list, i, payload);
+  }
+  result = Py_BuildValue("(Oni)", list, p, bad);
+done:
+  Py_XDECREF(list);
+  free(at);
+  PyBuffer_Release(&data);
+  return result;
+}
+
+
 /* is_ascii(data) -> bool: every byte below 0x80 (bytes.isascii for any buffer), without the GIL. */
 static PyObject *is_ascii(PyObject *self, PyObject *args) {
   Py_buffer data;
@@ -769,8 +885,12 @@ static PyMethodDef methods[] = {
     {"line_breaks", line_breaks, METH_VARARGS, "Offsets from lo of the line breaks of data[lo:hi] (int64 bytes)."},
     {"is_ascii", is_ascii, METH_VARARGS, "Whether every byte of a buffer is below 0x80."},
     {"room_after", room_after, METH_VARARGS, "A bytearray of a buffer's bytes followed by n bytes to fill."},
+    {"tfrecord_frames", tfrecord_frames, METH_VARARGS, "The checked TFRecord frames' payloads of data from pos on."},
     {NULL, NULL, 0, NULL}};
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_csv_native", NULL, -1, methods};
 
-PyMODINIT_FUNC PyInit__csv_native(void) { return PyModule_Create(&module); }
+PyMODINIT_FUNC PyInit__csv_native(void) {
+  crc_init();
+  return PyModule_Create(&module);
+}

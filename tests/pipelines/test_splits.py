@@ -278,6 +278,33 @@ def test_damaged_tfrecord_reads_the_same_in_any_block_size(tmp_path_factory, dam
     assert _norm(_run_deferred(deferred)) == whole
 
 
+def _frame_events(events):
+    """scan_frames' events with the good frames' payloads one by one (runs may group them differently)."""
+    out = []
+    for kind, pos, x in events:
+        if kind == "ok":
+            out += [("ok", payload) for payload in x]
+        else:
+            out.append((kind, pos, x))
+    return out
+
+
+@settings(max_examples=150)
+@given(st.one_of(mutations(tfrecord_bytes(60)), st.just(tfrecord_bytes(200)), st.just(tfrecord_file([b"x" * 9000]))),
+       st.integers(1, 200), st.integers(1, 9))
+def test_native_tfrecord_frames_give_the_events_of_scan_frames(tmp_path_factory, data, block, most):
+    """The reader's native framing (good frames checked natively, then scan_frames from the first bad one) gives
+    what scan_frames gives over the whole file: the same payloads, letters and byte offsets."""
+    from pipelines.read import tfrecord_reader
+    from tpu_embed.artifact import tfrecord
+    if csv_scan.csv_native() is None:
+        pytest.skip("the native module is not built")
+    f = write(tmp_path_factory.mktemp("tfr"), "in.tfrecord", data)
+    with read_bytes(block), open(f.path, "rb") as fh:
+        want = _frame_events(tfrecord.scan_frames(source.Source(fh), most, source.READ_BYTES))
+        assert _frame_events(tfrecord_reader._frames(source.Source(fh), most)) == want
+
+
 # ---------------------------------------------------------------- streaming, object stores
 
 def test_reads_are_streamed_in_bounded_blocks(tmp_path, monkeypatch):
