@@ -1,8 +1,10 @@
 """`runner.run_all` on benchmarks/run_throughput.py's data, with the vocabulary and shard jobs timed apart.
 
-    .venv/bin/python benchmarks/phases.py DATA_DIR [OUT_DIR]
+    .venv/bin/python benchmarks/phases.py DATA_DIR|SPEC.yaml [OUT_DIR]
 
-DATA_DIR: the `data` directory `benchmarks/run_throughput.py --out DIR` generated. Prints one line: imports, each
+DATA_DIR: the `data` directory `benchmarks/run_throughput.py --out DIR` generated (its CSV spec), or a spec file
+(`run_throughput.py --workload tfrecord` writes the demo's as DIR/spec-tfrecord.yaml); the jobs run with the
+defaults `tpu-embed run` gets. Prints one line: imports, each
 job's wall and CPU time (the CPU time of this process: a profile child's is not included), the total
 without imports, and examples/s. Runs the tree this script is in, so two checkouts can be measured
 alternately in the same minutes (docs/benchmarks.md):
@@ -24,14 +26,22 @@ import run_throughput as bench  # benchmarks/run_throughput.py: this script's di
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
+def _spec(arg: str):
+    """`run_throughput.py`'s CSV spec over DATA_DIR, or the spec file SPEC."""
+    if arg.endswith((".yaml", ".yml")):
+        from tpu_embed.artifact.spec import load_spec
+        return load_spec(arg)
+    return bench.bench_spec(os.path.abspath(arg), 4096)
+
+
 def main() -> None:
     t0 = time.time()
     from pipelines import runner
     from pipelines.jobs import JobConfig
-    data = os.path.abspath(sys.argv[1])
+    spec = _spec(sys.argv[1])
     out = sys.argv[2] if len(sys.argv) > 2 else os.path.join(ROOT, "build", "phases")
     shutil.rmtree(out, ignore_errors=True)
-    cfg = JobConfig(spec=bench.bench_spec(data, 4096), output=out, candidate_chip_counts=[4])
+    cfg = JobConfig(spec=spec, output=out)  # the defaults `tpu-embed run` gets
     times = {}
 
     def timed(name, fn):

@@ -1,13 +1,30 @@
-"""Throughput of `tpu-embed run` on the local runner vs the same work in one process, and vs pyarrow.
+"""Throughput of `tpu-embed run`, with the defaults a user gets, side by side with the floor of reading the same
+data on one core, and with the same work in one process.
 
-    .venv/bin/python benchmarks/run_throughput.py [--examples 200000] [--workers 1] [--out build/bench] [--modes ...]
+    .venv/bin/python benchmarks/run_throughput.py [--workload csv|tfrecord] [--examples N] [--workers 1]
+        [--out build/bench] [--modes floor,single,beam] [--candidates N,N,...]
 
-Synthetic Criteo-like data (deterministic seed): label, 13 dense columns with
-blanks, 26 categorical columns of Zipf-distributed hex ids, two of them
-multivalent ('|'-separated, 1-5 values), in 4 CSV files.  Both measurements
-do the same work: read + parse, exact vocabularies, ids, global batches,
-per-chip CSR, shard records written, lookup statistics.  Prints a Markdown
-table row for docs/benchmarks.md.
+Workloads (deterministic seeds):
+
+* `csv` (default, 200 k examples unless --examples): synthetic Criteo-like data: label, 13 dense columns with
+  blanks, 26 categorical columns of Zipf-distributed hex ids (up to ~10^6 values; `frequency_threshold: 2`),
+  two of them multivalent ('|'-separated, 1-5 values), in 4 CSV files; global batch 4096 on 4 chips x 4
+  SparseCores, with large pinned limits (`bench_spec`).
+* `tfrecord` (500 k examples unless --examples): `tpu-embed demo`'s data set and spec (pipelines/demo_data.py: 8
+  TFRecord files of tf.train.Example, 13 dense and 30 categorical features, multivalent, weighted and sequence
+  ones among them; global batch 2048, no pinned limits: `run` plans them from its own profile).
+
+Modes, each in a child process of its own (wall time, CPU time and peak RSS of it and its children):
+
+* `floor` (`pyarrow` for csv, `tfxbsl` for tfrecord): reading the files on one core, counting every
+  categorical column and mapping every value to its vocabulary index (`pyarrow_baseline`, `tfxbsl_baseline`).
+* `single` (csv only): the work of the jobs in one process without Beam (`single_process`).
+* `beam`: `runner.run_all` (`tpu-embed run`) with the defaults (`JobConfig(spec, output)`: the profile covers
+  the spec's own topology), or the chip counts of --candidates. Both jobs do the same work as `single`:
+  read + parse, exact vocabularies, ids, global batches, per-chip CSR, shard records written, lookup
+  statistics.
+
+Prints a Markdown table row naming the workload and configuration, for docs/benchmarks.md.
 """
 
 from __future__ import annotations
@@ -104,7 +121,7 @@ def single_process(spec, out: str, candidates) -> int:
 
     def parsed():  # as the job: the read one thread ahead of the parse, itself one ahead of the counting
         for f in files:
-            for i, item in enumerate(prefetched(splits.read_file("csv", f, spec.required_columns(),
+            for i, item in enumerate(prefetched(splits.read_file(spec.inputs.format, f, spec.required_columns(),
                                                               encode=parse.encodable_columns(spec)))):
                 if isinstance(item, records.RawBatch):
                     yield parse.parse_batch(item, spec, i)[0]
@@ -192,32 +209,103 @@ def pyarrow_baseline(spec) -> int:
             if name in MULTIVALENT:
                 col = pc.list_flatten(pc.split_pattern(col, "|"))
             per_column[name].append(col)
-    for cols in per_column.values():
-        counts = pa.chunked_array([c for cc in cols for c in (cc.chunks if hasattr(cc, "chunks") else [cc])])
-        vc = pc.value_counts(counts).flatten()
-        keep = pc.greater_equal(vc[1], 2)
-        vocab = pc.filter(vc[0], keep)
-        ids = pc.index_in(counts, value_set=vocab)
-        assert len(ids) == len(counts)
+    _count_and_map(per_column, 2)
     return rows
+
+
+def _count_and_map(per_column, threshold: int) -> None:
+    """Per column: `value_counts` of all its values, the vocabulary (count >= threshold) and `index_in` of every
+    value (pyarrow.compute, one core)."""
+    import pyarrow.compute as pc
+    for cols in per_column.values():
+        values = pa.chunked_array([c for cc in cols for c in (cc.chunks if hasattr(cc, "chunks") else [cc])])
+        vc = pc.value_counts(values).flatten()
+        vocab = pc.filter(vc[0], pc.greater_equal(vc[1], threshold))
+        ids = pc.index_in(values, value_set=vocab)
+        assert len(ids) == len(values)
+
+
+TFXBSL_BATCH = 32768  # records per DecodeBatch (the jobs' default chunk rows)
+
+
+def tfxbsl_baseline(spec) -> int:
+    """Read the TFRecord files and decode them with tfx-bsl's C++ decoder on one core, then count and map every
+    categorical column.
+
+    The floor the jobs are compared with on TFRecord input: each file read whole; its frames split and both
+    CRC32Cs of every frame checked (`tpu_embed.artifact.tfrecord.iter_records`, what any TFRecord reader does);
+    the tf.train.Examples of every 32768 records decoded into an Arrow RecordBatch by tfx-bsl's
+    `ExamplesToRecordBatchDecoder.DecodeBatch` (the decoder the jobs use); then, per categorical feature of the
+    spec, its list column flattened, `pyarrow.compute.value_counts` of all its values, the vocabulary (count >=
+    the feature's frequency_threshold) and `index_in` of every value. Dense features, weights and labels are
+    decoded and not looked at further.
+    """
+    from tfx_bsl.coders import example_coder
+
+    from pipelines.read import splits
+    from tpu_embed.artifact import tfrecord
+    pa.set_cpu_count(1)
+    pa.set_io_thread_count(1)
+    import pyarrow.compute as pc
+    decoder = example_coder.ExamplesToRecordBatchDecoder()
+    features = [f for f in spec.categorical if f.vocabulary.type == "frequency"]
+    per_column = collections.defaultdict(list)
+    rows = 0
+    for f in splits.list_input_files(spec.input_patterns()):
+        with open(f.path, "rb") as fh:
+            data = fh.read()
+        payloads = [payload for _, payload in tfrecord.iter_records(data, f.path)]
+        del data
+        for i in range(0, len(payloads), TFXBSL_BATCH):
+            rb = decoder.DecodeBatch(payloads[i:i + TFXBSL_BATCH])
+            rows += rb.num_rows
+            for feat in features:
+                per_column[feat.name].append(pc.list_flatten(rb.column(rb.schema.get_field_index(feat.column))))
+    thresholds = {f.vocabulary.frequency_threshold or 1 for f in features}
+    _count_and_map(per_column, max(thresholds))
+    return rows
+
+
+def tfrecord_spec(out: str, batch: int):
+    """`tpu-embed demo`'s spec over its data set in out/data-tfrecord (written beside it as the demo writes it)."""
+    from pipelines import demo_data
+    from tpu_embed.artifact.spec import load_spec
+    path = os.path.join(out, "spec-tfrecord.yaml")
+    with open(path, "w") as fh:
+        fh.write(demo_data.spec_text(["data-tfrecord/part-*.tfrecord"], path, batch))
+    return load_spec(path)
+
+
+def workload_spec(args):
+    if args.workload == "tfrecord":
+        return tfrecord_spec(args.out, args.batch)
+    return bench_spec(os.path.join(args.out, "data"), args.batch)
+
+
+FLOORS = {"csv": "pyarrow", "tfrecord": "tfxbsl"}
 
 
 def _run_mode(mode: str, args) -> dict:
     from pipelines import runner
     from pipelines.jobs import JobConfig
-    candidates = [int(x) for x in args.candidates.split(",")]
-    spec = bench_spec(os.path.join(args.out, "data"), args.batch)
+    candidates = [int(x) for x in args.candidates.split(",")] if args.candidates else None
+    spec = workload_spec(args)
+    if mode == "tfxbsl":
+        from tfx_bsl.coders import example_coder  # noqa: F401 - imported before the clock starts, as the jobs' modules
     t = time.time()
     if mode == "pyarrow":
         n = pyarrow_baseline(spec)
+    elif mode == "tfxbsl":
+        n = tfxbsl_baseline(spec)
     elif mode == "single":
         shutil.rmtree(os.path.join(args.out, "single"), ignore_errors=True)
-        n = single_process(spec, os.path.join(args.out, "single"), candidates)
+        n = single_process(spec, os.path.join(args.out, "single"), candidates or ())
     else:
         shutil.rmtree(os.path.join(args.out, "beam"), ignore_errors=True)
         beam_args = []
         if args.workers > 1:
             beam_args = [f"--direct_num_workers={args.workers}", "--direct_running_mode=multi_processing"]
+        # The defaults a user gets: `tpu-embed run --spec SPEC --output DIR` (candidate chip counts only if given).
         m = runner.run_all(JobConfig(spec=spec, output=os.path.join(args.out, "beam"),
                                      candidate_chip_counts=candidates), beam_args)
         n = m.counts.examples_written
@@ -225,11 +313,11 @@ def _run_mode(mode: str, args) -> dict:
 
 
 def _measure(mode: str, args) -> dict:
-    """Run one mode in a child process: its wall time and the peak RSS of it and its workers."""
+    """Run one mode in a child process: its wall time, CPU time and the peak RSS of it and its workers."""
     import json
     import subprocess
-    cmd = [sys.executable, os.path.abspath(__file__), "--mode", mode, "--examples", str(args.examples),
-           "--batch", str(args.batch), "--workers", str(args.workers), "--out", args.out,
+    cmd = [sys.executable, os.path.abspath(__file__), "--mode", mode, "--workload", args.workload, "--examples",
+           str(args.examples), "--batch", str(args.batch), "--workers", str(args.workers), "--out", args.out,
            "--candidates", args.candidates]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE)
     out = proc.stdout.read()
@@ -238,55 +326,77 @@ def _measure(mode: str, args) -> dict:
         raise SystemExit(f"{mode} failed (status {status})")
     res = json.loads(out.decode().strip().splitlines()[-1])
     res["peak_rss_mb"] = usage.ru_maxrss / 1024  # KiB on Linux; the largest of the child and its workers
+    res["cpu_s"] = usage.ru_utime + usage.ru_stime  # the child's; its own children (workers) are in res
     return res
+
+
+def _generate(args, data: str) -> None:
+    if args.workload == "tfrecord":
+        from pipelines import demo_data
+        demo_data.write_dataset(data, num_examples=args.examples, seed=1234)
+    else:
+        generate(data, args.examples)
 
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--examples", type=int, default=200_000)
-    ap.add_argument("--batch", type=int, default=4096)
+    ap.add_argument("--workload", choices=("csv", "tfrecord"), default="csv")
+    ap.add_argument("--examples", type=int, help="default: 200000 (csv), 500000 (tfrecord: the demo's)")
+    ap.add_argument("--batch", type=int, help="global batch; default: 4096 (csv), 2048 (tfrecord: the demo's)")
     ap.add_argument("--workers", type=int, default=1)
     ap.add_argument("--out", default=os.path.join(ROOT, "build", "bench"))
-    ap.add_argument("--candidates", default="4", help="profile candidate chip counts (comma-separated)")
-    ap.add_argument("--modes", default="pyarrow,single,beam", help="which measurements, in this order")
+    ap.add_argument("--candidates", default="", help="profile candidate chip counts (comma-separated); default: "
+                    "none given (the spec's own topology, as `tpu-embed run`)")
+    ap.add_argument("--modes", default="floor,single,beam",
+                    help="which measurements, in this order (floor: pyarrow for csv, tfxbsl for tfrecord)")
     ap.add_argument("--mode", help=argparse.SUPPRESS)  # internal: run one measurement in this process
     args = ap.parse_args()
+    tfr = args.workload == "tfrecord"
+    args.examples = args.examples or (500_000 if tfr else 200_000)
+    args.batch = args.batch or (2048 if tfr else 4096)
     args.out = os.path.abspath(args.out)
-    data = os.path.join(args.out, "data")
+    data = os.path.join(args.out, "data-tfrecord" if tfr else "data")
     if args.mode == "generate":
-        generate(data, args.examples)
+        _generate(args, data)
         return
     if args.mode:
         import json
         print(json.dumps(_run_mode(args.mode, args)))
         return
-    marker = os.path.join(data, f".complete-{args.examples}")
+    marker = os.path.join(data, f".complete-{'tfrecord-' if tfr else ''}{args.examples}")
     if not os.path.exists(marker):
         shutil.rmtree(data, ignore_errors=True)
         t = time.time()
         # In a process of its own: this one stays small, so the measured processes it starts (their peak
         # RSS counts what they share with it until they exec) report their own memory only.
         import subprocess
-        subprocess.run([sys.executable, os.path.abspath(__file__), "--mode", "generate", "--examples",
-                        str(args.examples), "--out", args.out], check=True)
+        subprocess.run([sys.executable, os.path.abspath(__file__), "--mode", "generate", "--workload", args.workload,
+                        "--examples", str(args.examples), "--out", args.out], check=True)
         open(marker, "w").close()
         print(f"generated {args.examples} examples in {time.time() - t:.1f} s", flush=True)
+    modes = [FLOORS[args.workload] if m == "floor" else m for m in args.modes.split(",")]
+    if tfr and "single" in modes:
+        modes.remove("single")  # the one-process reference is written for the CSV workload's pinned limits
     results = {}
-    for mode in args.modes.split(","):
+    for mode in modes:
         r = _measure(mode, args)
         results[mode] = r
-        print(f"{mode:8s}: {r['examples']:,} examples in {r['seconds']:.1f} s = "
-              f"{r['examples'] / r['seconds']:,.0f} examples/s, peak RSS {r['peak_rss_mb']:,.0f} MB", flush=True)
+        print(f"{mode:8s}: {r['examples']:,} examples in {r['seconds']:.2f} s = "
+              f"{r['examples'] / r['seconds']:,.0f} examples/s, CPU {r['cpu_s']:.1f} s, "
+              f"peak RSS {r['peak_rss_mb']:,.0f} MB", flush=True)
+    floor = FLOORS[args.workload]
     rate = {k: v["examples"] / v["seconds"] for k, v in results.items()}
     if "beam" in rate:
-        for base in ("single", "pyarrow"):
+        for base in ("single", floor):
             if base in rate:
                 print(f"tpu-embed run is {rate[base] / rate['beam']:.2f}x the time of {base}")
-    if len(rate) == 3:
-        print("| examples | batch | workers | pyarrow read+map ex/s | single process ex/s | tpu-embed run ex/s | "
-              "run / single | run / pyarrow | peak RSS run (MB) |")
-        print(f"| {args.examples:,} | {args.batch} | {args.workers} | {rate['pyarrow']:,.0f} | {rate['single']:,.0f} | "
-              f"{rate['beam']:,.0f} | {rate['single'] / rate['beam']:.2f}x | {rate['pyarrow'] / rate['beam']:.2f}x | "
+    if floor in rate and "beam" in rate:
+        chips = args.candidates or "spec's own (default)"
+        single = f"{rate['single']:,.0f}" if "single" in rate else "-"
+        print(f"| workload | examples | batch | workers | profile chip counts | {floor} floor ex/s | single process "
+              "ex/s | tpu-embed run ex/s | run / floor | peak RSS run (MB) |")
+        print(f"| {args.workload} | {args.examples:,} | {args.batch} | {args.workers} | {chips} | {rate[floor]:,.0f} | "
+              f"{single} | {rate['beam']:,.0f} | {rate[floor] / rate['beam']:.2f}x | "
               f"{results['beam']['peak_rss_mb']:,.0f} |")
 
 

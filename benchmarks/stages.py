@@ -1,9 +1,11 @@
 """`runner.run_all` on benchmarks/run_throughput.py's data, with a timeline: when each job's phases and each Beam
 stage start and end.
 
-    .venv/bin/python benchmarks/stages.py DATA_DIR [OUT_DIR]
+    .venv/bin/python benchmarks/stages.py DATA_DIR|SPEC.yaml [OUT_DIR]
 
-DATA_DIR: the `data` directory `benchmarks/run_throughput.py --out DIR` generated. Prints one line per event,
+DATA_DIR: the `data` directory `benchmarks/run_throughput.py --out DIR` generated (its CSV spec), or a spec file
+(`run_throughput.py --workload tfrecord` writes the demo's as DIR/spec-tfrecord.yaml); the jobs run with the
+defaults `tpu-embed run` gets. Prints one line per event,
 seconds since `run_all` started and since the line before: the jobs (`run_vocab`, `run_shard`), the
 construction of their pipelines (`build_*_pipeline`), `Pipeline.run` until the runner executes its first
 stage (`run_stages`: Beam's proto translation and fusion), every stage the FnApiRunner executes (its fused
@@ -24,6 +26,14 @@ import time
 import run_throughput as bench  # benchmarks/run_throughput.py: this script's directory is first on sys.path
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _spec(arg: str):
+    """`run_throughput.py`'s CSV spec over DATA_DIR, or the spec file SPEC."""
+    if arg.endswith((".yaml", ".yml")):
+        from tpu_embed.artifact.spec import load_spec
+        return load_spec(arg)
+    return bench.bench_spec(os.path.abspath(arg), 4096)
 
 
 def main() -> None:
@@ -76,10 +86,10 @@ def main() -> None:
             mark("  stage " + name + " <")
     fn_runner.FnApiRunner._execute_bundle = stage
 
-    data = os.path.abspath(sys.argv[1])
+    spec = _spec(sys.argv[1])
     out = sys.argv[2] if len(sys.argv) > 2 else os.path.join(ROOT, "build", "stages")
     shutil.rmtree(out, ignore_errors=True)
-    cfg = JobConfig(spec=bench.bench_spec(data, 4096), output=out, candidate_chip_counts=[4])
+    cfg = JobConfig(spec=spec, output=out)  # the defaults `tpu-embed run` gets
     start[0] = time.time()
     runner.run_all(cfg, [])
     mark("end")
