@@ -8,10 +8,11 @@ jax-tpu-embedding's), Zipf(1.2) ids, per-chip batch 1024, 4 chips x 4
 SparseCores; limits large enough to drop nothing; `--steps` distinct
 per-chip batches.
 
-Measured in `--rounds` rounds; in each, our measurements and jax's take
-`--repeats` passes over the batches in turn (the best pass of each is kept),
-then TF takes its passes; figures are medians over the rounds, ratios the
-median of the rounds' ratios:
+Measured in `--rounds` rounds; in each, every measurement in turn takes
+`--repeats` passes over the batches back to back (the steady state of a
+loop that feeds one kind of input; the best pass is kept): ours, then jax's,
+then TF's; figures are medians over the rounds, ratios the median of the
+rounds' ratios:
   ours, kernel     the native kernel on int64 numpy arrays already in its
                    form (`csr.preprocess_stack_native`, what the shard job
                    calls; no layout work, no conversion), for each input
@@ -156,10 +157,9 @@ def kernel_forms(batches):
             "sparse": [{k: (indices(s), v, None, None) for k, (v, s) in b.items()} for b in batches]}
 
 
-def best_time(fn, items, repeats, warm=True):
-    """Seconds per item of `fn`, the best of `repeats` passes over `items`."""
-    if warm:
-        fn(items[0])
+def best_time(fn, items, repeats):
+    """Seconds per item of `fn`, the best of `repeats` passes over `items` (after one call to warm up)."""
+    fn(items[0])
     best = float("inf")
     for _ in range(repeats):
         t0 = time.perf_counter()
@@ -298,21 +298,16 @@ def main(argv=None):
     rows = {}  # measurement -> per-round M ids/s
     ours = [(f"ours, kernel, {structure} arrays", internal, bs) for structure, bs in kernels.items()]
     ours += [(f"ours, public, {form}", public, bs) for form, bs in forms.items()]
-    for _, fn, items in ours:
-        fn(items[0])  # warm up: the kernel's scratch, the remembered layout
     for r in range(args.rounds):
-        # Ours and jax's pass by pass in turn, the best pass of each kept; TF (slower, traced once per
-        # request) after them.
-        got = {}
-        for _ in range(args.repeats):
-            for label, fn, items in ours:
-                got[label] = max(got.get(label, 0.0), n_ids / best_time(fn, items, 1, warm=False))
-            if jax is not None:
-                res = jax({"op": "bench", "repeats": 1})
-                if "error" in res:
-                    raise SystemExit(f"jax baseline failed: {res['error']}")
-                for form, seconds in res.items():
-                    got[f"jax, {form}"] = max(got.get(f"jax, {form}", 0.0), jax_ids / seconds)
+        # Each measurement's passes back to back (the steady state of a loop that feeds one kind of
+        # input), the measurements in turn.
+        got = {label: n_ids / best_time(fn, items, args.repeats) for label, fn, items in ours}
+        if jax is not None:
+            res = jax({"op": "bench", "repeats": args.repeats})
+            if "error" in res:
+                raise SystemExit(f"jax baseline failed: {res['error']}")
+            for form, seconds in res.items():
+                got[f"jax, {form}"] = jax_ids / seconds
         if oracle is not None:
             res = oracle(tf_req)
             if "error" in res:

@@ -239,7 +239,6 @@ typedef struct {
   const Py_ssize_t *rstride;             /* rows[f][i * rstride[f]]: 2 reads a SparseTensor's [n, 2] indices */
   const float **weights;
   const int64_t *offsets, *shift, *ctok, *vocab;
-  const int32_t *srow_of;
   const int8_t *row_code;
   int nsc, log2s, tbits, any_combiner;
   const Py_ssize_t *bounds; /* F x (nsc + 1): first element of local SC s in feature f */
@@ -639,7 +638,7 @@ static const int64_t *as_int64(const Buf *buf, int type, Py_ssize_t n, Py_ssize_
  *             in [0, samples of the feature); row_splits int32/int64 [samples + 1]; no rows and no
  *             splits: dense, one id per sample.  Every buffer C-contiguous.
  *   offsets, shift, col_token_offset, vocab: int64[F] per feature
- *   srow_of int32[R], row_code int8[R] (0 sum, 1 mean, 2 sqrtn) per stack sample
+ *   srow_of int32[R] (its length is R, the stack's samples), row_code int8[R] (0 sum, 1 mean, 2 sqrtn)
  *   num_threads: at most this many threads, one when the stack has fewer than parallel_min_ids ids
  * Returns one of
  *   (0, ids_pp, uniq_pp)                                 counts_only: int64[nsc*S] each
@@ -686,7 +685,7 @@ static PyObject *pack_stack(PyObject *self, PyObject *args) {
   J.F = F;
   J.R = b[4].b.len / 4;
   J.offsets = b[0].b.buf; J.shift = b[1].b.buf; J.ctok = b[2].b.buf; J.vocab = b[3].b.buf;
-  J.srow_of = b[4].b.buf; J.row_code = b[5].b.buf;
+  J.row_code = b[5].b.buf;
   J.nsc = nsc; J.log2s = log2s; J.tbits = tbits;
   if (b[0].b.len / 8 != F || b[1].b.len / 8 != F || b[2].b.len / 8 != F || b[3].b.len / 8 != F ||
       b[5].b.len != J.R) {
