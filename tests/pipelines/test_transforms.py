@@ -14,6 +14,8 @@ import pyarrow.parquet as pq
 import pytest
 from apache_beam.testing.test_pipeline import TestPipeline as BeamTestPipeline
 from apache_beam.testing.util import assert_that, equal_to
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from pipelines import jobs, runner
 from pipelines.cli import main as cli_main
@@ -277,6 +279,16 @@ def test_token_count_combine_fn_matches_counter():
     tokens, counts, distinct = pvocab.finalize(pvocab.counts_table(counter), top_k=5, frequency_threshold=3)
     ref = sorted(((t, c) for t, c in expect.items() if c >= 3), key=lambda tc: (tc[1], tc[0]), reverse=True)[:5]
     assert list(zip(tokens, counts)) == ref and distinct == len(expect)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.binary(max_size=4), max_size=30), st.integers(0, 3))
+def test_writable_mask_keeps_what_tft_writes(tokens, start):
+    """Not empty and no \\n or \\r (TFT's text files), also for a slice of the array."""
+    arr = pa.array([b"pad"] * start + tokens, pa.large_binary()).slice(start)
+    keep = pvocab.writable_mask(arr)
+    want = [bool(t) and b"\n" not in t and b"\r" not in t for t in tokens]
+    assert (keep is None and all(want)) or (keep is not None and keep.to_pylist() == want)
 
 
 def _block(n, start, nf=1):
