@@ -600,9 +600,9 @@ static int enc_rehash(enc_column *e) {
   return 0;
 }
 
-static int enc_add(enc_column *e, const uint8_t *p, int64_t n) {
+static int enc_add(enc_column *e, const uint8_t *p, int64_t n, uint64_t h) {
   if ((uint64_t)(e->m + 1) * 2 > e->nslots && enc_rehash(e) < 0) return -1;
-  uint64_t h = hash_bytes(p, n), s = 0;
+  uint64_t s = 0;
   int64_t i = token_probe(e->slots, e->nslots - 1, e->doff, e->ddata.data, p, n, h, &s);
   if (i < 0) {
     if (e->m + 2 > e->mcap) {
@@ -631,14 +631,48 @@ static int enc_add(enc_column *e, const uint8_t *p, int64_t n) {
   return 0;
 }
 
-static int enc_value(enc_column *e, const uint8_t *s, const uint8_t *end) {
-  if (e->split > 255) return s < end ? enc_add(e, s, end - s) : 0;
+/* A record's tokens wait here, their slots asked for, until the record is split: each of a Criteo row's 26
+ * columns has its own table, and a probe of a table larger than the cache missed it; asked for ahead, the
+ * misses overlap the splitting. Added in the order met, so codes and dictionaries are the same. */
+#define ENC_PENDING 64
+
+typedef struct {
+  enc_column *e;
+  const uint8_t *p;
+  int64_t n;
+  uint64_t h;
+} enc_token;
+
+typedef struct {
+  enc_token t[ENC_PENDING];
+  int n;
+} enc_pending;
+
+static int enc_flush(enc_pending *q) {
+  for (int i = 0; i < q->n; i++)
+    if (enc_add(q->t[i].e, q->t[i].p, q->t[i].n, q->t[i].h) < 0) return -1;
+  q->n = 0;
+  return 0;
+}
+
+static int enc_defer(enc_pending *q, enc_column *e, const uint8_t *p, int64_t n) {
+  if (q->n == ENC_PENDING && enc_flush(q) < 0) return -1;
+  uint64_t h = hash_bytes(p, n);
+#if defined(__GNUC__) || defined(__clang__)
+  __builtin_prefetch(&e->slots[h & (e->nslots - 1)]);
+#endif
+  q->t[q->n++] = (enc_token){e, p, n, h};
+  return 0;
+}
+
+static int enc_value(enc_pending *q, enc_column *e, const uint8_t *s, const uint8_t *end) {
+  if (e->split > 255) return s < end ? enc_defer(q, e, s, end - s) : 0;
   const uint8_t *t = s;
-  for (const uint8_t *q = s;; q++) {
-    if (q == end || *q == (uint8_t)e->split) {
-      if (q > t && enc_add(e, t, q - t) < 0) return -1;
-      if (q == end) return 0;
-      t = q + 1;
+  for (const uint8_t *r = s;; r++) {
+    if (r == end || *r == (uint8_t)e->split) {
+      if (r > t && enc_defer(q, e, t, r - t) < 0) return -1;
+      if (r == end) return 0;
+      t = r + 1;
     }
   }
 }
@@ -769,6 +803,8 @@ static PyObject *plain_fields(PyObject *self, PyObject *args) {
   stop['\n'] = 2;
   stop['"'] = 3;
   stop['\r'] = 3;
+  enc_pending pending;  /* the record's tokens for the encoded columns, added once it is split */
+  pending.n = 0;
   uint8_t inquote[256] = {0};  /* bytes that end a quoted value, or make it not plain */
   inquote['"'] = inquote['\n'] = inquote['\r'] = 1;
   const uint8_t *p = b;
@@ -804,7 +840,7 @@ static PyObject *plain_fields(PyObject *self, PyObject *args) {
         }
       }
       if (f < nfields && w[f] >= 0 &&
-          (encs[w[f]].split >= 0 ? enc_value(&encs[w[f]], s, e) : column_put(&cols[w[f]], s, e - s)) < 0) {
+          (encs[w[f]].split >= 0 ? enc_value(&pending, &encs[w[f]], s, e) : column_put(&cols[w[f]], s, e - s)) < 0) {
         nomem = 1;
         plain = 0;
         break;
@@ -814,6 +850,11 @@ static PyObject *plain_fields(PyObject *self, PyObject *args) {
       p++;  /* past the delimiter */
     }
     if (!plain) break;
+    if (enc_flush(&pending) < 0) {
+      nomem = 1;
+      plain = 0;
+      break;
+    }
     if (f != nfields) {
       plain = 0;  /* a short or long record (an empty line is one field): pyarrow's letters */
       break;
