@@ -242,7 +242,7 @@ class TokenCounter:
         self._offsets = np.zeros(1025, np.int64)
         self._data = np.empty(1 << 14, np.uint8)
         self._counts = np.zeros(1024, np.int64)
-        self._slots = _slots(1023)
+        self._slots: Optional[np.ndarray] = _slots(1023)
 
     def __len__(self) -> int:
         if self._tables is not None:
@@ -274,6 +274,9 @@ class TokenCounter:
             return self
         offsets, data = _buffers(tokens)
         weights = np.zeros(0, np.int64) if counts is None else counts
+        if self._slots is None:  # restored from a pickle, not added to since
+            self._slots = _slots(self._counts.size - 1)
+            _native.build(self._offsets[:int(self._state[0]) + 1], self._data, self._slots)
         j, n = 0, len(tokens)
         while True:
             j = _native.count(self._offsets, self._data, self._slots, self._counts, self._state, offsets, data,
@@ -327,7 +330,8 @@ class TokenCounter:
 
 def _restore_counter(tokens: pa.Array, counts: np.ndarray) -> TokenCounter:
     """The counter of `__reduce__`'s distinct tokens and counts: natively, its arrays at their size and its
-    table built in one pass (adding them would probe each token and rebuild the table at every doubling)."""
+    table built in one pass when it is first added to (adding the tokens would probe each one and rebuild the
+    table at every doubling; the vocabulary job's accumulators, one per key and bundle, are mostly only read)."""
     counter = TokenCounter()
     n = len(tokens)
     if counter._tables is not None or n == 0 or tokens.null_count:
@@ -341,7 +345,6 @@ def _restore_counter(tokens: pa.Array, counts: np.ndarray) -> TokenCounter:
     counter._data[:hi - lo] = data[lo:hi]
     counter._counts = np.zeros(size, np.int64)
     counter._counts[:n] = counts
-    counter._slots = _slots(size - 1)
-    _native.build(counter._offsets[:n + 1], counter._data, counter._slots)
+    counter._slots = None  # built by the first `add`: a counter that is only read (`items`) never needs it
     counter._state[:] = (n, hi - lo)
     return counter

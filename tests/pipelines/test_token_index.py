@@ -148,7 +148,7 @@ def test_counter_counts_like_collections_counter_native_and_reference(batches, o
 def test_a_pickled_counter_is_restored_at_its_size_in_one_pass(monkeypatch):
     """A combine's accumulators cross its GroupByKey pickled: restored, the counter holds the same tokens in
     the same order with the same counts, counts on as the original does, and was not re-grown token by
-    token to get there."""
+    token to get there; its table is built when it is first added to, not to be read."""
     import pickle
     rng = np.random.default_rng(5)
     ids = rng.zipf(1.3, 50_000) % 20_000
@@ -157,10 +157,14 @@ def test_a_pickled_counter_is_restored_at_its_size_in_one_pass(monkeypatch):
     data = pickle.dumps(c)
     grown = []
     monkeypatch.setattr(token_index.TokenCounter, "_grow", lambda self, n: grown.append(n))
+    built = []
+    real_build = token_index._native.build
+    monkeypatch.setattr(token_index._native, "build", lambda *a: built.append(1) or real_build(*a))
     restored = pickle.loads(data)
     assert grown == []
     for a, b in zip(restored.items(), c.items()):
         assert np.array_equal(np.asarray(a), np.asarray(b)) if isinstance(a, np.ndarray) else a.equals(b)
+    assert built == [] and len(restored) == len(c)  # only read: its table is not built
     monkeypatch.undo()
     more = pa.array([b"t1", b"new", b"t2", b"new"], pa.large_binary())
     assert _as_dict(restored.add(more)) == _as_dict(c.add(more))
