@@ -57,6 +57,9 @@ def _count_reads(monkeypatch):
 @pytest.mark.parametrize("reuse", [True, False])
 def test_the_shard_job_replays_the_vocabulary_jobs_read(tmp_path, monkeypatch, reuse):
     reads = _count_reads(monkeypatch)
+    arenas = []  # the jobs that read their input share one malloc arena while they run; a replay does not
+    real_arena = runner._one_malloc_arena
+    monkeypatch.setattr(runner, "_one_malloc_arena", lambda: arenas.append(len(reads)) or real_arena())
     spec = load_spec(CRITEO)
     out = str(tmp_path / "out")
     runner.run_all(JobConfig(spec=spec, output=out, chunk_rows=50, steps_per_file=3, split_bytes=4096,
@@ -64,6 +67,7 @@ def test_the_shard_job_replays_the_vocabulary_jobs_read(tmp_path, monkeypatch, r
     splits = psplits.plan_splits("csv", psplits.list_input_files(spec.input_patterns()), 4096)
     assert len(splits) > 2
     assert len(reads) == len(splits) * (1 if reuse else 2)
+    assert arenas == ([0] if reuse else [0, len(splits)])  # entered before each job that reads
     assert not os.path.exists(read_spill.spill_dir(out))  # removed once the shard job ended
     if reuse:
         other = str(tmp_path / "again")
