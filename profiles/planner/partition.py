@@ -13,12 +13,13 @@
 from __future__ import annotations
 
 import math
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List
 
-from profiles.config import GlobalConfig, StackUnit, rescaled, table_units
+from profiles.config import GlobalConfig, StackUnit, table_units
 from profiles.planner.enumerate import limit_value
 from profiles.planner.estimate import csr_buffer_bytes_per_sc, partition_bytes_per_sc
 from profiles.planner.propose import buffer_multiple
+from profiles.planner.sources import matching_profile
 from profiles.planner.types import Policy, Proposal, StackFigures, TableFigures
 from profiles.profile import Profile
 from tpu_embed.core.model import ModelConfig
@@ -93,7 +94,7 @@ def stacking_comparison(target: ModelConfig, figures: Dict[str, StackFigures], t
 
 def topology_comparison(target: ModelConfig, models: List[Profile]) -> List[dict]:
     """Exact-max limits at every chip count the matching profile covered (same global batch)."""
-    source = _matching_profile(target, models)
+    source = matching_profile(target, models)
     if source is None:
         return []
     out = []
@@ -123,15 +124,3 @@ def topology_comparison(target: ModelConfig, models: List[Profile]) -> List[dict
         out.append(row)
     return out
 
-
-def _matching_profile(target: ModelConfig, models: List[Profile]) -> Optional[Profile]:
-    def sig(m: ModelConfig):
-        return [t.hash_params() for t in table_units(m)], [(f.name, f.output_shape) for f in m.features]
-    for p in models:
-        try:
-            candidate = rescaled(p.model, target.topology.num_chips)
-        except ValueError:
-            continue
-        if sig(candidate) == sig(target) and GlobalConfig.of(candidate).same_statistics_as(GlobalConfig.of(target)):
-            return p
-    return None

@@ -21,7 +21,17 @@ import dataclasses
 import warnings
 from typing import Dict, List, Optional, Tuple
 
-from profiles.config import GlobalConfig, StackUnit, TableUnit, rescaled_global, rescaled_table, stack_units, table_unit
+from profiles.config import (
+    GlobalConfig,
+    StackUnit,
+    TableUnit,
+    rescaled,
+    rescaled_global,
+    rescaled_table,
+    stack_units,
+    table_unit,
+    table_units,
+)
 from profiles.errors import (
     ConfigurationMismatchWarning,
     ConservativeBoundWarning,
@@ -179,16 +189,27 @@ def resolve(target: ModelConfig, index: StatisticsIndex) -> Tuple[Dict[str, Stac
         how = (f"Profile {chips} chips: `tpu-embed run` (or `profile`) with `--candidate-chip-counts {chips}`, or "
                f"`profile_candidate_chip_counts: [{chips}]` in the spec, computes its figures in the same pass as "
                f"the spec's own topology, with the same tables, features and global batch ({batch}).")
-        covered = sorted({c for p in index.models if _same_tables(p.model, target) for c in p.covered_chip_counts})
-        if covered and chips not in covered:
+        source = matching_profile(target, index.models)
+        if source is not None and chips not in source.covered_chip_counts:
             raise MissingProfileError(f"The profile has no figures for {chips} chips: it covers "
-                                      f"{', '.join(map(str, covered))} chip(s) for these tables. {how}")
+                                      f"{', '.join(map(str, source.covered_chip_counts))} chip(s) for these "
+                                      f"tables. {how}")
         raise MissingProfileError(f"No statistics for stack(s) {missing} under {g}. {how}")
     return stacks, table_fig
 
 
-def _same_tables(model: ModelConfig, target: ModelConfig) -> bool:
-    return sorted(t.name for t in model.tables) == sorted(t.name for t in target.tables)
+def matching_profile(target: ModelConfig, models: List[Profile]) -> Optional[Profile]:
+    """The profile of the same tables, features and global batch as `target`, whatever its chip count."""
+    def sig(m: ModelConfig):
+        return [t.hash_params() for t in table_units(m)], [(f.name, f.output_shape) for f in m.features]
+    for p in models:
+        try:
+            candidate = rescaled(p.model, target.topology.num_chips)
+        except ValueError:
+            continue
+        if sig(candidate) == sig(target) and GlobalConfig.of(candidate).same_statistics_as(GlobalConfig.of(target)):
+            return p
+    return None
 
 
 def _bound(spec: StackUnit, g: GlobalConfig, parts: List[PartitionStats]) -> StackFigures:
