@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 ORACLE_STAMP := $(ORACLE_VENV)/.installed-stamp
 
-.PHONY: demo test test-fast native lint docs install oracle bench clean
+.PHONY: demo test test-fast native lint docs install oracle jax-oracle bench clean
 
 install: $(STAMP)
 
@@ -32,17 +32,17 @@ $(ORACLE_STAMP): tests/conformance/oracle-requirements.txt
 	   > $(ORACLE_VENV)/install.log 2>&1 || (tail -n 40 $(ORACLE_VENV)/install.log; exit 1)
 	@touch $@
 
-# jax-tpu-embedding's C++ input preprocessing, the second baseline of benchmarks/csr.py (only the benchmark uses it).
+# jax-tpu-embedding (jax[cpu]), the JAX conformance oracle and the benchmarks' second baseline, in its own venv.
 JAX_VENV := .venv-jax
 JAX_STAMP := $(JAX_VENV)/.installed-stamp
-.PHONY: jax-bench
-jax-bench: $(JAX_STAMP)
+.PHONY: jax-oracle
+jax-oracle: $(JAX_STAMP)
 
-$(JAX_STAMP): benchmarks/jax-requirements.txt
+$(JAX_STAMP): tests/conformance/jax-requirements.txt
 	@echo "installing jax-tpu-embedding 0.1.0 into $(JAX_VENV) (log: $(JAX_VENV)/install.log)"
 	@test -x $(JAX_VENV)/bin/python || $(PYTHON) -m venv $(JAX_VENV)
 	@( $(JAX_VENV)/bin/python -m pip install -q --upgrade pip && \
-	   $(JAX_VENV)/bin/python -m pip install -q -r benchmarks/jax-requirements.txt ) \
+	   $(JAX_VENV)/bin/python -m pip install -q -r tests/conformance/jax-requirements.txt ) \
 	   > $(JAX_VENV)/install.log 2>&1 || (tail -n 40 $(JAX_VENV)/install.log; exit 1)
 	@touch $@
 
@@ -64,15 +64,17 @@ docs: $(STAMP)
 native: $(STAMP)
 	@$(PY) -m pytest -q -p no:cacheprovider tests/test_native_extensions.py
 
-test: $(STAMP) $(ORACLE_STAMP) lint docs native
-	TPU_EMBED_ORACLE_PYTHON=$(abspath $(ORACLE_VENV))/bin/python $(PY) -m pytest -q
+test: $(STAMP) $(ORACLE_STAMP) $(JAX_STAMP) lint docs native
+	TPU_EMBED_ORACLE_PYTHON=$(abspath $(ORACLE_VENV))/bin/python \
+	TPU_EMBED_JAX_PYTHON=$(abspath $(JAX_VENV))/bin/python $(PY) -m pytest -q
 
 # The edit loop: lint and the suite without the slow end-to-end and the conformance (oracle) tests.
 test-fast: $(STAMP) lint native
 	$(PY) -m pytest -q -m "not slow and not conformance"
 
 bench: $(STAMP) $(ORACLE_STAMP) $(JAX_STAMP)
-	TPU_EMBED_ORACLE_PYTHON=$(abspath $(ORACLE_VENV))/bin/python $(PY) benchmarks/csr.py
+	TPU_EMBED_ORACLE_PYTHON=$(abspath $(ORACLE_VENV))/bin/python \
+	TPU_EMBED_JAX_PYTHON=$(abspath $(JAX_VENV))/bin/python $(PY) benchmarks/csr.py
 
 clean:
 	rm -rf build .pytest_cache

@@ -32,7 +32,7 @@ rounds' ratios:
                    features`, tensorflow-tpu 2.20 in .venv-oracle) on the
                    headline's tf.RaggedTensors, eager and under tf.function;
   jax              jax-tpu-embedding 0.1.0's C++ preprocessing (.venv-jax,
-                   `make jax-bench`) on the same ids: one call per global
+                   `make jax-oracle`) on the same ids: one call per global
                    batch of the 4 local chips (4 per-chip batches), in both
                    of its input forms (benchmarks/jax_preprocess.py).
 ids/s counts the ids given (before dedup) per second of wall time; every
@@ -195,7 +195,7 @@ def start_jax(args):
     if args.no_jax:
         return None, "skipped (--no-jax)"
     if not JAX_PYTHON.exists():
-        return None, f"skipped: {JAX_PYTHON.relative_to(ROOT)} is missing (`make jax-bench` makes it)"
+        return None, f"skipped: {JAX_PYTHON.relative_to(ROOT)} is missing (`make jax-oracle` makes it)"
     env = dict(os.environ, JAX_PLATFORMS="cpu")
     return pipe.Helper([str(JAX_PYTHON), str(ROOT / "benchmarks" / "jax_preprocess.py")], env,
                        name="jax-tpu-embedding"), None
