@@ -126,9 +126,13 @@ def read_splits(fmt: str, f: records.InputFile, split_bytes: int, states: bool =
     return _norm(items)
 
 
-@pytest.mark.parametrize("fmt,make", [("csv", csv_quoted), ("csv", csv_plain), ("parquet", parquet_bytes),
-                                      ("tfrecord", tfrecord_bytes)],
-                         ids=["csv_quoted", "csv_plain", "parquet", "tfrecord"])
+# Each input format, CSV with and without quoted fields.
+EVERY_FORMAT = pytest.mark.parametrize(
+    "fmt,make", [("csv", csv_quoted), ("csv", csv_plain), ("parquet", parquet_bytes), ("tfrecord", tfrecord_bytes)],
+    ids=["csv_quoted", "csv_plain", "parquet", "tfrecord"])
+
+
+@EVERY_FORMAT
 def test_every_split_size_reads_the_same_records_and_letters(tmp_path, fmt, make):
     f = write(tmp_path, "in." + fmt, make())
     whole = _norm(psplits.read_file(fmt, f, COLUMNS, chunk_rows=7))
@@ -155,9 +159,7 @@ def _run_deferred(items):
             yield item
 
 
-@pytest.mark.parametrize("fmt,make", [("csv", csv_quoted), ("csv", csv_plain), ("parquet", parquet_bytes),
-                                      ("tfrecord", tfrecord_bytes)],
-                         ids=["csv_quoted", "csv_plain", "parquet", "tfrecord"])
+@EVERY_FORMAT
 def test_deferred_batches_give_the_same_records_and_letters(tmp_path, fmt, make):
     """Each batch's decoding as a `Deferred` (the jobs run them on threads of their own): the same items, in order."""
     f = write(tmp_path, "in." + fmt, make())
