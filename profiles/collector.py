@@ -84,10 +84,10 @@ class ProfileCollector:
                 steps=0, features={f.name: FeatureStats() for f in m.table_features(t.name)}, id_counts=IdCounts(),
                 shard_load=loads,
                 # Per-table series are not kept: plots show stacks, and files stay small.
-                partitions=PartitionStats.empty(g.num_chips, g.num_sc_per_chip, heat_map=True),
+                partitions=PartitionStats.empty(g.num_chips, g.num_sc_per_chip, heat_map=True, per_partition=True),
                 candidates={c: PartitionStats.empty(c, g.num_sc_per_chip) for c in self._candidate_models})
         stacks = {name: PartitionStats.empty(g.num_chips, g.num_sc_per_chip, heat_map=True,
-                                             series_steps=self.series_steps)
+                                             series_steps=self.series_steps, per_partition=True)
                   for name in layout_of(m).stacks}
         cand = {c: {name: PartitionStats.empty(c, g.num_sc_per_chip) for name in layout_of(cm).stacks}
                 for c, cm in self._candidate_models.items()}

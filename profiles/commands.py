@@ -67,7 +67,16 @@ def add_commands(subparsers, spec_loader: Optional[SpecLoader] = None) -> None:
                    help="configuration to plan for (spec, layout dump, model-*.json or plan file); default: the "
                         "profiled model itself. A different chip count is planned from the profile's candidate "
                         "figures.")
-    p.add_argument("--output", required=True, metavar="PLAN_JSON", help="plan file to write.")
+    p.add_argument("--output", required=True, metavar="PLAN_JSON",
+                   help="plan file to write (with --format jax-fdo: the directory for jax's FDO files).")
+    p.add_argument("--format", default="plan", choices=("plan", "jax-fdo"),
+                   help="'plan' (default): a plan file for TensorFlow. 'jax-fdo': the profile's exact per-partition "
+                        "maxima as jax-tpu-embedding's FDO statistics (fdo_stats_<host>_<time>.npz, which its "
+                        "NPZFileFDOClient loads, and tpu_embed_jax_fdo.json for tpu_embed.jax.limits).")
+    p.add_argument("--jax-stacking", default="tpu_embed", choices=("tpu_embed", "none"),
+                   help="with --format jax-fdo: the stacked tables the figures are for: 'tpu_embed' (default; the "
+                        "profile's stacks, which tpu_embed.jax.limits.stack_tables builds in jax) or 'none' (one "
+                        "stack per table, named by it).")
     p.add_argument("--quantile", default="max", metavar="Q",
                    help="quantile over steps for the chip id buffer: 'max' (default; zero drops on the profiled "
                         "data), or e.g. 'p99.9' (smaller buffer, allow_id_dropping, stated drop budget).")
@@ -94,6 +103,8 @@ def add_commands(subparsers, spec_loader: Optional[SpecLoader] = None) -> None:
 
 def _cmd_plan(args, spec_loader) -> int:
     from profiles.model_file import load_model_config  # a command's imports (see the imports)
+    if getattr(args, "format", "plan") == "jax-fdo":
+        return _cmd_plan_jax_fdo(args, spec_loader)
     from profiles.planner import plan
     spec = load_model_config(args.spec, spec_loader, args.profiles) if args.spec else None
     with warnings.catch_warnings():
@@ -116,6 +127,33 @@ def _cmd_plan(args, spec_loader) -> int:
     if covered:
         print(f"chip counts the profile covers: {', '.join(map(str, covered))} (another needs a profile with "
               "--candidate-chip-counts)")
+    return 0
+
+
+def _cmd_plan_jax_fdo(args, spec_loader) -> int:
+    from profiles.errors import ProfileError  # a command's imports (see the imports)
+    from profiles.jax_fdo import write_jax_fdo
+    from profiles.model_file import load_model_config
+    from profiles.store import ProfileStore
+    if args.quantile != "max" or args.partition_quantile != "max" or args.headroom != 1.0:
+        raise ProfileError("--format jax-fdo writes the exact observed maxima, which jax's FDO client reads as "
+                           "observations: --quantile, --partition-quantile and --headroom apply to plan files only")
+    profile = ProfileStore(args.profiles).read(model=args.model)
+    if args.spec:
+        spec = load_model_config(args.spec, spec_loader, args.profiles)
+        if spec.key != profile.model.key:
+            raise ProfileError(
+                f"--spec {args.spec} is another configuration than the profiled one ({profile.model.key}): jax's "
+                "exact per-partition figures exist only for the profiled tables, features and topology")
+    stats, paths = write_jax_fdo(profile, args.output, stacking=args.jax_stacking)
+    t = stats.model.topology
+    print(f"wrote {args.output}: jax-tpu-embedding FDO statistics of {stats.steps} steps, {len(stats.stacks)} stacked "
+          f"tables ({stats.stacking} stacking), {t.num_hosts} process file(s) of {t.chips_per_host} device(s) x "
+          f"{t.num_sparse_cores} partitions")
+    for name, lim in stats.limits().items():
+        print(f"  {name}: max_ids_per_partition={lim['max_ids_per_partition']}, max_unique_ids_per_partition="
+              f"{lim['max_unique_ids_per_partition']}, suggested_coo_buffer_size_per_device="
+              f"{lim['suggested_coo_buffer_size_per_device']}")
     return 0
 
 

@@ -54,6 +54,26 @@ def _sum_arrays(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return a + b
 
 
+def _max_arrays(a: Optional[np.ndarray], b: Optional[np.ndarray]) -> Optional[np.ndarray]:
+    """Element-wise maximum; None (not kept) unless both sides kept the array."""
+    if a is None or b is None:
+        return None
+    if a.shape != b.shape:
+        raise ValueError(f"cannot merge statistics of different shapes {a.shape} and {b.shape}")
+    return np.maximum(a, b)
+
+
+def _per_partition_from_json(d: Optional[Mapping], chips: int, nsc: int) -> Tuple[Optional[np.ndarray], ...]:
+    if d is None:  # profiles written before these were kept, or of a candidate topology
+        return None, None, None
+    if d.get("encoding") != ENCODING:
+        raise ValueError(f"per-partition maxima: unknown encoding {d.get('encoding')!r}")
+    S = chips * nsc
+    return (unpack_ids(d["partition_max_ids"]).reshape(chips, S),
+            unpack_ids(d["partition_max_unique_ids"]).reshape(chips, S),
+            unpack_ids(d["sc_max_buffer"]).reshape(chips, nsc))
+
+
 def _arr(x) -> Optional[np.ndarray]:
     return None if x is None else np.asarray(x, np.int64)
 
@@ -181,14 +201,29 @@ class PartitionStats(_JsonEq):
     step_max_dest_ids: int = 0  # sum over steps of the busiest destination's ids
     sc_dest_ids: Optional[np.ndarray] = None  # [nsc, S] summed over chips and steps (heat map)
     series: Optional[StepSeries] = None
+    # Per partition as jax-tpu-embedding's FDO stats count them (main topology only): over every step and the
+    # chip's local SCs, the most ids / unique ids a (chip, destination SC) pair received, and the most id slots
+    # each (chip, local SC) needed.  Merged by element-wise maximum.
+    partition_max_ids: Optional[np.ndarray] = None  # [chips, S]
+    partition_max_unique_ids: Optional[np.ndarray] = None  # [chips, S]
+    sc_max_buffer: Optional[np.ndarray] = None  # [chips, nsc]
 
     @classmethod
     def empty(cls, num_chips: int, num_sc_per_chip: int, *, heat_map: bool = False,
-              series_steps: Optional[int] = None) -> "PartitionStats":
+              series_steps: Optional[int] = None, per_partition: bool = False) -> "PartitionStats":
         S = num_chips * num_sc_per_chip
-        return cls(num_chips, num_sc_per_chip, S, dest_ids=np.zeros(S, np.int64),
-                   sc_dest_ids=np.zeros((num_sc_per_chip, S), np.int64) if heat_map else None,
-                   series=StepSeries(series_steps) if series_steps else None)
+        out = cls(num_chips, num_sc_per_chip, S, dest_ids=np.zeros(S, np.int64),
+                  sc_dest_ids=np.zeros((num_sc_per_chip, S), np.int64) if heat_map else None,
+                  series=StepSeries(series_steps) if series_steps else None)
+        if per_partition:
+            out.partition_max_ids = np.zeros((num_chips, S), np.int64)
+            out.partition_max_unique_ids = np.zeros((num_chips, S), np.int64)
+            out.sc_max_buffer = np.zeros((num_chips, num_sc_per_chip), np.int64)
+        return out
+
+    @property
+    def has_per_partition(self) -> bool:
+        return self.partition_max_ids is not None
 
     def add_step(self, c: CellCounts, step: int) -> None:
         PartitionStats.add_step_many([self], [c], step)
@@ -232,6 +267,13 @@ class PartitionStats(_JsonEq):
         if any(ps.sc_dest_ids is not None for ps in stats):
             local = seg * (nsc * S) + (sc_global % nsc) * S + cells % S
             heat = np.bincount(local, weights=ids, minlength=k * nsc * S).astype(np.int64).reshape(k, nsc, S)
+        part_ids = part_uniq = None
+        if any(ps.partition_max_ids is not None for ps in stats):  # max over the chip's local SCs
+            part = seg * (chips * S) + (sc_global // nsc) * S + cells % S
+            part_ids, part_uniq = np.zeros(k * chips * S, np.int64), np.zeros(k * chips * S, np.int64)
+            np.maximum.at(part_ids, part, ids)
+            np.maximum.at(part_uniq, part, uniq)
+            part_ids, part_uniq = part_ids.reshape(k, chips, S), part_uniq.reshape(k, chips, S)
         ends = np.cumsum(sizes)
         for i, (ps, c) in enumerate(zip(stats, counts)):
             ps.steps += 1
@@ -254,6 +296,10 @@ class PartitionStats(_JsonEq):
                 ps.sc_dest_ids += heat[i]
             if ps.series is not None:
                 ps.series.record(step, mx_ids, mx_uniq, mx_chip)
+            if ps.partition_max_ids is not None and part_ids is not None and part_uniq is not None:
+                np.maximum(ps.partition_max_ids, part_ids[i], out=ps.partition_max_ids)
+                np.maximum(ps.partition_max_unique_ids, part_uniq[i], out=ps.partition_max_unique_ids)
+                np.maximum(ps.sc_max_buffer, sc_need[i].reshape(chips, nsc).astype(np.int64), out=ps.sc_max_buffer)
 
     def merge_from(self, other: "PartitionStats") -> None:
         if (self.num_chips, self.num_sc_per_chip) != (other.num_chips, other.num_sc_per_chip):
@@ -275,6 +321,8 @@ class PartitionStats(_JsonEq):
             self.series = self.series or (None if other.series is None else deep_copy(other.series))
         else:
             self.series.merge_from(other.series)
+        for f in ("partition_max_ids", "partition_max_unique_ids", "sc_max_buffer"):
+            setattr(self, f, _max_arrays(getattr(self, f), getattr(other, f)))
 
     # ------------------------------------------------------------ derived figures
 
@@ -329,6 +377,11 @@ class PartitionStats(_JsonEq):
             "dest_ids": _list(self.dest_ids), "step_max_dest_ids": self.step_max_dest_ids,
             "sc_dest_ids": _list(self.sc_dest_ids),
             "series": None if self.series is None else self.series.to_json(),
+            "per_partition": None if self.partition_max_ids is None else {
+                "encoding": ENCODING,
+                "partition_max_ids": pack_ids(self.partition_max_ids.reshape(-1)),
+                "partition_max_unique_ids": pack_ids(self.partition_max_unique_ids.reshape(-1)),
+                "sc_max_buffer": pack_ids(self.sc_max_buffer.reshape(-1))},
         }
 
     @classmethod
@@ -341,7 +394,8 @@ class PartitionStats(_JsonEq):
             Histogram.from_json(d["step_max_chip_buffer"]), Histogram.from_json(d["chip_buffer"]),
             Histogram.from_json(d["step_max_sc_buffer"]),
             _arr(d.get("dest_ids")), int(d["step_max_dest_ids"]), _arr(d.get("sc_dest_ids")),
-            None if d.get("series") is None else StepSeries.from_json(d["series"]))
+            None if d.get("series") is None else StepSeries.from_json(d["series"]),
+            *_per_partition_from_json(d.get("per_partition"), int(d["num_chips"]), int(d["num_sc_per_chip"])))
 
 
 @dataclasses.dataclass(eq=False)

@@ -298,11 +298,14 @@ def _reference_add_step(ps, c, step):
     sc_need = [0] * (chips * nsc)
     dest = np.zeros(S, np.int64)
     heat = np.zeros((nsc, S), np.int64)
-    for cell, v in zip(c.cells.tolist(), c.ids.tolist()):
+    part_ids, part_uniq = np.zeros((chips, S), np.int64), np.zeros((chips, S), np.int64)
+    for cell, v, u in zip(c.cells.tolist(), c.ids.tolist(), c.unique.tolist()):
         sc, d = divmod(cell, S)
         sc_need[sc] += int(round_up(np.int64(v), XLA_PAD))
         dest[d] += v
         heat[sc % nsc, d] += v
+        part_ids[sc // nsc, d] = max(part_ids[sc // nsc, d], v)
+        part_uniq[sc // nsc, d] = max(part_uniq[sc // nsc, d], u)
     chip_need = [sum(sc_need[ch * nsc:(ch + 1) * nsc]) for ch in range(chips)]
     for x in chip_need:
         ps.chip_buffer.add(x)
@@ -314,6 +317,10 @@ def _reference_add_step(ps, c, step):
         ps.sc_dest_ids = ps.sc_dest_ids + heat
     if ps.series is not None:
         ps.series.record(step, mx_ids, mx_uniq, max(chip_need))
+    if ps.partition_max_ids is not None:
+        ps.partition_max_ids = np.maximum(ps.partition_max_ids, part_ids)
+        ps.partition_max_unique_ids = np.maximum(ps.partition_max_unique_ids, part_uniq)
+        ps.sc_max_buffer = np.maximum(ps.sc_max_buffer, np.array(sc_need, np.int64).reshape(chips, nsc))
 
 
 @st.composite
@@ -335,7 +342,8 @@ def test_partition_stats_of_many_at_once_equal_one_by_one(data, topo, k, steps):
     chips, nsc = topo
 
     def fresh():
-        return [PartitionStats.empty(chips, nsc, heat_map=i % 2 == 0, series_steps=10 if i % 3 == 0 else None)
+        return [PartitionStats.empty(chips, nsc, heat_map=i % 2 == 0, series_steps=10 if i % 3 == 0 else None,
+                                     per_partition=i % 4 < 2)
                 for i in range(k)]
 
     many, ref = fresh(), fresh()

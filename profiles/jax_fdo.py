@@ -1,0 +1,253 @@
+"""A profile as jax-tpu-embedding's FDO statistics: the files its `NPZFileFDOClient` loads.
+
+jax-tpu-embedding (0.1.0) learns its SparseCore limits online: every process records the statistics that
+`embedding.preprocess_sparse_dense_matmul_input` returns per step, publishes them as
+`fdo_stats_<process>_<timestamp>.npz`, and `NPZFileFDOClient.load()` takes, per key, the element-wise maximum
+over the newest file of each process; `embedding.update_preprocessing_parameters` then sets, per stacked
+table, `max_ids_per_partition` = the maximum of `<stack>_max_ids`, `max_unique_ids_per_partition` = that of
+`<stack>_max_unique_ids`, and `suggested_coo_buffer_size_per_device` = the maximum of
+`<stack>_required_buffer_size` times the SparseCores per device.
+
+What jax counts, read from its C++ (`StatsPerHost`, `GroupAndDeduplicateCooTensorsForLocalSparseCore`):
+
+* a process's features are its local batch; each feature's rows are split in contiguous blocks over the
+  local devices, then over each device's SparseCores, exactly as TensorFlow splits a chip's samples (the
+  shards' hosts own consecutive chips, and consecutive examples within them);
+* ids become columns `((id + col_shift) & (S-1)) + (id & ~(S-1)) + col_offset` and go to SparseCore
+  `column & (S-1)` (S = all SparseCores), with TF's rotation of one device per table in a stack;
+* equal (sample, column) pairs count once; `<stack>_max_ids` is `[local devices x S]`, row-major: for every
+  (local device, destination SparseCore) the most ids any of the device's SparseCores sends there; the
+  unique ids likewise; `<stack>_required_buffer_size` is `[local devices x SCs per device]`: per SparseCore,
+  the sum over destinations of its ids rounded up to 8.
+
+That is a profile's cell (chip, local SC, destination SC), so the profile's per-partition maxima
+(`PartitionStats.partition_max_ids`, ..., kept over every step) are jax's figures for a stacking whose stacks
+have the same tables in the same order as the profile's: `tpu_embed` (TensorFlow's stacking, which jax can
+reproduce with `table_stacking.stack_tables` and the same names: see `tpu_embed.jax.limits.stack_tables`)
+or `none` (every table its own stack, named by the table, as `embedding.prepare_feature_specs_for_training`
+leaves unstacked tables).  jax's `auto_stack_tables` groups by combiner too, orders tables as the feature
+nest lists them and shortens long names; its stacks are covered only where they coincide with these.
+
+Besides the NPZ files, `tpu_embed_jax_fdo.json` records the layout the figures hold for (stacks, tables,
+rotations, features and their global samples, topology), which `tpu_embed.jax.limits.apply_limits` checks
+against the user's feature specs; jax's client reads only `fdo_stats*.npz`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import json
+import time
+import zipfile
+from typing import Dict, List, Mapping, Optional, Tuple, Union
+
+import numpy as np
+
+from profiles.errors import ProfileError
+from profiles.jsonio import dumps_readable
+from profiles.profile import Profile
+from profiles.stats import PartitionStats
+from tpu_embed.artifact import io as tio
+from tpu_embed.core.model import ModelConfig
+from tpu_embed.sparsecore import layout_of
+
+STACKINGS = ("tpu_embed", "none")
+SIDECAR = "tpu_embed_jax_fdo.json"
+FORMAT = "tpu_embed jax-fdo"
+VERSION = 1
+# The suffixes of jax's `SparseDenseMatmulInputStats` fields (their `metadata["suffix"]`).
+SUFFIX_MAX_IDS = "_max_ids"
+SUFFIX_MAX_UNIQUE_IDS = "_max_unique_ids"
+SUFFIX_REQUIRED_BUFFER_SIZE = "_required_buffer_size"
+_ZIP_TIME = (1980, 1, 1, 0, 0, 0)  # fixed: the same statistics give the same bytes
+
+
+@dataclasses.dataclass(frozen=True)
+class JaxStack:
+    """One of jax's stacked tables: its layout and the profile's per-partition maxima for it."""
+
+    name: str
+    tables: Tuple[dict, ...]  # {name, vocabulary_size, padded_vocabulary_size, dim, combiner, row_offset_in_shard,
+    #                           shard_rotation}, in stack order
+    features: Tuple[dict, ...]  # {name, table, global_samples}, flattened feature order
+    max_ids: np.ndarray  # [chips, S]
+    max_unique_ids: np.ndarray  # [chips, S]
+    required_buffer_size: np.ndarray  # [chips, SCs per chip]
+
+    def limits(self, num_sc_per_chip: int) -> Dict[str, int]:
+        """What `embedding.update_preprocessing_parameters` sets from these statistics."""
+        return {"max_ids_per_partition": int(self.max_ids.max()),
+                "max_unique_ids_per_partition": int(self.max_unique_ids.max()),
+                "suggested_coo_buffer_size_per_device": int(self.required_buffer_size.max()) * num_sc_per_chip}
+
+
+@dataclasses.dataclass(frozen=True)
+class JaxFdoStats:
+    """jax-tpu-embedding's FDO statistics of one profile under one stacking."""
+
+    model: ModelConfig
+    stacking: str
+    steps: int
+    stacks: Dict[str, JaxStack]
+
+    @property
+    def num_hosts(self) -> int:
+        return self.model.topology.num_hosts
+
+    def host_arrays(self, host: int) -> Dict[str, np.ndarray]:
+        """What process `host` would publish: per stack, its local devices' rows, flattened row-major, int32
+        (the dtype of jax's statistics)."""
+        t = self.model.topology
+        if not 0 <= host < t.num_hosts:
+            raise ValueError(f"host {host} is not in 0..{t.num_hosts - 1}")
+        rows = slice(host * t.chips_per_host, (host + 1) * t.chips_per_host)
+        out: Dict[str, np.ndarray] = {}
+        for name, s in self.stacks.items():
+            out[name + SUFFIX_MAX_IDS] = _int32(s.max_ids[rows])
+            out[name + SUFFIX_MAX_UNIQUE_IDS] = _int32(s.max_unique_ids[rows])
+            out[name + SUFFIX_REQUIRED_BUFFER_SIZE] = _int32(s.required_buffer_size[rows])
+        return out
+
+    def limits(self) -> Dict[str, Dict[str, int]]:
+        nsc = self.model.topology.num_sc_per_chip
+        return {name: s.limits(nsc) for name, s in self.stacks.items()}
+
+    def to_json(self, files: List[str]) -> dict:
+        t = self.model.topology
+        return {
+            "format": FORMAT, "version": VERSION, "model_key": self.model.key, "steps": self.steps,
+            "stacking": self.stacking,
+            "topology": {"num_chips": t.num_chips, "num_sc_per_chip": t.num_sc_per_chip, "num_hosts": t.num_hosts},
+            "global_device_count": t.num_chips, "local_device_count": t.chips_per_host,
+            "num_sc_per_device": t.num_sc_per_chip, "num_sparse_cores": t.num_sparse_cores,
+            "files": list(files),
+            "stacks": {name: {"tables": list(s.tables), "features": list(s.features),
+                              "limits": s.limits(t.num_sc_per_chip)}
+                       for name, s in self.stacks.items()},
+        }
+
+
+def _int32(a: np.ndarray) -> np.ndarray:
+    a = np.asarray(a, np.int64).reshape(-1)
+    if a.size and int(a.max()) > np.iinfo(np.int32).max:
+        raise ProfileError(f"a per-partition figure ({int(a.max())}) does not fit jax's int32 statistics")
+    return a.astype(np.int32)
+
+
+def jax_fdo_stats(profile: Profile, stacking: str = "tpu_embed") -> JaxFdoStats:
+    """jax's FDO statistics of `profile` for `stacking` ('tpu_embed': the profile's own stacks; 'none': one
+    stack per table).  Raises `ProfileError` where a figure cannot be exact."""
+    if stacking not in STACKINGS:
+        raise ValueError(f"stacking {stacking!r}: expected one of {', '.join(STACKINGS)}")
+    model = profile.model
+    topo = model.topology
+    if profile.steps == 0:
+        raise ProfileError("the profile covers no steps: there is nothing to give jax-tpu-embedding")
+    nsc = topo.num_sc_per_chip
+    for f in model.features:
+        if f.samples % nsc:
+            raise ProfileError(
+                f"feature {f.name!r}: its {f.samples} samples per chip do not split evenly over {nsc} SparseCores, "
+                "as jax-tpu-embedding's preprocessing requires")
+    layout = layout_of(model, disable_table_stacking=stacking == "none")
+    acc = profile.accumulator
+    stacks: Dict[str, JaxStack] = {}
+    for name, st in layout.stacks.items():
+        tables = [layout.tables[t] for t in st.tables]
+        combiners = {tp.combiner for tp in tables}
+        if len(combiners) > 1:
+            members = ", ".join(f"{tp.name}: {tp.combiner}" for tp in tables)
+            raise ProfileError(
+                f"stack {name!r} mixes combiners ({members}) and jax-tpu-embedding stacks only tables of one "
+                "combiner: use the 'none' stacking (one stack per table)")
+        stats = acc.tables[st.tables[0]].partitions if stacking == "none" else acc.stacks[name]
+        _check_per_partition(name, stats)
+        assert stats.partition_max_ids is not None and stats.partition_max_unique_ids is not None
+        assert stats.sc_max_buffer is not None
+        stacks[name] = JaxStack(
+            name=name,
+            tables=tuple({"name": tp.name, "vocabulary_size": tp.vocabulary_size,
+                          "padded_vocabulary_size": tp.padded_vocabulary_size, "dim": tp.dim,
+                          "padded_dim": tp.padded_dim, "combiner": tp.combiner,
+                          "row_offset_in_shard": tp.shard_row_offset, "shard_rotation": tp.rotation}
+                         for tp in tables),
+            features=tuple({"name": f.path, "table": f.table, "global_samples": f.sample_count * topo.num_chips}
+                           for f in layout.stack_features(name)),
+            max_ids=stats.partition_max_ids.copy(), max_unique_ids=stats.partition_max_unique_ids.copy(),
+            required_buffer_size=stats.sc_max_buffer.copy())
+    return JaxFdoStats(model, stacking, profile.steps, stacks)
+
+
+def _check_per_partition(name: str, stats: PartitionStats) -> None:
+    if not stats.has_per_partition:
+        raise ProfileError(
+            f"the profile of {name!r} keeps no per-partition maxima (it was written before tpu_embed kept "
+            "them, or merged with such a profile): re-run the profile job")
+
+
+# ---------------------------------------------------------------- files
+
+def npz_bytes(arrays: Mapping[str, np.ndarray]) -> bytes:
+    """`numpy.savez`'s format (what `numpy.load` reads), with fixed zip times and sorted keys: deterministic."""
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w", compression=zipfile.ZIP_STORED) as zf:
+        for key in sorted(arrays):
+            entry = io.BytesIO()
+            np.lib.format.write_array(entry, np.ascontiguousarray(arrays[key]), allow_pickle=False)
+            zf.writestr(zipfile.ZipInfo(key + ".npy", date_time=_ZIP_TIME), entry.getvalue())
+    return buf.getvalue()
+
+
+def write_jax_fdo(source: Union[Profile, str], output_dir: str, *, stacking: str = "tpu_embed",
+                  model: Optional[str] = None, timestamp_ns: Optional[int] = None) -> Tuple[JaxFdoStats, List[str]]:
+    """Write `fdo_stats_<host>_<timestamp>.npz` per host of the profile's topology, then `tpu_embed_jax_fdo.json`,
+    into `output_dir`; returns the statistics and the paths written.
+
+    `source`: a `Profile` or a profile directory (`model`: its key or prefix when it holds several).  Each file
+    is written atomically.  The files this function wrote there before (listed by the earlier
+    `tpu_embed_jax_fdo.json`) are removed after the new ones are in place; any other `fdo_stats*.npz` there is
+    refused, since jax's client would merge it with these.
+    """
+    if isinstance(source, Profile):
+        profile = source
+    else:
+        from profiles.store import ProfileStore  # the store's reader only where a directory is given
+        profile = ProfileStore(str(source)).read(model=model)
+    stats = jax_fdo_stats(profile, stacking)
+    previous = _previous_files(output_dir)
+    ts = time.time_ns() if timestamp_ns is None else int(timestamp_ns)
+    tio.makedirs(output_dir)
+    paths, names = [], []
+    for host in range(stats.num_hosts):
+        name = f"fdo_stats_{host}_{ts}.npz"
+        path = tio.join(output_dir, name)
+        tio.write_atomic(path, npz_bytes(stats.host_arrays(host)))
+        paths.append(path)
+        names.append(name)
+    sidecar = tio.join(output_dir, SIDECAR)
+    tio.write_text_atomic(sidecar, dumps_readable(stats.to_json(names)))
+    paths.append(sidecar)
+    for name in previous:
+        if name not in names:
+            tio.delete(tio.join(output_dir, name))
+    return stats, paths
+
+
+def _previous_files(output_dir: str) -> List[str]:
+    """The FDO files of an earlier `write_jax_fdo` there; refuses a directory with anyone else's."""
+    present = sorted(tio.basename(p) for p in tio.glob(tio.join(output_dir, "fdo_stats*.npz")))
+    ours: List[str] = []
+    sidecar = tio.join(output_dir, SIDECAR)
+    if tio.exists(sidecar):
+        try:
+            ours = list(json.loads(tio.read_text(sidecar)).get("files", []))
+        except (ValueError, AttributeError):
+            ours = []
+    foreign = [n for n in present if n not in ours]
+    if foreign:
+        raise ProfileError(
+            f"{output_dir} already holds FDO statistics tpu_embed did not write ({', '.join(foreign[:3])}"
+            f"{', ...' if len(foreign) > 3 else ''}): jax's client would merge them with these; "
+            "write to an empty directory")
+    return ours
