@@ -1,0 +1,88 @@
+"""An artifact's shards decoded back to examples, and the same entries made from the serving layer's ids: what
+the equivalence tests compare.
+
+`shard_examples(artifact)` gives, for every example the shards hold (in example order: input file and record,
+no shuffle), its dense values, every SparseCore feature's entries {(position, id): gain} (position 0 of a bag,
+p of a sequence; equal ids of a bag merged, gains as the CSR holds them) and every tensor-core feature's ids and
+weights. `served_entries` makes the same entries from one row of `map_raw`'s output with the table's combiner.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import os
+
+import numpy as np
+
+from tests.helpers.plain_reference import decode_chip
+from tpu_embed.artifact import shard_records, tfrecord
+from tpu_embed.artifact.manifest import read_manifest
+
+
+def shard_examples(d: str) -> list:
+    m = read_manifest(d)
+    raw = json.load(open(os.path.join(d, "manifest.json")))
+    assert raw["batching"]["shuffle"] is None, "decode in example order: the spec must not shuffle"
+    fmt = m.shard_format
+    topo, layout = raw["topology"], raw["layout"]
+    seq = {f["path"]: f for f in layout["features"]}
+    B = raw["batch_sizes"]["global"]
+    H = topo["num_hosts"]
+    hb, per_chip, cph = B // H, raw["batch_sizes"]["per_chip"], raw["batch_sizes"]["chips_per_host"]
+    steps = raw["shards"]["steps"]
+    out = [None] * (steps * B)
+    for h in range(H):
+        for path in shard_records.shard_files(d, h, m):
+            for data in tfrecord.read_records(path):
+                r = shard_records.decode_record(data, fmt)
+                for pos in range(hb):
+                    k = r["step"] * B + h * hb + pos
+                    if not r["mask"][pos]:
+                        continue
+                    out[k] = {"dense": r["dense"][pos], "sc": collections.defaultdict(dict), "tc": {}}
+                for name, tc in r["tensor_core"].items():
+                    starts = np.concatenate([[0], np.cumsum(tc["lengths"])])
+                    for pos in range(hb):
+                        k = r["step"] * B + h * hb + pos
+                        if out[k] is not None:
+                            w = None if tc["weights"] is None else tc["weights"][starts[pos]:starts[pos + 1]]
+                            out[k]["tc"][name] = (tc["ids"][starts[pos]:starts[pos + 1]].tolist(),
+                                                  None if w is None else w.tolist())
+                for c in range(cph):
+                    g = h * cph + c
+                    for (name, sample, ident), gain in decode_chip(r["sparse_core"][c], layout, topo).items():
+                        shape = seq[name]["output_shape"]
+                        length = shape[1] if len(shape) == 2 else 0
+                        local, p = (sample // length, sample % length) if length else (sample, 0)
+                        k = r["step"] * B + g * per_chip + local
+                        assert out[k] is not None, (name, k)
+                        out[k]["sc"][name][(p, ident)] = gain
+    return [e for e in out if e is not None]
+
+
+def served_entries(ids, weights, combiner: str, sequence: bool) -> dict:
+    """{(position, id): gain} of one example's ids and weights (float32 arithmetic, the CSR's)."""
+    ids = [int(i) for i in ids]
+    w = np.ones(len(ids), np.float32) if weights is None else np.asarray(weights, np.float32)
+    out: dict = {}
+    if sequence:
+        for p, (i, x) in enumerate(zip(ids, w, strict=True)):
+            s = x if combiner == "sum" else (x * x if combiner == "sqrtn" else x)
+            scale = np.float32(1) if combiner == "sum" else (
+                np.float32(0) if s == 0 else np.float32(1 / float(s)) if combiner == "mean"
+                else np.float32(1 / float(np.sqrt(s))))
+            out[(p, i)] = float(x if combiner == "sum" else np.float32(x * scale))
+        return out
+    total = np.float32(0)
+    for x in w:
+        total = np.float32(total + (x * x if combiner == "sqrtn" else x))
+    scale = np.float32(1) if combiner == "sum" else (
+        np.float32(0) if total == 0 else np.float32(1 / float(total)) if combiner == "mean"
+        else np.float32(1 / float(np.sqrt(total))))
+    merged: dict = {}
+    for i, x in zip(ids, w, strict=True):
+        merged[i] = np.float32(merged.get(i, np.float32(0)) + x)
+    for i, x in merged.items():
+        out[(0, i)] = float(x if combiner == "sum" else np.float32(x * scale))
+    return out

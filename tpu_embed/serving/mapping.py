@@ -1,0 +1,415 @@
+"""Raw features -> the ids, weights and dense values the shards hold, in TensorFlow ops.
+
+    mapping = RawFeatureMapping.from_artifact("build/criteo")       # a tf.Module over the vocabulary files
+    out = mapping({"C1": tf.constant(["68fd1e64", ""]), "I1": tf.constant(["1", ""]), ...})
+    out = mapping.map_examples(serialized_examples)                 # the same from serialized tf.train.Examples
+    out["ids"]["C1"]        # tf.RaggedTensor int64 [batch, None]: the ids the shards hold for these rows
+    out["weights"]["C1"]    # float32 ragged like the ids (weighted features only)
+    out["dense"]            # float32 [batch, num_dense]
+    out["valid"]            # bool [batch]: False where the offline jobs would not have used the record
+
+The rules are the offline jobs' (`pipelines.read.parse`, `pipelines.mapping.ids`), each written here once:
+
+* a categorical column's values: strings (split at the feature's `delimiter`), integers (their decimal text)
+  or floats (their Python `repr`); blank strings are no value;
+* frequency vocabularies: the token's line in the vocabulary file (a `tf.lookup.StaticHashTable` over the
+  file), an unknown token `V + Fingerprint64(token) % num_oov_buckets` (`tf.strings.to_hash_bucket_fast`), or
+  dropped with 0 OOV buckets;
+* identity: the integer (`tpu_embed.serving.numbers.parse_int64`); a value that is not an integer in
+  `[0, num_buckets)` gets the vocabulary's `default_value`, or is dropped;
+* hashing: `Fingerprint64(token) % num_buckets`;
+* weights (`weight_column`): one per value, blank or unparsable ones are NaN and follow `policies.nan_weights`;
+* sequence features keep their first `sequence_length` values, tensor-core features their first
+  `tensor_core_width`;
+* dense values: the first value of the column parsed as a float, blank or missing ones the spec's `fill`.
+
+Records the offline jobs would not use (dead letters, or values that stop the job under an `error` policy)
+are mapped anyway, so a batch keeps its rows, and flagged in `valid`; docs/explanation/serving.md says what
+each one gets. The label is not read.
+
+`map_raw(raw, plan, tables)` is the pure function under the module (no Keras, no Python per value): a
+`tf.Transform` preprocessing function or any `tf.function` can call it with tables made by
+`vocabulary_tables(plan)`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Dict, List, Mapping, Optional, Tuple
+
+import tensorflow as tf
+
+from tpu_embed.artifact import io as tio
+from tpu_embed.artifact.load import load_artifact
+from tpu_embed.artifact.spec import Spec, vocabulary_filename
+from tpu_embed.serving import numbers
+
+__all__ = ["FeaturePlan", "DensePlan", "MappingPlan", "RawFeatureMapping", "map_raw", "parse_examples",
+           "vocabulary_tables"]
+
+
+# ---------------------------------------------------------------- the plan: the spec's rules, TensorFlow-free
+
+@dataclasses.dataclass(frozen=True)
+class FeaturePlan:
+    """How one categorical feature's raw values become ids (every constant from the spec and the manifest)."""
+
+    name: str
+    column: str
+    kind: str  # "frequency" | "identity" | "hashing"
+    delimiter: Optional[str]
+    weight_column: Optional[str]
+    truncate: int  # sequence_length, or tensor_core_width; 0: keep every value
+    num_buckets: Optional[int]  # identity / hashing
+    default_value: Optional[int]  # identity
+    num_oov_buckets: int  # frequency
+    vocabulary_key: Optional[str]  # frequency: the vocabulary (features of one table share one)
+    vocabulary_size: Optional[int]  # frequency: lines of the vocabulary file
+    invalid_ids: str  # policies.invalid_ids
+    nan_weights: str  # policies.nan_weights
+    sequence_length: int
+    on_sparse_core: bool
+    table: str
+
+
+@dataclasses.dataclass(frozen=True)
+class DensePlan:
+    name: str
+    column: str
+    fill: float
+
+
+@dataclasses.dataclass(frozen=True)
+class MappingPlan:
+    """The raw -> id rules of a spec with its vocabularies: what `map_raw` applies.
+
+    `vocabulary_files`: {vocabulary key: path of its file}; `columns`: every column read (label excluded)."""
+
+    features: Tuple[FeaturePlan, ...]
+    dense: Tuple[DensePlan, ...]
+    vocabulary_files: Mapping[str, str]
+
+    @property
+    def columns(self) -> List[str]:
+        cols = [d.column for d in self.dense]
+        for f in self.features:
+            cols += [f.column] + ([f.weight_column] if f.weight_column else [])
+        return list(dict.fromkeys(cols))
+
+    @classmethod
+    def from_spec(cls, spec: Spec, vocabulary_sizes: Mapping[str, int], vocabulary_dir: str) -> "MappingPlan":
+        """From a spec, its vocabulary sizes (`Manifest.vocabulary_sizes`) and the directory holding `vocab/`."""
+        feats = []
+        files: Dict[str, str] = {}
+        for f in spec.categorical:
+            v = f.vocabulary
+            key = spec.vocabulary_key(f) if v.type == "frequency" else None
+            if key is not None and key not in files:
+                files[key] = tio.join(vocabulary_dir, "vocab", vocabulary_filename(spec.vocabulary_groups()[key][0].name))
+            feats.append(FeaturePlan(
+                name=f.name, column=f.column, kind=v.type, delimiter=f.delimiter, weight_column=f.weight_column,
+                truncate=f.sequence_length if f.sequence_length > 0 else (f.tensor_core_width or 0),
+                num_buckets=v.num_buckets, default_value=v.default_value, num_oov_buckets=v.num_oov_buckets,
+                vocabulary_key=key, vocabulary_size=None if key is None else int(vocabulary_sizes[key]),
+                invalid_ids=spec.policies.invalid_ids, nan_weights=spec.policies.nan_weights,
+                sequence_length=f.sequence_length, on_sparse_core=f.on_sparse_core, table=f.table))
+        dense = tuple(DensePlan(d.name, d.column, float(d.fill)) for d in spec.dense)
+        return cls(tuple(feats), dense, files)
+
+    @classmethod
+    def from_artifact(cls, artifact_dir: str) -> "MappingPlan":
+        a = load_artifact(artifact_dir, verify="none")
+        return cls.from_spec(a.spec, a.manifest.vocabulary_sizes, artifact_dir)
+
+
+def vocabulary_tables(plan: MappingPlan) -> Dict[str, tf.lookup.StaticHashTable]:
+    """{vocabulary key: token -> line number table (-1 if absent)} over the plan's vocabulary files. Made in a
+    `tf.Module` (or a tf.Transform preprocessing function) the files become the SavedModel's assets."""
+    sizes = {f.vocabulary_key: f.vocabulary_size for f in plan.features if f.vocabulary_key is not None}
+    return {key: tf.lookup.StaticHashTable(
+        tf.lookup.TextFileInitializer(path, tf.string, tf.lookup.TextFileIndex.WHOLE_LINE, tf.int64,
+                                      tf.lookup.TextFileIndex.LINE_NUMBER, vocab_size=sizes[key]),
+        default_value=-1, name=f"vocabulary_{key}") for key, path in sorted(plan.vocabulary_files.items())}
+
+
+# ---------------------------------------------------------------- raw columns
+
+@dataclasses.dataclass
+class Column:
+    """One raw column of a batch: its values per row, as strings, integers and / or floats ([batch, None]
+    ragged tensors; a row's values are of one kind). A raw tensor gives one kind, tf.train.Examples all three."""
+
+    strings: Optional[tf.RaggedTensor] = None
+    ints: Optional[tf.RaggedTensor] = None
+    floats: Optional[tf.RaggedTensor] = None  # float64
+
+    def parts(self) -> List[tf.RaggedTensor]:
+        return [p for p in (self.strings, self.ints, self.floats) if p is not None]
+
+
+def as_column(x: Any, name: str = "") -> Column:
+    """A raw tensor as a `Column`: [batch] (one value a row; a blank string is no value), [batch, n], ragged
+    [batch, None] or sparse [batch, n]; strings, integers or floats."""
+    if isinstance(x, Column):
+        return x
+    if isinstance(x, tf.SparseTensor):
+        x = tf.RaggedTensor.from_sparse(x)
+    elif not isinstance(x, tf.RaggedTensor):
+        x = tf.convert_to_tensor(x)
+        if x.shape.rank == 1:
+            x = x[:, None]
+        if x.shape.rank != 2:
+            raise ValueError(f"raw column {name!r}: expected a [batch] or [batch, n] tensor, got shape {x.shape}.")
+        x = tf.RaggedTensor.from_tensor(x)
+    if x.shape.rank != 2:
+        raise ValueError(f"raw column {name!r}: expected [batch, None] values, got rank {x.shape.rank}.")
+    d = x.dtype
+    if d == tf.string:
+        return Column(strings=x)
+    if d.is_integer and d not in (tf.uint64,):
+        return Column(ints=tf.cast(x, tf.int64))
+    if d.is_floating:
+        return Column(floats=tf.cast(x, tf.float64))
+    raise TypeError(f"raw column {name!r} has type {d.name}: expected strings, integers or floats.")
+
+
+def _rows(column: Column) -> tf.Tensor:
+    return column.parts()[0].nrows()
+
+
+def _concat(parts: List[tf.RaggedTensor]) -> tf.RaggedTensor:
+    return parts[0] if len(parts) == 1 else tf.concat(parts, axis=1)
+
+
+def _split(strings: tf.RaggedTensor, delimiter: Optional[str]) -> tf.RaggedTensor:
+    """Each string value split at `delimiter` (literally, as pyarrow's split_pattern), rows kept."""
+    if delimiter is None:
+        return strings
+    return strings.with_flat_values(tf.strings.split(strings.flat_values, sep=delimiter)).merge_dims(1, 2)
+
+
+def _float64(column: Column, delimiter: Optional[str]) -> Tuple[tf.RaggedTensor, tf.RaggedTensor, tf.RaggedTensor]:
+    """(values, blank, bad) of a column of numbers, ragged; strings split at `delimiter`."""
+    parts = []
+    if column.strings is not None:
+        s = _split(column.strings, delimiter)
+        v, blank, bad = numbers.parse_float64(s.flat_values)
+        parts.append((s.with_flat_values(v), s.with_flat_values(blank), s.with_flat_values(bad)))
+    if column.ints is not None:
+        x = column.ints
+        parts.append((tf.cast(x, tf.float64), tf.zeros_like(x, tf.bool), tf.zeros_like(x, tf.bool)))
+    if column.floats is not None:
+        x = column.floats
+        ok = tf.math.is_finite(x.flat_values)
+        parts.append((x.with_flat_values(tf.where(ok, x.flat_values, tf.zeros_like(x.flat_values))),
+                      tf.zeros_like(x, tf.bool), x.with_flat_values(~ok)))
+    return tuple(_concat([p[i] for p in parts]) for i in range(3))  # type: ignore[return-value]
+
+
+def _tokens(column: Column, delimiter: Optional[str]) -> tf.RaggedTensor:
+    """A categorical column's values as tokens: strings split at the delimiter, integers' decimal text,
+    floats' `repr`; blank tokens still in (they count against the weights first)."""
+    parts = []
+    if column.strings is not None:
+        parts.append(_split(column.strings, delimiter))
+    if column.ints is not None:
+        parts.append(column.ints.with_flat_values(tf.strings.as_string(column.ints.flat_values)))
+    if column.floats is not None:
+        parts.append(column.floats.with_flat_values(numbers.float_text(column.floats.flat_values)))
+    return _concat(parts)
+
+
+# ---------------------------------------------------------------- the mapping
+
+def _any_per_row(flags: tf.RaggedTensor) -> tf.Tensor:
+    return tf.reduce_any(flags, axis=1)
+
+
+def _categorical(f: FeaturePlan, raw: Mapping[str, Column], tables: Mapping[str, Any], nrows: tf.Tensor
+                 ) -> Tuple[tf.RaggedTensor, Optional[tf.RaggedTensor], tf.Tensor]:
+    """(ids, weights or None, rows the offline jobs would not use) of one feature."""
+    col = raw[f.column]
+    invalid = tf.zeros([nrows], tf.bool)
+    typed_ints = f.kind == "identity" and col.strings is None and col.floats is None and col.ints is not None
+    values = col.ints if typed_ints else _tokens(col, f.delimiter)
+    weights = None
+    if f.weight_column is not None:
+        w, blank, bad = _float64(raw[f.weight_column], f.delimiter)
+        w = w.with_flat_values(tf.where(blank.flat_values | bad.flat_values,
+                                        tf.constant(float("nan"), tf.float64), w.flat_values))
+        mismatch = tf.not_equal(w.row_lengths(), values.row_lengths())  # a dead letter: the row gets no values
+        invalid |= mismatch
+        values = tf.ragged.boolean_mask(values, tf.repeat(~mismatch, values.row_lengths()))
+        weights = tf.ragged.boolean_mask(w, tf.repeat(~mismatch, w.row_lengths()))
+        weights = weights.with_flat_values(tf.cast(weights.flat_values, tf.float32))
+    if not typed_ints:  # blank values are no value
+        nonblank = values.with_flat_values(tf.not_equal(values.flat_values, ""))
+        values = tf.ragged.boolean_mask(values, nonblank)
+        weights = None if weights is None else tf.ragged.boolean_mask(weights, nonblank)
+    flat = values.flat_values
+    keep = None
+    if f.kind == "frequency":
+        ids = tables[f.vocabulary_key].lookup(flat)
+        found = ids >= 0
+        size = tf.constant(int(f.vocabulary_size), tf.int64)  # type: ignore[arg-type]
+        if f.num_oov_buckets == 0:
+            keep = found
+        elif f.num_oov_buckets == 1:
+            ids = tf.where(found, ids, size)
+        else:
+            ids = tf.where(found, ids, size + tf.strings.to_hash_bucket_fast(flat, f.num_oov_buckets))
+    elif f.kind == "hashing":
+        ids = tf.strings.to_hash_bucket_fast(flat, int(f.num_buckets))  # type: ignore[arg-type]
+    else:
+        ids, ok = (flat, tf.ones_like(flat, tf.bool)) if typed_ints else numbers.parse_int64(flat)
+        ok &= (ids >= 0) & (ids < int(f.num_buckets))  # type: ignore[arg-type]
+        if f.default_value is not None:
+            ids = tf.where(ok, ids, tf.constant(int(f.default_value), tf.int64))
+        else:
+            keep = ok
+            if f.invalid_ids == "error":
+                invalid |= _any_per_row(values.with_flat_values(~ok))
+    if weights is not None:
+        w = weights.flat_values
+        nan = ~tf.math.is_finite(w)
+        if keep is not None:
+            nan &= keep
+        if f.nan_weights == "zero":
+            w = tf.where(nan, tf.zeros_like(w), w)
+        else:
+            keep = ~nan if keep is None else keep & ~nan
+            if f.nan_weights == "error":
+                invalid |= _any_per_row(values.with_flat_values(nan))
+        weights = weights.with_flat_values(w)
+    ids = values.with_flat_values(ids)
+    if keep is not None:
+        kept = values.with_flat_values(keep)
+        ids = tf.ragged.boolean_mask(ids, kept)
+        weights = None if weights is None else tf.ragged.boolean_mask(weights, kept)
+    if f.truncate:
+        ids = ids[:, :f.truncate]
+        weights = None if weights is None else weights[:, :f.truncate]
+    return ids, weights, invalid
+
+
+def _dense(d: DensePlan, column: Column, nrows: tf.Tensor) -> Tuple[tf.Tensor, tf.Tensor]:
+    """(float32 [batch] values, rows the offline jobs would not use): the first value, the fill where it is
+    blank or missing; a record with an unparsable first value or more than one value is a dead letter offline
+    (here: the fill, and flagged)."""
+    v, blank, bad = _float64(column, None)
+    n = v.row_lengths()
+    shape = tf.stack([nrows, tf.constant(1, tf.int64)])
+    first_v = v[:, :1].to_tensor(0.0, shape=shape)[:, 0]
+    first_blank = blank[:, :1].to_tensor(True, shape=shape)[:, 0]  # no value: as blank, the fill
+    first_bad = bad[:, :1].to_tensor(False, shape=shape)[:, 0]
+    value = tf.where(first_blank | first_bad, tf.constant(d.fill, tf.float64), first_v)
+    return tf.cast(value, tf.float32), first_bad | (n > 1)
+
+
+def map_raw(raw: Mapping[str, Any], plan: MappingPlan, tables: Mapping[str, Any]) -> Dict[str, Any]:
+    """The pure mapping: `raw` {column: tensor or `Column`} -> {"ids": {feature: int64 ragged [batch, None]},
+    "weights": {feature: float32 ragged} (weighted features), "dense": float32 [batch, num_dense],
+    "valid": bool [batch]}. Every column of `plan.columns` is needed (the label is not)."""
+    missing = [c for c in plan.columns if c not in raw]
+    if missing:
+        raise KeyError(f"raw features lack columns {missing}; the spec reads {plan.columns}.")
+    cols = {c: as_column(raw[c], c) for c in plan.columns}
+    nrows = _rows(next(iter(cols.values())))
+    valid = tf.ones([nrows], tf.bool)
+    ids: Dict[str, tf.RaggedTensor] = {}
+    weights: Dict[str, tf.RaggedTensor] = {}
+    for f in plan.features:
+        i, w, bad = _categorical(f, cols, tables, nrows)
+        ids[f.name] = i
+        if w is not None:
+            weights[f.name] = w
+        valid &= ~bad
+    dense_values = []
+    for d in plan.dense:
+        x, bad = _dense(d, cols[d.column], nrows)
+        dense_values.append(x)
+        valid &= ~bad
+    dense = tf.stack(dense_values, axis=1) if dense_values else tf.zeros([nrows, 0], tf.float32)
+    return {"ids": ids, "weights": weights, "dense": dense, "valid": valid}
+
+
+# ---------------------------------------------------------------- tf.train.Example
+
+def _decode(data: tf.Tensor, message: str, fields: List[str], types: List[tf.DType]):
+    sizes, values = tf.io.decode_proto(data, message, fields, types)
+    return sizes, values
+
+
+def _ragged(values: tf.Tensor, sizes: tf.Tensor) -> tf.RaggedTensor:
+    return tf.RaggedTensor.from_tensor(values, lengths=sizes)
+
+
+def parse_examples(serialized: tf.Tensor, columns: List[str]) -> Dict[str, Column]:
+    """{column: Column} of serialized `tf.train.Example`s ([batch] strings), any value kind per key (bytes,
+    int64 or float lists, as the offline TFRecord reader takes them); a key missing from an example is no value.
+    Parsed with `tf.io.decode_proto` (plain TensorFlow); a record that is not an Example fails the call."""
+    serialized = tf.reshape(tf.convert_to_tensor(serialized, tf.string), [-1])
+    batch = tf.size(serialized, out_type=tf.int64)
+    _, (features,) = _decode(serialized, "tensorflow.Example", ["features"], [tf.string])
+    sizes, (entries,) = _decode(features[:, 0], "tensorflow.Features", ["feature"], [tf.string])
+    entries = _ragged(entries, sizes[:, 0])
+    row = entries.value_rowids()
+    _, (keys, values) = _decode(entries.flat_values, "tensorflow.Features.FeatureEntry", ["key", "value"],
+                                [tf.string, tf.string])
+    keys, values = keys[:, 0], values[:, 0]
+    _, lists = _decode(values, "tensorflow.Feature", ["bytes_list", "float_list", "int64_list"],
+                       [tf.string, tf.string, tf.string])
+    kinds = {}
+    for (name, message, dtype), lst in zip((("strings", "tensorflow.BytesList", tf.string),
+                                            ("floats", "tensorflow.FloatList", tf.float32),
+                                            ("ints", "tensorflow.Int64List", tf.int64)), lists, strict=True):
+        s, (v,) = _decode(lst[:, 0], message, ["value"], [dtype])
+        kinds[name] = _ragged(v, s[:, 0])
+    position = tf.range(tf.size(keys, out_type=tf.int64))
+    out = {}
+    for c in columns:
+        match = tf.equal(keys, c)
+        # A key given twice in one example: the last entry, as a protobuf map reads it.
+        last = tf.math.unsorted_segment_max(tf.where(match, position, -1), row, batch)
+        chosen = match & tf.equal(position, tf.gather(last, row))
+        rows_of = tf.boolean_mask(row, chosen)
+        col = {}
+        for name, r in kinds.items():
+            picked = tf.ragged.boolean_mask(r, chosen)
+            lengths = tf.math.unsorted_segment_sum(picked.row_lengths(), rows_of, batch)
+            flat = picked.flat_values
+            col[name] = tf.RaggedTensor.from_row_lengths(
+                tf.cast(flat, tf.float64) if name == "floats" else flat, lengths)
+        out[c] = Column(**col)
+    return out
+
+
+# ---------------------------------------------------------------- the module
+
+class RawFeatureMapping(tf.Module):
+    """The raw -> id mapping of an artifact as a `tf.Module`: vocabulary tables over its vocabulary files
+    (assets when saved), `__call__(raw)` on a dict of raw tensors, `map_examples(serialized)` on serialized
+    `tf.train.Example`s; both return what `map_raw` returns."""
+
+    def __init__(self, plan: MappingPlan, name: str = "raw_feature_mapping"):
+        super().__init__(name=name)
+        self._plan = plan
+        self.tables = vocabulary_tables(plan)
+
+    @classmethod
+    def from_artifact(cls, artifact_dir: str, **kwargs: Any) -> "RawFeatureMapping":
+        return cls(MappingPlan.from_artifact(artifact_dir), **kwargs)
+
+    @property
+    def plan(self) -> MappingPlan:
+        return self._plan
+
+    @property
+    def columns(self) -> List[str]:
+        return self._plan.columns
+
+    def __call__(self, raw: Mapping[str, Any]) -> Dict[str, Any]:
+        return map_raw(raw, self._plan, self.tables)
+
+    def map_examples(self, serialized: tf.Tensor) -> Dict[str, Any]:
+        return map_raw(parse_examples(serialized, self.columns), self._plan, self.tables)
