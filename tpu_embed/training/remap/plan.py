@@ -1,0 +1,222 @@
+"""The row plan of a remap: which row of artifact A's table every row of artifact B's table takes.
+
+A table of a frequency vocabulary of V tokens and N OOV buckets has V + N rows: row i < V is the token
+on line i of the vocabulary file, row V + k is OOV bucket k (`Fingerprint64(token) % N`, a function of
+the token alone, so bucket k holds the same tokens under every vocabulary).  Between artifact A
+(V_A tokens) and artifact B (V_B tokens) of one spec:
+
+* a token in both keeps its trained row: B's row of it takes A's row of it;
+* a token only in B is new: its row starts from the table's initializer (`NEW`);
+* a token only in A is dropped: its row is in no B row;
+* OOV bucket k keeps its row: B's row V_B + k takes A's row V_A + k;
+* identity and hashing tables (`num_buckets` rows, ids independent of any vocabulary) keep every row.
+
+`TablePlan.source` holds that as one int64 array, B row -> A row or `NEW`; `destination()` is its
+inverse, A row -> B row or `DROPPED`.  `table_plans(a, b)` builds one plan per table of two
+artifacts, after checking that they are artifacts of one spec's features and tables.  Nothing here
+reads or writes a checkpoint (`tpu_embed.training.remap.checkpoint` does).
+
+Matching 10^7 tokens: a vocabulary file is read as one Arrow binary array over the file's bytes (each
+token keeps its line break, which every token of both files has, so equal tokens stay equal), and
+`pyarrow.compute.index_in` hashes A's tokens once and looks B's up.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Dict, List, Optional, Tuple
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from tpu_embed.artifact import io as tio
+from tpu_embed.artifact import verify as tverify
+from tpu_embed.artifact.load import Artifact, load_artifact
+from tpu_embed.artifact.spec import FrequencyVocabulary, Spec, vocabulary_filename
+
+NEW = -1  # a B row no A row maps to: the initializer's value, the slots' initial values
+DROPPED = -1  # an A row no B row takes
+
+
+class RemapError(ValueError):
+    """Two artifacts, or a checkpoint and an artifact, that cannot be remapped; the message names the fix."""
+
+
+@dataclasses.dataclass(frozen=True)
+class TablePlan:
+    """One table's rows from artifact A to artifact B.
+
+    `source[j]` is the A row that B row j takes, or `NEW`.  `kind` is the vocabulary type of the
+    table's features ("frequency", "identity" or "hashing"); `vocabulary_a` / `vocabulary_b` count a
+    frequency vocabulary's tokens (0 for the others), `num_oov_buckets` its OOV buckets.
+    """
+
+    table: str
+    kind: str
+    rows_a: int
+    rows_b: int
+    dim: int
+    source: np.ndarray
+    vocabulary_a: int = 0
+    vocabulary_b: int = 0
+    num_oov_buckets: int = 0
+
+    @property
+    def identity(self) -> bool:
+        """Every row stays where it is (identity and hashing tables, or two equal vocabularies)."""
+        return self.rows_a == self.rows_b and bool(np.array_equal(self.source, np.arange(self.rows_b)))
+
+    @property
+    def kept(self) -> int:
+        """B rows that take an A row (kept tokens, OOV buckets, or every row of an identity plan)."""
+        return int(np.count_nonzero(self.source != NEW))
+
+    @property
+    def new(self) -> int:
+        return self.rows_b - self.kept
+
+    @property
+    def dropped(self) -> int:
+        return self.rows_a - self.kept
+
+    @property
+    def kept_tokens(self) -> int:
+        return self.kept - (self.num_oov_buckets if self.kind == "frequency" else 0)
+
+    def destination(self) -> np.ndarray:
+        """int64 [rows_a]: the B row of every A row, `DROPPED` where none takes it."""
+        dest = np.full(self.rows_a, DROPPED, np.int64)
+        rows = np.flatnonzero(self.source != NEW)
+        dest[self.source[rows]] = rows
+        return dest
+
+
+def identity_plan(table: str, kind: str, rows: int, dim: int) -> TablePlan:
+    return TablePlan(table, kind, rows, rows, dim, np.arange(rows, dtype=np.int64))
+
+
+def frequency_source(tokens_a: pa.Array, tokens_b: pa.Array, num_oov_buckets: int) -> np.ndarray:
+    """int64 [V_B + num_oov_buckets]: the A row of every B row of a frequency vocabulary's table.
+
+    `tokens_a` / `tokens_b`: the vocabularies in id order (Arrow binary or string arrays).
+    """
+    va, vb = len(tokens_a), len(tokens_b)
+    source = np.empty(vb + num_oov_buckets, np.int64)
+    if vb:
+        found = pc.index_in(tokens_b, value_set=tokens_a)
+        source[:vb] = found.fill_null(NEW).to_numpy(zero_copy_only=False)
+    source[vb:] = va + np.arange(num_oov_buckets, dtype=np.int64)
+    kept = source[source != NEW]
+    if np.unique(kept).size != kept.size:  # a token listed twice in B, or twice in A and matched by both
+        raise RemapError("a vocabulary file lists a token twice: it is damaged (the vocabulary job never writes "
+                         "one). Re-run `tpu-embed run` for that artifact.")
+    return source
+
+
+def read_vocabulary(path: str, scan_bytes: int = 16 << 20) -> pa.Array:
+    """The tokens of a vocabulary file in id order, each with its line break, as one Arrow binary array
+    over the file's bytes (the line breaks are found `scan_bytes` at a time)."""
+    data = tio.read_bytes(path)
+    if data and not data.endswith(b"\n"):
+        data += b"\n"
+    buf = np.frombuffer(data, np.uint8)
+    ends = [np.flatnonzero(buf[s:s + scan_bytes] == 10) + (s + 1) for s in range(0, buf.size, scan_bytes)]
+    large = buf.size >= 1 << 31
+    offsets = np.concatenate([np.zeros(1, np.int64)] + ends).astype(np.int64 if large else np.int32)
+    del ends
+    return pa.Array.from_buffers(pa.large_binary() if large else pa.binary(), offsets.size - 1,
+                                 [None, pa.py_buffer(offsets), pa.py_buffer(data)])
+
+
+# ---------------------------------------------------------------- two artifacts
+
+def _describe_tables(spec: Spec) -> Dict[str, Tuple]:
+    return {t.name: (t.dim, (t.optimizer or spec.optimizer or {}).get("type")) for t in spec.tables}
+
+
+def _describe_features(spec: Spec) -> Dict[str, Tuple]:
+    out = {}
+    for f in spec.categorical:
+        v = f.vocabulary
+        out[f.name] = (f.table, v.type, v.num_oov_buckets, v.num_buckets, f.on_sparse_core)
+    return out
+
+
+def check_compatible(a: Artifact, b: Artifact) -> None:
+    """RemapError unless `a` and `b` are artifacts of one spec's features and tables (the vocabularies,
+    their top_k / frequency_threshold, the topology, batch sizes and limits may differ)."""
+    sa, sb = a.spec, b.spec
+    fa, fb = _describe_features(sa), _describe_features(sb)
+    if set(fa) != set(fb):
+        only_a, only_b = sorted(set(fa) - set(fb)), sorted(set(fb) - set(fa))
+        raise RemapError(f"{a.directory} and {b.directory} have other categorical features (only in A: {only_a}, "
+                         f"only in B: {only_b}): remap maps a checkpoint between artifacts of one spec's features. "
+                         "Pass two artifacts of the same spec.")
+    what = ("table", "vocabulary type", "num_oov_buckets", "num_buckets", "lookup device")
+    for name in sorted(fa):
+        for i, (x, y) in enumerate(zip(fa[name], fb[name])):
+            if x != y:
+                raise RemapError(f"feature {name!r} has {what[i]} {x!r} in {a.directory} but {y!r} in "
+                                 f"{b.directory}: its ids mean other rows. Remap between artifacts of one spec.")
+    ta, tb = _describe_tables(sa), _describe_tables(sb)
+    for name in sorted(ta):
+        (da, oa), (db, ob) = ta[name], tb[name]
+        if da != db:
+            raise RemapError(f"table {name!r} has dim {da} in {a.directory} but {db} in {b.directory}: remap "
+                             "moves rows, it cannot change their width. Keep the dim, or train the table afresh.")
+        if oa != ob:
+            raise RemapError(f"table {name!r} has optimizer {oa!r} in {a.directory} but {ob!r} in {b.directory}: "
+                             "the checkpoint's slot variables are those of A's. Keep the optimizer's type.")
+
+
+def _vocabulary_tokens(artifact: Artifact, key: str, feature: str) -> pa.Array:
+    m = artifact.manifest
+    info = m.features.get(feature)
+    rel = info.vocabulary_file if info is not None and info.vocabulary_file else \
+        f"vocab/{vocabulary_filename(feature)}"
+    path = rel if tio.is_absolute(rel) else tio.join(artifact.directory, rel)
+    try:
+        tokens = read_vocabulary(path)
+    except FileNotFoundError:
+        raise RemapError(f"{path} is missing: the artifact {artifact.directory} is incomplete. Re-run "
+                         "`tpu-embed run` (or vocab) for it.") from None
+    size = m.vocabulary_sizes[key]
+    if len(tokens) != size:
+        raise RemapError(f"{path} has {len(tokens)} tokens but the manifest of {artifact.directory} says {size}: "
+                         "the vocabulary was changed after the jobs ran. Re-run `tpu-embed run` for it.")
+    return tokens
+
+
+def table_plans(a: Artifact, b: Artifact, tables: Optional[List[str]] = None) -> Dict[str, TablePlan]:
+    """{table: TablePlan} from artifact `a` to artifact `b` (both `tpu_embed.artifact.load.Artifact`s) for
+    every table of the spec (SparseCore and tensor-core), or those named in `tables`."""
+    check_compatible(a, b)
+    sa, sb = a.spec, b.spec
+    plans: Dict[str, TablePlan] = {}
+    for t in sa.tables:
+        if tables is not None and t.name not in tables:
+            continue
+        f = next(f for f in sa.categorical if f.table == t.name)
+        rows_a = sa.table_vocabulary_size(t.name, a.manifest.vocabulary_sizes)
+        rows_b = sb.table_vocabulary_size(t.name, b.manifest.vocabulary_sizes)
+        v = f.vocabulary
+        if not isinstance(v, FrequencyVocabulary):
+            plans[t.name] = identity_plan(t.name, v.type, rows_a, t.dim)
+            continue
+        key = sa.vocabulary_key(f)
+        tokens_a = _vocabulary_tokens(a, key, f.name)
+        tokens_b = _vocabulary_tokens(b, key, f.name)
+        source = frequency_source(tokens_a, tokens_b, v.num_oov_buckets)
+        if source.size != rows_b or len(tokens_a) + v.num_oov_buckets != rows_a:
+            raise AssertionError(f"table {t.name}: rows {rows_a} -> {rows_b}, plan {source.size}")
+        plans[t.name] = TablePlan(t.name, "frequency", rows_a, rows_b, t.dim, source, len(tokens_a), len(tokens_b),
+                                  v.num_oov_buckets)
+    return plans
+
+
+def load(artifact_dir: str) -> Artifact:
+    """An artifact for remapping: its manifest, spec and vocabulary files checked (no shards needed)."""
+    artifact = load_artifact(artifact_dir, verify="none")
+    tverify.check_files(artifact_dir, artifact.manifest, "size", kinds=("vocabulary",))
+    return artifact
