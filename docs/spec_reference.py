@@ -43,6 +43,9 @@ VOCAB = "categorical[].vocabulary"
 DESCRIPTIONS: Dict[str, str] = {
     "version": "Spec format version. Only 1 exists.",
     "name": "The spec's name: shown by `inspect`, recorded in the manifest (`spec_name`). Not fingerprinted.",
+    "base": "The previous artifact of the lineage (vocabularies of mode `append` / `frozen`), relative to the "
+            "spec file's directory, or a URL; `--base` overrides it. Not fingerprinted (the manifest's `lineage` "
+            "records the base).",
     "inputs": "Where the raw examples are and how they are encoded. Not fingerprinted: the same rows as CSV, "
               "TFRecord or Parquet give the same artifact.",
     "inputs.format": "`csv` (with a header row), `tfrecord` (`tf.train.Example` records) or `parquet`.",
@@ -80,6 +83,18 @@ DESCRIPTIONS: Dict[str, str] = {
     f"{VOCAB} (frequency).num_oov_buckets": "Out-of-vocabulary tokens go to `V + Fingerprint64(token) % N` "
                                             "(what `StaticVocabularyTable` computes); 0 drops them (counted). "
                                             "The table has V + N rows.",
+    f"{VOCAB} (frequency).mode": "`rebuild`: recounted from scratch every run (ids follow the counts). `append`: "
+                                 "the base artifact's tokens keep their ids; new tokens that pass "
+                                 "`frequency_threshold` get the next ids, in `tft.vocabulary`'s order; `top_k` "
+                                 "caps the whole vocabulary (base tokens included, never removed). `frozen`: the "
+                                 "base's vocabulary as it is, every other token out of vocabulary (counted). "
+                                 "`append` without a base starts a lineage; `frozen` needs a base. "
+                                 "[Daily retraining](../how-to/daily-retraining.md).",
+    f"{VOCAB} (frequency).capacity": "`append` / `frozen`: the rows reserved for tokens, so the table's shape and "
+                                     "the SparseCore layout stay the same day after day: the manifest's size is "
+                                     "the capacity, OOV ids are `capacity + Fingerprint64(token) % N`, and new "
+                                     "tokens that find it full go to the OOV buckets (counted). `null`: the "
+                                     "vocabulary grows (the table rows may change; the manifest says so).",
     f"{VOCAB} (identity).type": "The values are integer ids already.",
     f"{VOCAB} (identity).num_buckets": "Rows of the table; ids must be in [0, num_buckets).",
     f"{VOCAB} (identity).default_value": "Id of an invalid value (unparsable, negative, >= num_buckets); "
@@ -160,6 +175,11 @@ DESCRIPTIONS: Dict[str, str] = {
                           "one stream, as `tf.io.TFRecordWriter` with `TFRecordOptions(compression_type=...)` "
                           "writes it and `tf.data.TFRecordDataset(compression_type=...)` reads it. Smaller files, "
                           "slower `input_fn` ([benchmarks](../benchmarks.md)).",
+    "shards.layout": "Whose SparseCore input arrays the step records hold: `tensorflow` (TF's CSR for "
+                     "`TPUEmbeddingV2.dequeue`), `jax` (what jax-tpu-embedding's "
+                     "`preprocess_sparse_dense_matmul_input` returns for a host's devices, with its own table "
+                     "stacking; read with `tpu_embed.jax.records.decode_step`) or `both`. `jax` and `both` need "
+                     "2 or 4 SparseCores per chip. [JAX layout](../explanation/jax.md).",
     "training": "Training-side settings. Not fingerprinted: the artifacts do not depend on them.",
     "training.pipeline_execution_with_tensor_core": "`TPUEmbeddingV2(pipeline_execution_with_tensor_core=...)`: "
                                                     "SparseCore runs ahead of the TensorCore, embedding updates "
@@ -173,6 +193,7 @@ _C = "categorical"
 BAD: Dict[str, Dict[str, Any]] = {
     "version": {"version": 2},
     "name": {"name": 3},
+    "base": {"base": ""},
     "inputs": {"inputs": "DROP"},
     "inputs.format": {"inputs": {"format": "json"}},
     "inputs.patterns": {"inputs": {"patterns": []}},
@@ -198,6 +219,8 @@ BAD: Dict[str, Dict[str, Any]] = {
     f"{VOCAB} (frequency).top_k": {_C: [{"name": "C1", "vocabulary": {"top_k": 0}}]},
     f"{VOCAB} (frequency).frequency_threshold": {_C: [{"name": "C1", "vocabulary": {"frequency_threshold": -1}}]},
     f"{VOCAB} (frequency).num_oov_buckets": {_C: [{"name": "C1", "vocabulary": {"num_oov_buckets": "1"}}]},
+    f"{VOCAB} (frequency).mode": {_C: [{"name": "C1", "vocabulary": {"mode": "grow"}}]},
+    f"{VOCAB} (frequency).capacity": {_C: [{"name": "C1", "vocabulary": {"capacity": 100}}]},
     f"{VOCAB} (identity).type": {_C: [{"name": "C1", "vocabulary": {"type": "identity", "num_buckets": 10,
                                                                    "top_k": 5}}]},
     f"{VOCAB} (identity).num_buckets": {_C: [{"name": "C1", "vocabulary": {"type": "identity"}}]},
@@ -240,6 +263,7 @@ BAD: Dict[str, Dict[str, Any]] = {
     "training": {"training": {"pipelining": True}},
     "shards": {"shards": "gzip"},
     "shards.compression": {"shards": {"compression": "lz4"}},
+    "shards.layout": {"shards": {"layout": "pytorch"}},
     "training.pipeline_execution_with_tensor_core": {"training": {"pipeline_execution_with_tensor_core": 1}},
 }
 
@@ -250,6 +274,10 @@ CROSS: List[Tuple[str, Dict[str, Any]]] = [
     ("a table declared twice", {"tables": [{"name": "C1", "dim": 8}, {"name": "C1", "dim": 8}]}),
     ("a table used by no feature", {"tables": [{"name": "C1", "dim": 8}, {"name": "C9", "dim": 8}]}),
     ("a table with no optimizer and no spec `optimizer`", {"optimizer": None}),
+    ("`top_k` above the `capacity`", {_C: [{"name": "C1", "vocabulary": {"mode": "append", "capacity": 10,
+                                                                        "top_k": 20}}]}),
+    ("`mode` on a hashing vocabulary", {_C: [{"name": "C1", "vocabulary": {"type": "hashing", "num_buckets": 10,
+                                                                          "mode": "append"}}]}),
     ("features of one table with different vocabularies",
      {_C: [{"name": "C1"}, {"name": "C2", "table": "C1", "vocabulary": {"top_k": 5}}]}),
     ("features of one table on different devices",
@@ -260,6 +288,8 @@ CROSS: List[Tuple[str, Dict[str, Any]]] = [
     ("a global batch not divisible by num_chips", {"global_batch_size": 9, "topology": {"num_chips": 2}}),
     ("a per-chip batch not divisible by num_sc_per_chip", {"global_batch_size": 12, "topology": {"num_chips": 2}}),
     ("the label column also a categorical column", {"label": "C1"}),
+    ("the jax layout on a chip with 1 SparseCore",
+     {"shards": {"layout": "jax"}, "topology": {"num_sc_per_chip": 1}, "global_batch_size": 8}),
     ("`tensor_core_width` on a SparseCore feature", {_C: [{"name": "C1", "tensor_core_width": 2}]}),
     ("a sequence feature on the tensor core",
      {_C: ["C0", {"name": "C1", "embedding_lookup_device": "tpu_tensor_core", "tensor_core_width": 2,

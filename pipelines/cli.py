@@ -32,6 +32,7 @@ examples:
   tpu-embed run --spec examples/criteo/spec.yaml --output build/criteo \\
       --direct_num_workers=2 --direct_running_mode=multi_processing
   tpu-embed vocab --spec SPEC --output DIR            # vocabularies only
+  tpu-embed run --spec SPEC --output day2 --base day1  # vocabulary modes append / frozen: day1's ids kept
   tpu-embed shard --spec SPEC --output DIR --plan plan.json --tail pad
   tpu-embed profile --spec SPEC --output DIR          # lookup statistics only
   tpu-embed plan --profiles DIR/profiles --output plan.json
@@ -81,6 +82,15 @@ def _add_shard(sp: argparse.ArgumentParser):
                          "none: the spec's topology only)")
 
 
+def _add_lineage(sp: argparse.ArgumentParser):
+    sp.add_argument("--base", default=None, metavar="DIR",
+                    help="the previous day's artifact: vocabularies of mode append keep its ids, those of mode "
+                         "frozen its vocabulary (overrides the spec's `base`; docs/how-to/daily-retraining.md)")
+    sp.add_argument("--day", type=int, default=None, metavar="N",
+                    help="this run's day in its lineage, recorded as each token's last day seen (default: the "
+                         "base's day + 1, or 1 without a base); must increase along the lineage")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = NoAbbrevParser(  # `--str` is not `--strict`; unknown flags: check_pass_through
         prog="tpu-embed", description=__doc__.split("\n\n")[0] + "\n\n" + __doc__.split("\n\n", 1)[1],
@@ -97,6 +107,7 @@ def build_parser() -> argparse.ArgumentParser:
                     help="combine: exact counts as a Beam CombinePerKey (fast, default); tft: "
                          "tensorflow-transform's AnalyzeDataset + tft.vocabulary (same files, also writes "
                          "transform_fn/, ~4 s of pipeline construction per vocabulary)")
+    _add_lineage(sp)
     sp.set_defaults(func=cmd_vocab)
 
     for name, helptext in (
@@ -112,6 +123,7 @@ def build_parser() -> argparse.ArgumentParser:
                             help="do not compute the lookup statistics (then nothing is planned: limits the "
                                  "spec does not pin are TF's defaults, 256/256/64)")
         if name == "run":
+            _add_lineage(sp)
             sp.add_argument("--vocab-engine", choices=("combine", "tft"), default="combine",
                             help="see `tpu-embed vocab --help`")
             sp.add_argument("--reread-input", action="store_true",
@@ -156,7 +168,8 @@ def _config(args, **kw):
             raise UserError(f"--split-bytes must be a positive number of bytes, got {args.split_bytes}")
         c["split_bytes"] = args.split_bytes
     for a, k in (("vocab", "vocab_dir"), ("plan", "plan"), ("tail", "tail"), ("steps_per_file", "steps_per_file"),
-                 ("profile_dir", "profile_dir"), ("vocab_engine", "vocab_engine")):
+                 ("profile_dir", "profile_dir"), ("vocab_engine", "vocab_engine"), ("base", "base"),
+                 ("day", "day")):
         if getattr(args, a, None) is not None:
             c[k] = getattr(args, a)
     if getattr(args, "no_profile", False):
@@ -249,6 +262,7 @@ def summary(m, output: str) -> str:
         sizes = ", ".join(f"{k}={v.size}" for k, v in sorted(vocabs.items())[:8])
         more = f" (+{len(vocabs) - 8} more)" if len(vocabs) > 8 else ""
         lines.append(f"vocabularies ({len(vocabs)}): {sizes}{more}")
+    lines.extend(lineage_lines(m))
     c = m.counts
     if c is not None:
         lines.append(f"records read {c.records_read}, invalid {c.records_invalid} "
@@ -273,6 +287,24 @@ def summary(m, output: str) -> str:
         kinds[f.kind] = kinds.get(f.kind, 0) + 1
     lines.append("files: " + ", ".join(f"{k} {v}" for k, v in sorted(kinds.items())))
     return "\n".join(lines)
+
+
+def lineage_lines(m) -> list:
+    """The lineage (modes append / frozen): day, base, and per vocabulary tokens in use, new, not admitted."""
+    lin = m.lineage
+    if lin is None:
+        return []
+    base = f"base {lin.base.path} (day {lin.base.day})" if lin.base else "first day"
+    lines = [f"lineage {lin.id[:12]} day {lin.day}, {base}"
+             + (f"; table rows changed: {', '.join(lin.table_rows_changed)}" if lin.table_rows_changed else "")]
+    for k, v in sorted((m.vocabularies or {}).items()):
+        if v.mode is None:
+            continue
+        cap = f" of capacity {v.capacity}" if v.capacity is not None else ""
+        over = f", {v.capacity_overflow_tokens} over capacity" if v.capacity_overflow_tokens else ""
+        lines.append(f"  {k}: {v.mode}, {v.tokens} tokens{cap} ({v.base_tokens} kept, {v.new_tokens} new), "
+                     f"{v.not_admitted_tokens} not admitted{over}")
+    return lines
 
 
 def limits_table(m) -> list:

@@ -38,7 +38,7 @@ def for_workers(cfg, runner: str = ""):
         spec = spec.with_inputs(spec.inputs.patterns, base_dir=absolute(spec.base_dir))
     output = absolute(cfg.output)
     cfg = dataclasses.replace(cfg, spec=spec, output=output, vocab_dir=absolute(cfg.vocab_dir),
-                              plan=absolute(cfg.plan))
+                              plan=absolute(cfg.plan), base=absolute(getattr(cfg, "base", None)))
     cfg = dataclasses.replace(cfg, profile_dir=absolute(cfg.resolved_profile_dir()))
     _refuse_local_paths_on_remote_workers(cfg, runner)
     return cfg
@@ -46,7 +46,8 @@ def for_workers(cfg, runner: str = ""):
 
 def _local_paths(cfg) -> List[Tuple[str, str]]:
     """(what, path) of each location the workers read or write that is on this machine's disk."""
-    named = [("--output", cfg.output), ("--vocab", cfg.vocab_dir), ("--profile-dir", cfg.profile_dir)]
+    named = [("--output", cfg.output), ("--vocab", cfg.vocab_dir), ("--profile-dir", cfg.profile_dir),
+             ("--base", getattr(cfg, "base", None) or cfg.spec.base_artifact())]
     named += [("the input pattern", p) for p in cfg.spec.input_patterns()]
     return [(what, p) for what, p in named if p is not None and not tio.is_url(p)]
 

@@ -21,6 +21,7 @@ from pipelines.sharding import chunk_sizes, planned_limits
 from pipelines.sharding import runs as shard_runs
 from pipelines.user_errors import UserError, job_note
 from tpu_embed.artifact import io as tio
+from tpu_embed.artifact import lineage
 from tpu_embed.artifact.manifest import Manifest, ManifestError, ManifestNotFoundError, read_manifest
 
 log = logging.getLogger("tpu_embed.pipelines")
@@ -298,8 +299,37 @@ def runner_name(beam_args: Sequence[str] = ()) -> str:
     return str(pipeline_options(dask_args(beam_args)[0]).get_all_options().get("runner") or "")
 
 
+def with_lineage(cfg: jobs.JobConfig) -> jobs.JobConfig:
+    """`cfg` with `lineage` set for the vocabularies of mode append / frozen: the base artifact (`cfg.base`, else
+    the spec's `base`) opened and checked against the spec (`tpu_embed.artifact.lineage.open_base`), and the
+    day. Refused in one line: a base or a day for a spec with no such vocabulary, mode frozen without a base."""
+    spec = cfg.spec
+    where = cfg.base or spec.base_artifact()
+    groups = spec.lineage_groups()
+    if not groups:
+        if where is not None or cfg.day is not None:
+            given = "--base" if cfg.base else ("--day" if where is None else "the spec's `base`")
+            raise UserError(f"{given}: no vocabulary of this spec has mode append or frozen, so there is no lineage "
+                            "to continue. Set `vocabulary: {mode: append}` (docs/how-to/daily-retraining.md), or "
+                            "leave out the base.")
+        return cfg
+    base = lineage.open_base(where, spec, cfg.output) if where is not None else None
+    if base is None:
+        frozen = sorted(k for k, fs in groups.items() if fs[0].vocabulary.mode == "frozen")
+        if frozen:
+            raise lineage.LineageError(f"vocabularies {frozen} have mode frozen, which keeps a base's vocabulary as "
+                                       "it is: pass --base DIR (the previous day's artifact), or start the lineage "
+                                       "with mode: append.")
+    day = lineage.next_day(base, cfg.day)
+    path = None
+    if base is not None and not (tio.is_url(base.directory) or tio.is_url(cfg.output)):
+        path = os.path.relpath(base.directory, cfg.output)  # the manifest does not depend on where both are
+    return dataclasses.replace(cfg, lineage=lineage.lineage_seed(base, day, path))
+
+
 def run_vocab(cfg: jobs.JobConfig, beam_args: Sequence[str] = ()) -> Manifest:
     cfg = paths.for_workers(cfg, runner_name(beam_args))
+    cfg = with_lineage(cfg)
     files = splits.list_input_files(cfg.spec.input_patterns())
     if not cfg.spec.vocabulary_groups():
         # Nothing to count: still write a manifest with the spec.

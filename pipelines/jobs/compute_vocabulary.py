@@ -7,7 +7,7 @@ CombinePerKey of token counters (the default engine) or as tensorflow-transform'
 from __future__ import annotations
 
 import typing
-from typing import List
+from typing import List, Optional
 
 import apache_beam as beam
 import pyarrow as pa
@@ -15,9 +15,13 @@ import pyarrow as pa
 from pipelines.jobs.coders import BulkCoder, BulkElement
 from pipelines.jobs.tagged import split_tagged
 from pipelines.mapping import vocabulary as pvocab
+from pipelines.mapping import vocabulary_modes as modes
 from pipelines.output import write_atomic
 from pipelines.token_index import TokenCounter
+from pipelines.user_errors import UserError
 from tpu_embed.artifact import io as tio
+from tpu_embed.artifact import lineage
+from tpu_embed.artifact.manifest import read_manifest
 from tpu_embed.artifact.spec import vocabulary_filename
 
 
@@ -57,20 +61,45 @@ def _uncounted(key: str, counted: List[str]):
 class _WriteVocabulary(beam.DoFn):
     """(key, token counts) -> the vocabulary files of the key's features, and the key's info."""
 
-    def __init__(self, spec, output: str):
-        self.spec, self.output = spec, output
+    def __init__(self, spec, output: str, base: Optional[str] = None, day: int = 0):
+        """`base`: the base artifact of the vocabularies of mode append / frozen (None: the first day); `day`:
+        this run's day in their lineage (`tpu_embed.artifact.lineage`)."""
+        self.spec, self.output, self.base, self.day = spec, output, base, day
 
     def process(self, kv):
         key, counts = kv
         groups = self.spec.vocabulary_groups()
         feats = groups[key]
         v = feats[0].vocabulary
+        total = int(pa.compute.sum(counts.column("count")).as_py() or 0)
+        if v.mode != "rebuild":
+            yield from self._lineage_outputs(key, counts, total)
+            return
         tokens, token_counts, distinct = pvocab.finalize(counts, v.top_k, v.frequency_threshold)
-        yield from _vocab_outputs(self.spec, self.output, key, tokens, token_counts, distinct,
-                                  int(pa.compute.sum(counts.column("count")).as_py() or 0))
+        yield from _vocab_outputs(self.spec, self.output, key, tokens, token_counts, distinct, total)
+
+    def _lineage_outputs(self, key, counts, total):
+        """Mode append / frozen: the base's ids kept (`pipelines.mapping.vocabulary_modes`), the vocabulary files
+        and the key's token-count file (`tpu_embed.artifact.lineage`)."""
+        v = self.spec.vocabulary_groups()[key][0].vocabulary
+        base = lineage.BaseArtifact(self.base, read_manifest(self.base)).vocabulary(key) if self.base else None
+        r = modes.apply_mode(counts, base, mode=v.mode, day=self.day, top_k=v.top_k,
+                             frequency_threshold=v.frequency_threshold, capacity=v.capacity)
+        tokens = r.vocabulary
+        name = "vocab/" + lineage.counts_filename(key)
+        yield "files", write_atomic(self.output, name, lineage.token_counts_bytes(r.table), records=r.table.num_rows,
+                                    extra={"kind": lineage.COUNTS_KIND, "vocabulary_key": key})
+        in_use = r.table.column("count").slice(0, r.tokens).to_numpy()
+        extra = {"mode": v.mode, "capacity": v.capacity, "tokens": r.tokens, "base_tokens": r.base_tokens,
+                 "new_tokens": r.new_tokens, "not_admitted_tokens": r.not_admitted_tokens,
+                 "not_admitted_count": r.not_admitted_count, "capacity_overflow_tokens": r.capacity_overflow_tokens,
+                 "capacity_overflow_count": r.capacity_overflow_count, "counts_file": name}
+        if v.capacity is not None:
+            extra["size"] = v.capacity  # the rows reserved: the same every day; the OOV buckets follow them
+        yield from _vocab_outputs(self.spec, self.output, key, tokens, in_use, counts.num_rows, total, extra)
 
 
-def _vocab_outputs(spec, output, key, tokens, token_counts, distinct, total):
+def _vocab_outputs(spec, output, key, tokens, token_counts, distinct, total, extra=None):
     """("files", FileInfo) of each feature's vocabulary file (the same tokens), then ("info", the key's info)."""
     feats = spec.vocabulary_groups()[key]
     v = feats[0].vocabulary
@@ -81,11 +110,11 @@ def _vocab_outputs(spec, output, key, tokens, token_counts, distinct, total):
                                   extra={"kind": "vocabulary", "feature": f.name}))
     kept = int(sum(token_counts))
     info = {"key": key, "features": [f.name for f in feats], "size": max(1, len(tokens)),
-            "empty_vocabulary_dummy": not tokens, "num_oov_buckets": v.num_oov_buckets,
+            "empty_vocabulary_dummy": not len(tokens), "num_oov_buckets": v.num_oov_buckets,
             "top_k": v.top_k, "frequency_threshold": v.frequency_threshold,
             "tokens_counted": total, "distinct_tokens": distinct,
             "tokens_covered": kept, "coverage": (kept / total) if total else 1.0,
-            "files": ["vocab/" + vocabulary_filename(f.name) for f in feats]}
+            "files": ["vocab/" + vocabulary_filename(f.name) for f in feats], **(extra or {})}
     for fi in infos:
         yield "files", fi
     yield "info", info
@@ -94,18 +123,24 @@ def _vocab_outputs(spec, output, key, tokens, token_counts, distinct, total):
 class ComputeVocabulary(beam.PTransform):
     """ParsedChunk -> {"vocabularies": per-key info dicts, "files": FileInfo} (files written under output/vocab)."""
 
-    def __init__(self, spec, output: str, engine: str = "combine"):
+    def __init__(self, spec, output: str, engine: str = "combine", base: Optional[str] = None, day: int = 0):
+        """`base`, `day`: for the vocabularies of mode append / frozen (`_WriteVocabulary`)."""
         super().__init__()
         if engine not in ("combine", "tft"):
             raise ValueError(f"vocabulary engine must be 'combine' or 'tft', got {engine!r}")
-        self.spec, self.output, self.engine = spec, output, engine
+        if engine == "tft" and spec.lineage_groups():
+            raise UserError(f"--vocab-engine tft computes vocabularies from scratch (tft.vocabulary has no base): "
+                            f"the vocabularies {sorted(spec.lineage_groups())} of mode append / frozen need the "
+                            "combine engine (the default).")
+        self.spec, self.output, self.engine, self.base, self.day = spec, output, engine, base, day
 
     def expand(self, chunks):
         spec = self.spec
         if self.engine == "combine":
             counts = (chunks | "Tokens" >> beam.FlatMap(pvocab.chunk_tokens, spec)
                       | "CountTokens" >> beam.CombinePerKey(TokenCountCombineFn()))
-            written = counts | "Write" >> beam.ParDo(_WriteVocabulary(spec, self.output))  # fused with the combine
+            write = _WriteVocabulary(spec, self.output, self.base, self.day)
+            written = counts | "Write" >> beam.ParDo(write)  # fused with the combine
             # Every vocabulary key gets a file, also when no record has a token for it (TFT's dummy): the
             # keys the counts lack, found through a side input of the counted keys (the counts themselves
             # stay where they are made; a Flatten of seeds with the token arrays would make the local
@@ -113,7 +148,7 @@ class ComputeVocabulary(beam.PTransform):
             counted = beam.pvalue.AsList(counts | "CountedKeys" >> beam.Keys())
             uncounted = (chunks.pipeline | "EveryKey" >> beam.Create(sorted(spec.vocabulary_groups()), reshuffle=False)
                          | "Uncounted" >> beam.FlatMap(_uncounted, counted)
-                         | "WriteUncounted" >> beam.ParDo(_WriteVocabulary(spec, self.output)))
+                         | "WriteUncounted" >> beam.ParDo(write))
             out = split_tagged((written, uncounted) | "AllWritten" >> beam.Flatten(), ("info", "files"))
             return {"vocabularies": out["info"], "files": out["files"]}
         return self._expand_tft(chunks)

@@ -39,6 +39,12 @@ class JobConfig:
     # Of the kept read, the bytes that may stay in this process's memory instead of the spill files; `run_all`
     # uses it where both jobs run in this process, else 0 (`pipelines.read.spill`, "memory_bytes").
     read_memory_bytes: int = spill.MEMORY_BYTES
+    # Vocabulary modes append / frozen (`tpu_embed.artifact.lineage`): the previous artifact (None: the spec's
+    # `base`, else the first day), this run's day (None: the base's + 1, else 1), and what `runner.run_vocab`
+    # made of them for the vocabulary job ({"day", "base": {...} or None}).
+    base: Optional[str] = None
+    day: Optional[int] = None
+    lineage: Optional[dict] = None
 
     @property
     def tail_policy(self) -> str:

@@ -18,6 +18,7 @@ from pipelines.jobs.counters import SumCounters
 from pipelines.output import write_atomic
 from pipelines.read.records import InputFile
 from tpu_embed.artifact import io as tio
+from tpu_embed.artifact import lineage
 from tpu_embed.artifact.manifest import (
     FILENAME,
     KIND,
@@ -96,13 +97,18 @@ def update_manifest(output: str, job: str, job_cfg: dict, *, stats: Dict[str, in
     files = list(files) + [spec_info.to_json()]
 
     counts = _nest_counts(stats)
-    jobinfo = {k: v for k, v in job_cfg.items() if k not in ("spec", "spec_fingerprint", "layout", "format")}
+    jobinfo = {k: v for k, v in job_cfg.items()
+               if k not in ("spec", "spec_fingerprint", "layout", "format", "lineage")}
     jobinfo["counts"] = counts
     m["jobs"][job] = jobinfo
 
     if job == "vocab":
         m["vocabularies"] = extra.get("vocabularies", {})
-        kinds = {"vocabulary", "spec", "dead_letter"}
+        kinds = {"vocabulary", "spec", "dead_letter", lineage.COUNTS_KIND}
+        m.pop("lineage", None)
+        if job_cfg.get("lineage") is not None:
+            sizes = {k: v["size"] for k, v in m["vocabularies"].items()}
+            m["lineage"] = lineage.lineage_section(job_cfg["lineage"], files, fp, sizes)
     else:
         m["layout"] = job_cfg["layout"]
         m["stacks"] = {name: {"tables": s["tables"], "features": s["features"], "sample_count": s["sample_count"],

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import collections
-from typing import Dict
+from typing import Dict, Optional
 
 import apache_beam as beam
 import pyarrow as pa
@@ -23,8 +23,8 @@ from tpu_embed.artifact.spec import vocabulary_filename
 class _MapToIds(beam.DoFn):
     """A chunk's tokens -> ids through the vocabularies (`pipelines.mapping.ids.map_chunk`), every policy counted."""
 
-    def __init__(self, spec, vocab_dir: str):
-        self.spec, self.vocab_dir = spec, vocab_dir
+    def __init__(self, spec, vocab_dir: str, sizes: Optional[Dict[str, int]] = None):
+        self.spec, self.vocab_dir, self.sizes = spec, vocab_dir, sizes
         self.vocabs = None
 
     def setup(self):
@@ -33,7 +33,7 @@ class _MapToIds(beam.DoFn):
 
     def process(self, chunk: ParsedChunk):
         counts = collections.Counter()
-        block = ids.map_chunk(chunk, self.spec, self.vocabs, counts)
+        block = ids.map_chunk(chunk, self.spec, self.vocabs, counts, self.sizes)
         inc_counters(counts)
         yield "stats", dict(counts)
         yield "blocks", ((chunk.file_index, chunk.chunk_index), block)
@@ -57,10 +57,12 @@ def load_vocabularies(spec, vocab_dir: str) -> Dict[str, pa.Array]:
 class MapToIds(beam.PTransform):
     """ParsedChunk -> {"blocks": ((file, chunk), ExampleBlock), "stats": counter dicts}."""
 
-    def __init__(self, spec, vocab_dir: str):
+    def __init__(self, spec, vocab_dir: str, sizes: Optional[Dict[str, int]] = None):
+        """`sizes`: the vocabulary sizes of the manifest, each the first OOV id (a capacity, under one)."""
         super().__init__()
-        self.spec, self.vocab_dir = spec, vocab_dir
+        self.spec, self.vocab_dir, self.sizes = spec, vocab_dir, sizes
 
     def expand(self, chunks):
-        return split_tagged(chunks | "Map" >> beam.ParDo(_MapToIds(self.spec, self.vocab_dir)), ("blocks", "stats"),
+        return split_tagged(chunks | "Map" >> beam.ParDo(_MapToIds(self.spec, self.vocab_dir, self.sizes)),
+                            ("blocks", "stats"),
                             bulk=("blocks",))

@@ -54,7 +54,7 @@ def build_shard_pipeline(p, cfg: JobConfig, files: Sequence[InputFile], vocab_si
     read = p | "Read" >> ReadExamples(spec, files, cfg.strict, cfg.chunk_rows, cfg.read_split_bytes(split_bytes),
                                       replay=read_spill.spill_dir(cfg.output) if cfg.replay_read else None)
     dead_files = read["dead"] | "DeadLetters" >> WriteDeadLetters(cfg.output, files, cfg.dead_letter_limit)
-    mapped = read["chunks"] | "Ids" >> MapToIds(spec, cfg.vocab_dir or cfg.output)
+    mapped = read["chunks"] | "Ids" >> MapToIds(spec, cfg.vocab_dir or cfg.output, vocab_sizes)
     batches = mapped["blocks"] | "Batches" >> FormGlobalBatches(spec.global_batch_size, len(spec.dense),
                                                                 cfg.tail_policy, spec.shuffle and spec.shuffle.seed,
                                                                 spec.epochs, cfg.known_chunk_sizes)

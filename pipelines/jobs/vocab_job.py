@@ -29,12 +29,18 @@ def build_vocab_pipeline(p, cfg: JobConfig, files: Sequence[InputFile], split_by
     read = p | "Read" >> ReadExamples(spec, files, cfg.strict, cfg.chunk_rows, split,
                                       spill=read_spill.spill_dir(cfg.output) if cfg.spill_read else None,
                                       spill_memory_bytes=cfg.read_memory_bytes)
-    vocab = read["chunks"] | "Vocabulary" >> ComputeVocabulary(spec, cfg.output, cfg.vocab_engine)
+    seed = cfg.lineage
+    vocab = read["chunks"] | "Vocabulary" >> ComputeVocabulary(
+        spec, cfg.output, cfg.vocab_engine, base=seed and seed["base"] and seed["base"]["directory"],
+        day=seed["day"] if seed else 0)
     vocab_info = vocab["vocabularies"] | "VocabInfo" >> beam.Map(_vocabulary_extra).with_output_types(Any)
     # Dead letters are written by both jobs (same read, same files): a vocab run that fails on its input
     # leaves them for the user.
     dead_files = read["dead"] | "DeadLetters" >> WriteDeadLetters(cfg.output, files, cfg.dead_letter_limit)
     if cfg.record_chunk_sizes:
         _ = read["chunks"] | "ChunkSizes" >> RecordChunkSizes(cfg.output, chunk_sizes.read_key(cfg, files, split))
-    return write_manifest(p, cfg.output, "vocab", job_json(cfg, files, "vocab"), [read["stats"]],
+    job = job_json(cfg, files, "vocab")
+    if seed is not None:
+        job["lineage"] = seed  # the manifest's `lineage` (`tpu_embed.artifact.lineage.lineage_section`)
+    return write_manifest(p, cfg.output, "vocab", job, [read["stats"]],
                           [vocab["files"], dead_files], [vocab_info])

@@ -2,6 +2,7 @@
 
 * frequency vocabulary: id = line of the token in the vocabulary file; an
   out-of-vocabulary token goes to bucket `V + Fingerprint64(token) % num_oov_buckets`
+  (V: the vocabulary's size in the manifest, its `capacity` when it has one, else its tokens)
   (what `tf.lookup.StaticVocabularyTable`, `tft.apply_vocabulary` and
   `categorical_column_with_vocabulary_file` compute), or with 0 OOV buckets is
   dropped; both are counted per feature.
@@ -100,8 +101,10 @@ def _record_where(records: Optional[np.ndarray], path: str, example: int) -> str
 
 
 def map_feature(f, fv: FeatureValues, spec, vocab: Optional["pa.Array | TokenIndex"], counts: collections.Counter,
-                where: str = "", records: Optional[np.ndarray] = None, path: str = "") -> FeatureBlock:
-    """`records`/`path`: the record numbers of the examples and their file, for error messages."""
+                where: str = "", records: Optional[np.ndarray] = None, path: str = "",
+                oov_base: Optional[int] = None) -> FeatureBlock:
+    """`records`/`path`: the record numbers of the examples and their file, for error messages. `oov_base`: the
+    first OOV id, the vocabulary's size in the manifest (its capacity under one); None: the tokens in `vocab`."""
     n = fv.lengths.size
     lengths = fv.lengths.copy()
     v = f.vocabulary
@@ -117,7 +120,7 @@ def map_feature(f, fv: FeatureValues, spec, vocab: Optional["pa.Array | TokenInd
         ids = index.lookup(distinct)
         found = ids >= 0
         if v.num_oov_buckets and not found.all():
-            V = len(index)
+            V = len(index) if oov_base is None else oov_base
             if v.num_oov_buckets == 1:
                 ids[~found] = V
             else:
@@ -204,14 +207,16 @@ def map_feature(f, fv: FeatureValues, spec, vocab: Optional["pa.Array | TokenInd
                         None if weights is None else weights.astype(np.float32, copy=False), oov)
 
 
-def map_chunk(chunk: ParsedChunk, spec, vocabs: Mapping[str, "pa.Array | TokenIndex"], counts: collections.Counter
-              ) -> ExampleBlock:
-    """`vocabs`: {vocabulary key: its tokens, or their TokenIndex (built once: pass it for many chunks)}."""
+def map_chunk(chunk: ParsedChunk, spec, vocabs: Mapping[str, "pa.Array | TokenIndex"], counts: collections.Counter,
+              sizes: Optional[Mapping[str, int]] = None) -> ExampleBlock:
+    """`vocabs`: {vocabulary key: its tokens, or their TokenIndex (built once: pass it for many chunks)};
+    `sizes`: {vocabulary key: size}, the first OOV id of each (None: the tokens of each)."""
     feats = {}
     where = f" (input file #{chunk.file_index})"
     for f in spec.categorical:
-        vocab = vocabs.get(spec.vocabulary_key(f)) if f.vocabulary.type == "frequency" else None
+        key = spec.vocabulary_key(f)
+        vocab = vocabs.get(key) if f.vocabulary.type == "frequency" else None
         feats[f.name] = map_feature(f, chunk.features[f.name], spec, vocab, counts, where,
-                                    chunk.record_numbers, chunk.path)
+                                    chunk.record_numbers, chunk.path, None if sizes is None else sizes.get(key))
     n = chunk.num_rows
     return ExampleBlock(chunk.label, chunk.dense, np.ones(n, np.float32), feats)

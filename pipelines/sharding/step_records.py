@@ -5,6 +5,9 @@ global batch per host then per chip (contiguous blocks), pack every chip's
 stacks with the resolved limits (the native packer on `chip_entries`, else
 `tpu_embed.sparsecore.preprocess_with_layout` on `split_global_batch`: the
 same batches), and encode one record per host (`tpu_embed.artifact.shard_records`).
+With `shards.layout: jax | both` the record also holds jax-tpu-embedding's input arrays of the host's
+devices (`tpu_embed.jax.layout.pack_host` on `jax_host_features`, `tpu_embed.jax.records`); with `jax`
+alone, TF's are left out.
 """
 
 from __future__ import annotations
@@ -19,6 +22,9 @@ import numpy as np
 from pipelines.sharding.batches import ExampleBlock, GlobalIds
 from tpu_embed.artifact import shard_format, shard_records
 from tpu_embed.artifact.manifest import LimitsInfo
+from tpu_embed.artifact.spec import FrequencyVocabulary
+from tpu_embed.jax import layout as jax_layout_lib
+from tpu_embed.jax import records as jax_records
 from tpu_embed.sparsecore import LimitExceededError, buffer_sizes, csr, preprocess_with_layout, split_global_batch
 from tpu_embed.sparsecore.csr_types import stack_limits_of
 from tpu_embed.sparsecore.padding import XLA_PAD, round_up
@@ -70,13 +76,36 @@ def stack_encodings(layout, compact: bool = True) -> Tuple[Tuple[str, shard_form
         for name, st in layout.stacks.items())
 
 
+def jax_layout_for(spec, layout) -> jax_layout_lib.JaxLayout:
+    """jax-tpu-embedding's stacking of `spec`'s model (the model whose TF stacking is `layout`), cached on it."""
+    jl = layout.__dict__.get("_jax_layout")
+    if jl is None:
+        # The vocabulary sizes that give `layout`'s table rows (spec.table_vocabulary_size's inverse).
+        rows = {t.name: t.vocabulary_size for t in layout.tables.values()}
+        sizes = {spec.vocabulary_key(f): rows[f.table] - f.vocabulary.num_oov_buckets
+                 for f in spec.sparse_core_features if isinstance(f.vocabulary, FrequencyVocabulary)}
+        jl = layout.__dict__["_jax_layout"] = jax_layout_lib.jax_layout(spec.model(sizes))
+    return jl
+
+
 def shard_format_for(spec, layout, limits: LimitsInfo, *, compact: bool = True) -> shard_format.ShardFormat:
     """The shard format (manifest `shards.format`) of `spec`'s shards: version 2, the spec's
-    `shards.compression`; `compact`: short keys and `stack_encodings(layout)` (else version 1's records)."""
+    `shards.compression` and `shards.layout`; `compact`: short keys and `stack_encodings(layout)` (else version
+    1's records)."""
+    layouts = spec.shards.layouts
     stacks = []
     for name, st in layout.stacks.items():
         sizes = buffer_sizes(st, layout.topology, limits.max_ids_per_chip_per_sample)
         stacks.append((name, sizes.row_pointers, sizes.ids))
+    if "tensorflow" not in layouts:
+        return shard_format.ShardFormat(
+            num_hosts=spec.topology.num_hosts, chips_per_host=spec.topology.chips_per_host,
+            host_batch_size=spec.per_host_batch_size, dense_features=tuple(d.name for d in spec.dense),
+            tensor_core_features=tuple((f.name, f.weight_column is not None, int(f.tensor_core_width))
+                                       for f in spec.tensor_core_features),
+            stacks=(), version=shard_format.FORMAT_VERSION, compression=spec.shards.compression,
+            keys="short" if compact else "names", layouts=layouts,
+            jax=jax_records.jax_format(jax_layout_for(spec, layout)))
     return shard_format.ShardFormat(
         num_hosts=spec.topology.num_hosts, chips_per_host=spec.topology.chips_per_host,
         host_batch_size=spec.per_host_batch_size, dense_features=tuple(d.name for d in spec.dense),
@@ -84,7 +113,8 @@ def shard_format_for(spec, layout, limits: LimitsInfo, *, compact: bool = True) 
                                    for f in spec.tensor_core_features),
         stacks=tuple(stacks), version=shard_format.FORMAT_VERSION, compression=spec.shards.compression,
         encodings=stack_encodings(layout, compact), keys="short" if compact else "names",
-        samples=tuple((name, st.sample_count) for name, st in layout.stacks.items()))
+        samples=tuple((name, st.sample_count) for name, st in layout.stacks.items()), layouts=layouts,
+        jax=jax_records.jax_format(jax_layout_for(spec, layout)) if "jax" in layouts else None)
 
 
 def global_ids_of(block: ExampleBlock, spec) -> GlobalIds:
@@ -125,6 +155,24 @@ def chip_entries(block: ExampleBlock, spec, layout, chips) -> List[Dict[str, tup
     return out
 
 
+def jax_host_features(block: ExampleBlock, spec, jl: jax_layout_lib.JaxLayout, host: int
+                      ) -> Dict[str, jax_layout_lib.HostFeature]:
+    """Each SparseCore feature's samples on `host`, as jax's preprocessing takes them: the host's examples
+    (a contiguous block of the step), one sample per example, or per (example, position) of a sequence
+    feature (one id below the example's length, none after), as `chip_entries` reads them."""
+    hb = spec.per_host_batch_size
+    sequence = {f.name: f.sequence_length for f in spec.sparse_core_features}
+    out = {}
+    for f in jax_layout_lib.feature_order(jl):
+        fb = block.features[f.name].slice(host * hb, (host + 1) * hb)
+        L = sequence.get(f.name, 0)
+        per_sample = fb.lengths if L <= 0 else (np.arange(L) < fb.lengths[:, None]).reshape(-1)
+        splits = np.zeros(per_sample.size + 1, np.int64)
+        np.cumsum(per_sample, out=splits[1:])
+        out[f.name] = jax_layout_lib.HostFeature(splits, fb.ids, fb.weights)
+    return out
+
+
 def build_step(step: int, block: ExampleBlock, spec, layout, limits: LimitsInfo, *, encode: bool = True,
                compact: bool = True
                ) -> Tuple[List[Tuple[int, bytes]], Dict[str, object], Dict[str, int], collections.Counter]:
@@ -148,8 +196,14 @@ def build_step(step: int, block: ExampleBlock, spec, layout, limits: LimitsInfo,
                   allow_id_dropping=limits.allow_id_dropping)
         per_stack = stack_limits_of(layout, kw["max_ids_per_table"], kw["max_unique_ids_per_table"],
                                     kw["max_ids_per_chip_per_sample"], kw["allow_id_dropping"])
+        with_tf = "tensorflow" in fmt.layouts
+        jl = jax_layout_for(spec, layout) if fmt.jax is not None else None
         for h in range(topo.num_hosts):
-            chips = list(range(h * cph, (h + 1) * cph))
+            extra = None
+            if jl is not None:
+                extra = jax_records.encode_jax_features(
+                    jax_layout_lib.pack_host(jl, jax_host_features(block, spec, jl, h)), fmt.jax)
+            chips = list(range(h * cph, (h + 1) * cph)) if with_tf else []
             per_chip = chip_entries(block, spec, layout, chips) if native else split_global_batch(gids, layout, chips)
             packed = []
             for c, chip in zip(chips, per_chip):
@@ -175,7 +229,7 @@ def build_step(step: int, block: ExampleBlock, spec, layout, limits: LimitsInfo,
                 tc[f.name] = (fb.lengths, fb.ids, fb.weights)
             rec = shard_records.encode_step_record(step=step, host=h, label=block.label[sl], mask=block.mask[sl],
                                                    dense=block.dense[sl], tensor_core=tc, chips=packed,
-                                                   fmt=fmt)
+                                                   fmt=fmt, extra=extra)
             records.append((h, rec))
     counts["steps"] += 1
     counts["examples_in_steps"] += block.num_examples

@@ -167,3 +167,98 @@ def test_reference_matches_fast_path(case):
                               "max_unique_ids_per_partition", "required_buffer_size"):
                     np.testing.assert_array_equal(getattr(a[name], field), getattr(b[name], field), err_msg=field)
                 np.testing.assert_array_equal(a[name].gains.view(np.int32), b[name].gains.view(np.int32))
+
+
+# ------------------------------------------------------------------ the example specs' shards
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _example_artifact(tmp_path, name: str):
+    """The example spec `name` with shards.layout: both, run (`tpu-embed run`): (spec, artifact dir, sizes,
+    the steps' ExampleBlocks mapped as the shard job maps them)."""
+    import collections
+
+    from pipelines import jobs, runner
+    from pipelines.cli import main as cli_main
+    from pipelines.jobs import map_to_ids
+    from pipelines.mapping import ids as mapping
+    from pipelines.read import parse, records, splits
+    from pipelines.sharding.batches import ExampleBlock
+    from tpu_embed.artifact.spec import load_spec
+
+    text = (ROOT / "examples" / name / "spec.yaml").read_text().replace("../../data/", f"{ROOT}/data/")
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(text + "\nshards: {layout: both}\n")
+    out = str(tmp_path / name)
+    cli_main(["run", "--spec", str(path), "--output", out])
+    spec = load_spec(str(path))
+    cfg = jobs.JobConfig(spec=spec, output=out)
+    sizes = runner.vocab_sizes_for(cfg)
+    vocabs = map_to_ids.load_vocabularies(spec, out)
+    blocks = []
+    for f in splits.list_input_files(spec.input_patterns()):
+        for raw in splits.read_file("csv", f, spec.required_columns()):
+            if isinstance(raw, records.RawBatch):
+                chunk, _ = parse.parse_batch(raw, spec)
+                blocks.append(mapping.map_chunk(chunk, spec, vocabs, collections.Counter()))
+    block = ExampleBlock.concat(blocks)
+    B = spec.global_batch_size
+    steps = [block.slice(s * B, (s + 1) * B) for s in range(block.num_examples // B)]
+    if spec.policies.tail == "pad" and block.num_examples % B:
+        rest = block.slice(len(steps) * B, block.num_examples)
+        steps.append(ExampleBlock.concat([rest, ExampleBlock.padding(B - rest.num_examples, len(spec.dense), rest)]))
+    return spec, out, sizes, steps
+
+
+@pytest.mark.parametrize("name", ["criteo", "movielens"])
+@pytest.mark.parametrize("lead", [False, True])
+def test_example_shards_decode_to_jax_preprocessing(tmp_path, jax_oracle, name, lead):
+    """decode_step of every step record of an example spec's shards == jax's own preprocessing of that
+    step's global batch (its stacking of the spec's model, its limits from its own statistics)."""
+    from pipelines.sharding import step_records
+    from tpu_embed.artifact import shard_records, tfrecord
+    from tpu_embed.artifact.manifest import read_manifest
+    from tpu_embed.jax import records as R
+
+    spec, out, sizes, steps = _example_artifact(tmp_path, name)
+    m = read_manifest(out)
+    fmt = m.shard_format
+    assert fmt.layouts == ("tensorflow", "jax") and fmt.jax is not None
+    model = spec.model(sizes)
+    jl = J.jax_layout(model)
+    assert [s["name"] for s in fmt.jax["stacks"]] == [s.name for s in jl.stacks]
+    opt = {}
+    for t in model.tables:
+        d = t.optimizer.to_dict()
+        opt[t.name] = (d["optimizer"], float(d["learning_rate"]))
+    groups = {}
+    for t in model.tables:  # the (kind, learning rate) the oracle gets must group the tables as ours do
+        assert groups.setdefault(opt[t.name], t.optimizer_group) == t.optimizer_group
+    chips = spec.topology.num_chips
+    hosts = spec.topology.num_hosts
+    tf_layout = spec.layout(sizes)
+    req = {"tables": [{"name": t.name, "vocabulary_size": t.vocabulary_size, "dim": t.dim, "combiner": t.combiner,
+                       "optimizer": opt[t.name]} for t in model.tables],
+           "features": [{"name": f.name, "table": f.table.name, "samples": f.samples * chips} for f in model.features],
+           "num_devices": chips, "num_sc_per_device": spec.topology.num_sc_per_chip, "num_hosts": hosts,
+           "dense": [], "has_leading_dimension": lead,
+           "steps": [[{n: (hf.row_splits, hf.ids, hf.weights)
+                       for n, hf in step_records.jax_host_features(b, spec, jl, h).items()} for h in range(hosts)]
+                     for b in steps]}
+    got = jax_oracle(req)
+    assert "error" not in got, got
+    for h in range(hosts):
+        recs = [r for f in shard_records.shard_files(out, h, m) for r in tfrecord.read_records(f)]
+        assert len(recs) == len(steps)
+        for i, rec in enumerate(recs):
+            sizes_ = {s: got["stacks"][s]["coo_buffer_size_per_device"] for s in got["stacks"]}
+            decoded = R.decode_step(rec, fmt.jax, has_leading_dimension=lead, coo_buffer_sizes=sizes_)
+            batches = R.decode_batches(rec, fmt.jax)
+            assert sorted(decoded) == sorted(got["steps"][i][h])
+            for s, theirs in got["steps"][i][h].items():
+                assert_matches(jl, batches[s], theirs, sizes_[s], lead, f"{name} step {i} host {h} stack {s}")
+                for a, k in zip(decoded[s], ("row_pointers", "embedding_ids", "sample_ids", "gains")):
+                    assert a.shape == np.asarray(theirs[k]).shape and a.dtype == np.asarray(theirs[k]).dtype
+            # The TF arrays are still there, as with shards.layout: tensorflow.
+            assert list(shard_records.decode_record(rec, fmt)["sparse_core"][0]) == list(tf_layout.stacks)

@@ -33,7 +33,7 @@ SCHEMA_VERSION = 1
 KIND = "tpu_embed.artifact"
 FILENAME = "manifest.json"
 
-FileKind = Literal["vocabulary", "shard", "dead_letter", "spec", "profile", "plan"]
+FileKind = Literal["vocabulary", "shard", "dead_letter", "spec", "profile", "plan", "token_counts"]
 
 
 class ManifestError(ValueError):
@@ -114,6 +114,33 @@ class VocabularyInfo(_Section):
     tokens_covered: int
     coverage: float
     files: List[str]
+    # Vocabulary modes append / frozen (tpu_embed.artifact.lineage); absent for rebuild. `size` (the rows the
+    # model is built with before the OOV buckets, and the first OOV id) is then the capacity when one is given.
+    mode: Optional[str] = None
+    capacity: Optional[int] = None
+    tokens: Optional[int] = None  # tokens in use: the lines of the vocabulary file (the dummy not counted)
+    base_tokens: Optional[int] = None  # of them, the base's (same ids)
+    new_tokens: Optional[int] = None  # admitted this day (the next ids)
+    not_admitted_tokens: Optional[int] = None  # counted here, not in the vocabulary (OOV)
+    not_admitted_count: Optional[int] = None  # their occurrences
+    capacity_overflow_tokens: Optional[int] = None  # of them, those that qualified but found the capacity full
+    capacity_overflow_count: Optional[int] = None
+    counts_file: Optional[str] = None  # vocab/<key>.counts.parquet: token, id, count, last_day
+
+
+class LineageBase(_Section):
+    path: str  # the base's directory relative to this artifact's (a URL as given)
+    day: int
+    vocabulary_fingerprint: str
+
+
+class LineageInfo(_Section):
+    """The lineage of an artifact with append / frozen vocabularies (`tpu_embed.artifact.lineage`)."""
+    id: str  # the first day's vocabulary_fingerprint[:32], inherited along the lineage
+    day: int
+    vocabulary_fingerprint: str  # sha256 of this day's vocabulary and token-count files (and day, base, spec)
+    base: Optional[LineageBase] = None  # None: the first day
+    table_rows_changed: List[str] = []  # vocabulary keys whose table rows differ from the base's
 
 
 class StackInfo(_Section):
@@ -252,6 +279,7 @@ class Manifest(_Section):
     shards: Optional[ShardsInfo] = None
     profile: Optional[ProfileInfo] = None
     batching: Optional[BatchingInfo] = None
+    lineage: Optional[LineageInfo] = None  # vocabulary modes append / frozen
 
     _source: str = PrivateAttr(default="<manifest>")
 

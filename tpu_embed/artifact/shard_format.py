@@ -43,6 +43,12 @@ That is format version 1, and version 2 with its defaults.  Version 2
   of a record when they are all 1.0, and for small per-chip batches the
   padding entries left out (row pointers stored as per-partition counts).
 
+Version 2 also records which layouts the records hold (`layouts`, written only when it is not just
+"tensorflow"): "tensorflow" (the `sc/...` keys above, for `TPUEmbeddingV2.dequeue`) and/or "jax"
+(jax-tpu-embedding's input arrays under `jax/<stack index>/...`, described by `jax`: its stacking and
+static sizes; written and read by `tpu_embed.jax.records`). Records of a format without "tensorflow"
+have no `sc/` keys (`stacks` is empty).
+
 Readers accept versions 1 and 2 (`READ_VERSIONS`) and refuse others, naming the
 manifest, the version and the fix.  Whatever the encoding, `decode_record` and
 `parse_fn` give version 1's arrays and tensors.
@@ -64,6 +70,7 @@ SIZES_FIELDS = ("row_pointers_unpadded_size", "ids_unpadded_size", "sample_count
 GAINS = ("stored", "omitted_if_unit")
 PADDING = ("stored", "omitted")
 KEYS = ("names", "short")
+LAYOUTS = ("tensorflow", "jax")
 ID_DTYPES: Dict[str, Any] = {"int32": np.int32, "uint16": np.uint16, "uint8": np.uint8}
 # Array keys of a stack's record entry: "names" (version 1) sc/<chip>/<stack>/<name>, "short" sc/<chip>/<i>/<short>
 # (i: the stack's index in the format's `stacks`). `counts` replaces `row_pointers` when padding is omitted.
@@ -137,8 +144,20 @@ class ShardFormat:
     encodings: Tuple[Tuple[str, StackEncoding], ...] = ()  # (stack, encoding), stacks not encoded as in v1
     keys: str = "names"
     samples: Tuple[Tuple[str, int], ...] = ()  # (stack, samples per chip), where known
+    layouts: Tuple[str, ...] = ("tensorflow",)  # which layouts the records hold (LAYOUTS)
+    # The jax records' description (tpu_embed.jax.records.jax_format): plain JSON, so that this layer does not
+    # depend on tpu_embed.jax.
+    jax: Optional[Mapping[str, Any]] = dataclasses.field(default=None, hash=False)
 
     def __post_init__(self):
+        object.__setattr__(self, "layouts", tuple(self.layouts))
+        if not self.layouts or any(x not in LAYOUTS for x in self.layouts) or len(set(self.layouts)) < len(
+                self.layouts):
+            raise ValueError(f"layouts must be distinct values of {LAYOUTS}, got {list(self.layouts)}")
+        if ("jax" in self.layouts) != (self.jax is not None):
+            raise ValueError("a shard format holds jax records exactly when it describes them (`jax`)")
+        if self.layouts != ("tensorflow",) and self.version < 2:
+            raise ValueError("shard format version 1 holds TensorFlow's layout only")
         object.__setattr__(self, "compression", canonical_compression(self.compression))
         object.__setattr__(self, "encodings", tuple((s, e) for s, e in self.encodings if e != V1_ENCODING))
         if self.keys not in KEYS:
@@ -169,6 +188,9 @@ class ShardFormat:
                 st.update(dataclasses.asdict(self.encoding(st["name"])))
                 if st["name"] in samples:
                     st["samples"] = samples[st["name"]]
+            if self.layouts != ("tensorflow",):
+                d["layouts"] = list(self.layouts)
+                d["jax"] = self.jax
         return d
 
     @classmethod
@@ -205,4 +227,5 @@ class ShardFormat:
                    tuple(d["dense_features"]),
                    tuple((t["name"], bool(t["weighted"]), int(t["width"])) for t in d["tensor_core_features"]),
                    tuple((s["name"], int(s["row_pointers_buffer"]), int(s["ids_buffer"])) for s in d["stacks"]),
-                   version=v, compression=compression, encodings=tuple(encodings), keys=keys, samples=tuple(samples))
+                   version=v, compression=compression, encodings=tuple(encodings), keys=keys, samples=tuple(samples),
+                   layouts=tuple(d.get("layouts") or ("tensorflow",)), jax=d.get("jax"))

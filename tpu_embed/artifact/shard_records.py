@@ -86,8 +86,12 @@ def layout_from_counts(counts: np.ndarray) -> Tuple[np.ndarray, np.ndarray, int]
 
 def encode_step_record(*, step: int, host: int, label: np.ndarray, mask: np.ndarray, dense: np.ndarray,
                        tensor_core: Mapping[str, Tuple[np.ndarray, np.ndarray, Optional[np.ndarray]]],
-                       chips: Sequence[Mapping[str, Any]], fmt: Optional[ShardFormat] = None) -> bytes:
+                       chips: Sequence[Mapping[str, Any]], fmt: Optional[ShardFormat] = None,
+                       extra: Optional[Mapping[str, Tuple[str, Any]]] = None) -> bytes:
     """One host's record of one step. `chips[c]` is `{stack: CsrBatch}` for the host's chip c.
+
+    `extra`: more features of the record, `{key: (kind, values)}` as `encode_example` takes them (the jax
+    layout's arrays, `tpu_embed.jax.records.encode_jax_features`).
 
     `fmt`: the format whose keys and `StackEncoding`s to write (narrow ids, omitted unit gains, omitted
     padding); None: version 1's record. ValueError if a batch does not fit the format's encoding.
@@ -143,6 +147,11 @@ def encode_step_record(*, step: int, host: int, label: np.ndarray, mask: np.ndar
                 feats[key["sorted_gains"]] = _raw(gains, np.float32)
             feats[key["sizes"]] = ("int64", [r, n, int(b.sample_count),
                                              int(b.num_minibatches_per_physical_sparse_core), int(b.dropped_ids)])
+    if extra:
+        clash = sorted(set(extra) & set(feats))
+        if clash:
+            raise ValueError(f"step {step}: extra record features {clash} clash with the record's own")
+        feats.update(extra)
     return encode_example(feats)
 
 

@@ -156,8 +156,33 @@ class FrequencyVocabulary(_Model):
     frequency_threshold: Optional[Count] = _field(None, fix="the minimum count (>= 0) a token needs, or null.")
     num_oov_buckets: Count = _field(
         1, fix="0 drops out-of-vocabulary values (counted), N > 0 hashes them into N buckets.")
+    # Daily retraining (docs/how-to/daily-retraining.md): rebuild recounts from scratch; append keeps a base
+    # artifact's ids and gives new tokens the next ones; frozen keeps the base's vocabulary as it is.
+    mode: Literal["rebuild", "append", "frozen"] = _field(
+        "rebuild", fix="use rebuild (recount, the default), append (keep the base's ids, add new tokens) or frozen "
+                       "(the base's vocabulary as it is).")
+    capacity: Optional[PosInt] = _field(
+        None, fix="the table rows reserved for tokens (the OOV buckets come after them), or null to let the "
+                  "vocabulary grow.")
     num_buckets: ClassVar[None] = None
     default_value: ClassVar[None] = None
+
+    @model_validator(mode="after")
+    def _capacity_rules(self) -> "FrequencyVocabulary":
+        if self.capacity is not None and self.mode == "rebuild":
+            raise SpecError("capacity", "only applies to mode: append or frozen (rows reserved across a lineage).",
+                            "set mode: append, or remove capacity (top_k caps a rebuilt vocabulary).")
+        if self.capacity is not None and self.top_k is not None and self.top_k > self.capacity:
+            raise SpecError("top_k", f"{self.top_k} is more than capacity={self.capacity} (the vocabulary never "
+                            "holds more tokens than its capacity).", "lower top_k, or raise capacity.")
+        return self
+
+    def to_dict(self) -> dict:
+        """Without `mode` and `capacity` when they are the defaults (the normalized form of earlier specs)."""
+        d = super().to_dict()
+        if d["mode"] == "rebuild" and d["capacity"] is None:
+            del d["mode"], d["capacity"]
+        return d
 
 
 class IdentityVocabulary(_Model):
@@ -449,6 +474,9 @@ class Spec(_Model):
     training: Annotated[TrainingSpec, NullIsDefault] = Field(default_factory=TrainingSpec)
     shards: Annotated[ShardsSpec, NullIsDefault] = Field(default_factory=ShardsSpec)
     name: Annotated[str, Field(strict=True)] = "spec"
+    # The previous artifact of the lineage (vocabulary modes append / frozen), relative to the spec file;
+    # `--base` overrides it. Not fingerprinted: like `inputs`, it says where data lives.
+    base: Optional[Str] = _field(None, fix="the path of the previous day's artifact directory, or null.")
     _base_dir: str = PrivateAttr(".")
     _source_path: Optional[str] = PrivateAttr(None)
 
@@ -585,13 +613,22 @@ class Spec(_Model):
                 out.setdefault(self.vocabulary_key(f), []).append(f)
         return out
 
+    def _resolve(self, p: str) -> str:
+        if tio.is_absolute(p):
+            return p
+        return tio.join(self.base_dir, p) if tio.is_url(self.base_dir) else os.path.normpath(
+            os.path.join(self.base_dir, p))
+
     def input_patterns(self) -> List[str]:
-        def resolve(p: str) -> str:
-            if tio.is_absolute(p):
-                return p
-            return tio.join(self.base_dir, p) if tio.is_url(self.base_dir) else os.path.normpath(
-                os.path.join(self.base_dir, p))
-        return [resolve(p) for p in self.inputs.patterns]
+        return [self._resolve(p) for p in self.inputs.patterns]
+
+    def base_artifact(self) -> Optional[str]:
+        """`base`, resolved against the spec file's directory (None: no base)."""
+        return None if self.base is None else self._resolve(self.base)
+
+    def lineage_groups(self) -> Dict[str, List[CategoricalSpec]]:
+        """The `vocabulary_groups` of mode append or frozen (those a base artifact continues)."""
+        return {k: fs for k, fs in self.vocabulary_groups().items() if fs[0].vocabulary.mode != "rebuild"}
 
     def required_columns(self) -> List[str]:
         cols = [self.label.column] if self.label is not None else []
@@ -616,6 +653,10 @@ class Spec(_Model):
     def to_dict(self) -> dict:
         """The normalized spec: every default filled in, lists in spec order (manifests and fingerprints)."""
         d = self.model_dump(mode="json", exclude={"defaults", "topology", "limits"})
+        for f in d["categorical"]:  # the vocabulary mode only when not rebuild: older fingerprints are unchanged
+            v = f["vocabulary"]
+            if v.get("mode") == "rebuild" and v.get("capacity") is None:
+                del v["mode"], v["capacity"]
         limits = self.limits.model_dump(mode="json")
         for k in ("max_ids_per_table", "max_unique_ids_per_table"):
             limits[k] = dict(sorted(limits[k].items()))
@@ -628,6 +669,8 @@ class Spec(_Model):
                    if self.profile_candidate_chip_counts else {}),
                 "limits": limits if self.limits.given else None, "policies": d["policies"],
                 "training": d["training"], "shards": d["shards"],
+                # only when given: the normalized form of specs without a base is unchanged
+                **({"base": self.base} if self.base is not None else {}),
                 # shuffle/epochs only when shuffled: the fingerprints of unshuffled specs are unchanged
                 **({"shuffle": d["shuffle"], "epochs": self.epochs} if self.shuffle is not None else {})}
 
@@ -639,7 +682,8 @@ class Spec(_Model):
         """sha256 of the canonical JSON of `to_dict()` without where the data lives.
 
         `inputs` (where the data lives and how it is encoded: patterns, format, csv
-        options), `name`, `profile_data_directory`, `profile_candidate_chip_counts`, `training` and
+        options), `base` (where the previous artifact of a lineage lives: the manifest's `lineage` records
+        which one it was), `name`, `profile_data_directory`, `profile_candidate_chip_counts`, `training` and
         `shards` (how the shard files are stored; every option decodes to the same tensors) are left out: the
         same spec run on another copy of the data -- CSV or Parquet or TFRecord --
         (or by the training job, which does not read raw data) has the same fingerprint.
@@ -651,6 +695,7 @@ class Spec(_Model):
         d.pop("profile_candidate_chip_counts", None)
         d.pop("training")
         d.pop("shards")
+        d.pop("base", None)
         return _fingerprint(d)
 
     def with_inputs(self, patterns: Sequence[str], base_dir: Optional[str] = None) -> "Spec":
