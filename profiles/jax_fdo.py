@@ -50,16 +50,11 @@ from profiles.profile import Profile
 from profiles.stats import PartitionStats
 from tpu_embed.artifact import io as tio
 from tpu_embed.core.model import ModelConfig
+from tpu_embed.jax.limits import FORMAT, SIDECAR, SUFFIX_MAX_IDS, SUFFIX_MAX_UNIQUE_IDS, SUFFIX_REQUIRED_BUFFER_SIZE
 from tpu_embed.sparsecore import layout_of
 
 STACKINGS = ("tpu_embed", "none")
-SIDECAR = "tpu_embed_jax_fdo.json"
-FORMAT = "tpu_embed jax-fdo"
 VERSION = 1
-# The suffixes of jax's `SparseDenseMatmulInputStats` fields (their `metadata["suffix"]`).
-SUFFIX_MAX_IDS = "_max_ids"
-SUFFIX_MAX_UNIQUE_IDS = "_max_unique_ids"
-SUFFIX_REQUIRED_BUFFER_SIZE = "_required_buffer_size"
 _ZIP_TIME = (1980, 1, 1, 0, 0, 0)  # fixed: the same statistics give the same bytes
 
 

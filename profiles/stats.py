@@ -223,7 +223,8 @@ class PartitionStats(_JsonEq):
 
     @property
     def has_per_partition(self) -> bool:
-        return self.partition_max_ids is not None
+        return (self.partition_max_ids is not None and self.partition_max_unique_ids is not None
+                and self.sc_max_buffer is not None)
 
     def add_step(self, c: CellCounts, step: int) -> None:
         PartitionStats.add_step_many([self], [c], step)
@@ -267,13 +268,13 @@ class PartitionStats(_JsonEq):
         if any(ps.sc_dest_ids is not None for ps in stats):
             local = seg * (nsc * S) + (sc_global % nsc) * S + cells % S
             heat = np.bincount(local, weights=ids, minlength=k * nsc * S).astype(np.int64).reshape(k, nsc, S)
-        part_ids = part_uniq = None
-        if any(ps.partition_max_ids is not None for ps in stats):  # max over the chip's local SCs
+        per_partition = any(ps.has_per_partition for ps in stats)  # the max over each chip's local SCs
+        part_ids = np.zeros((k, chips, S) if per_partition else (k, 0, 0), np.int64)
+        part_uniq = np.zeros_like(part_ids)
+        if per_partition:
             part = seg * (chips * S) + (sc_global // nsc) * S + cells % S
-            part_ids, part_uniq = np.zeros(k * chips * S, np.int64), np.zeros(k * chips * S, np.int64)
-            np.maximum.at(part_ids, part, ids)
-            np.maximum.at(part_uniq, part, uniq)
-            part_ids, part_uniq = part_ids.reshape(k, chips, S), part_uniq.reshape(k, chips, S)
+            np.maximum.at(part_ids.reshape(-1), part, ids)
+            np.maximum.at(part_uniq.reshape(-1), part, uniq)
         ends = np.cumsum(sizes)
         for i, (ps, c) in enumerate(zip(stats, counts)):
             ps.steps += 1
@@ -296,10 +297,22 @@ class PartitionStats(_JsonEq):
                 ps.sc_dest_ids += heat[i]
             if ps.series is not None:
                 ps.series.record(step, mx_ids, mx_uniq, mx_chip)
-            if ps.partition_max_ids is not None and part_ids is not None and part_uniq is not None:
-                np.maximum(ps.partition_max_ids, part_ids[i], out=ps.partition_max_ids)
-                np.maximum(ps.partition_max_unique_ids, part_uniq[i], out=ps.partition_max_unique_ids)
-                np.maximum(ps.sc_max_buffer, sc_need[i].reshape(chips, nsc).astype(np.int64), out=ps.sc_max_buffer)
+            if ps.has_per_partition:
+                ps._max_per_partition(part_ids[i], part_uniq[i], sc_need[i].reshape(chips, nsc).astype(np.int64))
+
+    def _max_per_partition(self, ids: np.ndarray, unique: np.ndarray, sc_buffer: np.ndarray) -> None:
+        if self.partition_max_ids is None or self.partition_max_unique_ids is None or self.sc_max_buffer is None:
+            return
+        np.maximum(self.partition_max_ids, ids, out=self.partition_max_ids)
+        np.maximum(self.partition_max_unique_ids, unique, out=self.partition_max_unique_ids)
+        np.maximum(self.sc_max_buffer, sc_buffer, out=self.sc_max_buffer)
+
+    def _per_partition_json(self) -> Optional[dict]:
+        if self.partition_max_ids is None or self.partition_max_unique_ids is None or self.sc_max_buffer is None:
+            return None
+        return {"encoding": ENCODING, "partition_max_ids": pack_ids(self.partition_max_ids.reshape(-1)),
+                "partition_max_unique_ids": pack_ids(self.partition_max_unique_ids.reshape(-1)),
+                "sc_max_buffer": pack_ids(self.sc_max_buffer.reshape(-1))}
 
     def merge_from(self, other: "PartitionStats") -> None:
         if (self.num_chips, self.num_sc_per_chip) != (other.num_chips, other.num_sc_per_chip):
@@ -377,11 +390,7 @@ class PartitionStats(_JsonEq):
             "dest_ids": _list(self.dest_ids), "step_max_dest_ids": self.step_max_dest_ids,
             "sc_dest_ids": _list(self.sc_dest_ids),
             "series": None if self.series is None else self.series.to_json(),
-            "per_partition": None if self.partition_max_ids is None else {
-                "encoding": ENCODING,
-                "partition_max_ids": pack_ids(self.partition_max_ids.reshape(-1)),
-                "partition_max_unique_ids": pack_ids(self.partition_max_unique_ids.reshape(-1)),
-                "sc_max_buffer": pack_ids(self.sc_max_buffer.reshape(-1))},
+            "per_partition": self._per_partition_json(),
         }
 
     @classmethod
