@@ -38,7 +38,8 @@ A spec file looks like this (every key is documented in docs/reference/spec.md):
              allow_id_dropping: false}
     policies: {invalid_ids: drop, nan_weights: drop, tail: drop, lost_framing: error}
     training: {pipeline_execution_with_tensor_core: false}   # TPUEmbeddingV2 flag; not fingerprinted
-    shards: {compression: none}        # none | GZIP | ZLIB (shard files); not fingerprinted
+    shards: {compression: none,        # none | GZIP | ZLIB (shard files); not fingerprinted
+             layout: tensorflow}       # tensorflow | jax | both: whose SparseCore input arrays the records hold
 
 The format is a set of pydantic models: every default is the default of its
 field, unknown keys are refused.  Validation errors are `SpecError`s whose
@@ -382,6 +383,15 @@ class ShardsSpec(_Model):
     # option decodes to the same tensors.
     compression: Annotated[Literal["none", "GZIP", "ZLIB"], BeforeValidator(_compression)] = _field(
         "none", fix="use none, GZIP or ZLIB (any case): tf.data.TFRecordDataset's compression_type.")
+    # Whose SparseCore input the records hold: TF's CSR for TPUEmbeddingV2.dequeue, jax-tpu-embedding's arrays
+    # (tpu_embed.jax.records), or both. Not fingerprinted: the TF arrays are the same whichever is chosen.
+    layout: Literal["tensorflow", "jax", "both"] = _field(
+        "tensorflow", fix="use tensorflow (TPUEmbeddingV2), jax (jax-tpu-embedding) or both.")
+
+    @property
+    def layouts(self) -> Tuple[str, ...]:
+        """The shard format's `layouts` (tpu_embed.artifact.shard_format.LAYOUTS) of this choice."""
+        return {"tensorflow": ("tensorflow",), "jax": ("jax",), "both": ("tensorflow", "jax")}[self.layout]
 
 
 class ShuffleSpec(_Model):
@@ -516,6 +526,10 @@ class Spec(_Model):
             raise SpecError("global_batch_size", f"the per-chip batch {self.per_chip_batch_size} is not divisible by "
                             f"num_sc_per_chip={scs} (SparseCores split a chip's batch evenly).",
                             f"use a multiple of {chips * scs}.")
+        if self.shards.layout != "tensorflow" and scs not in (2, 4):
+            raise SpecError("shards.layout", f"jax-tpu-embedding supports 2 or 4 SparseCores per device, not "
+                            f"topology.num_sc_per_chip={scs}.", "set num_sc_per_chip to 4 (TPU v5p) or 2 (v6e), or "
+                            "use layout: tensorflow.")
         if self.label is not None and self.label.column in {f.column for f in self.categorical}:
             raise SpecError("label.column", "the label column is also a categorical feature's column.")
         first: Dict[str, CategoricalSpec] = {}
@@ -668,7 +682,9 @@ class Spec(_Model):
                 **({"profile_candidate_chip_counts": list(self.profile_candidate_chip_counts)}
                    if self.profile_candidate_chip_counts else {}),
                 "limits": limits if self.limits.given else None, "policies": d["policies"],
-                "training": d["training"], "shards": d["shards"],
+                "training": d["training"],
+                # shards.layout only when not the default: the normalized form of earlier specs is unchanged
+                "shards": {k: v for k, v in d["shards"].items() if k != "layout" or v != "tensorflow"},
                 # only when given: the normalized form of specs without a base is unchanged
                 **({"base": self.base} if self.base is not None else {}),
                 # shuffle/epochs only when shuffled: the fingerprints of unshuffled specs are unchanged
