@@ -1,12 +1,13 @@
 """The row plan of a remap: which row of artifact A's table every row of artifact B's table takes.
 
-A table of a frequency vocabulary of V tokens and N OOV buckets has V + N rows: row i < V is the token
-on line i of the vocabulary file, row V + k is OOV bucket k (`Fingerprint64(token) % N`, a function of
-the token alone, so bucket k holds the same tokens under every vocabulary).  Between artifact A
-(V_A tokens) and artifact B (V_B tokens) of one spec:
+A table of a frequency vocabulary of size V (the manifest's: its tokens, or its `capacity` when one
+reserves rows) and N OOV buckets has V + N rows: row i is the token on line i of the vocabulary file
+(rows past its last line are reserved, unused), row V + k is OOV bucket k (`Fingerprint64(token) % N`,
+a function of the token alone, so bucket k holds the same tokens under every vocabulary).  Between
+artifact A (size V_A) and artifact B (size V_B) of one spec:
 
 * a token in both keeps its trained row: B's row of it takes A's row of it;
-* a token only in B is new: its row starts from the table's initializer (`NEW`);
+* a token only in B is new: its row starts from the table's initializer (`NEW`), as does a reserved row;
 * a token only in A is dropped: its row is in no B row;
 * OOV bucket k keeps its row: B's row V_B + k takes A's row V_A + k;
 * identity and hashing tables (`num_buckets` rows, ids independent of any vocabulary) keep every row.
@@ -48,8 +49,8 @@ class TablePlan:
     """One table's rows from artifact A to artifact B.
 
     `source[j]` is the A row that B row j takes, or `NEW`.  `kind` is the vocabulary type of the
-    table's features ("frequency", "identity" or "hashing"); `vocabulary_a` / `vocabulary_b` count a
-    frequency vocabulary's tokens (0 for the others), `num_oov_buckets` its OOV buckets.
+    table's features ("frequency", "identity" or "hashing"); `vocabulary_a` / `vocabulary_b` are a
+    frequency vocabulary's sizes, its first OOV ids (0 for the others), `num_oov_buckets` its OOV buckets.
     """
 
     table: str
@@ -96,17 +97,23 @@ def identity_plan(table: str, kind: str, rows: int, dim: int) -> TablePlan:
     return TablePlan(table, kind, rows, rows, dim, np.arange(rows, dtype=np.int64))
 
 
-def frequency_source(tokens_a: pa.Array, tokens_b: pa.Array, num_oov_buckets: int) -> np.ndarray:
-    """int64 [V_B + num_oov_buckets]: the A row of every B row of a frequency vocabulary's table.
+def frequency_source(tokens_a: pa.Array, tokens_b: pa.Array, num_oov_buckets: int, size_a: Optional[int] = None,
+                     size_b: Optional[int] = None) -> np.ndarray:
+    """int64 [size_b + num_oov_buckets]: the A row of every B row of a frequency vocabulary's table.
 
-    `tokens_a` / `tokens_b`: the vocabularies in id order (Arrow binary or string arrays).
+    `tokens_a` / `tokens_b`: the vocabularies' tokens in id order (Arrow binary or string arrays);
+    `size_a` / `size_b`: their sizes, the first OOV id (default: the tokens; larger under a capacity).
     """
     va, vb = len(tokens_a), len(tokens_b)
-    source = np.empty(vb + num_oov_buckets, np.int64)
-    if vb:
+    size_a = va if size_a is None else size_a
+    size_b = vb if size_b is None else size_b
+    if va > size_a or vb > size_b:
+        raise ValueError(f"more tokens than rows: {va} > {size_a} or {vb} > {size_b}")
+    source = np.full(size_b + num_oov_buckets, NEW, np.int64)
+    if vb and va:
         found = pc.index_in(tokens_b, value_set=tokens_a)
         source[:vb] = found.fill_null(NEW).to_numpy(zero_copy_only=False)
-    source[vb:] = va + np.arange(num_oov_buckets, dtype=np.int64)
+    source[size_b:] = size_a + np.arange(num_oov_buckets, dtype=np.int64)
     kept = source[source != NEW]
     if np.unique(kept).size != kept.size:  # a token listed twice in B, or twice in A and matched by both
         raise RemapError("a vocabulary file lists a token twice: it is damaged (the vocabulary job never writes "
@@ -182,7 +189,9 @@ def _vocabulary_tokens(artifact: Artifact, key: str, feature: str) -> pa.Array:
         raise RemapError(f"{path} is missing: the artifact {artifact.directory} is incomplete. Re-run "
                          "`tpu-embed run` (or vocab) for it.") from None
     size = m.vocabulary_sizes[key]
-    if len(tokens) != size:
+    # Under a capacity (vocabulary modes) the file lists the tokens in use, fewer than the rows it reserves.
+    in_use = getattr(m.vocabularies[key], "tokens", None) if m.vocabularies else None
+    if len(tokens) > size or (in_use is None and len(tokens) != size):
         raise RemapError(f"{path} has {len(tokens)} tokens but the manifest of {artifact.directory} says {size}: "
                          "the vocabulary was changed after the jobs ran. Re-run `tpu-embed run` for it.")
     return tokens
@@ -207,10 +216,11 @@ def table_plans(a: Artifact, b: Artifact, tables: Optional[List[str]] = None) ->
         key = sa.vocabulary_key(f)
         tokens_a = _vocabulary_tokens(a, key, f.name)
         tokens_b = _vocabulary_tokens(b, key, f.name)
-        source = frequency_source(tokens_a, tokens_b, v.num_oov_buckets)
-        if source.size != rows_b or len(tokens_a) + v.num_oov_buckets != rows_a:
+        size_a, size_b = a.manifest.vocabulary_sizes[key], b.manifest.vocabulary_sizes[key]
+        source = frequency_source(tokens_a, tokens_b, v.num_oov_buckets, size_a, size_b)
+        if source.size != rows_b or size_a + v.num_oov_buckets != rows_a:
             raise AssertionError(f"table {t.name}: rows {rows_a} -> {rows_b}, plan {source.size}")
-        plans[t.name] = TablePlan(t.name, "frequency", rows_a, rows_b, t.dim, source, len(tokens_a), len(tokens_b),
+        plans[t.name] = TablePlan(t.name, "frequency", rows_a, rows_b, t.dim, source, size_a, size_b,
                                   v.num_oov_buckets)
     return plans
 

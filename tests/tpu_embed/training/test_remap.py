@@ -1,0 +1,284 @@
+"""tpu_embed.remap: a checkpoint trained on day 1's ids restores onto day 2's ids, row by row and slot by slot.
+
+The row plan is checked against a dict-based reference over random vocabulary changes (hypothesis); the
+checkpoint I/O against TensorFlow's own reader; the whole remap by training a HostEmbedding on day 1's
+shards, remapping, restoring into a HostEmbedding and into TF's TPUEmbeddingForServing built on day 2,
+and comparing every row of every table and slot.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+
+import numpy as np
+import pyarrow as pa
+import pytest
+import tensorflow as tf
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import tpu_embed
+from tests.helpers import remap as days
+from tpu_embed.core.model import to_tf_feature_config
+from tpu_embed.training import host_optimizers
+from tpu_embed.training.host_embedding import HostEmbedding
+from tpu_embed.training.remap import RemapError, remap
+from tpu_embed.training.remap import bundle as rbundle
+from tpu_embed.training.remap import checkpoint as rckpt
+from tpu_embed.training.remap import plan as rplan
+
+# ---------------------------------------------------------------- the row plan against a reference
+
+
+def reference_source(tokens_a, tokens_b, oov, size_a, size_b):
+    """B row -> A row, one token at a time: kept tokens keep their rows, OOV bucket k stays bucket k."""
+    row_of_a = {t: i for i, t in enumerate(tokens_a)}
+    out = [row_of_a.get(t, -1) for t in tokens_b]
+    out += [-1] * (size_b - len(tokens_b))  # reserved rows of a capacity: initial values
+    out += [size_a + k for k in range(oov)]
+    return out
+
+
+@st.composite
+def vocabulary_changes(draw):
+    pool = [f"t{i}".encode() for i in range(draw(st.integers(0, 60)))]
+    a = draw(st.permutations(pool))[:draw(st.integers(0, len(pool)))]
+    kept = draw(st.lists(st.sampled_from(a), unique=True)) if a else []  # kept (and moved) tokens
+    new = [t for t in pool if t not in a][:draw(st.integers(0, len(pool)))]  # new tokens
+    b = draw(st.permutations(kept + new))
+    oov = draw(st.integers(0, 4))
+    size_a = len(a) + draw(st.sampled_from([0, 0, 3]))  # a capacity reserves rows past the tokens
+    size_b = len(b) + draw(st.sampled_from([0, 0, 5]))
+    return a, b, oov, size_a, size_b
+
+
+@settings(max_examples=300, deadline=None)
+@given(vocabulary_changes())
+def test_row_plan_matches_the_reference(change):
+    a, b, oov, size_a, size_b = change
+    src = rplan.frequency_source(pa.array(a, pa.binary()), pa.array(b, pa.binary()), oov, size_a, size_b)
+    assert src.tolist() == reference_source(a, b, oov, size_a, size_b)
+    p = rplan.TablePlan("t", "frequency", size_a + oov, size_b + oov, 4, src, size_a, size_b, oov)
+    dest = p.destination()
+    for j, i in enumerate(src):  # the inverse: every kept A row goes to the one B row that takes it
+        if i >= 0:
+            assert dest[i] == j
+    assert (dest >= 0).sum() == p.kept and p.new + p.kept == p.rows_b and p.dropped + p.kept == p.rows_a
+    assert p.kept_tokens == len(set(a) & set(b))
+
+
+def test_a_token_listed_twice_is_refused():
+    with pytest.raises(RemapError, match="lists a token twice"):
+        rplan.frequency_source(pa.array([b"x", b"y"]), pa.array([b"x", b"x"]), 1)
+
+
+def test_read_vocabulary_keeps_lines(tmp_path):
+    path = tmp_path / "v.txt"
+    path.write_bytes(b"a\nbb\n\xff\xfe\nlast")  # no final line break, bytes that are not UTF-8
+    tokens = rplan.read_vocabulary(str(path), scan_bytes=3)
+    assert tokens.to_pylist() == [b"a\n", b"bb\n", b"\xff\xfe\n", b"last\n"]
+    path.write_bytes(b"")
+    assert len(rplan.read_vocabulary(str(path))) == 0
+
+
+# ---------------------------------------------------------------- the checkpoint format
+
+def test_bundle_round_trip_reads_back_in_tensorflow(tmp_path):
+    v = {"w": tf.Variable(np.arange(24, dtype=np.float32).reshape(6, 4)), "s": tf.Variable([b"x", b"yz"]),
+         "i": tf.Variable(7, dtype=tf.int64), "d": tf.Variable(np.ones((3, 2)))}
+    src = tf.train.Checkpoint(**v).save(str(tmp_path / "a" / "ckpt"))
+    with rbundle.BundleReader(src) as r:
+        w = rbundle.BundleWriter(str(tmp_path / "b" / "ckpt-0"))
+        for e in r.entries.values():
+            if e.name.startswith("w/"):  # streamed in chunks of rows, CRC computed here
+                rows = np.frombuffer(r.read(e, 0, e.size), np.float32).reshape(e.shape)
+                w.add(e.key, e.dtype, e.shape, [rows[:1], rows[1:4], rows[4:]])
+            else:
+                w.copy(e, r)
+        w.finish(r.header)
+    a, b = tf.train.load_checkpoint(src), tf.train.load_checkpoint(str(tmp_path / "b" / "ckpt-0"))
+    assert a.get_variable_to_shape_map() == b.get_variable_to_shape_map()
+    for name in a.get_variable_to_shape_map():
+        np.testing.assert_array_equal(a.get_tensor(name), b.get_tensor(name))
+    fresh = {k: tf.Variable(tf.zeros_like(x)) for k, x in v.items()}
+    tf.train.Checkpoint(**fresh).restore(str(tmp_path / "b" / "ckpt-0")).assert_consumed()
+    assert fresh["s"].numpy().tolist() == [b"x", b"yz"] and int(fresh["i"].numpy()) == 7
+
+
+def test_slot_names_and_initial_values_are_host_optimizers():
+    assert rckpt.SLOT_NAMES == host_optimizers.SLOT_NAMES
+
+
+# ---------------------------------------------------------------- two days, a trained checkpoint
+
+@pytest.fixture(scope="module")
+def two_days(tmp_path_factory):
+    d = tmp_path_factory.mktemp("remap_days")
+    spec = days.write_inputs(str(d))
+    a = days.build_day(spec, "day1", str(d / "day1"), shards=True)  # trained on: shards
+    b = days.build_day(spec, "day2", str(d / "day2"))
+    return d, a, b
+
+
+@pytest.fixture(scope="module")
+def trained(two_days):
+    """A HostEmbedding trained on day 1's shards (every optimizer's slots moved), saved with a dense variable."""
+    d, a, _ = two_days
+    emb = HostEmbedding.from_artifact(a, seed=1)
+    for record in tpu_embed.input_fn(a):
+        acts, pres = emb.dequeue(record)
+        emb.apply_gradients({k: tf.ones_like(v) * 0.3 for k, v in acts.items()}, pres)
+    dense = tf.Variable(np.arange(6, dtype=np.float32))
+    path = tf.train.Checkpoint(embedding=emb, dense=dense).save(str(d / "ckpt-a" / "ckpt"))
+    return emb, path
+
+
+def _plans(a, b):
+    return rplan.table_plans(rplan.load(a), rplan.load(b))
+
+
+def _check_rows(name, plan, before, after, initial):
+    """Kept rows (tokens and OOV buckets) equal A's; new rows hold `initial` (a number, or None: not checked)."""
+    kept = plan.source >= 0
+    np.testing.assert_array_equal(after[kept], before[plan.source[kept]], err_msg=name)
+    oov = np.arange(plan.num_oov_buckets)
+    if plan.kind == "frequency":
+        np.testing.assert_array_equal(after[plan.vocabulary_b + oov], before[plan.vocabulary_a + oov], err_msg=name)
+    if initial is not None:
+        assert np.all(after[~kept] == np.float32(initial)), name
+
+
+def test_host_embedding_checkpoint_restores_onto_day2(two_days, trained, tmp_path):
+    d, a, b = two_days
+    emb, path = trained
+    out = str(tmp_path / "ckpt-b" / "ckpt-0")
+    seen = []
+    report = remap(a, b, path, out, chunk_rows=7, progress=lambda done, total: seen.append((done, total)))
+    assert report.layout == "host_embedding" and report.prefix == "embedding"
+    assert seen[-1][0] == seen[-1][1] and [x for x, _ in seen] == sorted(x for x, _ in seen)
+    plans = _plans(a, b)
+    zip_plan = plans["zip"]
+    assert zip_plan.new and zip_plan.dropped and zip_plan.kept_tokens  # the days' vocabularies really differ
+    assert not plans["genres"].identity and plans["user_id"].identity and plans["title"].identity
+    assert set(report.tables) == set(plans) and report.tables["zip"].slots == ()
+    assert report.tables["people"].slots == ("accumulators", "linears")
+    emb_b = HostEmbedding.from_artifact(b, seed=9)
+    emb_b.build()
+    dense = tf.Variable(np.zeros(6, np.float32))
+    tf.train.Checkpoint(embedding=emb_b, dense=dense).restore(out).assert_consumed()
+    np.testing.assert_array_equal(dense.numpy(), np.arange(6, dtype=np.float32))
+    assert int(emb_b.iterations.numpy()) == int(emb.iterations.numpy())
+    slot_init = {"user_id": {"accumulators": 0.3}, "title": {"accumulators": 0.3}, "gender": {"accumulators": 0.3},
+                 "genres": {"momenta": 0.0, "velocities": 0.0}, "people": {"accumulators": 0.2, "linears": 0.0}}
+    for name, plan in plans.items():
+        before, after = emb.variables_by_table[name], emb_b.variables_by_table[name]
+        assert set(before) == set(after)
+        for var in before:
+            x, y = before[var].numpy(), after[var].numpy()
+            assert y.shape == (plan.rows_b, plan.dim)
+            if plan.identity:  # identity and hashing tables: bit-identical
+                np.testing.assert_array_equal(x, y)
+                continue
+            _check_rows(f"{name}/{var}", plan, x, y, None if var == "parameters" else slot_init[name][var])
+        if not plan.identity and plan.new:  # new rows: TF's TableConfig default, a truncated normal
+            new = after["parameters"].numpy()[plan.source < 0]
+            assert np.all(np.abs(new) <= 2 / np.sqrt(plan.dim)) and np.unique(new).size == new.size
+    # The same output whatever the chunking; the default initializer follows the seed.
+    again = str(tmp_path / "again" / "ckpt-0")
+    remap(a, b, path, again, chunk_rows=100000)
+    assert open(f"{out}.data-00000-of-00001", "rb").read() == open(f"{again}.data-00000-of-00001", "rb").read()
+    remap(a, b, path, again, overwrite=True, seed=3)
+    assert open(f"{out}.data-00000-of-00001", "rb").read() != open(f"{again}.data-00000-of-00001", "rb").read()
+
+
+def test_activations_of_kept_tokens_through_tf_serving(two_days, trained, tmp_path):
+    """TPUEmbeddingForServing (TF's CPU form, per-table layout): remapped on day 2's ids, every kept token's
+    activation is its trained row; constant initializers land on new rows."""
+    d, a, b = two_days
+    emb, _ = trained
+    serving = emb.to_serving()
+    for name, var in emb.variables_by_table.items():  # the slots too: to_serving copies the tables only
+        for slot, v in var.items():
+            if slot != "parameters" and name in serving.variables:
+                serving.variables[name][slot].assign(v)
+    path = tf.train.Checkpoint(model=serving).save(str(tmp_path / "serving-a" / "ckpt"))
+    out = str(tmp_path / "serving-b" / "ckpt-0")
+    report = remap(a, b, path, out, initializers={"zip": 0.5, "genres": lambda shape, dtype: tf.fill(shape, -1.0)})
+    assert report.layout == "tpu_embedding" and report.prefix == "model" and report.absent == ("gender",)
+    model_b = rplan.load(b).model
+    fc = to_tf_feature_config(model_b)
+    for f in tf.nest.flatten(fc):
+        f.output_shape = tf.TensorShape(None)
+    serving_b = tf.tpu.experimental.embedding.TPUEmbeddingForServing(fc, optimizer=None)
+    status = tf.train.Checkpoint(model=serving_b).restore(out)
+    serving_b.build()  # the variables take the checkpoint's values as TF creates them (deferred restore)
+    status.assert_consumed()
+    plans = _plans(a, b)
+    for name, plan in plans.items():
+        if name == "gender":
+            continue
+        for var, x in serving.variables[name].items():
+            y = serving_b.variables[name][var].numpy()
+            init = {"zip": 0.5, "genres": -1.0}.get(name) if var == "parameters" else None
+            _check_rows(f"{name}/{var}", plan, x.numpy(), y, init)
+    # TF's own lookup: a kept zip token's activation on day 2 is its day-1 row.
+    zp = plans["zip"]
+    kept_b = np.flatnonzero(zp.source[:zp.vocabulary_b] >= 0)[:5]
+    feats = {f.name: tf.zeros((kept_b.size,), tf.int64) for f in model_b.features}
+    feats["zip"] = tf.constant(kept_b, tf.int64)
+    acts = serving_b.embedding_lookup(feats)
+    np.testing.assert_array_equal(acts["zip"].numpy(), emb.tables["zip"].numpy()[zp.source[kept_b]])
+
+
+# ---------------------------------------------------------------- errors
+
+def test_errors_name_what_and_the_fix(two_days, trained, tmp_path):
+    d, a, b = two_days
+    _, path = trained
+    out = str(tmp_path / "o" / "ckpt")
+    with pytest.raises(RemapError, match="B's row count.*was not trained on artifact A's vocabulary"):
+        remap(b, a, path, out)  # A and B swapped: the checkpoint has day 1's shapes
+    with pytest.raises(RemapError, match="not a checkpoint"):
+        remap(a, b, str(tmp_path / "nothing"), out)
+    other = tf.train.Checkpoint(x=tf.Variable(1.0)).save(str(tmp_path / "other" / "ckpt"))
+    with pytest.raises(RemapError, match="has no variables of table"):
+        remap(a, b, other, out)
+    remap(a, b, path, out)
+    with pytest.raises(RemapError, match="exists; pass overwrite=True"):
+        remap(a, b, path, out)
+    with pytest.raises(RemapError, match="is the input checkpoint"):
+        remap(a, b, path, path, overwrite=True)
+    # A damaged tensor: its CRC no longer matches.
+    bad = str(tmp_path / "bad" / "ckpt-1")
+    os.makedirs(os.path.dirname(bad))
+    for suffix in (".index", ".data-00000-of-00001"):
+        shutil.copy(path + suffix, bad + suffix)
+    with rbundle.BundleReader(bad) as r:
+        e = r.entries[rckpt.parameters_key("host_embedding", "embedding", "zip")]
+    with open(bad + ".data-00000-of-00001", "r+b") as fh:
+        fh.seek(e.offset + 5)
+        fh.write(b"\x7f")
+    with pytest.raises(RemapError, match="is corrupt"):
+        remap(a, b, bad, str(tmp_path / "o2" / "ckpt"))
+    assert not os.path.exists(str(tmp_path / "o2" / "ckpt.index"))
+
+
+@pytest.mark.parametrize("change, match", [
+    (("  - {name: zip, dim: 8, optimizer", "  - {name: zip, dim: 16, optimizer"), "dim 8 in .* but 16"),
+    (("{name: title, vocabulary: {type: hashing, num_buckets: 50}}",
+      "{name: title, vocabulary: {type: hashing, num_buckets: 60}}"), "num_buckets"),
+    (("  - {name: zip, vocabulary: {type: frequency, num_oov_buckets: 1}}\n", ""), "other categorical features"),
+    (("optimizer: {type: sgd, learning_rate: 0.1}}", "optimizer: {type: adagrad, learning_rate: 0.1}}"),
+     "optimizer 'sgd' in .* but 'adagrad'"),
+])
+def test_artifacts_of_other_specs_are_refused(two_days, tmp_path, change, match):
+    d, a, _ = two_days
+    text = days.SPEC.replace(*change)
+    assert text != days.SPEC
+    if "name: zip, vocabulary" not in text:
+        text = text.replace("  - {name: zip, dim: 8, optimizer: {type: sgd, learning_rate: 0.1}}\n", "")
+    spec = days.write_inputs(str(tmp_path), text)
+    other = days.build_day(spec, "day2", str(tmp_path / "day2"))
+    with pytest.raises(RemapError, match=match):
+        rplan.table_plans(rplan.load(a), rplan.load(other))
