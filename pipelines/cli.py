@@ -37,6 +37,7 @@ examples:
   tpu-embed profile --spec SPEC --output DIR          # lookup statistics only
   tpu-embed plan --profiles DIR/profiles --output plan.json
   tpu-embed inspect DIR
+  tpu-embed remap --from day1 --to day2 --checkpoint ckpt/day1 --output ckpt/day2/ckpt-0
   tpu-embed run --spec SPEC --output gs://bucket/out --input 'gs://bucket/data/*.csv' \\
       --runner=DataflowRunner --project=P --region=R --temp_location=gs://bucket/tmp \\
       --setup_file=./setup.py
@@ -150,8 +151,53 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--examples", type=int, default=None, help="synthetic examples to generate (default 500000)")
     sp.set_defaults(func=cmd_demo)
 
+    _add_remap(sub)
     profiles_commands.add_commands(sub, spec_loader=_plan_model)
     return parser
+
+
+
+def _add_remap(sub) -> None:
+    sp = sub.add_parser("remap", help="warm start across vocabularies: a checkpoint's tables and optimizer slots moved "
+                                      "from artifact A's ids to artifact B's")
+    sp.add_argument("--from", dest="from_artifact", required=True, metavar="A",
+                    help="the artifact directory the checkpoint was trained on")
+    sp.add_argument("--to", dest="to_artifact", required=True, metavar="B",
+                    help="the artifact directory to train on next (same spec's features and tables)")
+    sp.add_argument("--checkpoint", required=True, metavar="CKPT",
+                    help="a checkpoint prefix (DIR/ckpt-3) or the directory whose `checkpoint` file names the latest")
+    sp.add_argument("--output", required=True, metavar="CKPT2",
+                    help="the new checkpoint's prefix (writes CKPT2.index and CKPT2.data-00000-of-00001)")
+    sp.add_argument("--prefix", default=None, metavar="P",
+                    help="the embedding's path in the checkpoint, e.g. `embedding` (default: found)")
+    sp.add_argument("--seed", type=int, default=0,
+                    help="seeds the initializer of new tokens' rows (TF's TableConfig default, a truncated normal)")
+    sp.add_argument("--chunk-rows", type=int, default=None, metavar="N",
+                    help="rows moved at a time (default 131072): memory follows it, not the table")
+    sp.add_argument("--overwrite", action="store_true", help="replace an existing checkpoint at --output")
+    sp.set_defaults(func=cmd_remap)
+
+
+def cmd_remap(args):
+    from pipelines import progress  # a command's imports (see the imports)
+    from tpu_embed.training.remap import RemapError, remap
+    from tpu_embed.training.remap.bundle import BundleError
+    kw = {}
+    if args.chunk_rows is not None:
+        if args.chunk_rows < 1:
+            raise UserError(f"--chunk-rows must be a positive number of rows, got {args.chunk_rows}")
+        kw["chunk_rows"] = args.chunk_rows
+    with progress.bar(None, "remap", unit="rows") as bar:
+        def moved(done: int, total: int) -> None:
+            bar.total = total
+            bar.update(done - bar.n)
+        try:
+            report = remap(args.from_artifact, args.to_artifact, args.checkpoint, args.output, prefix=args.prefix,
+                           seed=args.seed, overwrite=args.overwrite, progress=moved, **kw)
+        except (RemapError, BundleError) as e:  # the message names what is wrong and the fix
+            raise UserError(str(e)) from None
+    print(report.summary())
+    return 0
 
 
 def _config(args, **kw):

@@ -1,0 +1,66 @@
+"""`tpu-embed remap`: the summary of a remap, the restorable output, and one line for each mistake."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from pipelines.cli import main
+from tests.helpers import remap as days
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    import tensorflow as tf
+
+    from tpu_embed.training.host_embedding import HostEmbedding
+    d = tmp_path_factory.mktemp("remap_cli")
+    spec = days.write_inputs(str(d))
+    a = days.build_day(spec, "day1", str(d / "day1"))
+    b = days.build_day(spec, "day2", str(d / "day2"))
+    emb = HostEmbedding.from_artifact(a, seed=1)
+    emb.build()
+    path = tf.train.Checkpoint(embedding=emb).save(str(d / "ckpt" / "ckpt"))
+    return d, a, b, path, emb
+
+
+def test_remap_prints_the_tables_and_writes_a_restorable_checkpoint(setup, capsys):
+    import tensorflow as tf
+
+    from tpu_embed.training.host_embedding import HostEmbedding
+    d, a, b, path, emb = setup
+    out = str(d / "out" / "ckpt-0")
+    # The checkpoint's directory stands for its latest checkpoint.
+    assert main(["remap", "--from", a, "--to", b, "--checkpoint", str(d / "ckpt"), "--output", out,
+                 "--chunk-rows", "16"]) == 0
+    printed = capsys.readouterr().out
+    assert f"-> {out} (host_embedding at 'embedding'" in printed
+    assert "zip" in printed and "identity (copied)" in printed and "accumulators, linears" in printed
+    emb_b = HostEmbedding.from_artifact(b)
+    emb_b.build()
+    tf.train.Checkpoint(embedding=emb_b).restore(out).assert_consumed()
+    np.testing.assert_array_equal(emb_b.tables["user_id"].numpy(), emb.tables["user_id"].numpy())
+
+
+@pytest.mark.parametrize("case, message", [
+    ("exists", "exists; pass overwrite=True"),
+    ("chunk", "--chunk-rows must be a positive number"),
+    ("prefix", "has no variables of table"),
+    ("swapped", "was not trained on artifact A's vocabulary"),
+])
+def test_mistakes_are_one_line(setup, capsys, tmp_path, case, message):
+    d, a, b, path, _ = setup
+    out = str(tmp_path / "ckpt-0")
+    frm, to, extra = a, b, []
+    if case == "exists":
+        assert main(["remap", "--from", a, "--to", b, "--checkpoint", path, "--output", out]) == 0
+        capsys.readouterr()
+    elif case == "chunk":
+        extra = ["--chunk-rows", "0"]
+    elif case == "prefix":
+        extra = ["--prefix", "model"]
+    else:
+        frm, to = b, a
+    code = main(["remap", "--from", frm, "--to", to, "--checkpoint", path, "--output", out] + extra)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and err[0].startswith("tpu-embed remap: ") and message in err[0], err
