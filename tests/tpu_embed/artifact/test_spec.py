@@ -382,3 +382,35 @@ def test_spec_errors_pickle_with_their_parts():
     e = pickle.loads(pickle.dumps(SpecError("a.b", "is wrong.", "fix it.")))
     assert (e.key, e.problem, e.fix) == ("a.b", "is wrong.", "fix it.")
     assert str(e) == "spec key 'a.b': is wrong. Fix: fix it."
+
+
+def test_vocabulary_modes_and_capacity_are_validated_and_fingerprinted(tmp_path):
+    spec = parse_spec(BASE)
+    rebuild = parse_spec(with_("categorical.0", {"name": "a", "vocabulary": {"mode": "rebuild"}}))
+    assert rebuild.fingerprint == spec.fingerprint and "mode" not in rebuild.to_dict()["categorical"][0]["vocabulary"]
+    append = parse_spec(with_("categorical.0", {"name": "a", "vocabulary": {"mode": "append", "capacity": 100}}))
+    assert append.fingerprint != spec.fingerprint  # it changes the ids and the table rows
+    assert append.to_dict()["categorical"][0]["vocabulary"]["capacity"] == 100
+    assert list(append.lineage_groups()) == ["a"] and not spec.lineage_groups()
+    assert append.model({"a": 100, "shared": 7}).features[0].table.vocabulary_size == 101  # capacity + 1 bucket
+    for vocab, key, problem in (
+            ({"capacity": 10}, "categorical[0].vocabulary.capacity", "only applies to mode: append or frozen"),
+            ({"mode": "append", "capacity": 10, "top_k": 11}, "categorical[0].vocabulary.top_k", "more than capacity"),
+            ({"mode": "append", "capacity": 0}, "categorical[0].vocabulary.capacity", "must be >= 1"),
+            ({"mode": "grow"}, "categorical[0].vocabulary.mode", "'grow' is not supported"),
+            ({"type": "hashing", "num_buckets": 5, "mode": "append"}, "categorical[0].vocabulary.mode",
+             "does not apply to a hashing vocabulary"),
+            ({"type": "identity", "num_buckets": 5, "capacity": 5}, "categorical[0].vocabulary.capacity",
+             "does not apply to a identity vocabulary")):
+        with pytest.raises(SpecError) as e:
+            parse_spec(with_("categorical.0", {"name": "a", "vocabulary": vocab}))
+        assert e.value.key == key and problem in e.value.problem, (vocab, str(e.value))
+    # A default mode applies to the frequency vocabularies only (hashing and identity have none).
+    raw = with_("categorical", [{"name": "a"}, {"name": "h", "vocabulary": {"type": "hashing", "num_buckets": 5}}])
+    raw["defaults"] = {"table": {"dim": 8}, "categorical": {"vocabulary": {"mode": "append", "capacity": 50}}}
+    spec = parse_spec(raw)
+    assert spec.feature("a").vocabulary.capacity == 50 and not hasattr(spec.feature("h").vocabulary, "mode")
+    # `base` is where the previous artifact lives: resolved against the spec file, not fingerprinted.
+    based = parse_spec({**BASE, "base": "../day1"}, base_dir=str(tmp_path / "specs"))
+    assert based.fingerprint == parse_spec(BASE).fingerprint
+    assert based.base_artifact() == str(tmp_path / "day1") and based.to_dict()["base"] == "../day1"
