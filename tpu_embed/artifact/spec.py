@@ -193,6 +193,8 @@ class IdentityVocabulary(_Model):
     top_k: ClassVar[None] = None
     frequency_threshold: ClassVar[None] = None
     num_oov_buckets: ClassVar[int] = 0
+    mode: ClassVar[str] = "rebuild"  # no vocabulary: the ids are stable already
+    capacity: ClassVar[None] = None
 
     @model_validator(mode="after")
     def _default_below_num_buckets(self) -> "IdentityVocabulary":
@@ -208,6 +210,8 @@ class HashingVocabulary(_Model):
     top_k: ClassVar[None] = None
     frequency_threshold: ClassVar[None] = None
     num_oov_buckets: ClassVar[int] = 0
+    mode: ClassVar[str] = "rebuild"  # no vocabulary: the ids are stable already
+    capacity: ClassVar[None] = None
     default_value: ClassVar[None] = None
 
 

@@ -409,7 +409,7 @@ def test_vocabulary_modes_and_capacity_are_validated_and_fingerprinted(tmp_path)
     raw = with_("categorical", [{"name": "a"}, {"name": "h", "vocabulary": {"type": "hashing", "num_buckets": 5}}])
     raw["defaults"] = {"table": {"dim": 8}, "categorical": {"vocabulary": {"mode": "append", "capacity": 50}}}
     spec = parse_spec(raw)
-    assert spec.feature("a").vocabulary.capacity == 50 and not hasattr(spec.feature("h").vocabulary, "mode")
+    assert spec.feature("a").vocabulary.capacity == 50 and spec.feature("h").vocabulary.mode == "rebuild"
     # `base` is where the previous artifact lives: resolved against the spec file, not fingerprinted.
     based = parse_spec({**BASE, "base": "../day1"}, base_dir=str(tmp_path / "specs"))
     assert based.fingerprint == parse_spec(BASE).fingerprint
