@@ -73,10 +73,11 @@ def add_commands(subparsers, spec_loader: Optional[SpecLoader] = None) -> None:
                    help="'plan' (default): a plan file for TensorFlow. 'jax-fdo': the profile's exact per-partition "
                         "maxima as jax-tpu-embedding's FDO statistics (fdo_stats_<host>_<time>.npz, which its "
                         "NPZFileFDOClient loads, and tpu_embed_jax_fdo.json for tpu_embed.jax.limits).")
-    p.add_argument("--jax-stacking", default="tpu_embed", choices=("tpu_embed", "none"),
+    p.add_argument("--jax-stacking", default="tpu_embed", choices=("tpu_embed", "none", "jax"),
                    help="with --format jax-fdo: the stacked tables the figures are for: 'tpu_embed' (default; the "
-                        "profile's stacks, which tpu_embed.jax.limits.stack_tables builds in jax) or 'none' (one "
-                        "stack per table, named by it).")
+                        "profile's stacks, which tpu_embed.jax.limits.stack_tables builds in jax), 'none' (one "
+                        "stack per table, named by it) or 'jax' (jax's auto_stack_tables over the features in "
+                        "name order, as the jax shards stack them; refused where a stack was not profiled).")
     p.add_argument("--quantile", default="max", metavar="Q",
                    help="quantile over steps for the chip id buffer: 'max' (default; zero drops on the profiled "
                         "data), or e.g. 'p99.9' (smaller buffer, allow_id_dropping, stated drop budget).")

@@ -23,10 +23,10 @@ What jax counts, read from its C++ (`StatsPerHost`, `GroupAndDeduplicateCooTenso
 That is a profile's cell (chip, local SC, destination SC), so the profile's per-partition maxima
 (`PartitionStats.partition_max_ids`, ..., kept over every step) are jax's figures for a stacking whose stacks
 have the same tables in the same order as the profile's: `tpu_embed` (TensorFlow's stacking, which jax can
-reproduce with `table_stacking.stack_tables` and the same names: see `tpu_embed.jax.limits.stack_tables`)
-or `none` (every table its own stack, named by the table, as `embedding.prepare_feature_specs_for_training`
-leaves unstacked tables).  jax's `auto_stack_tables` groups by combiner too, orders tables as the feature
-nest lists them and shortens long names; its stacks are covered only where they coincide with these.
+reproduce with `table_stacking.stack_tables` and the same names: see `tpu_embed.jax.limits.stack_tables`),
+`none` (every table its own stack, named by the table, as `embedding.prepare_feature_specs_for_training`
+leaves unstacked tables) or `jax` (`auto_stack_tables`, as `tpu_embed.jax.layout.jax_layout` computes it),
+whose stacks are exact where they are one table or a profiled stack's tables in its order, refused otherwise.
 
 Besides the NPZ files, `tpu_embed_jax_fdo.json` records the layout the figures hold for (stacks, tables,
 rotations, features and their global samples, topology), which `tpu_embed.jax.limits.apply_limits` checks
@@ -53,7 +53,7 @@ from tpu_embed.core.model import ModelConfig
 from tpu_embed.jax.limits import FORMAT, SIDECAR, SUFFIX_MAX_IDS, SUFFIX_MAX_UNIQUE_IDS, SUFFIX_REQUIRED_BUFFER_SIZE
 from tpu_embed.sparsecore import layout_of
 
-STACKINGS = ("tpu_embed", "none")
+STACKINGS = ("tpu_embed", "none", "jax")
 VERSION = 1
 _ZIP_TIME = (1980, 1, 1, 0, 0, 0)  # fixed: the same statistics give the same bytes
 
@@ -145,6 +145,8 @@ def jax_fdo_stats(profile: Profile, stacking: str = "tpu_embed") -> JaxFdoStats:
             raise ProfileError(
                 f"feature {f.name!r}: its {f.samples} samples per chip do not split evenly over {nsc} SparseCores, "
                 "as jax-tpu-embedding's preprocessing requires")
+    if stacking == "jax":
+        return JaxFdoStats(model, stacking, profile.steps, _jax_auto_stacks(profile))
     layout = layout_of(model, disable_table_stacking=stacking == "none")
     acc = profile.accumulator
     stacks: Dict[str, JaxStack] = {}
@@ -157,21 +159,60 @@ def jax_fdo_stats(profile: Profile, stacking: str = "tpu_embed") -> JaxFdoStats:
                 f"stack {name!r} mixes combiners ({members}) and jax-tpu-embedding stacks only tables of one "
                 "combiner: use the 'none' stacking (one stack per table)")
         stats = acc.tables[st.tables[0]].partitions if stacking == "none" else acc.stacks[name]
-        _check_per_partition(name, stats)
-        assert stats.partition_max_ids is not None and stats.partition_max_unique_ids is not None
-        assert stats.sc_max_buffer is not None
-        stacks[name] = JaxStack(
-            name=name,
-            tables=tuple({"name": tp.name, "vocabulary_size": tp.vocabulary_size,
-                          "padded_vocabulary_size": tp.padded_vocabulary_size, "dim": tp.dim,
-                          "padded_dim": tp.padded_dim, "combiner": tp.combiner,
-                          "row_offset_in_shard": tp.shard_row_offset, "shard_rotation": tp.rotation}
-                         for tp in tables),
-            features=tuple({"name": f.path, "table": f.table, "global_samples": f.sample_count * topo.num_chips}
-                           for f in layout.stack_features(name)),
-            max_ids=stats.partition_max_ids.copy(), max_unique_ids=stats.partition_max_unique_ids.copy(),
-            required_buffer_size=stats.sc_max_buffer.copy())
+        stacks[name] = _stack(
+            name, stats,
+            tuple({"name": tp.name, "vocabulary_size": tp.vocabulary_size,
+                   "padded_vocabulary_size": tp.padded_vocabulary_size, "dim": tp.dim, "padded_dim": tp.padded_dim,
+                   "combiner": tp.combiner, "row_offset_in_shard": tp.shard_row_offset,
+                   "shard_rotation": tp.rotation} for tp in tables),
+            tuple({"name": f.path, "table": f.table, "global_samples": f.sample_count * topo.num_chips}
+                  for f in layout.stack_features(name)))
     return JaxFdoStats(model, stacking, profile.steps, stacks)
+
+
+def _stack(name: str, stats: PartitionStats, tables: Tuple[dict, ...], features: Tuple[dict, ...]) -> JaxStack:
+    _check_per_partition(name, stats)
+    assert stats.partition_max_ids is not None and stats.partition_max_unique_ids is not None
+    assert stats.sc_max_buffer is not None
+    if not stats.partition_max_ids.any():
+        raise ProfileError(
+            f"stacked table {name!r} received no ids in the {stats.steps} profiled steps: its exact limits are 0, "
+            "on which jax-tpu-embedding's preprocessing aborts (a COO buffer of 0); profile data that looks it up")
+    return JaxStack(name=name, tables=tables, features=features, max_ids=stats.partition_max_ids.copy(),
+                    max_unique_ids=stats.partition_max_unique_ids.copy(),
+                    required_buffer_size=stats.sc_max_buffer.copy())
+
+
+def _jax_auto_stacks(profile: Profile) -> Dict[str, JaxStack]:
+    """jax's `auto_stack_tables` (`tpu_embed.jax.layout.jax_layout`): a stack's per-step counts are in the profile
+    where it is one table at rotation 0 (the table's own) or a profiled stack with the same tables in the same
+    order (hence the same rotations and row offsets); any other stack is refused."""
+    from tpu_embed.jax.layout import jax_layout
+    model, acc = profile.model, profile.accumulator
+    tf_layout = layout_of(model)
+    by_members = {tuple(st.tables): name for name, st in tf_layout.stacks.items()}
+    S = model.topology.num_sparse_cores
+    out: Dict[str, JaxStack] = {}
+    for js in jax_layout(model).stacks:
+        members = tuple(t.name for t in js.tables)
+        rotations = [t.shard_rotation for t in js.tables]
+        tf_name = by_members.get(members)
+        if len(members) == 1 and rotations == [0]:
+            stats = acc.tables[members[0]].partitions
+        elif tf_name is not None and rotations == [tf_layout.tables[t].rotation for t in members]:
+            stats = acc.stacks[tf_name]
+        else:
+            raise ProfileError(
+                f"jax's auto-stacked table {js.name!r} ({', '.join(members)}) is no stack the profile counted (its "
+                "stacks follow TensorFlow's grouping and order): use the 'tpu_embed' or 'none' stacking")
+        out[js.name] = _stack(
+            js.name, stats,
+            tuple({"name": t.name, "vocabulary_size": t.vocabulary_size,
+                   "padded_vocabulary_size": t.padded_vocabulary_size, "dim": t.dim, "padded_dim": t.padded_dim,
+                   "combiner": js.combiner, "row_offset_in_shard": t.row_offset_in_shard,
+                   "shard_rotation": t.shard_rotation} for t in js.tables),
+            tuple({"name": f.name, "table": f.table, "global_samples": f.samples_per_sc * S} for f in js.features))
+    return out
 
 
 def _check_per_partition(name: str, stats: PartitionStats) -> None:

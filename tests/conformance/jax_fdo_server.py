@@ -31,7 +31,9 @@ absl_logging.set_verbosity(absl_logging.ERROR)
 
 def _stack(req, specs):
     devices, nsc = req["global_device_count"], req["num_sc_per_device"]
-    for name, tables in req["stacks"].items():
+    if req["stacking"] == "jax":  # jax's own auto-stacking of the specs, in the model's feature order
+        embedding.auto_stack_tables(specs, global_device_count=devices, num_sc_per_device=nsc)
+    for name, tables in ({} if req["stacking"] == "jax" else req["stacks"]).items():
         if len(tables) > 1:
             table_stacking.stack_tables(specs, list(tables), global_device_count=devices, num_sc_per_device=nsc,
                                         stack_name=name)

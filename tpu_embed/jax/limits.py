@@ -119,13 +119,17 @@ def read_limits(fdo_dir: Union[str, "os.PathLike[str]"], num_sc_per_device: Opti
 def stack_tables(feature_specs: Any, fdo_dir: Union[str, "os.PathLike[str]"]) -> None:
     """Stack unstacked jax-tpu-embedding `FeatureSpec`s (a list or any nest, in place) as the figures in
     `fdo_dir` were counted, with jax-tpu-embedding's own stacker: for the 'tpu_embed' stacking every stack of
-    several tables by `table_stacking.stack_tables` (its members in the recorded order, the recorded name), then
-    `embedding.prepare_feature_specs_for_training` for the rest (one stack per table, named by it)."""
+    several tables by `table_stacking.stack_tables` (its members in the recorded order, the recorded name); for
+    'jax', `embedding.auto_stack_tables` (which depends on the order of the specs: list them as the model's
+    features, a dict keyed by feature name does); then `embedding.prepare_feature_specs_for_training` for the
+    rest (one stack per table, named by it)."""
     from jax_tpu_embedding.sparsecore.lib.nn import embedding, table_stacking
 
     layout = read_layout(fdo_dir)
     devices, nsc = int(layout["global_device_count"]), int(layout["num_sc_per_device"])
-    if layout["stacking"] == "tpu_embed":
+    if layout["stacking"] == "jax":
+        embedding.auto_stack_tables(feature_specs, global_device_count=devices, num_sc_per_device=nsc)
+    elif layout["stacking"] == "tpu_embed":
         for name, st in layout["stacks"].items():
             tables = [t["name"] for t in st["tables"]]
             if len(tables) > 1:
