@@ -273,6 +273,8 @@ def _job_command(job: str):
         from pipelines import output, runner  # Beam: a job command (see the imports)
         # The spec, and whether the runner's workers can see the paths, are checked before the output is touched.
         cfg = paths.for_workers(_config(args), runner.runner_name(beam_args))
+        if job in ("run_vocab", "run_all"):
+            runner.with_lineage(cfg)  # the base too: `--overwrite` of the base itself must not clear it first
         output.prepare(args.output, args.command, args.overwrite)
         manifest = getattr(runner, job)(cfg, beam_args)
         if args.overwrite:

@@ -306,6 +306,18 @@ def test_the_spec_base_and_the_cli_flag(lineage_days, tmp_path, capsys):
                      str(tmp_path / "missing")]) == 1
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "--base" in err[0] and "missing" in err[0]
+    # The base given as the output, with --overwrite: refused before the output (the base) is touched.
+    before = open(os.path.join(out, "manifest.json"), "rb").read()
+    assert cli.main(["vocab", "--spec", str(spec_path), "--output", str(out), "--base", str(out),
+                     "--overwrite"]) == 1
+    assert "is the run's --output" in capsys.readouterr().err
+    assert open(os.path.join(out, "manifest.json"), "rb").read() == before
+
+
+def test_the_feature_column_api_refuses_a_capacity(lineage_days):
+    from tpu_embed.compat.from_spec import feature_columns
+    with pytest.raises(ValueError, match="capacity=40 rows, which categorical_column_with_vocabulary_file cannot"):
+        feature_columns(lineage_days["spec"], os.path.join(lineage_days["day2"], "vocab"))
 
 
 @pytest.mark.slow

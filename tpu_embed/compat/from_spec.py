@@ -45,6 +45,13 @@ def feature_columns(spec: Spec, vocab_dir: Optional[str] = None,
         if v.type == "frequency":
             if vocab_dir is None:
                 raise ValueError("feature_columns needs vocab_dir for frequency vocabularies.")
+            if v.capacity is not None:
+                # TF's vocabulary-file column puts OOV ids right after the file's lines and refuses a
+                # vocabulary_size above their count; under a capacity the OOV ids start at the capacity.
+                raise ValueError(f"feature {f.name!r}: its vocabulary reserves capacity={v.capacity} rows, which "
+                                 "categorical_column_with_vocabulary_file cannot express (OOV ids follow the file's "
+                                 "lines there). Feed the shards (tpu_embed.input_fn), whose ids are exact, or drop "
+                                 "the capacity for the feature-column API.")
             path = tio.join(vocab_dir, vocabulary_filename(f.name))
             size = int(vocab_sizes[spec.vocabulary_key(f)])
             make = (fc.sequence_categorical_column_with_vocabulary_file if seq
