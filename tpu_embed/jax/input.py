@@ -1,0 +1,596 @@
+"""The JAX input pipeline: an artifact's jax records, one element per training step, without TensorFlow.
+
+    for step in input_iterator("build/criteo", output="jax", feature_specs=specs):
+        activations = sparse_matmul(step.sparse, emb_variables)   # embedding.tpu_sparse_dense_matmul
+        loss = dense_model(activations, step.dense, step.label, step.mask)
+
+Each element (`JaxStep`) holds, for this process's devices, what jax-tpu-embedding's
+`embedding.preprocess_sparse_dense_matmul_input` returns for the step's global batch (`step.sparse`, the
+`PreprocessedInput` that `tpu_sparse_dense_matmul` and the Flax `SparseCoreEmbed` layer take), plus the
+host's labels, example mask (0 for the examples that pad the last step, `policies.tail: pad`), dense
+features and tensor-core features. The records are those the shard job writes with `shards.layout: jax` or
+`both` (`tpu_embed.jax.records`); the reader is the counterpart of `tpu_embed.input_fn`: the same files
+(local or any object store, `tpu_embed.artifact.io`), compression, host index, verification, step order or
+shuffled steps (the same permutation as `input_fn(shuffle_steps=seed)`) and epochs.
+
+Decoding is numpy: each record is parsed in place (no copy of its arrays), and each COO array is copied
+once, from the record into its buffer. A background thread reads, decodes and (with `output="jax"`) puts
+the arrays on the devices `prefetch` steps ahead. jax and jax-tpu-embedding are imported only when the
+iterator is made, and only where they are needed.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import queue
+import shutil
+import tempfile
+import threading
+from typing import Any, Dict, Iterator, List, Mapping, NamedTuple, Optional, Tuple
+
+import numpy as np
+
+from tpu_embed.artifact import io as tio
+from tpu_embed.artifact import tfrecord
+from tpu_embed.artifact.manifest import read_manifest
+from tpu_embed.artifact.verify import check_files, check_level, check_shard_steps, path_of, verify_shard_bytes
+from tpu_embed.core.permutation import Permutation, epoch_key
+from tpu_embed.jax.layout import ALIGN, PAD_ID, round_up
+from tpu_embed.jax.records import key as record_key
+
+OUTPUTS = ("numpy", "jax")
+DEFAULT_AXIS = "device"  # the mesh axis of jax-tpu-embedding's examples' data sharding
+
+
+class PreprocessedArrays(NamedTuple):
+    """jax-tpu-embedding's `PreprocessedInput` as plain data, where jax-tpu-embedding is not installed: the same
+    attributes (`lhs_row_pointers`, `lhs_embedding_ids`, `lhs_sample_ids`, `lhs_gains`: {stack: array};
+    `num_minibatches`), and a pytree for jax as any NamedTuple is."""
+
+    lhs_row_pointers: Dict[str, Any]
+    lhs_embedding_ids: Dict[str, Any]
+    lhs_sample_ids: Dict[str, Any]
+    lhs_gains: Dict[str, Any]
+    num_minibatches: Any
+
+    @property
+    def sparse_dense_matmul_input(self) -> Tuple[Dict[str, Any], Dict[str, Any], Dict[str, Any], Dict[str, Any]]:
+        return self.lhs_row_pointers, self.lhs_embedding_ids, self.lhs_sample_ids, self.lhs_gains
+
+
+class JaxStep(NamedTuple):
+    """One training step of this host.
+
+    `sparse`: jax-tpu-embedding's `PreprocessedInput` (`PreprocessedArrays` where it is not installed): per
+    stacked table, row pointers int32 [local devices x row pointers per device], embedding ids, sample ids
+    int32 and gains float32 [local devices x COO buffer per device] (`[local devices, ...]` with
+    `has_leading_dimension`), and `num_minibatches` (1 per local device). `label`, `mask` float32
+    [host batch]; `dense` float32 [host batch, dense features]; `tensor_core`: {feature: (ids int32
+    [host batch, tensor_core_width], 0 past a row's values; weights float32 [same], 0 past them, else 1 or the
+    weight)}. Arrays are numpy, or with `output="jax"` `jax.Array`s whose first axis is split over the devices.
+    """
+
+    step: int
+    epoch: int
+    sparse: Any
+    label: Any
+    mask: Any
+    dense: Any
+    tensor_core: Dict[str, Tuple[Any, Any]]
+
+
+# ---------------------------------------------------------------- the record, parsed in place
+
+def _varint(buf, pos: int) -> Tuple[int, int]:
+    b = buf[pos]
+    if b < 0x80:
+        return b, pos + 1
+    result, shift = b & 0x7F, 7
+    pos += 1
+    while True:
+        b = buf[pos]
+        pos += 1
+        result |= (b & 0x7F) << shift
+        if b < 0x80:
+            return result, pos
+        shift += 7
+
+
+def _fields(buf):
+    """(field, value) of a protobuf message held in a memoryview: length-delimited values as memoryviews of it."""
+    pos, n = 0, len(buf)
+    while pos < n:
+        tag, pos = _varint(buf, pos)
+        wire = tag & 7
+        if wire == 2:
+            length, pos = _varint(buf, pos)
+            yield tag >> 3, buf[pos:pos + length]
+            pos += length
+        elif wire == 0:
+            v, pos = _varint(buf, pos)
+            yield tag >> 3, v
+        elif wire == 5:
+            yield tag >> 3, buf[pos:pos + 4]
+            pos += 4
+        elif wire == 1:
+            yield tag >> 3, buf[pos:pos + 8]
+            pos += 8
+        else:
+            raise ValueError(f"not a tf.train.Example: protobuf wire type {wire}")
+
+
+def _int64s(lst) -> List[int]:
+    out: List[int] = []
+    for _, x in _fields(lst):
+        if isinstance(x, int):
+            out.append(x - (1 << 64) if x >= 1 << 63 else x)
+        else:
+            p = 0
+            while p < len(x):
+                v, p = _varint(x, p)
+                out.append(v - (1 << 64) if v >= 1 << 63 else v)
+    return out
+
+
+def parse_record(data) -> Dict[str, Any]:
+    """{key: value} of a step record (a serialized tf.train.Example): a bytes feature as a memoryview of `data`
+    (its first value: the records store each array as one raw value), an int64 feature as a list of ints, a
+    float feature as a float32 array. Nothing of `data` is copied."""
+    out: Dict[str, Any] = {}
+    for f, features in _fields(memoryview(data)):
+        if f != 1:
+            continue
+        for f2, entry in _fields(features):
+            if f2 != 1:
+                continue
+            name, value = None, None
+            for f3, x in _fields(entry):
+                if f3 == 1:
+                    name = bytes(x).decode("utf-8")
+                elif f3 == 2:
+                    value = x
+            if name is None:
+                continue
+            out[name] = None
+            for kind, lst in _fields(value if value is not None else memoryview(b"")):
+                if kind == 1:
+                    vals = [x for _, x in _fields(lst)]
+                    out[name] = vals[0] if vals else memoryview(b"")
+                elif kind == 2:
+                    out[name] = np.concatenate([np.frombuffer(x, "<f4") for _, x in _fields(lst)] or
+                                               [np.zeros(0, np.float32)]).astype(np.float32)
+                elif kind == 3:
+                    out[name] = _int64s(lst)
+    return out
+
+
+# ---------------------------------------------------------------- decoding one step
+
+class _Decoder:
+    """A step record -> the arrays of a `JaxStep` (numpy), for one artifact's format."""
+
+    def __init__(self, fmt, coo_buffer_sizes: Mapping[str, Optional[int]], has_leading_dimension: bool):
+        fj = fmt.jax
+        self.L, self.nsc = int(fj["local_devices"]), int(fj["num_sc_per_device"])
+        self.rp_size = int(fj["row_pointers_size_per_device"])
+        self.stacks = [s["name"] for s in fj["stacks"]]
+        self.sizes = dict(coo_buffer_sizes)
+        self.lead = has_leading_dimension
+        self.hb = int(fmt.host_batch_size)
+        self.nd = len(fmt.dense_features)
+        self.tc = tuple(fmt.tensor_core_features)
+
+    def _check_size(self, stack: str, size: int, seg: np.ndarray, step: int) -> int:
+        if size % self.nsc or size // self.nsc < int(seg.max(initial=0)):
+            need = round_up(int(seg.max(initial=0)), ALIGN) * self.nsc
+            raise ValueError(f"step {step}, jax stack {stack!r}: a COO buffer of {size} per device does not hold the "
+                             f"step's ids ({int(seg.max(initial=0))} per SparseCore x {self.nsc}; jax would drop "
+                             f"ids): give at least {need} (the stack's suggested_coo_buffer_size_per_device, from "
+                             "`tpu-embed plan --format jax-fdo`).")
+        return size
+
+    def decode(self, data) -> Tuple[int, Dict[str, Any]]:
+        ex = parse_record(data)
+        step = int(ex["step"][0])
+        L, nsc, S = self.L, self.nsc, self.L * self.nsc
+        rps, eids, sids, gains = {}, {}, {}, {}
+        for i, name in enumerate(self.stacks):
+            k_rp = record_key(i, "rp")
+            if k_rp not in ex:
+                raise ValueError(f"step {step}: the record has no {k_rp}: it holds no jax arrays for stack {name!r}")
+            rp = np.frombuffer(ex[k_rp], "<i4").astype(np.int32)  # a copy: small, and the caller's to keep
+            blocks = rp.reshape(S, -1)
+            seg = round_up(blocks[:, -1].astype(np.int64), ALIGN)  # each (device, SparseCore) segment's length
+            eid_src = np.frombuffer(ex[record_key(i, "eid")], "<i4")
+            sid_src = np.frombuffer(ex[record_key(i, "sid")], "<i4")
+            g_mv = ex.get(record_key(i, "g"))
+            g_src = None if g_mv is None else np.frombuffer(g_mv, "<f4")
+            total = int(seg.sum())
+            if eid_src.size != total or sid_src.size != total or (g_src is not None and g_src.size != total):
+                raise ValueError(f"step {step}, jax stack {name!r}: the record's arrays do not match its row pointers "
+                                 f"({eid_src.size} ids for {total}): a damaged record")
+            size = self.sizes.get(name)
+            if size is None:
+                size = int(seg.max(initial=0)) * nsc
+            per_sc = self._check_size(name, int(size), seg, step) // nsc
+            eid = np.empty((S, per_sc), np.int32)
+            sid = np.empty((S, per_sc), np.int32)
+            g = np.empty((S, per_sc), np.float32)
+            off = 0
+            for k, n in enumerate(seg.tolist()):
+                eid[k, :n] = eid_src[off:off + n]
+                sid[k, :n] = sid_src[off:off + n]
+                if g_src is not None:
+                    g[k, :n] = g_src[off:off + n]
+                else:  # unit gains are left out of the record: 1.0 on real entries, NaN on padding
+                    np.copyto(g[k, :n], np.where(sid_src[off:off + n] == PAD_ID, np.float32(np.nan), np.float32(1)))
+                eid[k, n:] = PAD_ID
+                sid[k, n:] = PAD_ID
+                g[k, n:] = np.nan
+                off += n
+            shape = (L, -1) if self.lead else (-1,)
+            rps[name] = rp.reshape(shape)
+            eids[name], sids[name], gains[name] = eid.reshape(shape), sid.reshape(shape), g.reshape(shape)
+        minibatches = np.full(L, 1)
+        if self.lead:
+            minibatches = minibatches.reshape(L, 1)
+        hb = self.hb
+        label = np.frombuffer(ex["label"], "<f4").astype(np.float32)
+        mask = np.frombuffer(ex["mask"], "<f4").astype(np.float32)
+        dense = np.frombuffer(ex["dense"], "<f4").astype(np.float32).reshape(hb, self.nd)
+        tc = {}
+        for name, weighted, width in self.tc:
+            lengths = np.frombuffer(ex[f"tc/{name}/lengths"], "<i4").astype(np.int64)
+            values = np.frombuffer(ex[f"tc/{name}/ids"], "<i8")
+            w = np.frombuffer(ex[f"tc/{name}/weights"], "<f4") if weighted else None
+            ids, wts = _padded(lengths, values, w, hb, int(width))
+            tc[name] = (ids, wts)
+        return step, {"sparse": (rps, eids, sids, gains, minibatches), "label": label, "mask": mask, "dense": dense,
+                      "tensor_core": tc}
+
+
+def _padded(lengths: np.ndarray, values: np.ndarray, weights: Optional[np.ndarray], rows: int, width: int
+            ) -> Tuple[np.ndarray, np.ndarray]:
+    """Ragged values [rows, lengths] as [rows, width] int32 ids (0 after a row's values, cut at `width`) and
+    float32 weights (the weight, or 1, on a value; 0 after), as `tpu_embed.training.input.per_chip_dataset`."""
+    ids = np.zeros((rows, width), np.int32)
+    wts = np.zeros((rows, width), np.float32)
+    starts = np.cumsum(lengths) - lengths
+    col = np.arange(width)
+    keep = col[None, :] < lengths[:, None]
+    src = (starts[:, None] + col[None, :])[keep]
+    ids[keep] = values[src].astype(np.int32)
+    wts[keep] = 1.0 if weights is None else weights[src]
+    return ids, wts
+
+
+# ---------------------------------------------------------------- reading the records
+
+def _stream(artifact_dir: str, entries, compression: str, verify: str) -> Iterator[Any]:
+    """The host's records in step order: streamed from each file (CRC-checked), or with verify="sha256" each
+    file read whole and checked before any of its records is used."""
+    for e in entries:
+        path = path_of(artifact_dir, e)
+        if verify == "sha256":
+            data = tio.read_bytes(path)
+            verify_shard_bytes(path, data, e, verify, compression)
+            data = tfrecord.decompress(data, compression, path)
+            view = memoryview(data)
+            for off, length in tfrecord.index_records(data, path, verify=False):
+                yield view[off:off + length]
+        else:
+            yield from tfrecord.stream_records(path, compression)
+
+
+def _by_position(artifact_dir: str, entries, compression: str, verify: str, order: Iterator[int], steps: int,
+                 tmp_holder: List[str]) -> Iterator[Any]:
+    """The records of the steps in `order`, each read by its position (as `tpu_embed.input_fn(shuffle_steps=...)`
+    reads them): uncompressed files in place, a compressed one decompressed once into a temporary file."""
+    owner = {}
+    for i, e in enumerate(entries):
+        for k in range((e.last_step or 0) - (e.first_step or 0) + 1):
+            owner[(e.first_step or 0) + k] = (i, k)
+    missing = [s for s in range(steps) if s not in owner]
+    if missing:
+        raise ValueError(f"{artifact_dir}: no shard file holds step {missing[0]} (of {steps}); the manifest does "
+                         "not list every shard. Re-run `tpu-embed run` (or shard) with this --output.")
+    handles: Dict[int, Any] = {}
+    offsets: Dict[int, List[Tuple[int, int]]] = {}
+    try:
+        for s in order:
+            i, k = owner[int(s)]
+            if i not in handles:
+                e = entries[i]
+                path = path_of(artifact_dir, e)
+                if compression == "none" and verify != "sha256":  # headers only; each payload checked when read
+                    fh = tio.open_read(path)
+                    table = tfrecord.index_stream(fh, path)
+                else:
+                    data = tio.read_bytes(path)
+                    if verify != "none":
+                        verify_shard_bytes(path, data, e, verify, compression)
+                    data = tfrecord.decompress(data, compression, path)
+                    table = tfrecord.index_records(data, path)
+                    if compression == "none":
+                        fh = tio.open_read(path)
+                    else:
+                        if not tmp_holder:
+                            tmp_holder.append(tempfile.mkdtemp(prefix="tpu_embed_jax-"))
+                        local = os.path.join(tmp_holder[0], f"{i}.tfrecord")
+                        with open(local, "wb") as out:
+                            out.write(data)
+                        fh = open(local, "rb")
+                    del data
+                handles[i], offsets[i] = fh, table
+            if k >= len(offsets[i]):
+                raise ValueError(f"{path_of(artifact_dir, entries[i])}: has {len(offsets[i])} records, the manifest "
+                                 f"lists steps {entries[i].first_step}..{entries[i].last_step}")
+            try:
+                yield tfrecord.read_payload(handles[i], *offsets[i][k])
+            except tfrecord.TFRecordError as e:
+                raise ValueError(f"{path_of(artifact_dir, entries[i])}: step {int(s)}: {e.problem} at byte "
+                                 f"{e.offset}") from None
+    finally:
+        for fh in handles.values():
+            fh.close()
+
+
+def step_order(steps: int, seed: int, epoch: int) -> np.ndarray:
+    """The steps in the order epoch `epoch` (0-based) is read with `shuffle_steps=seed`: the same permutation as
+    `tpu_embed.input_fn(..., shuffle_steps=seed)`, so every host reads the same step at the same time."""
+    return Permutation(steps, epoch_key(seed, epoch))(np.arange(steps, dtype=np.int64))
+
+
+# ---------------------------------------------------------------- the iterator
+
+def _jax_sizes(feature_specs: Any, fj: Mapping[str, Any]) -> Dict[str, int]:
+    """jax-tpu-embedding's own COO buffer sizes for stacked `feature_specs`, after checking that their stacks are
+    the artifact's."""
+    import jax
+    from jax_tpu_embedding.sparsecore.lib.nn import embedding
+
+    leaves = jax.tree.leaves(feature_specs)
+    unstacked = [f.name for f in leaves if not f.table_spec.is_stacked()]
+    if unstacked:
+        raise ValueError(f"feature specs {unstacked[:3]} are not stacked: stack them as the artifact's records are "
+                         "(tpu_embed.jax.limits.stack_tables, or jax's auto_stack_tables and "
+                         "prepare_feature_specs_for_training)")
+    theirs: Dict[str, set] = {}
+    for f in leaves:
+        theirs.setdefault(f.table_spec.stacked_table_spec.stack_name, set()).add(f.name)
+    ours = {s["name"]: {x["name"] for x in s["features"]} for s in fj["stacks"]}
+    if theirs != ours:
+        diff = sorted(set(theirs) ^ set(ours)) or sorted(n for n in ours if ours[n] != theirs.get(n))
+        raise ValueError(f"the feature specs are stacked otherwise than the artifact's jax records (stacked tables "
+                         f"{sorted(theirs)[:4]} vs {sorted(ours)[:4]}; first difference {diff[:1]}): stack them with "
+                         "jax's auto_stack_tables over the spec's features in the spec's order")
+    return {k: int(v) for k, v in embedding.compute_coo_buffer_size_per_device(
+        feature_specs, global_device_count=int(fj["num_devices"]), num_sc_per_device=int(fj["num_sc_per_device"])
+    ).items()}
+
+
+def _preprocessed_class():
+    """jax-tpu-embedding's (PreprocessedInput, SparseDenseMatmulInput) where it is installed, else None."""
+    if importlib.util.find_spec("jax_tpu_embedding") is None:
+        return None
+    from jax_tpu_embedding.sparsecore.lib.nn import embedding
+    return embedding.PreprocessedInput, embedding.SparseDenseMatmulInput
+
+
+class JaxInputIterator:
+    """An iterator of `JaxStep`s (see `input_iterator`); `close()` (or leaving a `with` block) stops its reader
+    thread and removes its temporary files."""
+
+    def __init__(self, records: Iterator[Tuple[int, Any]], decoder: _Decoder, host_index: int, prefetch: int,
+                 put, wrap, tmp_holder: List[str]):
+        self._records, self._decoder, self._host = records, decoder, host_index
+        self._put, self._wrap, self._tmp = put, wrap, tmp_holder
+        self._stop = threading.Event()
+        self._done = False
+        self._queue: Optional[queue.Queue] = None
+        self._thread: Optional[threading.Thread] = None
+        if prefetch > 0:
+            self._queue = queue.Queue(maxsize=prefetch)
+            self._thread = threading.Thread(target=self._produce, name="tpu_embed-jax-input", daemon=True)
+            self._thread.start()
+
+    def _make(self, epoch: int, data) -> JaxStep:
+        step, a = self._decoder.decode(data)
+        rps, eids, sids, gains, nmb = a["sparse"]
+        label, mask, dense, tc = a["label"], a["mask"], a["dense"], a["tensor_core"]
+        if self._put is not None:
+            p = self._put
+            rps, eids, sids, gains = ({k: p(v) for k, v in d.items()} for d in (rps, eids, sids, gains))
+            nmb, label, mask, dense = p(nmb), p(label), p(mask), p(dense)
+            tc = {k: (p(i), p(w)) for k, (i, w) in tc.items()}
+        return JaxStep(step, epoch, self._wrap(rps, eids, sids, gains, nmb), label, mask, dense, tc)
+
+    def _produce(self) -> None:
+        assert self._queue is not None
+        try:
+            for epoch, data in self._records:
+                if self._stop.is_set():
+                    return
+                item: Any = self._make(epoch, data)
+                while not self._stop.is_set():
+                    try:
+                        self._queue.put(item, timeout=0.1)
+                        break
+                    except queue.Full:
+                        continue
+        except BaseException as e:  # handed to the consumer, raised there
+            self._offer(("error", e))
+            return
+        self._offer(("end", None))
+
+    def _offer(self, item) -> None:
+        assert self._queue is not None
+        while not self._stop.is_set():
+            try:
+                self._queue.put(item, timeout=0.1)
+                return
+            except queue.Full:
+                continue
+
+    def __iter__(self) -> "JaxInputIterator":
+        return self
+
+    def __next__(self) -> JaxStep:
+        if self._done:
+            raise StopIteration
+        if self._queue is None:
+            try:
+                epoch, data = next(self._records)
+            except StopIteration:
+                self.close()
+                raise
+            return self._make(epoch, data)
+        item = self._queue.get()
+        if isinstance(item, JaxStep):
+            return item
+        kind, err = item
+        self.close()
+        if kind == "error":
+            raise err
+        raise StopIteration
+
+    def close(self) -> None:
+        self._done = True
+        self._stop.set()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout=5)
+        close = getattr(self._records, "close", None)
+        if close is not None and (self._thread is None or not self._thread.is_alive()):
+            close()
+        for d in self._tmp:
+            shutil.rmtree(d, ignore_errors=True)
+        self._tmp.clear()
+
+    def __enter__(self) -> "JaxInputIterator":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001  (interpreter shutdown)
+            pass
+
+
+def input_iterator(artifact_dir: str, *, host_index: Optional[int] = None, num_epochs: Optional[int] = 1,
+                   shuffle_steps: Optional[int] = None, output: str = "numpy", sharding: Any = None,
+                   feature_specs: Any = None, coo_buffer_sizes: Optional[Mapping[str, int]] = None,
+                   has_leading_dimension: bool = False, prefetch: int = 2, verify: str = "size",
+                   expected_fingerprint: Optional[str] = None) -> JaxInputIterator:
+    """An iterator of this host's training steps (`JaxStep`) from an artifact written with `shards.layout: jax`
+    or `both`: per step, what jax-tpu-embedding's `preprocess_sparse_dense_matmul_input` returns for the
+    host's devices from that step's global batch, without running it; plus labels, mask, dense and
+    tensor-core features.
+
+    * `host_index`: this process's host (default: `jax.process_index()` with `output="jax"`, else 0).
+    * `num_epochs` (None: forever); `shuffle_steps`: None reads the steps in order, an integer seed reads
+      each epoch in `step_order(steps, seed, epoch)`, the order of `tpu_embed.input_fn(shuffle_steps=seed)`.
+    * `output`: "numpy", or "jax": every array a `jax.Array` made with
+      `jax.make_array_from_process_local_data(sharding, array)`, as jax-tpu-embedding's examples shard their
+      preprocessed inputs; `sharding` defaults to `NamedSharding(Mesh(jax.devices(), ("device",)),
+      PartitionSpec("device"))`. Its devices of this process must be the artifact's local devices.
+    * COO buffer size per device of each stack (a static shape for `jax.jit`): `coo_buffer_sizes` {stack:
+      size}, else jax's `compute_coo_buffer_size_per_device(feature_specs)` when stacked jax-tpu-embedding
+      `feature_specs` are given (their stacks are checked against the records'; set their limits with
+      `tpu_embed.jax.limits.apply_limits` from `tpu-embed plan --format jax-fdo --stacking jax`), else the
+      size recorded in the manifest, else each step's least size (which changes from step to step). A size
+      too small for a step is a ValueError naming the step: jax would drop ids there.
+    * `has_leading_dimension`: arrays [local devices, ...] (for `jax.pmap`) instead of flat (for `jax.jit`), as
+      jax's argument of that name.
+    * `prefetch`: steps decoded ahead in a background thread (0: decoded in the caller's thread).
+    * `verify` ("none" | "size" | "sha256") and `expected_fingerprint`: as `tpu_embed.input_fn`.
+
+    An artifact whose records hold no jax arrays is refused in one line that names the spec key to set.
+    """
+    if output not in OUTPUTS:
+        raise ValueError(f"output must be one of {OUTPUTS}, got {output!r}")
+    if shuffle_steps is not None and (isinstance(shuffle_steps, bool) or not isinstance(shuffle_steps, int)
+                                      or not 0 <= shuffle_steps < 1 << 64):
+        raise ValueError(f"shuffle_steps must be None or an integer seed in [0, 2**64), got {shuffle_steps!r}")
+    if num_epochs is not None and (not isinstance(num_epochs, int) or num_epochs < 0):
+        raise ValueError(f"num_epochs must be None or an integer >= 0, got {num_epochs!r}")
+    if not isinstance(prefetch, int) or prefetch < 0:
+        raise ValueError(f"prefetch must be an integer >= 0, got {prefetch!r}")
+    check_level(verify)
+    manifest = read_manifest(artifact_dir)
+    if expected_fingerprint is not None and manifest.spec_fingerprint != expected_fingerprint:
+        raise ValueError(f"{artifact_dir} was made for spec {manifest.spec_fingerprint}, not "
+                         f"{expected_fingerprint}: regenerate the shards with this spec.")
+    fmt = manifest.shard_format
+    if fmt.jax is None:
+        raise ValueError(f"{artifact_dir}: its shards hold no jax-tpu-embedding arrays (shards.layout "
+                         f"{'/'.join(fmt.layouts)}): add `shards: {{layout: jax}}` (or `both`, to keep TensorFlow's "
+                         "too) to the spec and run `tpu-embed run` again.")
+    fj = fmt.jax
+    jax_mod = None
+    if output == "jax":
+        import jax as jax_mod
+    if host_index is None:
+        host_index = int(jax_mod.process_index()) if jax_mod is not None else 0
+    if not 0 <= int(host_index) < fmt.num_hosts:
+        raise ValueError(f"host_index {host_index} is not a host of {artifact_dir} ({fmt.num_hosts} hosts)")
+    sizes: Dict[str, Optional[int]] = {s["name"]: s.get("coo_buffer_size_per_device") for s in fj["stacks"]}
+    if coo_buffer_sizes is not None:
+        unknown = sorted(set(coo_buffer_sizes) - set(sizes))
+        if unknown:
+            raise ValueError(f"coo_buffer_sizes names {unknown[:3]}, which are not jax stacks of {artifact_dir} "
+                             f"({sorted(sizes)[:5]})")
+        sizes.update({k: int(v) for k, v in coo_buffer_sizes.items()})
+    elif feature_specs is not None:
+        sizes.update(_jax_sizes(feature_specs, fj))
+
+    put = None
+    if jax_mod is not None:
+        if sharding is None:
+            from jax.sharding import Mesh, NamedSharding, PartitionSpec
+            sharding = NamedSharding(Mesh(np.array(jax_mod.devices()), (DEFAULT_AXIS,)), PartitionSpec(DEFAULT_AXIS))
+        local = len(sharding.addressable_devices)
+        if local != int(fj["local_devices"]):
+            raise ValueError(f"the sharding has {local} devices on this process; {artifact_dir}'s jax records are for "
+                             f"{fj['local_devices']} local devices ({fj['num_devices']} in all, {fmt.num_hosts} "
+                             "host(s)): run with as many devices, or shard again for this topology.")
+        make = jax_mod.make_array_from_process_local_data
+
+        def put(x, _s=sharding, _make=make):
+            return _make(_s, x)
+
+    classes = _preprocessed_class()
+    if classes is None:
+        def wrap(rps, eids, sids, gains, nmb):
+            return PreprocessedArrays(rps, eids, sids, gains, nmb)
+    else:
+        pre_cls, smi_cls = classes
+
+        def wrap(rps, eids, sids, gains, nmb):
+            return pre_cls(smi_cls(rps, eids, sids, gains), nmb)
+
+    entries = manifest.shard_files(int(host_index))
+    if verify != "none":
+        check_shard_steps(manifest, int(host_index))
+        check_files(artifact_dir, manifest, "size", kinds=("shard",), host=int(host_index))
+    compression = fmt.compression
+    steps = int(manifest.shards.steps) if manifest.shards is not None else 0
+    tmp_holder: List[str] = []
+
+    def records() -> Iterator[Tuple[int, Any]]:
+        epoch = 0
+        while num_epochs is None or epoch < num_epochs:
+            if shuffle_steps is None:
+                source = _stream(artifact_dir, entries, compression, verify)
+            else:
+                source = _by_position(artifact_dir, entries, compression, verify,
+                                      iter(step_order(steps, shuffle_steps, epoch).tolist()), steps, tmp_holder)
+            for data in source:
+                yield epoch, data
+            epoch += 1
+
+    decoder = _Decoder(fmt, sizes, has_leading_dimension)
+    return JaxInputIterator(records(), decoder, int(host_index), prefetch, put, wrap, tmp_holder)
