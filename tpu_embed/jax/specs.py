@@ -93,9 +93,9 @@ def feature_specs(artifact_dir: str, *, fdo_dir: Optional[str] = None,
         w = want.get(name)
         g = got.get(name)
         if w is None or g is None or set(w[0]) != g[0] or set(w[1]) != g[1]:
-            raise ValueError(f"jax-tpu-embedding stacks these feature specs otherwise than {artifact_dir}'s jax records "
-                             f"(stacked table {name!r}: records {w}, jax {g}); the records were written for another "
-                             "jax-tpu-embedding stacking")
+            raise ValueError(f"jax-tpu-embedding stacks these feature specs otherwise than {artifact_dir}'s jax "
+                             f"records (stacked table {name!r}: records {w}, jax {g}); the records were written for "
+                             "another jax-tpu-embedding stacking")
     if fdo_dir is not None:
         jax_limits.apply_limits(specs, fdo_dir, num_sc_per_device=nsc)
     return specs
