@@ -69,6 +69,8 @@ def feature_specs(artifact_dir: str, *, fdo_dir: Optional[str] = None,
     model = art.model
     tables = {}
     for t in model.tables:
+        if t.optimizer is None:
+            raise ValueError(f"table {t.name!r} has no optimizer in the spec: jax-tpu-embedding needs one per table")
         init = initializer or jax.nn.initializers.truncated_normal(stddev=1.0 / max(1, t.dim) ** 0.5)
         tables[t.name] = es.TableSpec(vocabulary_size=t.vocabulary_size, embedding_dim=t.dim, initializer=init,
                                       optimizer=jax_optimizer(t.optimizer), combiner=t.combiner, name=t.name)
