@@ -68,6 +68,21 @@ def test_row_plan_matches_the_reference(change):
     assert p.kept_tokens == len(set(a) & set(b))
 
 
+@settings(max_examples=50, deadline=None)
+@given(vocabulary_changes())
+def test_hash_collisions_never_join_two_tokens(change):
+    """With a hash that collides all the time (a token's length mod 3), every match is still exact."""
+    a, b, _, _, _ = change
+    weak = lambda tokens, chunk=0: np.array([len(t) % 3 for t in tokens.to_pylist()], np.uint64)  # noqa: E731
+    real = rplan.token_hashes
+    rplan.token_hashes = weak
+    try:
+        got = rplan.index_in(pa.array(b, pa.binary()), pa.array(a, pa.binary()), chunk=7)
+    finally:
+        rplan.token_hashes = real
+    assert got.tolist() == [a.index(t) if t in a else -1 for t in b]
+
+
 def test_a_token_listed_twice_is_refused():
     with pytest.raises(RemapError, match="lists a token twice"):
         rplan.frequency_source(pa.array([b"x", b"y"]), pa.array([b"x", b"x"]), 1)

@@ -18,8 +18,11 @@ artifacts, after checking that they are artifacts of one spec's features and tab
 reads or writes a checkpoint (`tpu_embed.training.remap.checkpoint` does).
 
 Matching 10^7 tokens: a vocabulary file is read as one Arrow binary array over the file's bytes (each
-token keeps its line break, which every token of both files has, so equal tokens stay equal), and
-`pyarrow.compute.index_in` hashes A's tokens once and looks B's up.
+token keeps its line break, which every token of both files has, so equal tokens stay equal); every
+token gets a 64-bit FNV-1a hash (numpy, one pass per byte position), A's hashes are sorted, B's are
+looked up with `searchsorted`, and every match is confirmed byte for byte (a hash collision never
+joins two tokens).  This holds a few int64 per token: pyarrow's `index_in` on the same 10^7 tokens
+took 4x the time and 1.5 GB more.
 """
 
 from __future__ import annotations
@@ -101,7 +104,7 @@ def frequency_source(tokens_a: pa.Array, tokens_b: pa.Array, num_oov_buckets: in
                      size_b: Optional[int] = None) -> np.ndarray:
     """int64 [size_b + num_oov_buckets]: the A row of every B row of a frequency vocabulary's table.
 
-    `tokens_a` / `tokens_b`: the vocabularies' tokens in id order (Arrow binary or string arrays);
+    `tokens_a` / `tokens_b`: the vocabularies' tokens in id order (Arrow binary arrays);
     `size_a` / `size_b`: their sizes, the first OOV id (default: the tokens; larger under a capacity).
     """
     va, vb = len(tokens_a), len(tokens_b)
@@ -111,14 +114,90 @@ def frequency_source(tokens_a: pa.Array, tokens_b: pa.Array, num_oov_buckets: in
         raise ValueError(f"more tokens than rows: {va} > {size_a} or {vb} > {size_b}")
     source = np.full(size_b + num_oov_buckets, NEW, np.int64)
     if vb and va:
-        found = pc.index_in(tokens_b, value_set=tokens_a)
-        source[:vb] = found.fill_null(NEW).to_numpy(zero_copy_only=False)
+        source[:vb] = index_in(tokens_b, tokens_a)
     source[size_b:] = size_a + np.arange(num_oov_buckets, dtype=np.int64)
     kept = source[source != NEW]
-    if np.unique(kept).size != kept.size:  # a token listed twice in B, or twice in A and matched by both
+    taken = np.zeros(size_a + num_oov_buckets, bool)
+    taken[kept] = True
+    if int(np.count_nonzero(taken)) != kept.size:  # a token listed twice in B, or twice in A and matched by both
         raise RemapError("a vocabulary file lists a token twice: it is damaged (the vocabulary job never writes "
                          "one). Re-run `tpu-embed run` for that artifact.")
     return source
+
+
+_FNV_OFFSET, _FNV_PRIME = np.uint64(0xCBF29CE484222325), np.uint64(0x100000001B3)
+
+
+def _offsets_and_data(tokens: pa.Array) -> Tuple[np.ndarray, np.ndarray]:
+    if not (pa.types.is_binary(tokens.type) or pa.types.is_large_binary(tokens.type)):
+        tokens = tokens.cast(pa.large_binary())
+    width = np.int64 if pa.types.is_large_binary(tokens.type) else np.int32
+    n = len(tokens)
+    offsets = np.frombuffer(tokens.buffers()[1], width, count=n + 1, offset=tokens.offset * np.dtype(width).itemsize)
+    data = tokens.buffers()[2]
+    return offsets, (np.frombuffer(data, np.uint8) if data is not None else np.zeros(0, np.uint8))
+
+
+def token_hashes(tokens: pa.Array, chunk: int = 1 << 20) -> np.ndarray:
+    """uint64 FNV-1a of every token's bytes, `chunk` tokens at a time, one vectorized step per byte position."""
+    offsets, data = _offsets_and_data(tokens)
+    out = np.empty(len(tokens), np.uint64)
+    with np.errstate(over="ignore"):
+        for s in range(0, len(tokens), chunk):
+            starts = offsets[s:s + chunk + 1].astype(np.int64)
+            lengths = np.diff(starts)
+            starts = starts[:-1]
+            h = np.full(lengths.size, _FNV_OFFSET, np.uint64)
+            active = np.flatnonzero(lengths > 0)
+            k = 0
+            while active.size:
+                h[active] = (h[active] ^ data[starts[active] + k]) * _FNV_PRIME
+                k += 1
+                active = active[lengths[active] > k]
+            out[s:s + lengths.size] = h
+    return out
+
+
+def index_in(tokens_b: pa.Array, tokens_a: pa.Array, chunk: int = 1 << 20) -> np.ndarray:
+    """int64 [len(tokens_b)]: the index of every B token in `tokens_a`, `NEW` where it is not there.
+
+    Both hash arrays are sorted, so the lookup walks them in order (numpy's `searchsorted` is fast on
+    sorted needles, ~20x slower on random ones); each match is then confirmed by comparing the two
+    tokens' bytes (`chunk` at a time).
+    """
+    if not len(tokens_a) or not len(tokens_b):
+        return np.full(len(tokens_b), NEW, np.int64)
+    index = np.int32 if max(len(tokens_a), len(tokens_b)) < 1 << 31 else np.int64
+    ha = token_hashes(tokens_a)
+    order_a = np.argsort(ha).astype(index)
+    ha = ha[order_a]
+    hb = token_hashes(tokens_b)
+    order_b = np.argsort(hb).astype(index)
+    hb = hb[order_b]
+    pos = np.searchsorted(ha, hb)
+    np.minimum(pos, ha.size - 1, out=pos)
+    hit = ha[pos] == hb
+    del hb
+    out = np.full(len(tokens_b), NEW, np.int64)
+    out[order_b[hit]] = order_a[pos[hit]]
+    del order_b, pos, hit
+    collided = []
+    for s in range(0, len(tokens_b), chunk):
+        rows = np.flatnonzero(out[s:s + chunk] != NEW)
+        if not rows.size:
+            continue
+        mine = tokens_b.slice(s, chunk).take(pa.array(rows))
+        theirs = tokens_a.take(pa.array(out[rows + s]))
+        ok = np.asarray(pc.equal(mine, theirs).to_numpy(zero_copy_only=False), bool)
+        bad = rows[~ok] + s
+        out[bad] = NEW
+        collided += bad.tolist()  # another A token has its hash (found first): look at all of them
+    for i in collided:  # rare: a 64-bit collision; the A tokens of that hash compared one by one
+        h = token_hashes(tokens_b.slice(i, 1))[0]
+        same = order_a[np.searchsorted(ha, h, "left"):np.searchsorted(ha, h, "right")]
+        token = tokens_b[i].as_py()
+        out[i] = next((int(r) for r in same if tokens_a[int(r)].as_py() == token), NEW)
+    return out
 
 
 def read_vocabulary(path: str, scan_bytes: int = 16 << 20) -> pa.Array:
@@ -128,10 +207,14 @@ def read_vocabulary(path: str, scan_bytes: int = 16 << 20) -> pa.Array:
     if data and not data.endswith(b"\n"):
         data += b"\n"
     buf = np.frombuffer(data, np.uint8)
-    ends = [np.flatnonzero(buf[s:s + scan_bytes] == 10) + (s + 1) for s in range(0, buf.size, scan_bytes)]
+    spans = range(0, buf.size, scan_bytes)
+    counts = [int(np.count_nonzero(buf[s:s + scan_bytes] == 10)) for s in spans]
     large = buf.size >= 1 << 31
-    offsets = np.concatenate([np.zeros(1, np.int64)] + ends).astype(np.int64 if large else np.int32)
-    del ends
+    offsets = np.zeros(sum(counts) + 1, np.int64 if large else np.int32)
+    at = 1
+    for s, c in zip(spans, counts):
+        offsets[at:at + c] = np.flatnonzero(buf[s:s + scan_bytes] == 10) + (s + 1)
+        at += c
     return pa.Array.from_buffers(pa.large_binary() if large else pa.binary(), offsets.size - 1,
                                  [None, pa.py_buffer(offsets), pa.py_buffer(data)])
 
