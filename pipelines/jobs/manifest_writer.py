@@ -14,7 +14,7 @@ from typing import Any, Dict, List, Optional, Sequence
 import apache_beam as beam
 import yaml
 
-from pipelines.jobs.counters import SumCounters
+from pipelines.jobs.counters import MAX_PREFIX, SumCounters
 from pipelines.output import write_atomic
 from pipelines.read.records import InputFile
 from tpu_embed.artifact import io as tio
@@ -28,6 +28,7 @@ from tpu_embed.artifact.manifest import (
     manifest_path,
     read_manifest,
 )
+from tpu_embed.jax import records as jax_records
 
 
 def job_json(cfg, files: Sequence[InputFile], job: str) -> dict:
@@ -96,6 +97,8 @@ def update_manifest(output: str, job: str, job_cfg: dict, *, stats: Dict[str, in
     spec_info = write_atomic(output, "spec.yaml", _yaml(spec), extra={"kind": "spec"})
     files = list(files) + [spec_info.to_json()]
 
+    maxima = {k: v for k, v in stats.items() if k.startswith(MAX_PREFIX)}
+    stats = {k: v for k, v in stats.items() if not k.startswith(MAX_PREFIX)}
     counts = _nest_counts(stats)
     jobinfo = {k: v for k, v in job_cfg.items()
                if k not in ("spec", "spec_fingerprint", "layout", "format", "lineage")}
@@ -119,7 +122,10 @@ def update_manifest(output: str, job: str, job_cfg: dict, *, stats: Dict[str, in
         m["counts"] = _summary_counts(stats, batching, job_cfg)
         m["batching"] = _batching(batching, job_cfg)
         if job == "shard":
-            m["shards"] = {"format": job_cfg["format"], "steps": batching["steps"],
+            fmt = dict(job_cfg["format"])
+            if fmt.get("jax") is not None:
+                fmt["jax"] = jax_records.with_static_sizes(fmt["jax"], maxima)
+            m["shards"] = {"format": fmt, "steps": batching["steps"],
                            "tail_policy": job_cfg["tail_policy"], "steps_per_file": job_cfg["steps_per_file"]}
             kinds = {"shard", "dead_letter", "spec", "profile", "plan"}
         else:

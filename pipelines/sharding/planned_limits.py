@@ -62,7 +62,10 @@ def finalize(cfg, vocab_sizes) -> Optional[object]:
         if job.get("limits") is not None and job["limits"].get("source") == shard_limits.UNBOUNDED_SOURCE:
             job["limits"] = limits.to_json()
     if d.get("shards") is not None:
+        written = d["shards"]["format"]
         d["shards"]["format"] = fmt.to_json()
+        if written.get("jax") is not None:  # the jax records' sizes (the job's maxima) do not depend on TF's limits
+            d["shards"]["format"]["jax"] = written["jax"]
     files = [f for f in d.get("files", []) if f.get("kind") != "plan"] + [info.to_json()]
     d["files"] = sorted(files, key=lambda f: f["path"])
     Manifest.from_json(d, manifest_path(cfg.output))  # what is written is what readers accept

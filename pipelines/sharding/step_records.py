@@ -201,8 +201,16 @@ def build_step(step: int, block: ExampleBlock, spec, layout, limits: LimitsInfo,
         for h in range(topo.num_hosts):
             extra = None
             if jl is not None:
-                extra = jax_records.encode_jax_features(
-                    jax_layout_lib.pack_host(jl, jax_host_features(block, spec, jl, h)), fmt.jax)
+                jax_batches = jax_layout_lib.pack_host(jl, jax_host_features(block, spec, jl, h))
+                extra = jax_records.encode_jax_features(jax_batches, fmt.jax)
+                for i, st in enumerate(fmt.jax["stacks"]):  # the static sizes the manifest records
+                    b = jax_batches[st["name"]]
+                    for name, value in (("coo_buffer_size_per_device", b.required_buffer_size_per_device),
+                                        ("max_ids_per_partition", int(b.max_ids_per_partition.max(initial=0))),
+                                        ("max_unique_ids_per_partition",
+                                         int(b.max_unique_ids_per_partition.max(initial=0)))):
+                        k = jax_records.max_counter(i, name)
+                        counts[k] = max(counts[k], value)
             chips = list(range(h * cph, (h + 1) * cph)) if with_tf else []
             per_chip = chip_entries(block, spec, layout, chips) if native else split_global_batch(gids, layout, chips)
             packed = []

@@ -174,7 +174,7 @@ def test_reference_matches_fast_path(case):
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _example_artifact(tmp_path, name: str):
+def _example_artifact(tmp_path, name: str, layout: str = "both"):
     """The example spec `name` with shards.layout: both, run (`tpu-embed run`): (spec, artifact dir, sizes,
     the steps' ExampleBlocks mapped as the shard job maps them)."""
     import collections
@@ -188,9 +188,9 @@ def _example_artifact(tmp_path, name: str):
     from tpu_embed.artifact.spec import load_spec
 
     text = (ROOT / "examples" / name / "spec.yaml").read_text().replace("../../data/", f"{ROOT}/data/")
-    path = tmp_path / f"{name}.yaml"
-    path.write_text(text + "\nshards: {layout: both}\n")
-    out = str(tmp_path / name)
+    path = tmp_path / f"{name}-{layout}.yaml"
+    path.write_text(text + f"\nshards: {{layout: {layout}}}\n")
+    out = str(tmp_path / f"{name}-{layout}")
     cli_main(["run", "--spec", str(path), "--output", out])
     spec = load_spec(str(path))
     cfg = jobs.JobConfig(spec=spec, output=out)
@@ -248,12 +248,23 @@ def test_example_shards_decode_to_jax_preprocessing(tmp_path, jax_oracle, name, 
                      for b in steps]}
     got = jax_oracle(req)
     assert "error" not in got, got
+    # The static sizes the manifest records are jax's own limits of the run: its suggested COO buffer and
+    # largest partitions from its statistics of every step (update_preprocessing_parameters).
+    for s in fmt.jax["stacks"]:
+        theirs = got["stacks"][s["name"]]
+        assert s["coo_buffer_size_per_device"] == theirs["coo_buffer_size_per_device"], s["name"]
+        assert s["max_ids_per_partition"] == theirs["max_ids_per_partition"], s["name"]
+        assert s["max_unique_ids_per_partition"] == theirs["max_unique_ids_per_partition"], s["name"]
     for h in range(hosts):
         recs = [r for f in shard_records.shard_files(out, h, m) for r in tfrecord.read_records(f)]
         assert len(recs) == len(steps)
         for i, rec in enumerate(recs):
             sizes_ = {s: got["stacks"][s]["coo_buffer_size_per_device"] for s in got["stacks"]}
             decoded = R.decode_step(rec, fmt.jax, has_leading_dimension=lead, coo_buffer_sizes=sizes_)
+            recorded = R.decode_step(rec, fmt.jax, has_leading_dimension=lead)  # the manifest's static sizes
+            for s in decoded:
+                for a, b in zip(decoded[s], recorded[s]):
+                    np.testing.assert_array_equal(a.view(np.int32), b.view(np.int32))
             batches = R.decode_batches(rec, fmt.jax)
             assert sorted(decoded) == sorted(got["steps"][i][h])
             for s, theirs in got["steps"][i][h].items():
@@ -262,3 +273,29 @@ def test_example_shards_decode_to_jax_preprocessing(tmp_path, jax_oracle, name, 
                     assert a.shape == np.asarray(theirs[k]).shape and a.dtype == np.asarray(theirs[k]).dtype
             # The TF arrays are still there, as with shards.layout: tensorflow.
             assert list(shard_records.decode_record(rec, fmt)["sparse_core"][0]) == list(tf_layout.stacks)
+
+
+def test_jax_layout_alone_holds_the_same_arrays_and_the_tf_reader_refuses_it(tmp_path):
+    """shards.layout: jax writes jax's arrays alone (no sc/ keys): the same decoded steps and static sizes as
+    with both; TensorFlow's input_fn refuses the artifact in one line."""
+    from tpu_embed.artifact import shard_records, tfrecord
+    from tpu_embed.artifact.manifest import read_manifest
+    from tpu_embed.jax import records as R
+    from tpu_embed.training.input import input_fn
+
+    _, both, _, _ = _example_artifact(tmp_path, "criteo", "both")
+    _, alone, _, _ = _example_artifact(tmp_path, "criteo", "jax")
+    mb, ma = read_manifest(both), read_manifest(alone)
+    assert ma.shard_format.layouts == ("jax",) and ma.shard_format.stacks == ()
+    assert ma.shard_format.jax == mb.shard_format.jax
+    recs_b = [r for f in shard_records.shard_files(both, 0, mb) for r in tfrecord.read_records(f)]
+    recs_a = [r for f in shard_records.shard_files(alone, 0, ma) for r in tfrecord.read_records(f)]
+    assert len(recs_a) == len(recs_b) > 0
+    for ra, rb in zip(recs_a, recs_b):
+        assert not any(k.startswith("sc/") for k in shard_records.decode_example(ra))
+        da, db = R.decode_step(ra, ma.shard_format.jax), R.decode_step(rb, mb.shard_format.jax)
+        for s in db:
+            for a, b in zip(da[s], db[s]):
+                np.testing.assert_array_equal(a.view(np.int32), b.view(np.int32))
+    with pytest.raises(ValueError, match="jax-tpu-embedding's arrays only"):
+        input_fn(alone)

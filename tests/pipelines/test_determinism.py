@@ -18,8 +18,11 @@ def _files(d):
 
 
 @pytest.mark.slow
-def test_one_worker_and_two_processes_give_identical_bytes(tmp_path):
+@pytest.mark.parametrize("layout", ["tensorflow", "both"])  # both: jax-tpu-embedding's arrays in the records too
+def test_one_worker_and_two_processes_give_identical_bytes(tmp_path, layout):
     spec = load_spec(os.path.join(ROOT, "examples", "movielens", "spec.yaml"))
+    spec = spec.model_copy(update={"shards": spec.shards.model_copy(update={"layout": layout})})
+    assert spec.shards.layouts == (("tensorflow",) if layout == "tensorflow" else ("tensorflow", "jax"))
     a, b = str(tmp_path / "one"), str(tmp_path / "two")
     # Small chunks: several chunks and step pieces per file, so ordering really is exercised.
     runner.run_all(JobConfig(spec=spec, output=a, chunk_rows=37, steps_per_file=5))

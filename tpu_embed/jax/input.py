@@ -232,9 +232,7 @@ class _Decoder:
             shape = (L, -1) if self.lead else (-1,)
             rps[name] = rp.reshape(shape)
             eids[name], sids[name], gains[name] = eid.reshape(shape), sid.reshape(shape), g.reshape(shape)
-        minibatches = np.full(L, 1)
-        if self.lead:
-            minibatches = minibatches.reshape(L, 1)
+        minibatches: np.ndarray = np.full((L, 1) if self.lead else (L,), 1)
         hb = self.hb
         label = np.frombuffer(ex["label"], "<f4").astype(np.float32)
         mask = np.frombuffer(ex["mask"], "<f4").astype(np.float32)
@@ -530,9 +528,10 @@ def input_iterator(artifact_dir: str, *, host_index: Optional[int] = None, num_e
                          f"{'/'.join(fmt.layouts)}): add `shards: {{layout: jax}}` (or `both`, to keep TensorFlow's "
                          "too) to the spec and run `tpu-embed run` again.")
     fj = fmt.jax
-    jax_mod = None
+    jax_mod: Any = None
     if output == "jax":
-        import jax as jax_mod
+        import jax
+        jax_mod = jax
     if host_index is None:
         host_index = int(jax_mod.process_index()) if jax_mod is not None else 0
     if not 0 <= int(host_index) < fmt.num_hosts:

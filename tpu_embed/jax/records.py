@@ -37,18 +37,40 @@ ARRAYS = ("rp", "eid", "sid", "g", "st")
 
 
 def jax_format(layout: JaxLayout) -> dict:
-    """The manifest's description of the jax records (`ShardFormat.jax`): jax's stacking, the static sizes, the
-    buffer sizes the shards were written for (null: each step's own; see `decode_step`)."""
+    """The manifest's description of the jax records (`ShardFormat.jax`): jax's stacking and static sizes; each
+    stack's COO buffer size per device and largest partitions are null here and filled by the shard job with
+    their maxima over the run (`with_static_sizes`)."""
     d = layout.to_json()
     d["local_devices"] = layout.local_devices
     d["row_pointers_size_per_device"] = layout.row_pointers_size_per_device
     for s in d["stacks"]:
-        s["coo_buffer_size_per_device"] = None
+        s.update(dict.fromkeys(STATIC_SIZES))
     return d
 
 
 def key(index: int, array: str) -> str:
     return f"{KEY_PREFIX}/{index}/{array}"
+
+
+# What the shard job records of each jax stack, as the maximum over every step and host (the jobs' counters
+# of that name, `max/jax/<i>/<name>`): `coo_buffer_size_per_device` is the static COO buffer per device that
+# holds every step (so `decode_step` gives one shape for the whole artifact, what `jax.jit` needs), the two
+# others the largest partition of any step (the limits that drop nothing).
+STATIC_SIZES = ("coo_buffer_size_per_device", "max_ids_per_partition", "max_unique_ids_per_partition")
+
+
+def max_counter(index: int, name: str) -> str:
+    """The shard job's counter of stack `index`'s maximum `name` (one of `STATIC_SIZES`)."""
+    return f"max/{KEY_PREFIX}/{index}/{name}"
+
+
+def with_static_sizes(fmt_jax: Mapping, maxima: Mapping[str, int]) -> dict:
+    """`fmt_jax` with each stack's `STATIC_SIZES` from the job's counters (`max_counter`); a stack no step
+    reached keeps null."""
+    d = dict(fmt_jax)
+    d["stacks"] = [dict(s, **{n: maxima[max_counter(i, n)] for n in STATIC_SIZES if max_counter(i, n) in maxima})
+                   for i, s in enumerate(fmt_jax["stacks"])]
+    return d
 
 
 def _raw(a: np.ndarray, dtype) -> Tuple[str, List[Any]]:

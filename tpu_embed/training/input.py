@@ -104,6 +104,9 @@ def input_fn(artifact_dir: str, *, host_index: int = 0, num_epochs: Optional[int
         raise ValueError(f"{artifact_dir} was made for spec {manifest.spec_fingerprint}, not "
                          f"{expected_fingerprint}: regenerate the shards with this spec.")
     fmt = manifest.shard_format
+    if "tensorflow" not in fmt.layouts:
+        raise ValueError(f"{artifact_dir}: its shards hold jax-tpu-embedding's arrays only (shards.layout: jax), not "
+                         "TPUEmbeddingV2's: read them with tpu_embed.jax, or write them with shards.layout: both.")
     files = shard_files(artifact_dir, host_index, manifest)
     entries = manifest.shard_files(host_index)
     if verify != "none":
