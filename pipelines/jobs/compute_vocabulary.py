@@ -76,31 +76,31 @@ class _WriteVocabulary(beam.DoFn):
             yield from self._lineage_outputs(key, counts, total)
             return
         tokens, token_counts, distinct = pvocab.finalize(counts, v.top_k, v.frequency_threshold)
-        yield from _vocab_outputs(self.spec, self.output, key, tokens, token_counts, distinct, total)
+        yield from _vocab_outputs(self.spec, self.output, key, tokens, int(sum(token_counts)), distinct, total)
 
     def _lineage_outputs(self, key, counts, total):
         """Mode append / frozen: the base's ids kept (`pipelines.mapping.vocabulary_modes`), the vocabulary files
         and the key's token-count file (`tpu_embed.artifact.lineage`)."""
         v = self.spec.vocabulary_groups()[key][0].vocabulary
-        base = lineage.BaseArtifact(self.base, read_manifest(self.base)).vocabulary(key) if self.base else None
+        base = lineage.BaseArtifact(self.base, read_manifest(self.base)).token_counts(key) if self.base else None
         r = modes.apply_mode(counts, base, mode=v.mode, day=self.day, top_k=v.top_k,
                              frequency_threshold=v.frequency_threshold, capacity=v.capacity)
         tokens = r.vocabulary
         name = "vocab/" + lineage.counts_filename(key)
         yield "files", write_atomic(self.output, name, lineage.token_counts_bytes(r.table), records=r.table.num_rows,
                                     extra={"kind": lineage.COUNTS_KIND, "vocabulary_key": key})
-        in_use = r.table.column("count").slice(0, r.tokens).to_numpy()
         extra = {"mode": v.mode, "capacity": v.capacity, "tokens": r.tokens, "base_tokens": r.base_tokens,
                  "new_tokens": r.new_tokens, "not_admitted_tokens": r.not_admitted_tokens,
                  "not_admitted_count": r.not_admitted_count, "capacity_overflow_tokens": r.capacity_overflow_tokens,
                  "capacity_overflow_count": r.capacity_overflow_count, "counts_file": name}
         if v.capacity is not None:
             extra["size"] = v.capacity  # the rows reserved: the same every day; the OOV buckets follow them
-        yield from _vocab_outputs(self.spec, self.output, key, tokens, in_use, counts.num_rows, total, extra)
+        yield from _vocab_outputs(self.spec, self.output, key, tokens, r.covered_count, counts.num_rows, total, extra)
 
 
-def _vocab_outputs(spec, output, key, tokens, token_counts, distinct, total, extra=None):
-    """("files", FileInfo) of each feature's vocabulary file (the same tokens), then ("info", the key's info)."""
+def _vocab_outputs(spec, output, key, tokens, kept: int, distinct, total, extra=None):
+    """("files", FileInfo) of each feature's vocabulary file (the same tokens), then ("info", the key's info).
+    `kept`: the occurrences of the vocabulary's tokens in this run's data."""
     feats = spec.vocabulary_groups()[key]
     v = feats[0].vocabulary
     data = pvocab.vocabulary_file_bytes(tokens)
@@ -108,7 +108,6 @@ def _vocab_outputs(spec, output, key, tokens, token_counts, distinct, total, ext
     for f in feats:
         infos.append(write_atomic(output, "vocab/" + vocabulary_filename(f.name), data, records=max(1, len(tokens)),
                                   extra={"kind": "vocabulary", "feature": f.name}))
-    kept = int(sum(token_counts))
     info = {"key": key, "features": [f.name for f in feats], "size": max(1, len(tokens)),
             "empty_vocabulary_dummy": not len(tokens), "num_oov_buckets": v.num_oov_buckets,
             "top_k": v.top_k, "frequency_threshold": v.frequency_threshold,
@@ -184,4 +183,4 @@ def _copy_tft_vocabulary(kv, _written, spec, output: str, names):
     lookup = dict(zip(counts.column("token").to_pylist(), counts.column("count").to_pylist()))
     token_counts = [lookup.get(t, 0) for t in tokens]
     total = int(pa.compute.sum(counts.column("count")).as_py() or 0)
-    yield from _vocab_outputs(spec, output, key, tokens, token_counts, counts.num_rows, total)
+    yield from _vocab_outputs(spec, output, key, tokens, int(sum(token_counts)), counts.num_rows, total)

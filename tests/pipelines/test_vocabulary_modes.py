@@ -33,26 +33,23 @@ DATA = os.path.join(ROOT, "data", "movielens_sample.csv")
 # ---------------------------------------------------------------- the ordering rule, against plain Python
 
 def plain_mode(counts, base, *, mode, day, top_k, threshold, capacity):
-    """The rule of docs/how-to/daily-retraining.md in plain Python: (vocabulary, {token: (id, count, last_day)},
-    overflow tokens)."""
-    base_tokens = [t for t, _ in base]
-    vocab = list(base_tokens)
-    others = sorted(((c, t) for t, c in counts.items() if t not in set(base_tokens)), reverse=True)
+    """The rule of docs/how-to/daily-retraining.md in plain Python. `base`: [(token, in vocabulary, count,
+    last_day)], its vocabulary first. Returns (vocabulary, {token: (id, count, last_day)}, overflow tokens)."""
+    base_vocab = [t for t, v, _, _ in base if v]
+    merged = {t: (c + counts.get(t, 0), day if t in counts else last) for t, _, c, last in base}
+    for t, c in counts.items():
+        merged.setdefault(t, (c, day))
+    vocab = list(base_vocab)
+    others = sorted(((c, t) for t, (c, _) in merged.items() if t not in set(base_vocab)), reverse=True)
     overflow = []
     if mode == "append":
         qualified = [t for c, t in others if threshold is None or c >= threshold]
         if top_k is not None:
-            qualified = qualified[:max(0, top_k - len(base_tokens))]
-        room = len(qualified) if capacity is None else capacity - len(base_tokens)
+            qualified = qualified[:max(0, top_k - len(base_vocab))]
+        room = len(qualified) if capacity is None else capacity - len(base_vocab)
         vocab += qualified[:room]
         overflow = qualified[room:]
-    rows = {}
-    for i, (t, last) in enumerate(base):
-        rows[t] = (i, counts.get(t, 0), day if t in counts else last)
-    for t in vocab[len(base):]:
-        rows[t] = (vocab.index(t), counts[t], day)
-    for c, t in others:
-        rows.setdefault(t, (-1, c, day))
+    rows = {t: (vocab.index(t) if t in vocab else -1, *merged[t]) for t in merged}
     return vocab, rows, overflow
 
 
@@ -60,16 +57,23 @@ tokens = st.binary(min_size=1, max_size=3).filter(lambda b: b"\n" not in b and b
 
 
 @settings(max_examples=300, deadline=None)
-@given(st.dictionaries(tokens, st.integers(1, 6), max_size=25), st.lists(tokens, max_size=12, unique=True),
+@given(st.dictionaries(tokens, st.integers(1, 6), max_size=25),
+       st.dictionaries(tokens, st.tuples(st.booleans(), st.integers(0, 6), st.integers(0, 2)), max_size=16),
        st.sampled_from(["append", "frozen"]), st.one_of(st.none(), st.integers(1, 30)),
        st.one_of(st.none(), st.integers(0, 4)), st.integers(0, 20), st.integers(1, 3))
-def test_new_tokens_are_ordered_as_tft_orders_a_vocabulary(counts, base_tokens, mode, top_k, threshold, extra, day):
-    base = [(t, i % 3) for i, t in enumerate(base_tokens)]
-    capacity = len(base) + extra if extra < 15 else None  # some lineages with room to spare, some without a capacity
+def test_new_tokens_are_ordered_as_tft_orders_a_vocabulary(counts, base_rows, mode, top_k, threshold, extra, day):
+    # The base: its vocabulary (in any order: ids are positions) first, then the other tokens it counted.
+    # (a token out of the base's vocabulary is there because it was counted: its count is at least 1)
+    base = sorted(((t, v, c if v else max(c, 1), last) for t, (v, c, last) in base_rows.items()),
+                  key=lambda r: not r[1])
+    nb = sum(1 for r in base if r[1])
+    capacity = nb + extra if extra < 15 else None  # some lineages with room to spare, some without a capacity
     table = pa.table({"token": pa.array(list(counts), pa.large_binary()), "count": pa.array(list(counts.values()),
                                                                                           pa.int64())})
-    base_table = pa.table({"token": pa.array(base_tokens, pa.large_binary()),
-                           "last_day": pa.array([d for _, d in base], pa.int64())})
+    base_table = pa.table({"token": pa.array([r[0] for r in base], pa.large_binary()),
+                           "id": pa.array([i if r[1] else -1 for i, r in enumerate(base)], pa.int64()),
+                           "count": pa.array([r[2] for r in base], pa.int64()),
+                           "last_day": pa.array([r[3] for r in base], pa.int64())})
     r = modes.apply_mode(table, base_table, mode=mode, day=day + 3, top_k=top_k, frequency_threshold=threshold,
                          capacity=capacity)
     vocab, rows, overflow = plain_mode(counts, base, mode=mode, day=day + 3, top_k=top_k, threshold=threshold,
@@ -80,10 +84,14 @@ def test_new_tokens_are_ordered_as_tft_orders_a_vocabulary(counts, base_tokens, 
     assert [x["id"] for x in got] == list(range(len(vocab))) + [-1] * (len(got) - len(vocab))
     rest = [(x["count"], x["token"]) for x in got[len(vocab):]]
     assert rest == sorted(rest, reverse=True)  # the tokens left out, in TFT order too
-    assert (r.tokens, r.base_tokens, r.new_tokens) == (len(vocab), len(base), len(vocab) - len(base))
-    assert r.capacity_overflow_tokens == len(overflow)
-    assert r.capacity_overflow_count == sum(counts[t] for t in overflow)
+    assert (r.tokens, r.base_tokens, r.new_tokens) == (len(vocab), nb, len(vocab) - nb)
+    # The figures are about this run's data.
+    seen_overflow = [t for t in overflow if t in counts]
+    assert r.capacity_overflow_tokens == len(seen_overflow)
+    assert r.capacity_overflow_count == sum(counts[t] for t in seen_overflow)
+    assert r.not_admitted_tokens == len([t for t in counts if t not in vocab])
     assert r.not_admitted_count == sum(c for t, c in counts.items() if t not in vocab)
+    assert r.covered_count == sum(c for t, c in counts.items() if t in vocab)
     # Bytes: the token-count file round-trips.
     assert lineage.parse_token_counts(lineage.token_counts_bytes(r.table)).to_pylist() == got
 
@@ -211,7 +219,9 @@ def test_counts_and_last_day_of_every_token(lineage_days):
         t = lineage.read_token_counts(L["day2"], name).to_pylist()
         v2 = _vocab(L["day2"], name)
         assert [x["token"] for x in t[:len(v2)]] == v2 and [x["id"] for x in t[:len(v2)]] == list(range(len(v2)))
-        assert {x["token"]: x["count"] for x in t} == {tok: c2.get(tok, 0) for tok in set(c2) | set(v2)}
+        # Counts are merged: each token's count over both days, every token of either day listed.
+        both = set(c1) | set(c2)
+        assert {x["token"]: x["count"] for x in t} == {tok: c1.get(tok, 0) + c2.get(tok, 0) for tok in both}
         for x in t:
             assert x["last_day"] == (2 if x["token"] in c2 else 1), (name, x)
             assert x["token"] in c1 or x["token"] in c2

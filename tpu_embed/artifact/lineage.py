@@ -10,10 +10,12 @@ vocabulary key, `vocab/<key>.counts.parquet` (`counts_filename`): a Parquet tabl
 
 * `token` (large_binary), `id` (int64), `count` (int64), `last_day` (int64);
 * first the vocabulary's tokens in id order (`id` = 0, 1, ...: the lines of the vocabulary file), then every
-  other token counted in this run's data (`id` = -1: out of vocabulary), ordered as `tft.vocabulary` orders
+  other token counted in the lineage (`id` = -1: out of vocabulary), ordered as `tft.vocabulary` orders
   (count descending, then token bytes descending);
-* `count`: occurrences in the data this artifact's vocabulary was counted over (0 for a base token not
-  seen); `last_day`: the last day the token was seen (this day if counted here, else the base's).
+* `count`: occurrences over the lineage: the base's count plus those in this artifact's data (the first
+  day: its data only), so a day's run counts its own data and still holds every day's counts;
+  `last_day`: the last day the token was seen (this day if counted here, else the base's);
+* a token counted on an earlier day and not in the vocabulary stays in the file (id -1) with its count.
 
 A day is an integer: by default the artifact's index in its lineage (1 for the first day, the base's day + 1
 after it); `--day N` numbers days otherwise (e.g. days since an epoch, so that a skipped day leaves a gap),
@@ -34,6 +36,7 @@ import dataclasses
 import hashlib
 from typing import Dict, List, Mapping, Optional, Sequence
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
@@ -167,15 +170,21 @@ class BaseArtifact:
                                "differs): the base artifact was changed or damaged. Restore it.")
         return parse_token_counts(data, tio.join(self.directory, entry.path))
 
-    def vocabulary(self, key: str) -> pa.Table:
-        """Table(token, last_day) of its vocabulary of `key`, in id order."""
+    def token_counts(self, key: str) -> pa.Table:
+        """Its token counts of `key` (`counts`), checked to hold its vocabulary's tokens first in id order and
+        every other token after them (id -1)."""
         t = self.counts(key)
         n = int((self.manifest.vocabularies or {})[key].tokens or 0)
-        vocab = t.slice(0, n)
-        if n > t.num_rows or (n and vocab.column("id").to_pylist() != list(range(n))):
+        ids = t.column("id").to_numpy()
+        if n > t.num_rows or (ids[:n] != np.arange(n)).any() or (ids[n:] != -1).any():
             raise LineageError(f"base {self.directory}: vocab/{counts_filename(key)} does not hold the "
                                f"{n} tokens of its vocabulary in id order: the base artifact is damaged.")
-        return vocab.select(["token", "last_day"])
+        return t
+
+    def vocabulary(self, key: str) -> pa.Table:
+        """Table(token, last_day) of its vocabulary of `key`, in id order."""
+        n = int((self.manifest.vocabularies or {})[key].tokens or 0)
+        return self.token_counts(key).slice(0, n).select(["token", "last_day"])
 
 
 def open_base(directory: str, spec, output: Optional[str] = None) -> BaseArtifact:
