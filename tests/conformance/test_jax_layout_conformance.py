@@ -14,6 +14,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from tests.conformance.jax_examples import example_artifact, oracle_request
 from tests.conformance.jax_oracle import JaxOracle
 from tpu_embed.core.model import FeatureConfig, ModelConfig, OptimizerConfig, TableConfig
 from tpu_embed.core.topology import Topology
@@ -171,81 +172,25 @@ def test_reference_matches_fast_path(case):
 
 # ------------------------------------------------------------------ the example specs' shards
 
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def _example_artifact(tmp_path, name: str, layout: str = "both"):
-    """The example spec `name` with shards.layout: both, run (`tpu-embed run`): (spec, artifact dir, sizes,
-    the steps' ExampleBlocks mapped as the shard job maps them)."""
-    import collections
-
-    from pipelines import jobs, runner
-    from pipelines.cli import main as cli_main
-    from pipelines.jobs import map_to_ids
-    from pipelines.mapping import ids as mapping
-    from pipelines.read import parse, records, splits
-    from pipelines.sharding.batches import ExampleBlock
-    from tpu_embed.artifact.spec import load_spec
-
-    text = (ROOT / "examples" / name / "spec.yaml").read_text().replace("../../data/", f"{ROOT}/data/")
-    path = tmp_path / f"{name}-{layout}.yaml"
-    path.write_text(text + f"\nshards: {{layout: {layout}}}\n")
-    out = str(tmp_path / f"{name}-{layout}")
-    cli_main(["run", "--spec", str(path), "--output", out])
-    spec = load_spec(str(path))
-    cfg = jobs.JobConfig(spec=spec, output=out)
-    sizes = runner.vocab_sizes_for(cfg)
-    vocabs = map_to_ids.load_vocabularies(spec, out)
-    blocks = []
-    for f in splits.list_input_files(spec.input_patterns()):
-        for raw in splits.read_file("csv", f, spec.required_columns()):
-            if isinstance(raw, records.RawBatch):
-                chunk, _ = parse.parse_batch(raw, spec)
-                blocks.append(mapping.map_chunk(chunk, spec, vocabs, collections.Counter()))
-    block = ExampleBlock.concat(blocks)
-    B = spec.global_batch_size
-    steps = [block.slice(s * B, (s + 1) * B) for s in range(block.num_examples // B)]
-    if spec.policies.tail == "pad" and block.num_examples % B:
-        rest = block.slice(len(steps) * B, block.num_examples)
-        steps.append(ExampleBlock.concat([rest, ExampleBlock.padding(B - rest.num_examples, len(spec.dense), rest)]))
-    return spec, out, sizes, steps
-
-
 @pytest.mark.parametrize("name", ["criteo", "movielens"])
 @pytest.mark.parametrize("lead", [False, True])
 def test_example_shards_decode_to_jax_preprocessing(tmp_path, jax_oracle, name, lead):
     """decode_step of every step record of an example spec's shards == jax's own preprocessing of that
     step's global batch (its stacking of the spec's model, its limits from its own statistics)."""
-    from pipelines.sharding import step_records
     from tpu_embed.artifact import shard_records, tfrecord
     from tpu_embed.artifact.manifest import read_manifest
     from tpu_embed.jax import records as R
 
-    spec, out, sizes, steps = _example_artifact(tmp_path, name)
+    spec, out, sizes, steps = example_artifact(tmp_path, name)
     m = read_manifest(out)
     fmt = m.shard_format
     assert fmt.layouts == ("tensorflow", "jax") and fmt.jax is not None
     model = spec.model(sizes)
     jl = J.jax_layout(model)
     assert [s["name"] for s in fmt.jax["stacks"]] == [s.name for s in jl.stacks]
-    opt = {}
-    for t in model.tables:
-        d = t.optimizer.to_dict()
-        opt[t.name] = (d["optimizer"], float(d["learning_rate"]))
-    groups = {}
-    for t in model.tables:  # the (kind, learning rate) the oracle gets must group the tables as ours do
-        assert groups.setdefault(opt[t.name], t.optimizer_group) == t.optimizer_group
-    chips = spec.topology.num_chips
     hosts = spec.topology.num_hosts
     tf_layout = spec.layout(sizes)
-    req = {"tables": [{"name": t.name, "vocabulary_size": t.vocabulary_size, "dim": t.dim, "combiner": t.combiner,
-                       "optimizer": opt[t.name]} for t in model.tables],
-           "features": [{"name": f.name, "table": f.table.name, "samples": f.samples * chips} for f in model.features],
-           "num_devices": chips, "num_sc_per_device": spec.topology.num_sc_per_chip, "num_hosts": hosts,
-           "dense": [], "has_leading_dimension": lead,
-           "steps": [[{n: (hf.row_splits, hf.ids, hf.weights)
-                       for n, hf in step_records.jax_host_features(b, spec, jl, h).items()} for h in range(hosts)]
-                     for b in steps]}
+    req = oracle_request(spec, sizes, steps, lead)
     got = jax_oracle(req)
     assert "error" not in got, got
     # The static sizes the manifest records are jax's own limits of the run: its suggested COO buffer and
@@ -283,8 +228,8 @@ def test_jax_layout_alone_holds_the_same_arrays_and_the_tf_reader_refuses_it(tmp
     from tpu_embed.jax import records as R
     from tpu_embed.training.input import input_fn
 
-    _, both, _, _ = _example_artifact(tmp_path, "criteo", "both")
-    _, alone, _, _ = _example_artifact(tmp_path, "criteo", "jax")
+    _, both, _, _ = example_artifact(tmp_path, "criteo", "both")
+    _, alone, _, _ = example_artifact(tmp_path, "criteo", "jax")
     mb, ma = read_manifest(both), read_manifest(alone)
     assert ma.shard_format.layouts == ("jax",) and ma.shard_format.stacks == ()
     assert ma.shard_format.jax == mb.shard_format.jax

@@ -530,6 +530,10 @@ def input_iterator(artifact_dir: str, *, host_index: Optional[int] = None, num_e
     fj = fmt.jax
     jax_mod: Any = None
     if output == "jax":
+        if importlib.util.find_spec("jax") is None:
+            raise ValueError("output='jax' needs jax, which is not installed here: install jax (with "
+                             "jax-tpu-embedding, as tests/conformance/jax-requirements.txt pins them), or use "
+                             "output='numpy'")
         import jax
         jax_mod = jax
     if host_index is None:
