@@ -1,0 +1,165 @@
+"""tpu_embed.jax.input_iterator with jax itself, and tpu_embed.jax.specs.feature_specs: run in .venv-jax.
+
+What a JAX user runs: FeatureSpecs from `feature_specs(artifact, fdo_dir=<tpu-embed plan --format jax-fdo
+--jax-stacking jax>)`, then `input_iterator(artifact, output="jax", feature_specs=specs)`. Each step's
+PreprocessedInput (jax-tpu-embedding's own class), as numpy and as jax.Arrays sharded over the host's CPU
+devices, equals jax-tpu-embedding's `preprocess_sparse_dense_matmul_input` of the step's host batch with the
+same FeatureSpecs (row pointers bit for bit, the COO buffers where jax writes them), with nothing dropped.
+The side that runs in the jax venv is tests/conformance/jax_input_helper.py.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tests.conformance import jax_oracle
+from tests.conformance.jax_examples import example_artifact
+from tpu_embed.core import pipe
+from tpu_embed.jax.layout import PAD_ID
+from tpu_embed.jax.records import segment_sizes
+
+pytestmark = pytest.mark.conformance
+
+HELPER = Path(__file__).with_name("jax_input_helper.py")
+EXAMPLES = {"criteo": "jax", "movielens": "both"}
+DEVICES = 2  # CPU devices of the helper: criteo's host has 2 chips; movielens' hosts 1 each
+
+
+@pytest.fixture(scope="module")
+def helper():
+    env = dict(jax_oracle.jax_env(), XLA_FLAGS=f"--xla_force_host_platform_device_count={DEVICES}")
+    h = pipe.Helper([jax_oracle.jax_python(), str(HELPER)], env, name="jax-input-helper")
+    yield h
+    h.close()
+
+
+@pytest.fixture(scope="module")
+def artifacts(tmp_path_factory):
+    """{name: (spec, artifact, steps, jax-fdo directory)}: the example run, and its exact limits for jax's
+    stacking written by `tpu-embed plan --format jax-fdo --jax-stacking jax`."""
+    from pipelines import cli
+
+    cache: dict = {}
+
+    def get(name):
+        if name not in cache:
+            tmp = tmp_path_factory.mktemp(name)
+            spec, out, _, steps = example_artifact(tmp, name, EXAMPLES[name])
+            fdo = str(tmp / "fdo")
+            assert cli.main(["plan", "--profiles", f"{out}/profiles", "--format", "jax-fdo", "--jax-stacking", "jax",
+                             "--output", fdo]) == 0
+            cache[name] = (spec, out, steps, fdo)
+        return cache[name]
+    return get
+
+
+def _host_features(spec, out, steps, h):
+    from pipelines.sharding import step_records
+    from tpu_embed.artifact.load import load_artifact
+    from tpu_embed.jax import layout as J
+
+    jl = J.jax_layout(load_artifact(out).model)
+    return [{n: (hf.row_splits, hf.ids, hf.weights) for n, hf in step_records.jax_host_features(b, spec, jl, h).items()}
+            for b in steps]
+
+
+def _check_against_jax(a: dict, b: dict, fj: dict, where: str):
+    """PreprocessedInput arrays `a` (ours) against `b` (jax's on the fly): whole row pointers, segments."""
+    assert sorted(a["row_pointers"]) == sorted(b["row_pointers"]), where
+    for st in a["row_pointers"]:
+        for k in ("row_pointers", "embedding_ids", "sample_ids", "gains"):
+            x, y = a[k][st], b[k][st]
+            assert x.shape == y.shape and x.dtype == y.dtype, (where, st, k, x.shape, y.shape, x.dtype, y.dtype)
+        np.testing.assert_array_equal(a["row_pointers"][st], b["row_pointers"][st], err_msg=where)
+        seg = segment_sizes(a["row_pointers"][st], fj).reshape(-1)
+        for k in ("embedding_ids", "sample_ids", "gains"):
+            x = a[k][st].reshape(seg.size, -1).view(np.int32)
+            y = b[k][st].reshape(seg.size, -1).view(np.int32)
+            pad = np.float32(np.nan).view(np.int32) if k == "gains" else PAD_ID
+            for i, n in enumerate(seg.tolist()):
+                np.testing.assert_array_equal(x[i, :n], y[i, :n], err_msg=f"{where} {st} {k} segment {i}")
+                assert np.all(x[i, n:] == pad), (where, st, k, i)
+    np.testing.assert_array_equal(a["num_minibatches"], b["num_minibatches"], err_msg=where)
+    assert a["num_minibatches"].shape == b["num_minibatches"].shape
+
+
+@pytest.mark.parametrize("name", sorted(EXAMPLES))
+@pytest.mark.parametrize("lead", [False, True])
+def test_jax_output_equals_jax_preprocessing_with_feature_specs(helper, artifacts, name, lead):
+    from tpu_embed.artifact.manifest import read_manifest
+
+    spec, out, steps, fdo = artifacts(name)
+    fmt = read_manifest(out).shard_format
+    fj, L = fmt.jax, int(fmt.jax["local_devices"])
+    for h in range(spec.topology.num_hosts):
+        req = {"op": "iterate", "artifact": out, "fdo_dir": fdo, "with_specs": True, "host_index": h, "lead": lead,
+               "steps": _host_features(spec, out, steps, h), "local_devices": L,
+               "num_devices": int(fj["num_devices"]), "num_sc_per_device": int(fj["num_sc_per_device"])}
+        got_jax = helper(dict(req, output="jax", devices=L))
+        got_np = helper(dict(req, output="numpy"))
+        assert "error" not in got_jax and "error" not in got_np, (got_jax.get("error"), got_np.get("error"))
+        assert [s["step"] for s in got_jax["steps"]] == list(range(len(steps)))
+        for sj, sn in zip(got_jax["steps"], got_np["steps"]):
+            where = f"{name} step {sj['step']} host {h}"
+            # jax-tpu-embedding's own class, numpy or jax.Array alike; nothing dropped by jax with these specs.
+            assert sj["class"] == sn["class"] == "jax_tpu_embedding.sparsecore.lib.nn.embedding.PreprocessedInput"
+            assert set(sj["dropped"].values()) == {0}, where
+            _check_against_jax(sj["sparse"], sj["on_the_fly"], fj, where + " (jax)")
+            _check_against_jax(sn["sparse"], sn["on_the_fly"], fj, where + " (numpy)")
+            for k in ("label", "mask", "dense"):
+                np.testing.assert_array_equal(sj[k], sn[k], err_msg=where)
+            # Sharded as jax's examples shard data: the first axis split over the host's devices, one shard each.
+            sh = sj["sharding"]
+            for arr in (sh["label"], sh["dense"], sh["num_minibatches"], *sh["row_pointers"].values(),
+                        *sh["embedding_ids"].values()):
+                assert arr is not None and len({d for d, _, _ in arr["shards"]}) == L == len(arr["shards"]), where
+                assert all(shape[0] * L == arr["shape"][0] for _, _, shape in arr["shards"]), (where, arr)
+            assert sn["sharding"]["label"] is None  # numpy stays numpy
+
+
+def test_feature_specs_are_the_artifact_s_model_with_the_exact_limits(helper, artifacts, tmp_path):
+    from tpu_embed.artifact.load import load_artifact
+    from tpu_embed.artifact.manifest import read_manifest
+
+    for name in sorted(EXAMPLES):
+        spec, out, _, fdo = artifacts(name)
+        model = load_artifact(out).model
+        fj = read_manifest(out).shard_format.jax
+        got = helper({"op": "specs", "artifact": out, "fdo_dir": fdo})
+        assert "error" not in got, got
+        assert got["order"] == [f.name for f in model.features]
+        chips = model.topology.num_chips
+        recorded = {s["name"]: s for s in fj["stacks"]}
+        kinds = {"sgd": "SGDOptimizerSpec", "adagrad": "AdagradOptimizerSpec", "adam": "AdamOptimizerSpec",
+                 "ftrl": "FTRLOptimizerSpec"}
+        for f in model.features:
+            g = got["features"][f.name]
+            t = f.table
+            assert (g["table"], g["vocabulary_size"], g["dim"], g["combiner"]) == (
+                t.name, t.vocabulary_size, t.dim, t.combiner), f.name
+            assert g["optimizer"] == kinds[t.optimizer.kind] and g["learning_rate"] == pytest.approx(
+                dict(t.optimizer.params)["learning_rate"]), f.name
+            assert g["input_shape"] == [f.samples * chips, 1] and g["output_shape"] == [f.samples * chips, t.dim]
+            # Stacked as the records were written, and the FDO limits are the run's maxima the manifest records.
+            s = recorded[g["stack"]]
+            assert f.name in {x["name"] for x in s["features"]}
+            x = next(x for x in s["features"] if x["name"] == f.name)
+            assert (g["row_offset"], g["col_offset"], g["col_shift"]) == (x["row_offset"], x["col_offset"],
+                                                                          x["col_shift"])
+            assert (g["max_ids_per_partition"], g["max_unique_ids_per_partition"],
+                    g["suggested_coo_buffer_size_per_device"]) == (
+                s["max_ids_per_partition"], s["max_unique_ids_per_partition"], s["coo_buffer_size_per_device"]), f.name
+        layout = json.loads((Path(fdo) / "tpu_embed_jax_fdo.json").read_text())
+        assert layout  # the layout record the limits were checked against
+        # Without fdo_dir: jax's default limits, the same stacking.
+        plain = helper({"op": "specs", "artifact": out})
+        assert {n: g["stack"] for n, g in plain["features"].items()} == {
+            n: g["stack"] for n, g in got["features"].items()}
+    # An artifact without jax arrays is refused in one line.
+    _, tf_only, _, _ = example_artifact(tmp_path, "criteo", "tensorflow")
+    got = helper({"op": "specs", "artifact": tf_only})
+    assert "shards: {layout: jax}" in got["error"] and "\n" not in got["error"]
