@@ -266,3 +266,61 @@ def check_same_lineage(artifact_dirs: Sequence[str]) -> List[Manifest]:
                                    f"(day {prev.day}): give the days in order.")
         out.append(m)
     return out
+
+
+# ---------------------------------------------------------------- windows of days
+
+def _vocabulary_bytes(directory: str, m: Manifest, key: str) -> bytes:
+    """The lines of a vocabulary key's file (b"" for an empty vocabulary's dummy line)."""
+    info = (m.vocabularies or {})[key]
+    if info.empty_vocabulary_dummy:
+        return b""
+    return tio.read_bytes(tio.join(directory, info.files[0]))
+
+
+def _layout_difference(a: Manifest, b: Manifest) -> Optional[str]:
+    """What differs between two artifacts' models and layouts (None: nothing a reader of both depends on)."""
+    for key in sorted(set(a.vocab_sizes or {}) | set(b.vocab_sizes or {})):
+        ra, rb = (a.vocab_sizes or {}).get(key), (b.vocab_sizes or {}).get(key)
+        if ra != rb:
+            return f"the table rows of vocabulary {key!r} differ ({ra} and {rb})"
+    for name, x, y in (("topology", a.topology, b.topology), ("batch sizes", a.batch_sizes, b.batch_sizes),
+                       ("stacks", a.stacks, b.stacks), ("layout", a.layout, b.layout)):
+        if x != y:
+            return f"their {name} differ"
+    return None
+
+
+def check_window(artifact_dirs: Sequence[str]) -> List[Manifest]:
+    """The manifests of a window of days read together (`tpu_embed.training.input.input_fn([...])`), oldest
+    first, after checking that one model reads them all: one lineage, days in order (`check_same_lineage`),
+    shards written, the same table rows, topology, batch sizes and layout (under a capacity they are), and
+    every vocabulary of an older day a prefix of the newest day's (its ids valid in the newest day's
+    tables: append keeps them). LineageError in one line otherwise."""
+    if isinstance(artifact_dirs, str) or not artifact_dirs:
+        raise LineageError("a window is a non-empty list of artifact directories, oldest day first.")
+    ms = check_same_lineage(artifact_dirs)
+    for d, m in zip(artifact_dirs, ms):
+        if m.shards is None:
+            raise LineageError(f"{d} has no shards (a vocabulary or profile run): a window reads the shards of "
+                               "every day. Run `tpu-embed run` (or shard) for it.")
+    newest_dir, newest = artifact_dirs[-1], ms[-1]
+    vocabularies = newest.vocabularies or {}
+    last = newest.lineage.day if newest.lineage else None
+    for d, m in zip(artifact_dirs[:-1], ms[:-1]):
+        day = m.lineage.day if m.lineage else None
+        why = _layout_difference(m, newest)
+        if why is not None:
+            raise LineageError(f"{d} (day {day}) and {newest_dir} (day {last}): {why}, so "
+                               "one model cannot read both: give the vocabularies a capacity (the table rows then "
+                               "stay the same every day) or read the days apart.")
+        for key in sorted(vocabularies):
+            if key not in (m.vocabularies or {}):
+                raise LineageError(f"{d} has no vocabulary {key!r}, {newest_dir} has: not one model.")
+            if not _vocabulary_bytes(newest_dir, newest, key).startswith(_vocabulary_bytes(d, m, key)):
+                mode = vocabularies[key].mode or "rebuild"
+                raise LineageError(f"vocabulary {key!r} of {d} (day {day}) is not a prefix of the one of "
+                                   f"{newest_dir} (day {last}; mode {mode}): its ids mean other tokens "
+                                   "there. A window needs mode append or frozen on every vocabulary (or the same "
+                                   "vocabulary every day).")
+    return ms

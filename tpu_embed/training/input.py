@@ -1,6 +1,7 @@
 """The `tf.data` input of the training side: an artifact's shards as one element per training step.
 
     ds = input_fn(artifact_dir, host_index=h)   # this host's steps, in step order (or shuffled by step)
+    ds = input_fn([day1, day2, day3])           # a window of days of one lineage, oldest first
     dequeue_inputs(element["sparse_core"][c])   # chip c's CSR tensors as `TPUEmbeddingV2.dequeue` takes them
     per_chip_dataset(artifact_dir, h)           # one element per chip of each step, static shapes (TPU infeed)
 
@@ -8,20 +9,27 @@ The manifest says where the host's files are and how they are encoded (`tpu_embe
 `shard_format`); `tpu_embed.artifact.verify` checks them; the records are read by TensorFlow's
 `TFRecordDataset` or by `tpu_embed.artifact.tfrecord` (object stores, shuffled steps) and parsed by
 `tpu_embed.training.parse.parse_fn`.  TensorFlow is imported when a dataset is built.
+
+A window (a list of artifact directories) is read as one dataset: the days' steps one day after the other,
+or permuted together (`shuffle_steps`), after `tpu_embed.artifact.lineage.check_window` has checked that one
+model reads them all; each day's records are parsed with its own format and padded to the window's buffers
+(`window_format`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shutil
 import tempfile
-from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
 from tpu_embed.artifact import io as tio
 from tpu_embed.artifact import tfrecord
-from tpu_embed.artifact.manifest import read_manifest
+from tpu_embed.artifact.lineage import LineageError, check_window
+from tpu_embed.artifact.manifest import Manifest, read_manifest
 from tpu_embed.artifact.shard_format import ShardFormat
 from tpu_embed.artifact.shard_records import shard_files
 from tpu_embed.artifact.verify import (
@@ -37,6 +45,65 @@ from tpu_embed.training.parse import parse_fn
 
 READERS = ("auto", "tensorflow", "io")
 
+ArtifactDirs = Union[str, Sequence[str]]  # one artifact, or a window of days of one lineage (oldest first)
+
+
+def window(artifact_dirs: ArtifactDirs) -> Tuple[List[str], List[Manifest]]:
+    """The directories and manifests of one artifact or of a window (checked: `check_window`)."""
+    if isinstance(artifact_dirs, (str, os.PathLike)):
+        return [str(artifact_dirs)], [read_manifest(str(artifact_dirs))]
+    dirs = [str(d) for d in artifact_dirs]
+    if len(dirs) == 1:
+        return dirs, [read_manifest(dirs[0])]
+    return dirs, check_window(dirs)
+
+
+def _format_shape(fmt: ShardFormat) -> tuple:
+    return (fmt.num_hosts, fmt.chips_per_host, fmt.host_batch_size, tuple(fmt.dense_features),
+            tuple(fmt.tensor_core_features), tuple(s for s, _, _ in fmt.stacks), tuple(fmt.layouts))
+
+
+def window_format(dirs: Sequence[str], manifests: Sequence[Manifest]) -> ShardFormat:
+    """The format a window's elements are parsed to: the newest day's, with each stack's buffers the largest
+    of the window (a day's plan is made from its profile, which covers its base's days too, so the newest
+    day's buffers are those where the window is a run of consecutive days). The days' hosts, chips, batch,
+    features and stacks must agree."""
+    fmts = [m.shard_format for m in manifests]
+    newest = fmts[-1]
+    for d, f in zip(dirs, fmts):
+        if _format_shape(f) != _format_shape(newest):
+            raise LineageError(f"{d}: its shards are written for other hosts, batches, features or stacks than "
+                               f"{dirs[-1]}'s: one model cannot read both. Re-shard the days with one spec.")
+    stacks = tuple((name, max(dict((s, r) for s, r, _ in f.stacks)[name] for f in fmts),
+                    max(dict((s, i) for s, _, i in f.stacks)[name] for f in fmts)) for name, _, _ in newest.stacks)
+    return dataclasses.replace(newest, stacks=stacks)
+
+
+def _pad_fn(day: ShardFormat, to: ShardFormat):
+    """Map function: a parsed element of `day`'s format -> the same with CSR buffers zero-padded to `to`'s sizes
+    (beyond its prefix a buffer holds zeros, so the padded element is the one `to`'s buffers would hold)."""
+    import tensorflow as tf  # TensorFlow boundary
+    grow = {s: (r2 - r1, i2 - i1) for (s, r1, i1), (_, r2, i2) in zip(day.stacks, to.stacks)}
+    if not any(r or i for r, i in grow.values()):
+        return None
+
+    def pad(el):
+        chips = []
+        for chip in el["sparse_core"]:
+            out = dict(chip)
+            for stack, (r, i) in grow.items():
+                d = dict(chip[stack])
+                if r:
+                    d["row_pointers"] = tf.pad(d["row_pointers"], [[0, r]])
+                if i:
+                    for k in ("sorted_sample_ids", "sorted_token_ids", "sorted_gains"):
+                        d[k] = tf.pad(d[k], [[0, i]])
+                out[stack] = d
+            chips.append(out)
+        return dict(el, sparse_core=tuple(chips))
+
+    return pad
+
 
 def _tensorflow_reads(path: str) -> bool:
     """True if TensorFlow's own filesystems read `path` (local files, and gs:// in the standard wheel)."""
@@ -45,7 +112,7 @@ def _tensorflow_reads(path: str) -> bool:
     return proto == "" or proto in tf.io.gfile.get_registered_schemes()
 
 
-def input_fn(artifact_dir: str, *, host_index: int = 0, num_epochs: Optional[int] = 1,
+def input_fn(artifact_dir: ArtifactDirs, *, host_index: int = 0, num_epochs: Optional[int] = 1,
              prefetch: int = 2, num_parallel_calls: Optional[int] = None, expected_fingerprint: Optional[str] = None,
              reader: str = "auto", verify: str = "size", shuffle_steps: Optional[int] = None):
     """`tf.data.Dataset` of this host's steps, in step order: one element per training step.
@@ -55,6 +122,13 @@ def input_fn(artifact_dir: str, *, host_index: int = 0, num_epochs: Optional[int
     `TPUEmbeddingV2.dequeue` takes.  `expected_fingerprint`: the training
     spec's `Spec.fingerprint`; a mismatch raises instead of training on
     shards made for another spec.
+
+    `artifact_dir`: one artifact, or a window of days of one lineage, oldest first (`[day1, day2, day3]`):
+    their steps one day after the other (`element["step"]` is the step within its day), after
+    `tpu_embed.artifact.lineage.check_window` has checked that one model reads them all (one lineage, days
+    in order, the same table rows and layout, every older vocabulary a prefix of the newest day's); each
+    day's records are parsed with its own format and zero-padded to the window's buffers (`window_format`).
+    `expected_fingerprint` is checked against the newest day.
 
     The manifest is read through `tpu_embed.artifact.io` (local or any object store).
     The records are read by:
@@ -79,7 +153,8 @@ def input_fn(artifact_dir: str, *, host_index: int = 0, num_epochs: Optional[int
     `tpu_embed.core.permutation.Permutation(steps, epoch_key(seed, e))` of the
     steps: every step exactly once per epoch, another order each epoch, the
     same orders every time the dataset is iterated. The order depends only on
-    the seed, the epoch and the number of steps, so every host (whose records
+    the seed, the epoch and the number of steps (of the whole window: its steps
+    are permuted together), so every host (whose records
     of a step belong together) reads the steps in the same order. Records are
     then read by position through `tpu_embed.artifact.io` (`reader` is not used):
     uncompressed files are read in place; a compressed file is decompressed
@@ -99,10 +174,54 @@ def input_fn(artifact_dir: str, *, host_index: int = 0, num_epochs: Optional[int
                                       or not 0 <= shuffle_steps < 1 << 64):
         raise ValueError(f"shuffle_steps must be None or an integer seed in [0, 2**64), got {shuffle_steps!r}")
     check_level(verify)
-    manifest = read_manifest(artifact_dir)
-    if expected_fingerprint is not None and manifest.spec_fingerprint != expected_fingerprint:
-        raise ValueError(f"{artifact_dir} was made for spec {manifest.spec_fingerprint}, not "
+    dirs, manifests = window(artifact_dir)
+    if expected_fingerprint is not None and manifests[-1].spec_fingerprint != expected_fingerprint:
+        raise ValueError(f"{dirs[-1]} was made for spec {manifests[-1].spec_fingerprint}, not "
                          f"{expected_fingerprint}: regenerate the shards with this spec.")
+    days = [_open_day(d, m, host_index, verify) for d, m in zip(dirs, manifests)]
+    fmt = window_format(dirs, manifests) if len(days) > 1 else days[0].fmt
+    if reader == "auto":
+        reader = "tensorflow" if all(_tensorflow_reads(f) for day in days for f in day.files) else "io"
+    calls = num_parallel_calls or tf.data.AUTOTUNE
+    if shuffle_steps is not None:
+        ds = tf.data.Dataset.from_generator(
+            lambda: _shuffled_records(days, verify, shuffle_steps, num_epochs),
+            output_signature=(tf.TensorSpec([], tf.int32), tf.TensorSpec([], tf.string)))
+        parsers = [_parser(day.fmt, fmt) for day in days]
+        if len(parsers) == 1:
+            ds = ds.map(lambda _, record: parsers[0](record), num_parallel_calls=calls, deterministic=True)
+        else:  # each record parsed with its own day's format
+            ds = ds.map(lambda i, record: tf.switch_case(i, [lambda p=p: p(record) for p in parsers]),
+                        num_parallel_calls=calls, deterministic=True)
+        return ds.prefetch(prefetch)  # the shuffled reader makes its epochs itself
+    ds = None
+    for day in days:
+        parsed = _day_records(day, reader, verify).map(_parser(day.fmt, fmt), num_parallel_calls=calls,
+                                                         deterministic=True)
+        ds = parsed if ds is None else ds.concatenate(parsed)
+    if num_epochs != 1:
+        ds = ds.repeat(num_epochs)
+    return ds.prefetch(prefetch)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Day:
+    """One artifact of what `input_fn` reads: its host's shard files."""
+    directory: str
+    manifest: Manifest
+    files: List[str]
+    entries: List[Any]  # the manifest's shard file entries of the host
+
+    @property
+    def fmt(self) -> ShardFormat:
+        return self.manifest.shard_format
+
+    @property
+    def steps(self) -> int:
+        return int(self.manifest.shards.steps) if self.manifest.shards is not None else 0
+
+
+def _open_day(artifact_dir: str, manifest: Manifest, host_index: int, verify: str) -> _Day:
     fmt = manifest.shard_format
     if "tensorflow" not in fmt.layouts:
         raise ValueError(f"{artifact_dir}: its shards hold jax-tpu-embedding's arrays only (shards.layout: jax), not "
@@ -112,27 +231,29 @@ def input_fn(artifact_dir: str, *, host_index: int = 0, num_epochs: Optional[int
     if verify != "none":
         check_shard_steps(manifest, host_index)
         check_files(artifact_dir, manifest, "size", kinds=("shard",), host=host_index)  # sha256: lazily
-    if reader == "auto":
-        reader = "tensorflow" if all(_tensorflow_reads(f) for f in files) else "io"
+    return _Day(artifact_dir, manifest, files, entries)
+
+
+def _day_records(day: _Day, reader: str, verify: str):
+    """The serialized records of one artifact's host, in step order."""
+    import tensorflow as tf  # TensorFlow boundary
+    fmt = day.fmt
     compression = "" if fmt.compression == "none" else fmt.compression
-    if shuffle_steps is not None:
-        steps = int(manifest.shards.steps) if manifest.shards is not None else 0
-        ds = tf.data.Dataset.from_generator(
-            lambda: _shuffled_records(artifact_dir, entries, fmt.compression, verify, steps, shuffle_steps,
-                                      num_epochs), output_signature=tf.TensorSpec([], tf.string))
-    elif reader == "tensorflow":
+    if reader == "tensorflow":
         if verify == "none":
-            ds = tf.data.TFRecordDataset(files, compression_type=compression)
-        else:  # each file verified as it is first opened, then read by TF (a dataset of paths: one flat_map)
-            ds = tf.data.TFRecordDataset(checked_shard_paths(artifact_dir, entries, verify, fmt.compression),
-                                         compression_type=compression)
-    else:
-        ds = tf.data.Dataset.from_generator(lambda: _stream_records(files, fmt.compression),
-                                            output_signature=tf.TensorSpec([], tf.string))
-    ds = ds.map(parse_fn(fmt), num_parallel_calls=num_parallel_calls or tf.data.AUTOTUNE, deterministic=True)
-    if num_epochs != 1 and shuffle_steps is None:  # the shuffled reader makes its epochs itself
-        ds = ds.repeat(num_epochs)
-    return ds.prefetch(prefetch)
+            return tf.data.TFRecordDataset(day.files, compression_type=compression)
+        # each file verified as it is first opened, then read by TF (a dataset of paths: one flat_map)
+        return tf.data.TFRecordDataset(checked_shard_paths(day.directory, day.entries, verify, fmt.compression),
+                                       compression_type=compression)
+    return tf.data.Dataset.from_generator(lambda: _stream_records(day.files, fmt.compression),
+                                          output_signature=tf.TensorSpec([], tf.string))
+
+
+def _parser(day: ShardFormat, to: ShardFormat):
+    """serialized record of `day`'s format -> the element, its buffers of `to`'s sizes."""
+    parse = parse_fn(day)
+    pad = _pad_fn(day, to)
+    return parse if pad is None else (lambda record: pad(parse(record)))
 
 
 def _stream_records(files: Sequence[str], compression: str = "none") -> Iterator[bytes]:
@@ -145,24 +266,32 @@ def step_order(steps: int, seed: int, epoch: int) -> np.ndarray:
     return Permutation(steps, epoch_key(seed, epoch))(np.arange(steps, dtype=np.int64))
 
 
-def _shuffled_records(artifact_dir: str, entries, compression: str, verify: str, steps: int, seed: int,
-                      num_epochs: Optional[int]):
-    """Serialized records, epoch after epoch, each epoch in `step_order`; read by position (see `input_fn`)."""
-    owner = {}  # step -> (file index, record index in the file)
-    for i, e in enumerate(entries):
-        for k in range((e.last_step or 0) - (e.first_step or 0) + 1):
-            owner[(e.first_step or 0) + k] = (i, k)
-    missing = [s for s in range(steps) if s not in owner]
-    if missing:
-        raise ValueError(f"{artifact_dir}: no shard file holds step {missing[0]} (of {steps}); the manifest does "
-                         "not list every shard. Re-run `tpu-embed run` (or shard) with this --output.")
-    tmp = tempfile.mkdtemp(prefix="tpu_embed_shuffle-") if compression != "none" else None
-    handles: Dict[int, Any] = {}
-    offsets: Dict[int, List[Tuple[int, int]]] = {}  # file index -> [(payload offset, length)] per record
+def _shuffled_records(days: Sequence[_Day], verify: str, seed: int, num_epochs: Optional[int]):
+    """(day index, serialized record), epoch after epoch, each epoch in `step_order` of the window's steps (the
+    days' steps one after the other); read by position (see `input_fn`)."""
+    owner = {}  # window step -> (day, file index, record index in the file)
+    first = 0
+    for d, day in enumerate(days):
+        covered = set()
+        for i, e in enumerate(day.entries):
+            for k in range((e.last_step or 0) - (e.first_step or 0) + 1):
+                covered.add((e.first_step or 0) + k)
+                owner[first + (e.first_step or 0) + k] = (d, i, k)
+        missing = [s for s in range(day.steps) if s not in covered]
+        if missing:
+            raise ValueError(f"{day.directory}: no shard file holds step {missing[0]} (of {day.steps}); the manifest "
+                             "does not list every shard. Re-run `tpu-embed run` (or shard) with this --output.")
+        first += day.steps
+    steps = first
+    tmp = tempfile.mkdtemp(prefix="tpu_embed_shuffle-") if any(day.fmt.compression != "none" for day in days) else None
+    handles: Dict[Tuple[int, int], Any] = {}
+    offsets: Dict[Tuple[int, int], List[Tuple[int, int]]] = {}  # (day, file) -> [(payload offset, length)] per record
 
-    def open_file(i: int):
-        e = entries[i]
-        path = path_of(artifact_dir, e)
+    def open_file(d: int, i: int):
+        day = days[d]
+        compression = day.fmt.compression
+        e = day.entries[i]
+        path = path_of(day.directory, e)
         if compression == "none" and verify == "none":  # the headers only; each payload is checked when read
             fh = tio.open_read(path)
             table = tfrecord.index_stream(fh, path)
@@ -172,32 +301,34 @@ def _shuffled_records(artifact_dir: str, entries, compression: str, verify: str,
                 verify_shard_bytes(path, data, e, verify, compression)
             data = tfrecord.decompress(data, compression, path)
             table = tfrecord.index_records(data, path)
-            if tmp is None:
+            if compression == "none":
                 fh = tio.open_read(path)
             else:
-                local = os.path.join(tmp, f"{i}.tfrecord")
+                assert tmp is not None
+                local = os.path.join(tmp, f"{d}-{i}.tfrecord")
                 with open(local, "wb") as out:
                     out.write(data)
                 fh = open(local, "rb")
             del data
-        handles[i], offsets[i] = fh, table
+        handles[(d, i)], offsets[(d, i)] = fh, table
 
     try:
         epoch = 0
         while num_epochs is None or epoch < num_epochs:
             for s in step_order(steps, seed, epoch):
-                i, k = owner[int(s)]
-                if i not in handles:
-                    open_file(i)
-                if k >= len(offsets[i]):
-                    raise ValueError(f"{path_of(artifact_dir, entries[i])}: has {len(offsets[i])} records, "
-                                     f"the manifest lists steps {entries[i].first_step}..{entries[i].last_step}")
+                d, i, k = owner[int(s)]
+                if (d, i) not in handles:
+                    open_file(d, i)
+                entry, path = days[d].entries[i], path_of(days[d].directory, days[d].entries[i])
+                if k >= len(offsets[(d, i)]):
+                    raise ValueError(f"{path}: has {len(offsets[(d, i)])} records, the manifest lists steps "
+                                     f"{entry.first_step}..{entry.last_step}")
                 try:
-                    payload = tfrecord.read_payload(handles[i], *offsets[i][k])
+                    payload = tfrecord.read_payload(handles[(d, i)], *offsets[(d, i)][k])
                 except tfrecord.TFRecordError as e:
-                    raise ValueError(f"{path_of(artifact_dir, entries[i])}: step {int(s)}: {e.problem} at byte "
+                    raise ValueError(f"{path}: step {k + (entry.first_step or 0)}: {e.problem} at byte "
                                      f"{e.offset}") from None
-                yield payload
+                yield d, payload
             epoch += 1
     finally:
         for fh in handles.values():
@@ -243,9 +374,10 @@ def _split_chips(fmt: ShardFormat, host_index: int):
     return split
 
 
-def per_chip_dataset(artifact_dir: str, host_index: int = 0, *, num_epochs: Optional[int] = 1, prefetch: int = 2,
-                     num_parallel_calls: Optional[int] = None, expected_fingerprint: Optional[str] = None,
-                     reader: str = "auto"):
+def per_chip_dataset(artifact_dir: ArtifactDirs, host_index: int = 0, *, num_epochs: Optional[int] = 1,
+                     prefetch: int = 2, num_parallel_calls: Optional[int] = None,
+                     expected_fingerprint: Optional[str] = None, reader: str = "auto",
+                     shuffle_steps: Optional[int] = None):
     """`tf.data.Dataset` of host `host_index`'s per-chip elements: step 0 chip 0, step 0 chip 1, ..., step 1 chip 0.
 
     Element c of a step (the host's chip c, global chip `host * chips_per_host + c`)::
@@ -260,11 +392,12 @@ def per_chip_dataset(artifact_dir: str, host_index: int = 0, *, num_epochs: Opti
 
     Every shape is static (TPU infeed needs that): CSR buffers have TF's full
     static sizes, tensor-core ids are padded to the spec's `tensor_core_width`.
+    `artifact_dir` (one artifact or a window of days) and `shuffle_steps` as for `input_fn`.
     """
-    m = read_manifest(artifact_dir)
-    fmt = m.shard_format
+    fmt = window(artifact_dir)[1][-1].shard_format  # the newest day's: its chips and batch are every day's
     ds = input_fn(artifact_dir, host_index=host_index, num_epochs=num_epochs, prefetch=prefetch,
-                  num_parallel_calls=num_parallel_calls, expected_fingerprint=expected_fingerprint, reader=reader)
+                  num_parallel_calls=num_parallel_calls, expected_fingerprint=expected_fingerprint, reader=reader,
+                  shuffle_steps=shuffle_steps)
     ds = ds.map(_split_chips(fmt, host_index)).unbatch()
     return ds.prefetch(max(1, prefetch) * fmt.chips_per_host)
 

@@ -57,12 +57,12 @@ import tensorflow as tf
 
 from tpu_embed.artifact import io as tio
 from tpu_embed.artifact.load import ids_dropped_by_limits, load_artifact, require_shards
-from tpu_embed.artifact.manifest import Manifest, ManifestError, read_manifest
+from tpu_embed.artifact.manifest import Manifest, ManifestError
 from tpu_embed.core.model import ModelConfig, from_tf_feature_config, to_tf_feature_config
 from tpu_embed.core.topology import Topology
 from tpu_embed.sparsecore.csr_types import DEFAULT_MAX_IDS_PER_TABLE, DEFAULT_MAX_UNIQUE_IDS_PER_TABLE
 from tpu_embed.sparsecore.layout import layout_of, stack_tables
-from tpu_embed.training.input import dequeue_inputs, per_chip_dataset
+from tpu_embed.training.input import ArtifactDirs, dequeue_inputs, per_chip_dataset, window, window_format
 
 __all__ = ["build_tpu_embedding", "distribute_steps", "embedding_setup", "EmbeddingSetup", "DistributedSteps",
            "dequeue_args", "replica_dataset_fn", "make_replica_step", "check_embedding", "ArtifactMismatchError"]
@@ -344,30 +344,32 @@ def build_tpu_embedding(artifact_dir: str, *, plan: Any = None, optimizer: Any =
 
 # ---------------------------------------------------------------- input: one element per replica
 
-def replica_dataset_fn(artifact_dir: str, **kwargs) -> Callable[[Any], Any]:
+def replica_dataset_fn(artifact_dir: ArtifactDirs, **kwargs) -> Callable[[Any], Any]:
     """The `dataset_fn(input_context)` `distribute_steps` gives `strategy.distribute_datasets_from_function`.
 
-    Reads host `input_context.input_pipeline_id`'s shards; the input pipelines
-    must be the artifact's hosts and the replicas its chips.  `kwargs` go to
+    Reads host `input_context.input_pipeline_id`'s shards (of one artifact, or of a window of days: see
+    `input_fn`); the input pipelines must be the artifact's hosts and the replicas its chips.  `kwargs` go to
     `per_chip_dataset`.
     """
-    m = read_manifest(artifact_dir)
+    dirs, manifests = window(artifact_dir)
+    source, where = (dirs[0] if len(dirs) == 1 else dirs), dirs[-1]  # where: the artifact the errors name
+    m = manifests[-1]
     fmt = m.shard_format
     topo = m.topology
 
     def dataset_fn(input_context):
         if input_context.num_input_pipelines != fmt.num_hosts:
             raise ArtifactMismatchError(
-                f"the shards in {artifact_dir} are written for {fmt.num_hosts} host(s), but this strategy has "
+                f"the shards in {where} are written for {fmt.num_hosts} host(s), but this strategy has "
                 f"{input_context.num_input_pipelines} input pipeline(s). Run one input pipeline per host (a "
                 f"multi-host TPUStrategy has one per TPU host), or re-shard with topology.num_hosts="
                 f"{input_context.num_input_pipelines}.")
         if input_context.num_replicas_in_sync != topo.num_chips:
             raise ArtifactMismatchError(
-                f"the shards in {artifact_dir} are packed for {topo.num_chips} chips, but this strategy has "
+                f"the shards in {where} are packed for {topo.num_chips} chips, but this strategy has "
                 f"{input_context.num_replicas_in_sync} replicas: re-shard with topology.num_chips="
                 f"{input_context.num_replicas_in_sync}.")
-        return per_chip_dataset(artifact_dir, input_context.input_pipeline_id, **kwargs)
+        return per_chip_dataset(source, input_context.input_pipeline_id, **kwargs)
 
     return dataset_fn
 
@@ -412,9 +414,10 @@ class DistributedSteps:
         return dequeue_args(element, self.sample_counts)
 
 
-def distribute_steps(artifact_dir: str, strategy: Any, *, num_epochs: Optional[int] = 1, prefetch: int = 2,
+def distribute_steps(artifact_dir: ArtifactDirs, strategy: Any, *, num_epochs: Optional[int] = 1, prefetch: int = 2,
                      num_parallel_calls: Optional[int] = None, expected_fingerprint: Optional[str] = None,
-                     reader: str = "auto", input_options: Any = None) -> DistributedSteps:
+                     reader: str = "auto", input_options: Any = None,
+                     shuffle_steps: Optional[int] = None) -> DistributedSteps:
     """The artifact's shards as a distributed dataset: replica r gets its own chip's buffers and examples.
 
     `strategy.distribute_datasets_from_function(replica_dataset_fn(...))`:
@@ -424,25 +427,37 @@ def distribute_steps(artifact_dir: str, strategy: Any, *, num_epochs: Optional[i
     chip c (see the module docstring).  `num_epochs=None` repeats forever.
     `input_options`: a `tf.distribute.InputOptions` passed through (e.g.
     `experimental_fetch_to_device=False` to keep the buffers on the host).
+    `artifact_dir`: one artifact, or a window of days of one lineage, oldest first (read as `input_fn` reads
+    it: `steps_per_epoch` and the ids dropped are the window's); `shuffle_steps`: a seed permuting the steps
+    (of the whole window) every epoch, as `input_fn`'s.
     """
-    m = read_manifest(artifact_dir)
-    require_shards(m, artifact_dir)
+    dirs, manifests = window(artifact_dir)
+    for d, day in zip(dirs, manifests):
+        require_shards(day, d)
+    source, where = (dirs[0] if len(dirs) == 1 else dirs), dirs[-1]  # where: the artifact the errors name
+    m = manifests[-1]  # the newest day's: its layout and batch are every day's (`check_window`)
     topo = m.topology.to_topology()
     if strategy.num_replicas_in_sync != topo.num_chips:
         raise ArtifactMismatchError(
-            f"the shards in {artifact_dir} are packed for {topo.num_chips} chips, but the strategy has "
+            f"the shards in {where} are packed for {topo.num_chips} chips, but the strategy has "
             f"{strategy.num_replicas_in_sync} replicas: use one replica per chip, or re-shard with "
             f"topology.num_chips={strategy.num_replicas_in_sync}.")
     assert m.stacks is not None and m.shards is not None
-    fn = replica_dataset_fn(artifact_dir, num_epochs=num_epochs, prefetch=prefetch,
+    fn = replica_dataset_fn(source, num_epochs=num_epochs, prefetch=prefetch,
                             num_parallel_calls=num_parallel_calls, expected_fingerprint=expected_fingerprint,
-                            reader=reader)
+                            reader=reader, shuffle_steps=shuffle_steps)
     dataset = strategy.distribute_datasets_from_function(fn, options=input_options)
+    dropped: Dict[str, int] = {}
+    for day in manifests:
+        for stack, n in ids_dropped_by_limits(day).items():
+            dropped[stack] = dropped.get(stack, 0) + n
     return DistributedSteps(
         dataset=dataset, sample_counts={k: int(v.sample_count) for k, v in m.stacks.items()},
-        steps_per_epoch=int(m.shards.steps), num_epochs=num_epochs, global_batch_size=int(m.batch_sizes.global_),
-        per_chip_batch_size=int(m.batch_sizes.per_chip), topology=topo, shard_format=m.shard_format,
-        ids_dropped_by_limits=ids_dropped_by_limits(m))
+        steps_per_epoch=sum(int(day.shards.steps) for day in manifests if day.shards is not None),
+        num_epochs=num_epochs, global_batch_size=int(m.batch_sizes.global_),
+        per_chip_batch_size=int(m.batch_sizes.per_chip), topology=topo,
+        shard_format=window_format(dirs, manifests) if len(dirs) > 1 else m.shard_format,
+        ids_dropped_by_limits=dropped)
 
 
 # ---------------------------------------------------------------- the training step
