@@ -13,10 +13,10 @@ import sys
 import numpy as np
 import pytest
 
+import tpu_embed
 from pipelines import runner
 from pipelines.jobs import JobConfig
 from tests.helpers import ROOT, lineage_days
-import tpu_embed
 from tpu_embed import training
 from tpu_embed.artifact import lineage
 from tpu_embed.artifact.manifest import read_manifest
