@@ -163,3 +163,22 @@ def test_feature_specs_are_the_artifact_s_model_with_the_exact_limits(helper, ar
     _, tf_only, _, _ = example_artifact(tmp_path, "criteo", "tensorflow")
     got = helper({"op": "specs", "artifact": tf_only})
     assert "shards: {layout: jax}" in got["error"] and "\n" not in got["error"]
+
+
+def test_train_jax_dry_run_reaches_the_device_boundary(helper, artifacts):
+    """examples/train_jax.py --dry-run: the specs, the mesh over the host's devices, 8 steps of the iterator
+    (more than the artifact's 6: a second, shuffled epoch) with one static shape, the dense model's loss."""
+    from tpu_embed.artifact.manifest import read_manifest
+
+    spec, out, steps, fdo = artifacts("criteo")
+    fj = read_manifest(out).shard_format.jax
+    got = helper({"op": "train_dry_run", "argv": ["--artifact", out, "--fdo", fdo, "--dry-run", "--steps", "8",
+                                                  "--shuffle-steps", "3"]})
+    assert "error" not in got, got
+    L = int(fj["local_devices"])
+    assert got["steps"] == 8 > len(steps) and got["devices"] == L and np.isfinite(got["loss"])
+    assert sorted(got["features"]) == sorted(f.name for f in spec.sparse_core_features)
+    for s in fj["stacks"]:
+        assert got["stacks"][s["name"]] == {"row_pointers": [L * int(fj["row_pointers_size_per_device"])],
+                                            "coo": [L * int(s["coo_buffer_size_per_device"])]}
+    assert got["ids"] > 0
