@@ -1,16 +1,26 @@
-"""The lookup statistics: partial profiles (one per bundle of `BuildShards`) -> profile files (`CollectProfile`)."""
+"""The lookup statistics: partial profiles (one per bundle of `BuildShards`) -> profile files (`CollectProfile`).
+
+A day of a lineage (`tpu_embed.artifact.lineage`) merges its profile into its base's (`base_profile`): the
+profile then covers the steps of every day since the lineage's first (statistics add up; they cannot be taken
+away again), the plan is made from it, and the manifest's `profile.days` lists those days.
+"""
 
 from __future__ import annotations
 
+import dataclasses
+import logging
 import os
 import typing
-from typing import List
+from typing import List, Optional, Tuple
 
 import apache_beam as beam
 
 import profiles
 from pipelines.output import FileInfo
 from tpu_embed.artifact import io as tio
+from tpu_embed.artifact.manifest import ManifestError, read_manifest
+
+log = logging.getLogger("tpu_embed.pipelines")
 
 
 def profile_collector(spec, vocab_sizes, candidate_chip_counts=None):
@@ -46,7 +56,84 @@ class MergeProfiles(beam.CombineFn):
         return self.collector.extract_output(acc)
 
 
-def _write_profile(profile, directory: str) -> List[str]:
+@dataclasses.dataclass(frozen=True)
+class ProfileWindow:
+    """Which days a lineage day's profile covers, and the base profile merged into it.
+
+    `base_directory`: the base artifact's profile directory to merge (None: not merged); `days`: the days
+    the written profile covers; `base`: the base artifact as the lineage records it; `not_merged`: why the
+    base's profile was not merged, where it was not."""
+    days: Tuple[int, ...]
+    base_directory: Optional[str] = None
+    base: Optional[str] = None
+    not_merged: Optional[str] = None
+
+    def manifest_fields(self) -> dict:
+        out: dict = {"days": list(self.days), "base": self.base if self.base_directory else None}
+        if self.not_merged:
+            out["not_merged"] = self.not_merged
+        return out
+
+
+def _under(directory: str, path: str) -> str:
+    return path if tio.is_absolute(path) else tio.join(directory, path)
+
+
+def base_profile(vocab_dir: str, profile_dir: str, collector) -> Optional[ProfileWindow]:
+    """The profile window of a shard / profile job whose vocabularies are in `vocab_dir`: None where they
+    belong to no lineage (mode rebuild). The base's profile is merged when it is there, was collected for the
+    same model configuration (tables, their rows, features, topology) and the same candidate chip counts as
+    `collector`'s, and is not in this job's own `profile_dir`; otherwise this day's profile covers this day
+    (a warning says why)."""
+    try:
+        lin = read_manifest(vocab_dir).lineage
+    except ManifestError:
+        return None
+    if lin is None:
+        return None
+    if lin.base is None:
+        return ProfileWindow((lin.day,))
+    base_dir = _under(vocab_dir, lin.base.path)
+    alone = (lin.day,)
+
+    def not_merged(why: str) -> ProfileWindow:
+        log.warning("the profile of day %d covers that day only: the profile of its base %s is not merged (%s)",
+                    lin.day, base_dir, why)
+        return ProfileWindow(alone, base=lin.base.path, not_merged=why)
+
+    try:
+        bm = read_manifest(base_dir)
+    except ManifestError as e:
+        return not_merged(str(e).splitlines()[0])
+    if bm.profile is None:
+        return not_merged("the base has no profile")
+    directory = _under(base_dir, bm.profile.directory)
+    if tio.join(directory, "") == tio.join(profile_dir, ""):
+        return not_merged("the base's profile directory is this job's; give each day a profile directory of its "
+                          "own (a relative profile_data_directory)")
+    key = collector.model.key
+    store = profiles.ProfileStore(directory)
+    try:
+        if not store.models():
+            return not_merged(f"its profile files are missing from {directory}")
+        if key not in [e.key for e in store.models()]:
+            return not_merged("it was collected for another model configuration: the table rows changed (a "
+                              "vocabulary without a capacity grew)")
+        base = store.read(model=key)
+    except profiles.ProfileError as e:
+        return not_merged(str(e).splitlines()[0])
+    ours = {c: st.status for c, st in collector.candidates.items()}
+    theirs = {c: st.status for c, st in base.candidates.items()}
+    if ours != theirs:
+        return not_merged(f"its candidate chip counts {sorted(theirs)} are not this job's {sorted(ours)}")
+    days = tuple(bm.profile.days or (bm.lineage.day if bm.lineage else lin.base.day,))
+    return ProfileWindow(days + alone, directory, lin.base.path)
+
+
+def _write_profile(profile, directory: str, base_directory: Optional[str] = None) -> List[str]:
+    """Write `profile`, merged into the base's profile in `base_directory` where given (`ProfileWindow`)."""
+    if base_directory is not None:
+        profile = profiles.ProfileStore(base_directory).read(model=profile.model.key).merge(profile)
     return sorted(profiles.ProfileStore(directory).write(profile))
 
 
@@ -54,17 +141,19 @@ class CollectProfile(beam.PTransform):
     """Partial profiles (PCollection(s): BuildShards' "profile") -> paths written by
     profiles.ProfileStore(directory). `candidate_chip_counts` as given to BuildShards."""
 
-    def __init__(self, spec, vocab_sizes, directory: str, candidate_chip_counts=None):
+    def __init__(self, spec, vocab_sizes, directory: str, candidate_chip_counts=None,
+                 base_directory: Optional[str] = None):
+        """`base_directory`: a base profile to merge this one into (`ProfileWindow.base_directory`)."""
         super().__init__()
         self.spec, self.vocab_sizes, self.directory = spec, vocab_sizes, directory
-        self.candidates = candidate_chip_counts
+        self.candidates, self.base_directory = candidate_chip_counts, base_directory
 
     def expand(self, partials):
         collector = profile_collector(self.spec, self.vocab_sizes, self.candidates)
         streams = partials if isinstance(partials, (tuple, list)) else (partials,)
         return (tuple(streams) | "Partials" >> beam.Flatten()
                 | "Merge" >> beam.CombineGlobally(MergeProfiles(collector)).without_defaults()
-                | "Write" >> beam.Map(_write_profile, self.directory)
+                | "Write" >> beam.Map(_write_profile, self.directory, self.base_directory)
                 .with_output_types(typing.List[str]))  # not inferred (~20 ms)
 
 

@@ -12,7 +12,13 @@ from typing import Dict, List, Optional, Sequence
 import apache_beam as beam
 
 from pipelines.jobs.build_shards import BuildShards
-from pipelines.jobs.collect_profile import CollectProfile, profile_file_infos
+from pipelines.jobs.collect_profile import (
+    CollectProfile,
+    ProfileWindow,
+    base_profile,
+    profile_collector,
+    profile_file_infos,
+)
 from pipelines.jobs.config import JobConfig
 from pipelines.jobs.dead_letters import WriteDeadLetters
 from pipelines.jobs.global_batches import FormGlobalBatches
@@ -30,8 +36,9 @@ def _batching_extra(info: dict) -> dict:
     return {"batching": {k: v for k, v in info.items() if k != "offsets"}}
 
 
-def _profile_extra(paths: List[str], directory: str) -> dict:
-    return {"profile": {"directory": directory, "files_written": len(paths)}}
+def _profile_extra(paths: List[str], directory: str, window: Optional[ProfileWindow] = None) -> dict:
+    return {"profile": {"directory": directory, "files_written": len(paths),
+                        **(window.manifest_fields() if window is not None else {})}}
 
 
 def build_read_pipeline(p, cfg: JobConfig, files: Sequence[InputFile], split_bytes: Optional[int] = None):
@@ -68,10 +75,14 @@ def build_shard_pipeline(p, cfg: JobConfig, files: Sequence[InputFile], vocab_si
         pdir = cfg.resolved_profile_dir()
         if pdir is None:
             raise ValueError("no profile directory: set profile_data_directory in the spec or pass --profile-dir.")
-        paths = built["profile"] | "Profile" >> CollectProfile(spec, vocab_sizes, pdir, cfg.candidate_chip_counts)
+        # A day of a lineage merges its profile into its base's (`collect_profile.base_profile`).
+        window = base_profile(cfg.vocab_dir or cfg.output, pdir,
+                              profile_collector(spec, vocab_sizes, cfg.candidate_chip_counts))
+        paths = built["profile"] | "Profile" >> CollectProfile(spec, vocab_sizes, pdir, cfg.candidate_chip_counts,
+                                                               window and window.base_directory)
         file_pcolls.append(paths | "ProfileFileInfo" >> beam.FlatMap(profile_file_infos, cfg.output)
                            .with_output_types(FileInfo))
-        extras.append(paths | "ProfileInfo" >> beam.Map(_profile_extra, pdir).with_output_types(typing.Any))
+        extras.append(paths | "ProfileInfo" >> beam.Map(_profile_extra, pdir, window).with_output_types(typing.Any))
     job_cfg = job_json(cfg, files, job)
     job_cfg.update({"layout": layout.to_dict(), "limits": limits.to_json(), "format": fmt.to_json(),
                     "vocab_sizes": vocab_sizes})

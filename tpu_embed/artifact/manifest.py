@@ -224,6 +224,11 @@ class BatchingInfo(_Section):
 class ProfileInfo(_Section):
     directory: str  # relative to the artifact directory when inside it
     files_written: int
+    # A day of a lineage: the days whose steps the profile covers (its base's merged with its own), the base
+    # whose profile was merged (None: not merged) and, where it was not, why.
+    days: Optional[List[int]] = None
+    base: Optional[str] = None
+    not_merged: Optional[str] = None
 
 
 class FileEntry(_Section):
