@@ -154,11 +154,11 @@ def iter_stream(fh, name: str = "<stream>", *, verify: bool = True) -> Iterator[
         length = _read_header(fh, pos, name, verify, i)
         if length is None:
             return
-        body = fh.read(length + FOOTER_BYTES)
-        if len(body) < length + FOOTER_BYTES:
+        payload = fh.read(length)  # the payload and its CRC read apart: no copy of the payload out of a frame
+        footer = fh.read(FOOTER_BYTES) if len(payload) == length else b""
+        if len(footer) < FOOTER_BYTES:
             raise TFRecordError(TRUNCATED_RECORD, pos, name, i)
-        payload = body[:length]
-        if verify and _mask(_crc32c(payload)) != u32(body, length)[0]:
+        if verify and _mask(_crc32c(payload)) != u32(footer, 0)[0]:
             raise TFRecordError(CORRUPT_DATA, pos, name, i)
         yield payload
         pos += FRAME_OVERHEAD + length

@@ -27,7 +27,7 @@ import queue
 import shutil
 import tempfile
 import threading
-from typing import Any, Dict, Iterator, List, Mapping, NamedTuple, Optional, Tuple
+from typing import Any, Container, Dict, Iterator, List, Mapping, NamedTuple, Optional, Tuple
 
 import numpy as np
 
@@ -133,10 +133,11 @@ def _int64s(lst) -> List[int]:
     return out
 
 
-def parse_record(data) -> Dict[str, Any]:
+def parse_record(data, keys: Optional[Container[str]] = None) -> Dict[str, Any]:
     """{key: value} of a step record (a serialized tf.train.Example): a bytes feature as a memoryview of `data`
     (its first value: the records store each array as one raw value), an int64 feature as a list of ints, a
-    float feature as a float32 array. Nothing of `data` is copied."""
+    float feature as a float32 array. Nothing of `data` is copied. `keys`: only these keys (the others are
+    skipped before their values are read: the decoder does not read the steps' statistics)."""
     out: Dict[str, Any] = {}
     for f, features in _fields(memoryview(data)):
         if f != 1:
@@ -150,7 +151,7 @@ def parse_record(data) -> Dict[str, Any]:
                     name = bytes(x).decode("utf-8")
                 elif f3 == 2:
                     value = x
-            if name is None:
+            if name is None or (keys is not None and name not in keys):
                 continue
             out[name] = None
             for kind, lst in _fields(value if value is not None else memoryview(b"")):
@@ -180,6 +181,9 @@ class _Decoder:
         self.hb = int(fmt.host_batch_size)
         self.nd = len(fmt.dense_features)
         self.tc = tuple(fmt.tensor_core_features)
+        self.keys = frozenset(["step", "label", "mask", "dense"]
+                              + [record_key(i, a) for i in range(len(self.stacks)) for a in ("rp", "eid", "sid", "g")]
+                              + [f"tc/{n}/{a}" for n, _, _ in self.tc for a in ("lengths", "ids", "weights")])
 
     def _check_size(self, stack: str, size: int, seg: np.ndarray, step: int) -> int:
         if size % self.nsc or size // self.nsc < int(seg.max(initial=0)):
@@ -191,7 +195,7 @@ class _Decoder:
         return size
 
     def decode(self, data) -> Tuple[int, Dict[str, Any]]:
-        ex = parse_record(data)
+        ex = parse_record(data, self.keys)
         step = int(ex["step"][0])
         L, nsc, S = self.L, self.nsc, self.L * self.nsc
         rps, eids, sids, gains = {}, {}, {}, {}
@@ -221,14 +225,15 @@ class _Decoder:
             for k, n in enumerate(seg.tolist()):
                 eid[k, :n] = eid_src[off:off + n]
                 sid[k, :n] = sid_src[off:off + n]
-                if g_src is not None:
-                    g[k, :n] = g_src[off:off + n]
-                else:  # unit gains are left out of the record: 1.0 on real entries, NaN on padding
-                    np.copyto(g[k, :n], np.where(sid_src[off:off + n] == PAD_ID, np.float32(np.nan), np.float32(1)))
                 eid[k, n:] = PAD_ID
                 sid[k, n:] = PAD_ID
-                g[k, n:] = np.nan
+                if g_src is not None:
+                    g[k, :n] = g_src[off:off + n]
+                    g[k, n:] = np.nan
                 off += n
+            if g_src is None:  # unit gains are left out of the record: 1.0 on real entries, NaN on padding
+                np.copyto(g, np.float32(1))
+                g[sid == PAD_ID] = np.nan
             shape = (L, -1) if self.lead else (-1,)
             rps[name] = rp.reshape(shape)
             eids[name], sids[name], gains[name] = eid.reshape(shape), sid.reshape(shape), g.reshape(shape)
