@@ -1,1 +1,30 @@
-"""Serving on raw features: the shards' raw -> id mapping in TensorFlow ops, and one SavedModel to export."""
+"""Serving on raw features: the shards' raw -> id mapping in TensorFlow ops, and one SavedModel to export.
+
+`tpu_embed.serving.mapping` (`RawFeatureMapping`, `MappingPlan`, `map_raw`, `parse_examples`,
+`vocabulary_tables`): raw tensors or serialized tf.train.Examples -> the ids, weights and dense values the
+shards hold. `tpu_embed.serving.export` (`export_saved_model`, `ServingModel`, `embedding_lookup`): one
+SavedModel from serialized tf.train.Examples (or raw CSV-like strings) to predictions.
+`tpu_embed.serving.numbers`: the offline jobs' number rules as TensorFlow ops.
+"""
+
+import importlib
+
+_EXPORTS = {name: "tpu_embed.serving.mapping" for name in (
+    "Column", "DensePlan", "FeaturePlan", "MappingPlan", "RawFeatureMapping", "map_raw", "parse_examples",
+    "vocabulary_tables")}
+_EXPORTS.update({name: "tpu_embed.serving.export" for name in ("ServingModel", "embedding_lookup",
+                                                               "export_saved_model")})
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name):
+    if name in _EXPORTS:  # TensorFlow is imported on first use
+        value = getattr(importlib.import_module(_EXPORTS[name]), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'tpu_embed.serving' has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_EXPORTS))

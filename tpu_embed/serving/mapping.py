@@ -35,7 +35,7 @@ each one gets. The label is not read.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Dict, List, Mapping, Optional, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import tensorflow as tf
 
@@ -64,7 +64,7 @@ class FeaturePlan:
     default_value: Optional[int]  # identity
     num_oov_buckets: int  # frequency
     vocabulary_key: Optional[str]  # frequency: the vocabulary (features of one table share one)
-    vocabulary_size: Optional[int]  # frequency: lines of the vocabulary file
+    vocabulary_size: Optional[int]  # frequency: the first OOV id (the manifest's size: the file's lines, or a capacity)
     invalid_ids: str  # policies.invalid_ids
     nan_weights: str  # policies.nan_weights
     sequence_length: int
@@ -88,6 +88,9 @@ class MappingPlan:
     features: Tuple[FeaturePlan, ...]
     dense: Tuple[DensePlan, ...]
     vocabulary_files: Mapping[str, str]
+    # The CSV reader dead-letters a record with bytes that are not UTF-8 in a column the spec reads (CSV is read
+    # as UTF-8 text); TFRecord and Parquet binary values are bytes as they are.
+    utf8_text: bool = False
 
     @property
     def columns(self) -> List[str]:
@@ -95,6 +98,18 @@ class MappingPlan:
         for f in self.features:
             cols += [f.column] + ([f.weight_column] if f.weight_column else [])
         return list(dict.fromkeys(cols))
+
+    @property
+    def text_columns(self) -> List[str]:
+        """Columns read only as categorical values, with no delimiter or one that no number's text (decimal
+        integer, float repr) contains: their values can be taken as token texts whatever their kind."""
+        numeric = {d.column for d in self.dense} | {f.weight_column for f in self.features if f.weight_column}
+        out = []
+        for c in dict.fromkeys(f.column for f in self.features):
+            delims = {f.delimiter for f in self.features if f.column == c}
+            if c not in numeric and all(d is None or not set(d) & set("0123456789+-.eEinfa") for d in delims):
+                out.append(c)
+        return out
 
     @classmethod
     def from_spec(cls, spec: Spec, vocabulary_sizes: Mapping[str, int], vocabulary_dir: str) -> "MappingPlan":
@@ -105,7 +120,8 @@ class MappingPlan:
             v = f.vocabulary
             key = spec.vocabulary_key(f) if v.type == "frequency" else None
             if key is not None and key not in files:
-                files[key] = tio.join(vocabulary_dir, "vocab", vocabulary_filename(spec.vocabulary_groups()[key][0].name))
+                first = spec.vocabulary_groups()[key][0].name
+                files[key] = tio.join(vocabulary_dir, "vocab", vocabulary_filename(first))
             feats.append(FeaturePlan(
                 name=f.name, column=f.column, kind=v.type, delimiter=f.delimiter, weight_column=f.weight_column,
                 truncate=f.sequence_length if f.sequence_length > 0 else (f.tensor_core_width or 0),
@@ -114,7 +130,7 @@ class MappingPlan:
                 invalid_ids=spec.policies.invalid_ids, nan_weights=spec.policies.nan_weights,
                 sequence_length=f.sequence_length, on_sparse_core=f.on_sparse_core, table=f.table))
         dense = tuple(DensePlan(d.name, d.column, float(d.fill)) for d in spec.dense)
-        return cls(tuple(feats), dense, files)
+        return cls(tuple(feats), dense, files, utf8_text=spec.inputs.format == "csv")
 
     @classmethod
     def from_artifact(cls, artifact_dir: str) -> "MappingPlan":
@@ -123,12 +139,12 @@ class MappingPlan:
 
 
 def vocabulary_tables(plan: MappingPlan) -> Dict[str, tf.lookup.StaticHashTable]:
-    """{vocabulary key: token -> line number table (-1 if absent)} over the plan's vocabulary files. Made in a
-    `tf.Module` (or a tf.Transform preprocessing function) the files become the SavedModel's assets."""
-    sizes = {f.vocabulary_key: f.vocabulary_size for f in plan.features if f.vocabulary_key is not None}
+    """{vocabulary key: token -> line number table (-1 if absent)} over the plan's vocabulary files (every line:
+    under a capacity the file has fewer lines than the manifest's size). Made in a `tf.Module` (or a
+    tf.Transform preprocessing function) the files become the SavedModel's assets."""
     return {key: tf.lookup.StaticHashTable(
         tf.lookup.TextFileInitializer(path, tf.string, tf.lookup.TextFileIndex.WHOLE_LINE, tf.int64,
-                                      tf.lookup.TextFileIndex.LINE_NUMBER, vocab_size=sizes[key]),
+                                      tf.lookup.TextFileIndex.LINE_NUMBER),
         default_value=-1, name=f"vocabulary_{key}") for key, path in sorted(plan.vocabulary_files.items())}
 
 
@@ -142,6 +158,7 @@ class Column:
     strings: Optional[tf.RaggedTensor] = None
     ints: Optional[tf.RaggedTensor] = None
     floats: Optional[tf.RaggedTensor] = None  # float64
+    float_texts: Optional[tf.RaggedTensor] = None  # `numbers.float_text` of `floats`, when made once for a batch
 
     def parts(self) -> List[tf.RaggedTensor]:
         return [p for p in (self.strings, self.ints, self.floats) if p is not None]
@@ -203,7 +220,7 @@ def _float64(column: Column, delimiter: Optional[str]) -> Tuple[tf.RaggedTensor,
         ok = tf.math.is_finite(x.flat_values)
         parts.append((x.with_flat_values(tf.where(ok, x.flat_values, tf.zeros_like(x.flat_values))),
                       tf.zeros_like(x, tf.bool), x.with_flat_values(~ok)))
-    return tuple(_concat([p[i] for p in parts]) for i in range(3))  # type: ignore[return-value]
+    return tuple(_concat([p[i] for p in parts]) for i in range(3))
 
 
 def _tokens(column: Column, delimiter: Optional[str]) -> tf.RaggedTensor:
@@ -214,7 +231,9 @@ def _tokens(column: Column, delimiter: Optional[str]) -> tf.RaggedTensor:
         parts.append(_split(column.strings, delimiter))
     if column.ints is not None:
         parts.append(column.ints.with_flat_values(tf.strings.as_string(column.ints.flat_values)))
-    if column.floats is not None:
+    if column.float_texts is not None:
+        parts.append(column.float_texts)
+    elif column.floats is not None:
         parts.append(column.floats.with_flat_values(numbers.float_text(column.floats.flat_values)))
     return _concat(parts)
 
@@ -225,22 +244,34 @@ def _any_per_row(flags: tf.RaggedTensor) -> tf.Tensor:
     return tf.reduce_any(flags, axis=1)
 
 
+def _not_utf8(column: Column) -> Optional[tf.Tensor]:
+    """bool [batch]: rows with a string value that is not UTF-8 (None: the column has no strings). Transcoding
+    replaces exactly the bytes that are not UTF-8 (as Python's strict decode rejects them), so text that
+    comes back changed was not UTF-8."""
+    if column.strings is None:
+        return None
+    flat = column.strings.flat_values
+    same = tf.equal(tf.strings.unicode_transcode(flat, "UTF-8", "UTF-8", errors="replace",
+                                                 replacement_char=0xFFFD), flat)
+    return _any_per_row(column.strings.with_flat_values(~same))
+
+
 def _categorical(f: FeaturePlan, raw: Mapping[str, Column], tables: Mapping[str, Any], nrows: tf.Tensor
                  ) -> Tuple[tf.RaggedTensor, Optional[tf.RaggedTensor], tf.Tensor]:
     """(ids, weights or None, rows the offline jobs would not use) of one feature."""
     col = raw[f.column]
     invalid = tf.zeros([nrows], tf.bool)
     typed_ints = f.kind == "identity" and col.strings is None and col.floats is None and col.ints is not None
-    values = col.ints if typed_ints else _tokens(col, f.delimiter)
-    weights = None
+    values: Any = col.ints if typed_ints else _tokens(col, f.delimiter)
+    weights: Any = None
     if f.weight_column is not None:
         w, blank, bad = _float64(raw[f.weight_column], f.delimiter)
         w = w.with_flat_values(tf.where(blank.flat_values | bad.flat_values,
                                         tf.constant(float("nan"), tf.float64), w.flat_values))
         mismatch = tf.not_equal(w.row_lengths(), values.row_lengths())  # a dead letter: the row gets no values
         invalid |= mismatch
-        values = tf.ragged.boolean_mask(values, tf.repeat(~mismatch, values.row_lengths()))
-        weights = tf.ragged.boolean_mask(w, tf.repeat(~mismatch, w.row_lengths()))
+        values = tf.ragged.boolean_mask(values, values.with_flat_values(tf.repeat(~mismatch, values.row_lengths())))
+        weights = tf.ragged.boolean_mask(w, w.with_flat_values(tf.repeat(~mismatch, w.row_lengths())))
         weights = weights.with_flat_values(tf.cast(weights.flat_values, tf.float32))
     if not typed_ints:  # blank values are no value
         nonblank = values.with_flat_values(tf.not_equal(values.flat_values, ""))
@@ -249,7 +280,7 @@ def _categorical(f: FeaturePlan, raw: Mapping[str, Column], tables: Mapping[str,
     flat = values.flat_values
     keep = None
     if f.kind == "frequency":
-        ids = tables[f.vocabulary_key].lookup(flat)
+        ids = tables[str(f.vocabulary_key)].lookup(flat)
         found = ids >= 0
         size = tf.constant(int(f.vocabulary_size), tf.int64)  # type: ignore[arg-type]
         if f.num_oov_buckets == 0:
@@ -316,6 +347,11 @@ def map_raw(raw: Mapping[str, Any], plan: MappingPlan, tables: Mapping[str, Any]
     cols = {c: as_column(raw[c], c) for c in plan.columns}
     nrows = _rows(next(iter(cols.values())))
     valid = tf.ones([nrows], tf.bool)
+    if plan.utf8_text:
+        for c in plan.columns:
+            bad = _not_utf8(cols[c])
+            if bad is not None:
+                valid &= ~bad
     ids: Dict[str, tf.RaggedTensor] = {}
     weights: Dict[str, tf.RaggedTensor] = {}
     for f in plan.features:
@@ -344,10 +380,32 @@ def _ragged(values: tf.Tensor, sizes: tf.Tensor) -> tf.RaggedTensor:
     return tf.RaggedTensor.from_tensor(values, lengths=sizes)
 
 
-def parse_examples(serialized: tf.Tensor, columns: List[str]) -> Dict[str, Column]:
+def _pick(values: Dict[str, tf.RaggedTensor], keys: tf.Tensor, row: tf.Tensor, batch: tf.Tensor, column: str
+          ) -> Dict[str, tf.RaggedTensor]:
+    """{kind: [batch, None] values of `column`} from per-entry values: each example's entry of that key (the last
+    one when a key is given twice, as a protobuf map reads it)."""
+    match = tf.equal(keys, column)
+    position = tf.range(tf.size(keys, out_type=tf.int64))
+    last = tf.math.unsorted_segment_max(tf.where(match, position, -1), row, batch)
+    chosen = match & tf.equal(position, tf.gather(last, row))
+    rows_of = tf.boolean_mask(row, chosen)
+    out = {}
+    for name, r in values.items():
+        picked = tf.ragged.boolean_mask(r, chosen)
+        lengths = tf.math.unsorted_segment_sum(picked.row_lengths(), rows_of, batch)
+        out[name] = tf.RaggedTensor.from_row_lengths(picked.flat_values, lengths, validate=False)
+    return out
+
+
+def parse_examples(serialized: tf.Tensor, columns: Sequence[str], text_columns: Sequence[str] = ()
+                   ) -> Dict[str, Column]:
     """{column: Column} of serialized `tf.train.Example`s ([batch] strings), any value kind per key (bytes,
     int64 or float lists, as the offline TFRecord reader takes them); a key missing from an example is no value.
-    Parsed with `tf.io.decode_proto` (plain TensorFlow); a record that is not an Example fails the call."""
+    Parsed with `tf.io.decode_proto` (plain TensorFlow); a record that is not an Example fails the call.
+
+    `text_columns` (a subset of `columns`) come as one string `Column` of every value's token text (bytes as
+    they are, integers' decimal text, floats' repr): right for a categorical column whose delimiter no number's
+    text contains (`MappingPlan.text_columns`), and fewer ops than three kinds."""
     serialized = tf.reshape(tf.convert_to_tensor(serialized, tf.string), [-1])
     batch = tf.size(serialized, out_type=tf.int64)
     _, (features,) = _decode(serialized, "tensorflow.Example", ["features"], [tf.string])
@@ -364,23 +422,22 @@ def parse_examples(serialized: tf.Tensor, columns: List[str]) -> Dict[str, Colum
                                             ("floats", "tensorflow.FloatList", tf.float32),
                                             ("ints", "tensorflow.Int64List", tf.int64)), lists, strict=True):
         s, (v,) = _decode(lst[:, 0], message, ["value"], [dtype])
-        kinds[name] = _ragged(v, s[:, 0])
-    position = tf.range(tf.size(keys, out_type=tf.int64))
+        kinds[name] = _ragged(tf.cast(v, tf.float64) if name == "floats" else v, s[:, 0])
     out = {}
+    texts = [c for c in columns if c in set(text_columns)]
+    if texts:
+        # The entries of text columns only, each as its values' token texts (one entry has one kind).
+        is_text = tf.reduce_any(tf.equal(keys[:, None], tf.constant(texts)[None, :]), axis=1)
+        sub = {k: tf.ragged.boolean_mask(v, is_text) for k, v in kinds.items()}
+        token_texts = tf.concat([sub["strings"], sub["ints"].with_flat_values(tf.strings.as_string(
+            sub["ints"].flat_values)), sub["floats"].with_flat_values(numbers.float_text(sub["floats"].flat_values))],
+            axis=1)
+        t_keys, t_row = tf.boolean_mask(keys, is_text), tf.boolean_mask(row, is_text)
+        for c in texts:
+            out[c] = Column(strings=_pick({"strings": token_texts}, t_keys, t_row, batch, c)["strings"])
     for c in columns:
-        match = tf.equal(keys, c)
-        # A key given twice in one example: the last entry, as a protobuf map reads it.
-        last = tf.math.unsorted_segment_max(tf.where(match, position, -1), row, batch)
-        chosen = match & tf.equal(position, tf.gather(last, row))
-        rows_of = tf.boolean_mask(row, chosen)
-        col = {}
-        for name, r in kinds.items():
-            picked = tf.ragged.boolean_mask(r, chosen)
-            lengths = tf.math.unsorted_segment_sum(picked.row_lengths(), rows_of, batch)
-            flat = picked.flat_values
-            col[name] = tf.RaggedTensor.from_row_lengths(
-                tf.cast(flat, tf.float64) if name == "floats" else flat, lengths)
-        out[c] = Column(**col)
+        if c not in out:
+            out[c] = Column(**_pick(kinds, keys, row, batch, c))
     return out
 
 
@@ -412,4 +469,4 @@ class RawFeatureMapping(tf.Module):
         return map_raw(raw, self._plan, self.tables)
 
     def map_examples(self, serialized: tf.Tensor) -> Dict[str, Any]:
-        return map_raw(parse_examples(serialized, self.columns), self._plan, self.tables)
+        return map_raw(parse_examples(serialized, self.columns, self._plan.text_columns), self._plan, self.tables)

@@ -73,7 +73,8 @@ def parse_int64(text: tf.Tensor) -> Tuple[tf.Tensor, tf.Tensor]:
     # Up to 19 digits: a high part of up to 10 digits and a low part of 9, each safe to convert.
     n = tf.strings.length(digits)
     split = tf.maximum(n - 9, 0)
-    high = tf.strings.to_number(tf.where(split > 0, tf.strings.substr(digits, tf.zeros_like(split), split), "0"), tf.int64)
+    high_text = tf.where(split > 0, tf.strings.substr(digits, tf.zeros_like(split), split), "0")
+    high = tf.strings.to_number(high_text, tf.int64)
     low = tf.strings.to_number(tf.strings.substr(digits, split, n - split), tf.int64)
     limit_high = tf.constant(_INT64_MAX // 10**9, tf.int64)
     fits &= (high < limit_high) | ((high == limit_high) & (low <= _INT64_MAX % 10**9))
@@ -121,8 +122,8 @@ def float_text(x: tf.Tensor) -> tf.Tensor:
                              tf.strings.substr(digits, tf.clip_by_value(e_pos, 0, p), tf.maximum(p - e_pos, 0))])
     small = tf.strings.join(["0.", tf.strings.substr(zeros, at0, tf.maximum(-e_pos, 0)), digits])
     fixed = tf.where(e_pos >= p, whole_only, tf.where(e_pos > 0, split, small))
-    sci_mantissa = tf.where(p > 1, tf.strings.join([tf.strings.substr(digits, at0, at0 + 1), ".",
-                                                    tf.strings.substr(digits, tf.minimum(at0 + 1, p), tf.maximum(p - 1, 0))]), digits)
+    rest = tf.strings.substr(digits, tf.minimum(at0 + 1, p), tf.maximum(p - 1, 0))
+    sci_mantissa = tf.where(p > 1, tf.strings.join([tf.strings.substr(digits, at0, at0 + 1), ".", rest]), digits)
     exp_text = tf.strings.as_string(tf.abs(exponent), width=2, fill="0")
     sci = tf.strings.join([sci_mantissa, "e", tf.where(exponent < 0, "-", "+"), exp_text])
     body = tf.where((exponent >= -4) & (exponent < 16), fixed, sci)

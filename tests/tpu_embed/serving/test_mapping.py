@@ -1,0 +1,128 @@
+"""The serving mapping (TensorFlow ops) against the offline jobs' own code on the same raw rows: generated specs
+and CSV rows through `pipelines.read` + `pipelines.mapping.ids.map_chunk` (the shard job's mapping) give the ids,
+weights, dense values and dead letters that `tpu_embed.serving.map_raw` gives from the rows' raw strings, and from
+the rows as serialized tf.train.Examples; under `error` policies the job stops where serving flags the record."""
+
+import collections
+import os
+
+import numpy as np
+import pyarrow as pa
+import tensorflow as tf
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from pipelines.mapping import ids as pmapping
+from pipelines.mapping import vocabulary as pvocab
+from pipelines.read import parse, splits
+from pipelines.read import records as precords
+from pipelines.token_index import TokenIndex
+from tests.tpu_embed.serving.generated import TOKENS, rows, specs, write
+from tpu_embed.serving import MappingPlan, RawFeatureMapping
+
+N = int(os.environ.get("TPU_EMBED_HYPOTHESIS_EXAMPLES", "100"))
+SETTINGS = dict(deadline=None, suppress_health_check=list(HealthCheck), database=None)
+VOCAB = [b"b", b"a", b"7", "\u00e9t\u00e9".encode(), b"1_0"]
+
+
+def _offline(spec, d, vocab_tokens):
+    """(valid rows, their ExampleBlock) or (valid rows, PolicyError) by the offline code."""
+    path = os.path.join(d, "in.csv")
+    f = precords.InputFile(0, path, os.path.getsize(path))
+    items = list(splits.read_file("csv", f, spec.required_columns(), chunk_rows=1000))
+    batches = [x for x in items if isinstance(x, precords.RawBatch)]
+    letters = [x for x in items if isinstance(x, precords.DeadLetter)]
+    assert len(batches) <= 1, items
+    if not batches:  # every record a dead letter of the reader (e.g. not UTF-8)
+        return np.zeros(0, np.int64), set(range(len(letters))), None
+    chunk, bad = parse.parse_batch(batches[0], spec)
+    dead = {x.record for x in letters + bad}
+    vocabs = {k: TokenIndex(pa.array(pvocab.read_vocabulary_file(pvocab.vocabulary_file_bytes(vocab_tokens[k])),
+                                     pa.large_binary())) for k in spec.vocabulary_groups()}
+    # Record numbers say where a record is in the file; the rows are the records in that order.
+    order = {r: i for i, r in enumerate(sorted(set(chunk.record_numbers.tolist()) | dead))}
+    valid_rows = np.asarray([order[r] for r in chunk.record_numbers.tolist()], np.int64)
+    dead = {order[r] for r in dead}
+    try:
+        block = pmapping.map_chunk(chunk, spec, vocabs, collections.Counter())
+    except pmapping.PolicyError as e:
+        return valid_rows, dead, e
+    return valid_rows, dead, block
+
+
+def _mapping(spec, d, vocab_tokens):
+    os.makedirs(os.path.join(d, "vocab"), exist_ok=True)
+    sizes = {}
+    for key, feats in spec.vocabulary_groups().items():
+        data = pvocab.vocabulary_file_bytes(vocab_tokens[key])
+        with open(os.path.join(d, "vocab", f"{feats[0].name}.txt"), "wb") as fh:
+            fh.write(data)
+        sizes[key] = len(pvocab.read_vocabulary_file(data))
+    return RawFeatureMapping(MappingPlan.from_spec(spec, sizes, d))
+
+
+def _example(row, columns) -> bytes:
+    feats = {c: tf.train.Feature(bytes_list=tf.train.BytesList(value=[row[c]])) for c in columns}
+    return tf.train.Example(features=tf.train.Features(feature=feats)).SerializeToString()
+
+
+def _check(spec, d, rows_, vocab_tokens):
+    valid_rows, dead, offline = _offline(spec, d, vocab_tokens)
+    mapping = _mapping(spec, d, vocab_tokens)
+    raw = {c: tf.constant([r[c] for r in rows_]) for c in mapping.columns}
+    outs = [mapping(raw), mapping.map_examples(tf.constant([_example(r, mapping.columns) for r in rows_]))]
+    for out in outs:
+        valid = out["valid"].numpy()
+        if isinstance(offline, pmapping.PolicyError):
+            # The job stops on this chunk: serving flags at least one of its records, and every dead letter.
+            assert not valid[valid_rows].all(), str(offline)
+            assert not valid[sorted(dead)].any()
+            continue
+        assert sorted(np.flatnonzero(~valid).tolist()) == sorted(dead), (dead, valid)
+        if offline is None:
+            continue
+        np.testing.assert_array_equal(out["dense"].numpy()[valid_rows], offline.dense)
+        for f in spec.categorical:
+            fb = offline.features[f.name]
+            ids = out["ids"][f.name]
+            np.testing.assert_array_equal(ids.row_lengths().numpy()[valid_rows], fb.lengths, err_msg=f.name)
+            got = tf.gather(ids, valid_rows).flat_values.numpy()
+            np.testing.assert_array_equal(got, fb.ids, err_msg=f.name)
+            if f.weight_column:
+                w = tf.gather(out["weights"][f.name], valid_rows).flat_values.numpy()
+                np.testing.assert_array_equal(w, fb.weights, err_msg=f.name)
+
+
+def _vocab_tokens(spec):
+    return {k: VOCAB[:len(k) % 4 + 1] for k in spec.vocabulary_groups()}
+
+
+def test_generated_specs_map_as_the_offline_code(tmp_path_factory):
+    d = str(tmp_path_factory.mktemp("mapping"))
+    tried = [0]
+
+    @settings(max_examples=N, **SETTINGS)
+    @given(specs(policies=("drop", "error")).flatmap(lambda raw: st.tuples(st.just(raw), rows(raw))))
+    def run(case):
+        raw_spec, rows_ = case
+        tried[0] += 1
+        spec = write(d, raw_spec, rows_)
+        _check(spec, d, rows_, _vocab_tokens(spec))
+
+    run()
+    print(f"\n[serving] generated specs against the offline mapping: {tried[0]} specs")
+    assert tried[0] >= min(N, 20)
+
+
+def test_every_token_maps_as_offline(tmp_path):
+    """Every token of the generated rows, alone, under each vocabulary kind (one spec, fixed rows)."""
+    raw_spec = {
+        "name": "t", "inputs": {"format": "csv", "patterns": ["in.csv"]}, "label": {"column": "label"},
+        "categorical": [{"name": "freq", "vocabulary": {"num_oov_buckets": 3}},
+                        {"name": "ident", "column": "freq", "vocabulary": {"type": "identity", "num_buckets": 13}},
+                        {"name": "hash", "column": "freq", "vocabulary": {"type": "hashing", "num_buckets": 17}}],
+        "defaults": {"table": {"dim": 4}}, "optimizer": {"type": "sgd", "learning_rate": 0.1},
+        "topology": {"num_chips": 1, "num_sc_per_chip": 1}, "global_batch_size": 1}
+    rows_ = [{"label": b"1", "freq": t} for t in TOKENS]
+    spec = write(str(tmp_path), raw_spec, rows_)
+    _check(spec, str(tmp_path), rows_, {"freq": VOCAB})

@@ -1,0 +1,146 @@
+"""One SavedModel from raw features to predictions: the mapping, the trained tables and the dense model.
+
+    tpu_embed.serving.export_saved_model("build/criteo", host_embedding, model, "export/criteo")
+
+    loaded = tf.saved_model.load("export/criteo")        # plain TensorFlow: tpu_embed is not needed
+    loaded.signatures["serving_default"](examples=serialized_tf_examples)   # {"predictions", "valid"}
+    loaded.signatures["raw"](C1=tf.constant(["68fd1e64"]), I1=tf.constant(["3"]), ...)
+
+Signatures:
+
+* `serving_default`: `examples`, serialized `tf.train.Example`s [batch] (any value kind per key, as the offline
+  TFRecord reader takes them);
+* `raw`: one string tensor [batch] per column the spec reads (label excluded), a CSV cell's text: multivalent
+  values joined by the feature's delimiter, numbers as text, blank for no value.
+
+Both return `predictions` (the model's output, float32 [batch]) and `valid` (bool [batch]: False where the
+offline jobs would not have used the record; `tpu_embed.serving.mapping`). The lookup is the SparseCore math
+of `HostEmbedding` (each value's gain from its table's combiner and weight, equal ids summed), over the
+trained tables: SparseCore and tensor-core features alike, sequence features [batch, sequence_length, dim].
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Dict, Mapping, Optional
+
+import tensorflow as tf
+
+from tpu_embed.artifact.load import load_artifact
+from tpu_embed.serving.mapping import MappingPlan, RawFeatureMapping
+
+__all__ = ["ServingModel", "embedding_lookup", "export_saved_model"]
+
+
+def _gains(weights: tf.RaggedTensor, combiner: str) -> tf.RaggedTensor:
+    """Each value's gain: its weight scaled by the combiner over its row (float32, as the CSR's gains)."""
+    w = weights.flat_values
+    if combiner == "sum":
+        return weights
+    s = tf.reduce_sum(weights * weights if combiner == "sqrtn" else weights, axis=1)
+    scale = tf.where(tf.equal(s, 0.0), tf.zeros_like(s), 1.0 / (tf.sqrt(s) if combiner == "sqrtn" else s))
+    return weights.with_flat_values(w * tf.gather(scale, weights.value_rowids()))
+
+
+def embedding_lookup(table: tf.Tensor, ids: tf.RaggedTensor, weights: Optional[tf.RaggedTensor], combiner: str,
+                     sequence_length: int = 0) -> tf.Tensor:
+    """Activations of one feature: [batch, dim] (`sum_i gain_i * table[id_i]`), or [batch, sequence_length, dim]
+    for a sequence feature (position p: its value's gain times its row; zero where a row is shorter)."""
+    if weights is None:
+        weights = ids.with_flat_values(tf.ones_like(ids.flat_values, tf.float32))
+    rows = tf.gather(table, ids.flat_values)
+    nrows = ids.nrows()
+    if sequence_length:
+        # Every position is a sample of its own: the combiner over one value.
+        w = weights.flat_values
+        gain = w if combiner == "sum" else tf.where(
+            tf.equal(w, 0.0), tf.zeros_like(w), w / (tf.abs(w) if combiner == "sqrtn" else w))
+        dense = ids.with_flat_values(rows * gain[:, None]).to_tensor(
+            shape=tf.stack([nrows, tf.constant(sequence_length, tf.int64), tf.shape(table, out_type=tf.int64)[1]]))
+        return dense
+    gains = _gains(weights, combiner).flat_values
+    return tf.math.unsorted_segment_sum(rows * gains[:, None], ids.value_rowids(), nrows)
+
+
+def _default_model_inputs(mapped: Mapping[str, Any], activations: Mapping[str, tf.Tensor]) -> Any:
+    return {"dense": mapped["dense"], "embeddings": dict(activations)}
+
+
+class ServingModel(tf.Module):
+    """The mapping, the tables and the model in one `tf.Module`, with the two signatures' functions.
+
+    Args:
+      artifact_dir: the artifact the model was trained from (its spec, manifest and vocabulary files).
+      tables: {table name: [rows, dim] tensor or variable} (`HostEmbedding.embedding_tables`).
+      model: a callable taking `model_inputs(mapped, activations)` and returning [batch] predictions.
+      model_inputs: builds the model's input from the mapping's output and {feature: activation}; default
+        `{"dense": mapped["dense"], "embeddings": activations}` (`tpu_embed.training.dlrm`'s input).
+    """
+
+    def __init__(self, artifact_dir: str, tables: Mapping[str, Any], model: Any,
+                 model_inputs: Optional[Callable[[Mapping[str, Any], Mapping[str, tf.Tensor]], Any]] = None,
+                 name: str = "tpu_embed_serving"):
+        super().__init__(name=name)
+        artifact = load_artifact(artifact_dir, verify="none")
+        self._spec = artifact.spec
+        self.mapping = RawFeatureMapping(MappingPlan.from_spec(artifact.spec, artifact.manifest.vocabulary_sizes,
+                                                               artifact_dir))
+        used = {f.table for f in artifact.spec.categorical}
+        missing = sorted(used - set(tables))
+        if missing:
+            raise ValueError(f"tables {missing} of the artifact's spec are not among the embedding's tables "
+                             f"{sorted(tables)}.")
+        # Copies: the SavedModel holds the trained values as they are now, not the training variables.
+        self.tables = {t: tf.Variable(tf.convert_to_tensor(tables[t]), trainable=False, name=f"table_{t}")
+                       for t in sorted(used)}
+        self.model = model
+        self._model_inputs = model_inputs or _default_model_inputs
+        self.examples = tf.function(self._examples, input_signature=[tf.TensorSpec([None], tf.string, "examples")])
+        self.raw = tf.function(self._raw, input_signature=[
+            {c: tf.TensorSpec([None], tf.string, c) for c in self.mapping.columns}])
+
+    def activations(self, mapped: Mapping[str, Any]) -> Dict[str, tf.Tensor]:
+        out = {}
+        for f in self._spec.categorical:
+            out[f.name] = embedding_lookup(self.tables[f.table], mapped["ids"][f.name],
+                                           mapped["weights"].get(f.name), self._spec.table(f.table).combiner,
+                                           f.sequence_length)
+        return out
+
+    def predict(self, mapped: Mapping[str, Any]) -> Dict[str, tf.Tensor]:
+        predictions = self.model(self._model_inputs(mapped, self.activations(mapped)))
+        return {"predictions": tf.cast(predictions, tf.float32), "valid": mapped["valid"]}
+
+    def _examples(self, examples):
+        return self.predict(self.mapping.map_examples(examples))
+
+    def _raw(self, raw):
+        return self.predict(self.mapping(raw))
+
+
+def export_saved_model(artifact: str, embedding: Any, model: Any, path: str, *,
+                       model_inputs: Optional[Callable[[Mapping[str, Any], Mapping[str, tf.Tensor]], Any]] = None
+                       ) -> str:
+    """Write one SavedModel at `path` mapping raw features as the shards did and predicting with `model`.
+
+    Args:
+      artifact: the artifact directory the model was trained from.
+      embedding: a `tpu_embed.HostEmbedding` (its `embedding_tables`; pending pipelined updates are applied
+        first), or {table name: [rows, dim] table}.
+      model: the dense model: `model(model_inputs(mapped, activations))` -> [batch] predictions.
+      path: where to write the SavedModel (local or an object store TensorFlow can write).
+      model_inputs: see `ServingModel`.
+
+    Returns `path`. The vocabulary files are copied in as assets: the SavedModel needs neither the artifact
+    nor tpu_embed to load and run (`tf.saved_model.load`, `saved_model_cli run`, TensorFlow Serving).
+    """
+    if hasattr(embedding, "embedding_tables"):
+        if hasattr(embedding, "flush"):
+            embedding.flush()  # a pending pipelined update belongs to the trained tables
+        tables = embedding.embedding_tables
+    else:
+        tables = dict(embedding)
+    module = ServingModel(artifact, tables, model, model_inputs)
+    tf.saved_model.save(module, path, signatures={
+        "serving_default": module.examples.get_concrete_function(),
+        "raw": module.raw.get_concrete_function()})
+    return path
