@@ -183,11 +183,11 @@ def read_payload(fh, offset: int, length: int, name: str = "<stream>", *, verify
     """The payload of `length` bytes at `offset` of a seekable file object (an `index_stream` entry), its
     CRC checked; `TFRecordError` (at the frame's offset) if it is truncated or corrupt."""
     fh.seek(offset)
-    body = fh.read(length + FOOTER_BYTES)
-    if len(body) < length + FOOTER_BYTES:
+    payload = fh.read(length)  # apart from its CRC, as in `iter_stream`
+    footer = fh.read(FOOTER_BYTES) if len(payload) == length else b""
+    if len(footer) < FOOTER_BYTES:
         raise TFRecordError(TRUNCATED_RECORD, offset - HEADER_BYTES, name)
-    payload = body[:length]
-    if verify and _mask(_crc32c(payload)) != _U32.unpack_from(body, length)[0]:
+    if verify and _mask(_crc32c(payload)) != _U32.unpack_from(footer, 0)[0]:
         raise TFRecordError(CORRUPT_DATA, offset - HEADER_BYTES, name)
     return payload
 
