@@ -142,6 +142,9 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--host", type=int, default=0)
     sp.add_argument("--steps", type=int, default=1, help="decode and summarise this many records")
     sp.add_argument("--json", action="store_true", help="print the manifest as JSON")
+    sp.add_argument("--unseen-days", type=int, default=1, metavar="N",
+                    help="a lineage's vocabularies: count the tokens in use not seen for N days or more "
+                         "(last_day <= day - N), those a retiring policy would free (default 1: not seen this day)")
     sp.set_defaults(func=cmd_inspect)
 
     sp = sub.add_parser("demo", help="raw data to a trained model: synthetic Criteo-like data, the jobs, the plan, "
@@ -149,6 +152,11 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--output", default="build/demo", help="where everything goes (default build/demo)")
     sp.add_argument("--overwrite", action="store_true", help="replace the output of an earlier demo")
     sp.add_argument("--examples", type=int, default=None, help="synthetic examples to generate (default 500000)")
+    sp.add_argument("--days", type=int, choices=(1, 2), default=1,
+                    help="2: the examples as two days of one lineage (vocabularies append under capacities); "
+                         "day 2 restores day 1's checkpoint and trains on, against a cold start (default 1)")
+    sp.add_argument("--no-serving", dest="serving", action="store_false",
+                    help="skip the SavedModel export and its scoring of the held-out raw rows (a minute or more)")
     sp.set_defaults(func=cmd_demo)
 
     _add_remap(sub)
@@ -293,11 +301,12 @@ cmd_run = _job_command("run_all")
 
 def cmd_demo(args, beam_args):
     from pipelines import demo  # Beam: the demo runs the jobs (see the imports)
-    return demo.main(args.output, args.overwrite, args.examples, beam_args)
+    return demo.main(args.output, args.overwrite, args.examples, beam_args, days=args.days, serving=args.serving)
 
 
-def summary(m, output: str) -> str:
-    """A few lines about an artifact directory, from its typed manifest (`tpu_embed.artifact.manifest.Manifest`)."""
+def summary(m, output: str, unseen_days: int = 1) -> str:
+    """A few lines about an artifact directory, from its typed manifest (`tpu_embed.artifact.manifest.Manifest`)
+    and, for a lineage, its token-count files (`lineage_lines`)."""
     if m is None:
         return f"{output}: no manifest written"
     lines = [f"artifact: {output}  (spec {m.spec_name}, fingerprint {m.spec_fingerprint[:16]})"]
@@ -310,7 +319,7 @@ def summary(m, output: str) -> str:
         sizes = ", ".join(f"{k}={v.size}" for k, v in sorted(vocabs.items())[:8])
         more = f" (+{len(vocabs) - 8} more)" if len(vocabs) > 8 else ""
         lines.append(f"vocabularies ({len(vocabs)}): {sizes}{more}")
-    lines.extend(lineage_lines(m))
+    lines.extend(lineage_lines(m, output, unseen_days))
     c = m.counts
     if c is not None:
         lines.append(f"records read {c.records_read}, invalid {c.records_invalid} "
@@ -337,8 +346,12 @@ def summary(m, output: str) -> str:
     return "\n".join(lines)
 
 
-def lineage_lines(m) -> list:
-    """The lineage (modes append / frozen): day, base, and per vocabulary tokens in use, new, not admitted."""
+def lineage_lines(m, artifact: Optional[str] = None, unseen_days: int = 1) -> list:
+    """The lineage (modes append / frozen): day, base, and per vocabulary its mode, the tokens in use (of the
+    capacity), kept from the base and new, the tokens not admitted and their values sent to the OOV buckets,
+    and with `artifact` (whose token-count files are read) the tokens in use not seen for `unseen_days` days
+    or more: `last_day <= day - unseen_days`, the ones a retiring policy would free (none is retired: a token
+    keeps its id and row while its lineage lasts)."""
     lin = m.lineage
     if lin is None:
         return []
@@ -350,9 +363,21 @@ def lineage_lines(m) -> list:
             continue
         cap = f" of capacity {v.capacity}" if v.capacity is not None else ""
         over = f", {v.capacity_overflow_tokens} over capacity" if v.capacity_overflow_tokens else ""
-        lines.append(f"  {k}: {v.mode}, {v.tokens} tokens{cap} ({v.base_tokens} kept, {v.new_tokens} new), "
-                     f"{v.not_admitted_tokens} not admitted{over}")
+        line = (f"  {k}: {v.mode}, {v.tokens} tokens{cap} ({v.base_tokens} kept, {v.new_tokens} new), "
+                f"{v.not_admitted_tokens} not admitted{over}; {v.not_admitted_count} values to OOV")
+        if artifact is not None and v.counts_file is not None:
+            line += f"; {unseen_tokens(artifact, k, lin.day - unseen_days)} unseen for {unseen_days}+ day(s)"
+        lines.append(line)
     return lines
+
+
+def unseen_tokens(artifact: str, key: str, last_day: int) -> int:
+    """Tokens in vocabulary `key` (id >= 0) last seen on day `last_day` or before, from its token-count file."""
+    import pyarrow.compute as pc  # a command's imports (see the imports)
+
+    from tpu_embed.artifact.lineage import read_token_counts
+    t = read_token_counts(artifact, key)
+    return int(pc.sum(pc.and_(pc.greater_equal(t["id"], 0), pc.less_equal(t["last_day"], last_day))).as_py() or 0)
 
 
 def limits_table(m) -> list:
@@ -388,7 +413,9 @@ def cmd_inspect(args, beam_args):
     if args.json:
         print(m.to_bytes().decode("utf-8"), end="")
         return 0
-    print(summary(m, args.artifact))
+    if args.unseen_days < 1:
+        raise UserError(f"--unseen-days {args.unseen_days}: give a number of days, 1 or more.")
+    print(summary(m, args.artifact, args.unseen_days))
     if m.shards is not None:
         fmt = m.shard_format
         if not 0 <= args.host < fmt.num_hosts:

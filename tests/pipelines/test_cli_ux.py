@@ -165,3 +165,70 @@ def test_report_names_the_spec_fingerprint_and_tokens(artifact, tmp_path):
     vocab = open(os.path.join(artifact, "vocab", "C1.txt")).read().splitlines()
     assert tokens["C1"].label(0) == vocab[0] and tokens["C1"].label(len(vocab)) == "OOV bucket 0"
     assert "<td>C1_C10…(+24 tables)</td>" in page  # the stack table shows short names
+
+
+# ---------------------------------------------------------------- inspect: a lineage's vocabularies
+
+@pytest.fixture(scope="module")
+def two_days(tmp_path_factory):
+    """The MovieLens sample split in two days by its timestamp; vocabularies of an append lineage (zip's
+    capacity fills on day 2)."""
+    import csv
+    d = tmp_path_factory.mktemp("inspect_days")
+    with open(os.path.join(ROOT, "data", "movielens_sample.csv"), newline="") as f:
+        rows = list(csv.DictReader(f))
+    rows.sort(key=lambda r: int(r["timestamp"]))
+    days = (rows[:100], rows[100:])
+    for i, part in enumerate(days):
+        with open(d / f"day{i + 1}.csv", "w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=list(rows[0]), lineterminator="\n")
+            w.writeheader()
+            w.writerows(part)
+
+    def spec(day):
+        return parse_spec({"inputs": {"format": "csv", "patterns": [f"day{day}.csv"]}, "label": "rating",
+                           "categorical": [{"name": "zip", "vocabulary": {"mode": "append", "capacity": 120,
+                                                                         "num_oov_buckets": 2}},
+                                           {"name": "occupation", "vocabulary": {"mode": "append"}},
+                                           {"name": "gender"}],
+                           "defaults": {"table": {"dim": 4}}, "optimizer": {"type": "sgd", "learning_rate": 0.1},
+                           "topology": {"num_chips": 1, "num_sc_per_chip": 4}, "global_batch_size": 8},
+                          base_dir=str(d))
+    day1, day2 = str(d / "day1-out"), str(d / "day2-out")
+    runner.run_vocab(JobConfig(spec=spec(1), output=day1))
+    runner.run_vocab(JobConfig(spec=spec(2), output=day2, base=day1))
+    return days, day1, day2
+
+
+def test_inspect_shows_a_lineage_mode_capacity_and_tokens_added_unseen_or_sent_to_oov(two_days, capsys):
+    (rows1, rows2), day1, day2 = two_days
+    assert cli.main(["inspect", day2]) == 0
+    out = capsys.readouterr().out
+    assert f"lineage {read_manifest(day1).lineage.id[:12]} day 2, base ../day1-out (day 1)" in out
+    for name, cap in (("zip", 120), ("occupation", None)):
+        seen1 = list(dict.fromkeys(r[name] for r in rows1))  # a first day's vocabulary: every token counted
+        counts2: dict = {}
+        for r in rows2:
+            counts2[r[name]] = counts2.get(r[name], 0) + 1
+        new = sorted((t for t in counts2 if t not in seen1), key=lambda t: (counts2[t], t.encode()), reverse=True)
+        admitted = new if cap is None else new[:cap - len(seen1)]
+        oov_values = sum(counts2[t] for t in new) - sum(counts2[t] for t in admitted)
+        unseen = sum(t not in counts2 for t in seen1)
+        tokens = len(seen1) + len(admitted)
+        over = len(new) - len(admitted)
+        line = next(x for x in out.splitlines() if x.startswith(f"  {name}: "))
+        assert line == (f"  {name}: append, {tokens} tokens{f' of capacity {cap}' if cap else ''} "
+                        f"({len(seen1)} kept, {len(admitted)} new), {over} not admitted"
+                        f"{f', {over} over capacity' if over else ''}; {oov_values} values to OOV; "
+                        f"{unseen} unseen for 1+ day(s)"), line
+    assert "zip" in [x.split(":")[0].strip() for x in out.splitlines() if "over capacity" in x]
+    assert "gender:" not in out  # rebuild: no lineage line
+    # Two days back from day 2 is day 0: nothing in use was last seen then.
+    assert cli.main(["inspect", day2, "--unseen-days", "2"]) == 0
+    assert "; 0 unseen for 2+ day(s)" in capsys.readouterr().out
+    assert cli.main(["inspect", day1]) == 0
+    assert "day 1, first day" in capsys.readouterr().out
+
+
+def test_inspect_refuses_unseen_days_below_one(two_days, capsys):
+    _one_line_error(capsys, ["inspect", two_days[2], "--unseen-days", "0"], 2, "--unseen-days 0", "1 or more")
