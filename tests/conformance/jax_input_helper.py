@@ -11,6 +11,8 @@ as the artifact's host has (XLA_FLAGS). Requests, by "op":
   `preprocess_sparse_dense_matmul_input` of the request's host features ("steps": per step {feature:
   (row_splits, ids, weights)}) with the same FeatureSpecs: per step both as numpy, the class of `sparse`, and
   for jax.Arrays their sharding (devices and index of each shard).
+* "optimizer": `jax_optimizer` of an `OptimizerConfig.from_dict(request["optimizer"])`: its class and
+  numeric fields, or {"error": message}.
 * "train_dry_run": examples/train_jax.py's `main([...])` with --dry-run; its summary.
 """
 
@@ -94,6 +96,12 @@ def handle(req):
     try:
         if op == "specs":
             return _describe(feature_specs(req["artifact"], fdo_dir=req.get("fdo_dir")))
+        if op == "optimizer":
+            from tpu_embed.core.model import OptimizerConfig
+            from tpu_embed.jax.specs import jax_optimizer
+            o = jax_optimizer(OptimizerConfig.from_dict(req["optimizer"]))
+            return {"class": type(o).__name__,
+                    "fields": {k: v for k, v in vars(o).items() if isinstance(v, (int, float, bool))}}
         if op == "train_dry_run":
             sys.path.insert(0, str(ROOT / "examples"))
             import train_jax

@@ -182,3 +182,30 @@ def test_train_jax_dry_run_reaches_the_device_boundary(helper, artifacts):
         assert got["stacks"][s["name"]] == {"row_pointers": [L * int(fj["row_pointers_size_per_device"])],
                                             "coo": [L * int(s["coo_buffer_size_per_device"])]}
     assert got["ids"] > 0
+
+
+def test_jax_optimizer_carries_each_optimizer_s_parameters(helper):
+    from tpu_embed.core.model import OptimizerConfig
+
+    def full(d):
+        return OptimizerConfig.from_dict(d).to_dict()
+
+    cases = {"sgd": ("SGDOptimizerSpec", {"learning_rate": "learning_rate"}),
+             "adagrad": ("AdagradOptimizerSpec", {"learning_rate": "learning_rate",
+                                                  "initial_accumulator": "initial_accumulator_value"}),
+             "adam": ("AdamOptimizerSpec", {"learning_rate": "learning_rate", "beta1": "beta_1", "beta2": "beta_2",
+                                            "epsilon": "epsilon"}),
+             "ftrl": ("FTRLOptimizerSpec", {"learning_rate": "learning_rate",
+                                            "learning_rate_power": "learning_rate_power",
+                                            "l1_regularization_strength": "l1_regularization_strength",
+                                            "l2_regularization_strength": "l2_regularization_strength",
+                                            "beta": "beta", "initial_accumulator_value": "initial_accumulator_value"})}
+    for kind, (cls, names) in cases.items():
+        d = full({"optimizer": kind, "learning_rate": 0.03})
+        got = helper({"op": "optimizer", "optimizer": d})
+        assert got.get("class") == cls, (kind, got)
+        for ours, theirs in names.items():
+            assert got["fields"][theirs] == pytest.approx(d[ours]), (kind, ours)
+    got = helper({"op": "optimizer", "optimizer": {"optimizer": "sgd", "learning_rate": 0.1,
+                                                   "clip_weight_max": 1.0}})
+    assert "no such parameters" in got["error"] and "\n" not in got["error"]
