@@ -8,7 +8,8 @@ as the artifact's host has (XLA_FLAGS). Requests, by "op":
   shapes, stack and the stack's limits), or {"error": message}.
 * "iterate": `input_iterator(artifact, output=..., feature_specs=<feature_specs(artifact, fdo_dir)> or None,
   host_index=..., has_leading_dimension=...)`, and beside it jax-tpu-embedding's own
-  `preprocess_sparse_dense_matmul_input` of the request's host features ("steps": per step {feature:
+  `preprocess_sparse_dense_matmul_input` of the request's host features (`specs_from`: the FeatureSpecs of
+  another artifact; `unstacked`: one FeatureSpec not stacked) ("steps": per step {feature:
   (row_splits, ids, weights)}) with the same FeatureSpecs: per step both as numpy, the class of `sparse`, and
   for jax.Arrays their sharding (devices and index of each shard).
 * "optimizer": `jax_optimizer` of an `OptimizerConfig.from_dict(request["optimizer"])`: its class and
@@ -108,7 +109,14 @@ def handle(req):
             return train_jax.main(req["argv"])
         if op != "iterate":
             return {"error": f"unknown op {op!r}"}
-        specs = feature_specs(req["artifact"], fdo_dir=req.get("fdo_dir")) if req.get("with_specs") else None
+        specs = None
+        if req.get("with_specs"):  # `specs_from`: another artifact's FeatureSpecs (a mismatch to refuse)
+            specs = feature_specs(req.get("specs_from", req["artifact"]), fdo_dir=req.get("fdo_dir"))
+        if req.get("unstacked"):
+            from jax_tpu_embedding.sparsecore.lib.nn import embedding_spec as es
+            t = es.TableSpec(vocabulary_size=8, embedding_dim=8, initializer=jax.nn.initializers.zeros,
+                             optimizer=es.SGDOptimizerSpec(), combiner="sum", name="t")
+            specs = {"f": es.FeatureSpec(name="f", table_spec=t, input_shape=[8, 1], output_shape=[8, 8])}
         sharding = None
         if req["output"] == "jax" and req.get("devices"):
             from jax.sharding import Mesh, NamedSharding, PartitionSpec

@@ -209,3 +209,15 @@ def test_jax_optimizer_carries_each_optimizer_s_parameters(helper):
     got = helper({"op": "optimizer", "optimizer": {"optimizer": "sgd", "learning_rate": 0.1,
                                                    "clip_weight_max": 1.0}})
     assert "no such parameters" in got["error"] and "\n" not in got["error"]
+
+
+def test_feature_specs_stacked_otherwise_are_refused(helper, artifacts):
+    """FeatureSpecs whose stacks are not the records' (another artifact's; one left unstacked) are refused
+    in one line before any step is read: their COO buffer sizes would not be the records'."""
+    _, criteo, _, _ = artifacts("criteo")
+    _, movielens, _, _ = artifacts("movielens")
+    base = {"op": "iterate", "artifact": criteo, "output": "numpy", "with_specs": True}
+    got = helper(dict(base, specs_from=movielens))
+    assert "stacked otherwise than the artifact's jax records" in got["error"] and "\n" not in got["error"]
+    got = helper(dict(base, with_specs=False, unstacked=True))
+    assert "are not stacked" in got["error"] and "\n" not in got["error"]
