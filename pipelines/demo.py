@@ -12,26 +12,29 @@
 from __future__ import annotations
 
 import dataclasses
+import glob
 import json
 import os
 import shutil
 import sys
 import time
-from typing import Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Sequence
 
 import numpy as np
 
 from pipelines import demo_data, progress, runner
 from pipelines.jobs import JobConfig
+from pipelines.lineage_report import lineage_lines
 from pipelines.sharding.planned_limits import PLAN_FILE
 from profiles import load_plan
 from profiles.display import short_stack_name
 from profiles.report import write_report
+from tpu_embed.artifact import tfrecord
 from tpu_embed.artifact.manifest import read_manifest
 from tpu_embed.artifact.spec import load_spec
 
 MARKER = "demo.json"  # in the output directory: what --overwrite may delete
-DATA_DIR, ARTIFACT_DIR, REPORT_DIR = "data", "artifact", "report"
+DATA_DIR, ARTIFACT_DIR, REPORT_DIR, MODEL_DIR = "data", "artifact", "report", "model"
 
 
 class DemoError(RuntimeError):
@@ -48,6 +51,8 @@ class DemoConfig:
     max_train_steps: Optional[int] = None  # default: every training step once
     log_every: int = 25
     learning_rate: float = 0.002  # the dense model's Adam; the embeddings use the spec's Adagrad
+    days: int = 1  # 2: two days of one lineage (mode append, capacities); day 2 warm-started from day 1
+    serving: bool = True  # export the SavedModel and score the held-out raw rows with it (a minute or more)
 
 
 # ---------------------------------------------------------------- output directory
@@ -136,8 +141,36 @@ class TrainResult:
     eval_examples: int
 
 
-def train_and_evaluate(artifact: str, cfg: DemoConfig, say: Callable[[str], None] = print) -> TrainResult:
-    """Train tpu_embed.training.dlrm with HostEmbedding on the first steps of the shards, evaluate on the rest."""
+@dataclasses.dataclass
+class Trained:
+    """A trained model and what its held-out evaluation saw (the serving check scores the same rows)."""
+    result: TrainResult
+    embedding: Any  # tpu_embed.HostEmbedding
+    model: Any  # tpu_embed.training.dlrm
+    optimizer: Any  # the dense model's Adam
+    eval_first_example: int  # the held-out examples are the day's input records from this one on, in order
+    eval_labels: np.ndarray
+    eval_scores: np.ndarray  # the model's logits on the held-out shards
+
+
+def model_dense(dense):
+    """The dense features as the model takes them: count features on a log scale (training and serving)."""
+    import tensorflow as tf
+    return tf.math.log1p(tf.maximum(tf.cast(dense, tf.float32), 0.0))
+
+
+def log_loss(labels: np.ndarray, logits: np.ndarray) -> float:
+    s, y = np.asarray(logits, np.float64), np.asarray(labels, np.float64)
+    return float(np.mean(np.maximum(s, 0) - s * y + np.log1p(np.exp(-np.abs(s)))))
+
+
+def train_and_evaluate(artifact: str, cfg: DemoConfig, say: Callable[[str], None] = print,
+                       warm_start: Optional[str] = None) -> Trained:
+    """Train tpu_embed.training.dlrm with HostEmbedding on the first steps of the shards, evaluate on the rest.
+
+    `warm_start`: a checkpoint of an earlier day (`save_checkpoint`) restored before training: the embedding
+    tables with their Adagrad slots, the dense model and its optimizer. Its tables must have this artifact's
+    rows (an `append` lineage under capacities; else `tpu-embed remap` it first)."""
     # TensorFlow (and tpu_embed's training side, built on it) only where the demo trains: seconds to import.
     import tensorflow as tf
     import tf_keras as keras
@@ -160,10 +193,12 @@ def train_and_evaluate(artifact: str, cfg: DemoConfig, say: Callable[[str], None
     model = dlrm(len(spec.dense), {f.name: spec.table(f.table).dim for f in spec.sparse_core_features},
                  seed=cfg.seed)
     opt = keras.optimizers.Adam(learning_rate=cfg.learning_rate)
+    restored = None
+    if warm_start is not None:
+        restored = tf.train.Checkpoint(embedding=emb, model=model, optimizer=opt).restore(warm_start)
 
     def inputs(record, activations):
-        dense = tf.math.log1p(tf.maximum(record["dense"], 0.0))  # count features: log scale
-        return {"dense": dense, "embeddings": activations}
+        return {"dense": model_dense(record["dense"]), "embeddings": activations}
 
     @tf.function(reduce_retracing=True)
     def dense_step(dense, label, mask, activations):
@@ -193,6 +228,8 @@ def train_and_evaluate(artifact: str, cfg: DemoConfig, say: Callable[[str], None
         window.append(loss)
         if step == 0:
             t_first = time.time()  # the first step traces the model
+            if restored is not None:  # every variable there is now (the model's, Adam's slots) came from it
+                restored.assert_existing_objects_matched()
         bar.update(1)
         bar.set_postfix(loss=f"{loss:.4f}")
         if (step + 1) % cfg.log_every == 0 or step + 1 == train_steps:
@@ -219,96 +256,332 @@ def train_and_evaluate(artifact: str, cfg: DemoConfig, say: Callable[[str], None
     y, s, w = (np.concatenate(a) for a in (labels, scores, masks))
     keep = w > 0
     y, s = y[keep], s[keep]
-    eval_loss = float(np.mean(np.maximum(s, 0) - s * y + np.log1p(np.exp(-np.abs(s)))))
     head = float(np.mean(losses[:min(10, len(losses))]))
     tail = float(np.mean(losses[-min(10, len(losses)):]))
-    return TrainResult(train_steps, eval_steps, head, tail, losses, rate, eval_loss, auc(y, s), int(keep.sum()))
+    result = TrainResult(train_steps, eval_steps, head, tail, losses, rate, log_loss(y, s), auc(y, s),
+                         int(keep.sum()))
+    return Trained(result, emb, model, opt, (steps - eval_steps) * spec.global_batch_size, y, s)
+
+
+def save_checkpoint(trained: Trained, path: str) -> str:
+    """The embedding (tables and slots), the dense model and its optimizer: what the next day starts from."""
+    import tensorflow as tf
+    return tf.train.Checkpoint(embedding=trained.embedding, model=trained.model,
+                               optimizer=trained.optimizer).save(path)
+
+
+# ---------------------------------------------------------------- serving
+
+@dataclasses.dataclass
+class ServingCheck:
+    path: str
+    examples: int
+    auc_shards: float
+    auc_saved_model: float
+    max_abs_difference: float  # between the two paths' logits, example by example
+    export_seconds: float
+    score_seconds: float
+
+
+def held_out_records(patterns: Sequence[str], first: int, count: int) -> List[bytes]:
+    """Serialized tf.train.Examples `first` .. `first + count - 1` of the input, in the shards' order (the files
+    sorted by path, records in file order; the demo's data has no dead letters)."""
+    paths = sorted(p for pattern in patterns for p in glob.glob(pattern))
+    out: List[bytes] = []
+    seen = 0
+    for path in paths:
+        records = tfrecord.read_records(path)
+        lo, hi = max(first - seen, 0), min(first + count - seen, len(records))
+        if lo < hi:
+            out.extend(records[lo:hi])
+        seen += len(records)
+        if len(out) == count:
+            break
+    return out
+
+
+def export_and_score(artifact: str, trained: Trained, path: str, batch_size: int = 4096) -> ServingCheck:
+    """Export the trained model with `tpu_embed.serving.export_saved_model` and score the held-out rows' raw
+    tf.train.Examples with the SavedModel's `serving_default`, as a server would; the AUC must be the shards'."""
+    import tensorflow as tf
+
+    from tpu_embed.serving import export_saved_model
+
+    t = time.time()
+    export_saved_model(artifact, trained.embedding, trained.model, path,
+                       model_inputs=lambda mapped, acts: {"dense": model_dense(mapped["dense"]), "embeddings": acts})
+    export_seconds = time.time() - t
+    t = time.time()
+    spec = load_spec(os.path.join(artifact, "spec.yaml"))
+    n = trained.eval_labels.size
+    records = held_out_records(spec.input_patterns(), trained.eval_first_example, n)
+    labels = tf.io.parse_example(records, {spec.label.column: tf.io.FixedLenFeature([], tf.float32)})
+    if len(records) != n or not np.array_equal(labels[spec.label.column].numpy(), trained.eval_labels):
+        raise DemoError(f"the held-out input records of {artifact} do not line up with its held-out shards "
+                        "(labels differ): the serving check cannot compare them.")
+    serve = tf.saved_model.load(path).signatures["serving_default"]
+    scores, valid = [], []
+    for i in range(0, n, batch_size):
+        out = serve(examples=tf.constant(records[i:i + batch_size]))
+        scores.append(out["predictions"].numpy())
+        valid.append(out["valid"].numpy())
+    s, ok = np.concatenate(scores), np.concatenate(valid)
+    if not ok.all():
+        raise DemoError(f"the SavedModel marked {int((~ok).sum())} held-out records invalid that the shards kept.")
+    return ServingCheck(path, n, trained.result.eval_auc, auc(trained.eval_labels, s),
+                        float(np.max(np.abs(s - trained.eval_scores))), export_seconds, time.time() - t)
+
+
+def serving_lines(check: ServingCheck) -> List[str]:
+    return [f"      SavedModel {check.path} ({check.export_seconds:.1f} s); serving_default on the "
+            f"{check.examples:,} held-out raw tf.train.Examples ({check.score_seconds:.1f} s):",
+            f"      AUC {check.auc_saved_model:.4f} from the SavedModel, {check.auc_shards:.4f} from the shards "
+            f"(largest logit difference {check.max_abs_difference:.2g})"]
 
 
 # ---------------------------------------------------------------- the demo
+
+class _Steps:
+    """`[i/n] text` headings."""
+
+    def __init__(self, total: int):
+        self.total, self.done = total, 0
+
+    def __call__(self, text: str) -> str:
+        self.done += 1
+        return f"[{self.done}/{self.total}] {text}"
+
+
+def _write_spec(output: str, patterns: Sequence[str], cfg: DemoConfig, name: str = "spec.yaml",
+                capacities: Optional[Dict[str, int]] = None) -> str:
+    path = os.path.join(output, name)
+    with open(path, "w") as fh:
+        fh.write(demo_data.spec_text(patterns, path, cfg.global_batch_size, capacities))
+    return path
+
+
+def _run_jobs(spec, artifact: str, examples: int, beam_args, say, times: dict, key: str,
+              base: Optional[str] = None):
+    spec = load_spec(spec) if isinstance(spec, str) else spec
+    job = JobConfig(spec=spec, output=artifact, base=base)
+    t = time.time()
+    with progress.records("  vocabularies", examples):
+        runner.run_vocab(job, beam_args)
+    times[f"{key}vocab"] = time.time() - t
+    say(f"      vocabularies: {times[f'{key}vocab']:.1f} s")
+    t = time.time()
+    with progress.records("  shards + profile", examples):
+        m = runner.run_shard(job, beam_args)
+    times[f"{key}shard"] = time.time() - t
+    say(f"      shards + profile + plan: {times[f'{key}shard']:.1f} s; {m.counts.examples_written:,} examples in "
+        f"{m.counts.steps} steps of {spec.global_batch_size} on {spec.topology.num_chips} chips x "
+        f"{spec.topology.num_sc_per_chip} SparseCores")
+    return m
+
+
+def _say_plan(artifact: str, m, say) -> None:
+    plan = load_plan(os.path.join(artifact, PLAN_FILE))
+    for line in plan_lines(plan, {k: list(v.tables) for k, v in (m.stacks or {}).items()}):
+        say(line)
+
+
+def _result_line(r: TrainResult) -> str:
+    return (f"      loss {r.first_loss:.4f} -> {r.last_loss:.4f} over {r.train_steps} steps "
+            f"({r.steps_per_second:.1f} steps/s); held out: {r.eval_examples:,} examples, "
+            f"log loss {r.eval_loss:.4f}, AUC {r.eval_auc:.3f}")
+
+
+def _train_summary(r: TrainResult) -> dict:
+    return {k: v for k, v in dataclasses.asdict(r).items() if k != "losses"}
+
 
 def run_demo(output: str, *, overwrite: bool = False, cfg: Optional[DemoConfig] = None, beam_args=(),
              say: Callable[[str], None] = print) -> dict:
     """Everything `tpu-embed demo` does; returns what it produced (also written to OUTPUT/demo.json)."""
     cfg = cfg or DemoConfig()
+    if cfg.days not in (1, 2):
+        raise DemoError(f"--days {cfg.days}: the demo runs 1 day, or a lineage of 2 (--days 2).")
     t_start = time.time()
     prepare_output(output, overwrite)
     with open(os.path.join(output, MARKER), "w") as fh:
         json.dump({"status": "running", "config": dataclasses.asdict(cfg)}, fh)
-    data_dir, artifact, report_dir = (os.path.join(output, d) for d in (DATA_DIR, ARTIFACT_DIR, REPORT_DIR))
-    times = {}
+    run = _run_two_days if cfg.days == 2 else _run_one_day
+    summary = run(output, cfg, beam_args, say)
+    report_dir = os.path.join(output, REPORT_DIR)
+    html = summary["report"]
+    pngs = sorted(f for f in os.listdir(report_dir) if f.endswith(".png"))
+    total = time.time() - t_start
+    summary = {"status": "done", "config": dataclasses.asdict(cfg), **summary}
+    summary["seconds"] = {k: round(v, 1) for k, v in dict(summary["seconds"], total=total).items()}
+    with open(os.path.join(output, MARKER), "w") as fh:
+        json.dump(summary, fh, indent=1)
 
-    say(f"[1/5] data: {cfg.num_examples:,} synthetic Criteo-like examples (13 dense, 26 categorical with Zipf "
-        "skew, 2 multivalent, 1 weighted, 1 sequence feature)")
+    artifact = summary["artifact"]
+    say("")
+    say(f"Done in {total:.0f} s. Produced:")
+    say(f"  {summary['data']}/            the raw data and {summary['spec']} (its spec)")
+    if cfg.days == 2:
+        say(f"  {summary['days'][0]['artifact']}/  day 1: vocab/, shards/, profiles/, plan.json, manifest.json; "
+            f"its checkpoint {summary['days'][0]['checkpoint']}")
+    say(f"  {artifact}/        vocab/, shards/, profiles/, plan.json, manifest.json")
+    if summary["serving"] is not None:
+        say(f"  {summary['serving']['path']}/  the SavedModel (serving_default: serialized tf.train.Examples)")
+    say(f"  {html}  the profile report ({len(pngs)} plots)")
+    say("Next:")
+    say(f"  tpu-embed inspect {artifact}")
+    say(f"  open {html}")
+    if cfg.days == 1:
+        say("  tpu-embed demo --days 2 --output build/demo2   # two days: append, restore, train on")
+    say("  tpu-embed run --spec examples/criteo/spec.yaml --output build/criteo   # the same on your own spec")
+    return summary
+
+
+def _run_one_day(output: str, cfg: DemoConfig, beam_args, say) -> dict:
+    step = _Steps(5 + int(cfg.serving))
+    data_dir, artifact, report_dir = (os.path.join(output, d) for d in (DATA_DIR, ARTIFACT_DIR, REPORT_DIR))
+    times: Dict[str, float] = {}
+
+    say(step(f"data: {cfg.num_examples:,} synthetic Criteo-like examples (13 dense, 26 categorical with Zipf "
+             "skew, 2 multivalent, 1 weighted, 1 sequence feature)"))
     t = time.time()
     with progress.bar(cfg.num_examples, "  generating", unit="examples") as bar:
         paths = demo_data.write_dataset(data_dir, cfg.num_examples, seed=cfg.seed, num_files=cfg.num_files,
                                         progress=bar.update)
-    spec_path = os.path.join(output, "spec.yaml")
-    with open(spec_path, "w") as fh:
-        fh.write(demo_data.spec_text([f"{DATA_DIR}/part-*.tfrecord"], spec_path, cfg.global_batch_size))
+    spec_path = _write_spec(output, [f"{DATA_DIR}/part-*.tfrecord"], cfg)
     times["data"] = time.time() - t
     size = sum(os.path.getsize(p) for p in paths)
     say(f"      {len(paths)} TFRecord files, {size / 2**20:.0f} MiB in {data_dir} ({times['data']:.1f} s); "
         f"spec: {spec_path}")
 
-    spec = load_spec(spec_path)
-    job = JobConfig(spec=spec, output=artifact)
-    say("[2/5] jobs (Apache Beam, local runner): vocabularies, then shards + profile in one pass, then the plan")
-    t = time.time()
-    with progress.records("  vocabularies", cfg.num_examples):
-        runner.run_vocab(job, beam_args)
-    times["vocab"] = time.time() - t
-    say(f"      vocabularies: {times['vocab']:.1f} s")
-    t = time.time()
-    with progress.records("  shards + profile", cfg.num_examples):
-        m = runner.run_shard(job, beam_args)
-    times["shard"] = time.time() - t
-    say(f"      shards + profile + plan: {times['shard']:.1f} s; {m.counts.examples_written:,} examples in "
-        f"{m.counts.steps} steps of {spec.global_batch_size} on {spec.topology.num_chips} chips x "
-        f"{spec.topology.num_sc_per_chip} SparseCores")
+    say(step("jobs (Apache Beam, local runner): vocabularies, then shards + profile in one pass, then the plan"))
+    m = _run_jobs(spec_path, artifact, cfg.num_examples, beam_args, say, times, "")
 
-    plan = load_plan(os.path.join(artifact, PLAN_FILE))
-    say(f"[3/5] plan ({os.path.join(artifact, PLAN_FILE)}; recorded in manifest.json and used for the shards)")
-    for line in plan_lines(plan, {k: list(v.tables) for k, v in (m.stacks or {}).items()}):
-        say(line)
+    say(step(f"plan ({os.path.join(artifact, PLAN_FILE)}; recorded in manifest.json and used for the shards)"))
+    _say_plan(artifact, m, say)
 
-    say(f"[4/5] training a DLRM on CPU with HostEmbedding from the shards (held out: the last "
-        f"{cfg.eval_fraction:.0%} of the steps)")
+    say(step(f"training a DLRM on CPU with HostEmbedding from the shards (held out: the last "
+             f"{cfg.eval_fraction:.0%} of the steps)"))
     t = time.time()
-    result = train_and_evaluate(artifact, cfg, say)
+    trained = train_and_evaluate(artifact, cfg, say)
     times["train"] = time.time() - t
-    say(f"      loss {result.first_loss:.4f} -> {result.last_loss:.4f} over {result.train_steps} steps "
-        f"({result.steps_per_second:.1f} steps/s); held out: {result.eval_examples:,} examples, "
-        f"log loss {result.eval_loss:.4f}, AUC {result.eval_auc:.3f}")
+    say(_result_line(trained.result))
 
-    say("[5/5] profile report")
+    check = _serving_step(artifact, trained, output, cfg, times, say, step(
+        "serving: the model exported as one SavedModel (raw tf.train.Examples in, predictions out), "
+        "scored on the held-out rows"))
+
+    say(step("profile report"))
     t = time.time()
     html = write_report(os.path.join(artifact, "profiles"), os.path.join(artifact, PLAN_FILE), report_dir)
     times["report"] = time.time() - t
-    pngs = sorted(f for f in os.listdir(report_dir) if f.endswith(".png"))
-    total = time.time() - t_start
-    summary = {"status": "done", "config": dataclasses.asdict(cfg), "data": data_dir, "spec": spec_path,
-               "artifact": artifact, "plan": os.path.join(artifact, PLAN_FILE), "report": html,
-               "seconds": {k: round(v, 1) for k, v in dict(times, total=total).items()},
-               "train": {k: v for k, v in dataclasses.asdict(result).items() if k != "losses"}}
-    with open(os.path.join(output, MARKER), "w") as fh:
-        json.dump(summary, fh, indent=1)
-
-    say("")
-    say(f"Done in {total:.0f} s. Produced:")
-    say(f"  {data_dir}/            the raw data ({len(paths)} TFRecord files) and {spec_path} (its spec)")
-    say(f"  {artifact}/        vocab/, shards/, profiles/, plan.json, manifest.json")
-    say(f"  {html}  the profile report ({len(pngs)} plots)")
-    say("Next:")
-    say(f"  tpu-embed inspect {artifact}")
-    say(f"  open {html}")
-    say("  tpu-embed run --spec examples/criteo/spec.yaml --output build/criteo   # the same on your own spec")
-    return summary
+    return {"data": data_dir, "spec": spec_path, "artifact": artifact, "plan": os.path.join(artifact, PLAN_FILE),
+            "report": html, "seconds": times, "train": _train_summary(trained.result),
+            "serving": check and dataclasses.asdict(check)}
 
 
-def main(output: str, overwrite: bool, num_examples: Optional[int], beam_args=()) -> int:
-    cfg = DemoConfig() if num_examples is None else DemoConfig(num_examples=num_examples)
+def _run_two_days(output: str, cfg: DemoConfig, beam_args, say) -> dict:
+    step = _Steps(7 + int(cfg.serving))
+    data_dir, report_dir = os.path.join(output, DATA_DIR), os.path.join(output, REPORT_DIR)
+    artifacts = [os.path.join(output, f"{ARTIFACT_DIR}-day{d}") for d in (1, 2)]
+    checkpoint_prefix = os.path.join(output, "checkpoints", "day1", "ckpt")
+    per_day = cfg.num_examples // 2
+    times: Dict[str, float] = {}
+
+    capacities = demo_data.append_capacities(per_day)
+    say(step(f"data: {cfg.num_examples:,} synthetic Criteo-like examples as two days of {per_day:,} (the same "
+             "hidden effects per token; each day brings new tokens)"))
+    t = time.time()
+    with progress.bar(cfg.num_examples, "  generating", unit="examples") as bar:
+        paths = demo_data.write_days(data_dir, cfg.num_examples, 2, seed=cfg.seed, num_files=cfg.num_files,
+                                     progress=bar.update)
+    spec_path = _write_spec(output, [f"{DATA_DIR}/day1/part-*.tfrecord"], cfg, capacities=capacities)
+    times["data"] = time.time() - t
+    say(f"      {sum(len(p) for p in paths)} TFRecord files in {data_dir}/day1 and day2 ({times['data']:.1f} s); "
+        f"spec: {spec_path}: every vocabulary `mode: append` with a capacity (e.g. C3 {capacities['C3']:,} rows, "
+        f"history {capacities['history']:,}), so the tables keep their shapes from day to day")
+
+    say(step("day 1 jobs: vocabularies (the lineage's first day), shards + profile, plan"))
+    m1 = _run_jobs(spec_path, artifacts[0], per_day, beam_args, say, times, "day1_")
+    for line in _vocabulary_lines(m1, artifacts[0]):
+        say(line)
+
+    say(step(f"day 1 plan ({os.path.join(artifacts[0], PLAN_FILE)})"))
+    _say_plan(artifacts[0], m1, say)
+
+    say(step(f"day 1 training (held out: the last {cfg.eval_fraction:.0%} of the steps), then a checkpoint"))
+    t = time.time()
+    day1 = train_and_evaluate(artifacts[0], cfg, say)
+    checkpoint = save_checkpoint(day1, checkpoint_prefix)
+    times["day1_train"] = time.time() - t
+    say(_result_line(day1.result))
+    say(f"      checkpoint: {checkpoint} (tables with their Adagrad slots, the DLRM and its Adam)")
+
+    say(step(f"day 2 jobs with --base {artifacts[0]}: day-1 tokens keep their ids, new ones take the free rows"))
+    # The same spec on day 2's files (`tpu-embed run --spec S --input 'data/day2/*' --base artifact-day1`).
+    spec2 = load_spec(spec_path).with_inputs([os.path.abspath(os.path.join(data_dir, "day2", "part-*.tfrecord"))])
+    m2 = _run_jobs(spec2, artifacts[1], per_day, beam_args, say, times, "day2_", base=artifacts[0])
+    for line in _vocabulary_lines(m2, artifacts[1]):
+        say(line)
+
+    say(step("day 2 training: warm (day 1's checkpoint restored as it is) against cold (fresh tables and "
+             "model, same seed and steps)"))
+    t = time.time()
+    say("  warm start:")
+    warm = train_and_evaluate(artifacts[1], cfg, say, warm_start=checkpoint)
+    say(_result_line(warm.result))
+    say("  cold start:")
+    cold = train_and_evaluate(artifacts[1], cfg, say)
+    say(_result_line(cold.result))
+    times["day2_train"] = time.time() - t
+    w, c = warm.result, cold.result
+    say(f"      held out on day 2 after {w.train_steps} steps: log loss {w.eval_loss:.4f} warm vs "
+        f"{c.eval_loss:.4f} cold, AUC {w.eval_auc:.3f} warm vs {c.eval_auc:.3f} cold")
+
+    check = _serving_step(artifacts[1], warm, output, cfg, times, say, step(
+        "serving: day 2's warm model exported as one SavedModel, scored on day 2's held-out raw rows"))
+
+    say(step("profile report (day 2)"))
+    t = time.time()
+    html = write_report(os.path.join(artifacts[1], "profiles"), os.path.join(artifacts[1], PLAN_FILE), report_dir)
+    times["report"] = time.time() - t
+    return {"data": data_dir, "spec": spec_path, "artifact": artifacts[1],
+            "plan": os.path.join(artifacts[1], PLAN_FILE), "report": html, "seconds": times,
+            "train": _train_summary(w),
+            "days": [{"artifact": artifacts[0], "checkpoint": checkpoint, "train": _train_summary(day1.result)},
+                     {"artifact": artifacts[1], "warm": _train_summary(w), "cold": _train_summary(c)}],
+            "serving": check and dataclasses.asdict(check)}
+
+
+def _serving_step(artifact: str, trained: Trained, output: str, cfg: DemoConfig, times: dict, say,
+                  heading: str) -> Optional[ServingCheck]:
+    if not cfg.serving:
+        return None
+    say(heading)
+    t = time.time()
+    check = export_and_score(artifact, trained, os.path.join(output, MODEL_DIR))
+    times["serving"] = time.time() - t
+    for line in serving_lines(check):
+        say(line)
+    return check
+
+
+def _vocabulary_lines(m, artifact: str) -> List[str]:
+    """The lineage line, and the vocabularies that took new tokens or found their capacity full (every one:
+    `tpu-embed inspect`)."""
+    lines = lineage_lines(m)
+    shown = sorted((x for x in lines[1:] if " 0 new)" not in x or "over capacity" in x),
+                   key=lambda x: "over capacity" not in x)  # a full capacity first
+    out = ["      " + x.strip() for x in lines[:1]] + ["      " + x for x in shown[:8]]
+    if len(lines) - 1 > len(out) - 1:
+        out.append(f"        ... and {len(lines) - len(out)} more: tpu-embed inspect {artifact}")
+    return out
+
+
+def main(output: str, overwrite: bool, num_examples: Optional[int], beam_args=(), days: int = 1,
+         serving: bool = True) -> int:
+    cfg = DemoConfig(days=days, serving=serving)
+    if num_examples is not None:
+        cfg.num_examples = num_examples
     run_demo(output, overwrite=overwrite, cfg=cfg, beam_args=beam_args)
     sys.stdout.flush()
     return 0

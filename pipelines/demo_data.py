@@ -21,7 +21,7 @@ numpy byte matrix, the variable-width features are slices of pre-encoded value b
 from __future__ import annotations
 
 import os
-from typing import Dict, List, Sequence, Tuple
+from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -174,12 +174,11 @@ def encode_examples(cols: Dict[str, object], start: int, stop: int) -> List[byte
     return out
 
 
-def write_dataset(directory: str, num_examples: int = 500_000, *, seed: int = 1234, num_files: int = 8,
-                  progress=None) -> List[str]:
-    """Write `num_files` TFRecord files `part-NNNNN-of-NNNNN.tfrecord`; returns their paths."""
+def _write_rows(directory: str, cols: Dict[str, object], start: int, stop: int, num_files: int,
+                progress=None) -> List[str]:
+    """Rows [start, stop) of `cols` as `num_files` TFRecord files `part-NNNNN-of-NNNNN.tfrecord`, in order."""
     os.makedirs(directory, exist_ok=True)
-    cols = generate(num_examples, seed)
-    bounds = np.linspace(0, num_examples, num_files + 1).astype(int)
+    bounds = np.linspace(start, stop, num_files + 1).astype(int)
     paths = []
     for k in range(num_files):
         path = os.path.join(directory, f"part-{k:05d}-of-{num_files:05d}.tfrecord")
@@ -195,6 +194,23 @@ def write_dataset(directory: str, num_examples: int = 500_000, *, seed: int = 12
         os.replace(tmp, path)
         paths.append(path)
     return paths
+
+
+def write_dataset(directory: str, num_examples: int = 500_000, *, seed: int = 1234, num_files: int = 8,
+                  progress=None) -> List[str]:
+    """Write `num_files` TFRecord files `part-NNNNN-of-NNNNN.tfrecord`; returns their paths."""
+    return _write_rows(directory, generate(num_examples, seed), 0, num_examples, num_files, progress)
+
+
+def write_days(directory: str, num_examples: int, days: int, *, seed: int = 1234, num_files: int = 8,
+               progress=None) -> List[List[str]]:
+    """One data set of `num_examples` split in `days` consecutive parts, `directory/day<k>/part-*.tfrecord`
+    (`num_files` per day): the same tokens keep their hidden effects from day to day, and each day brings
+    tokens the earlier ones had not seen (the Zipf tails). Returns the paths per day."""
+    cols = generate(num_examples, seed)
+    bounds = np.linspace(0, num_examples, days + 1).astype(int)
+    return [_write_rows(os.path.join(directory, f"day{d + 1}"), cols, int(bounds[d]), int(bounds[d + 1]),
+                        num_files, progress) for d in range(days)]
 
 
 SPEC_TEMPLATE = """\
@@ -214,10 +230,6 @@ defaults:
   table: {{dim: 16, combiner: mean}}
 categorical:
 {categorical}
-  - {{name: tags}}                       # multivalent: 1..6 tokens
-  - {{name: categories}}                 # multivalent: 0..3 tokens
-  - {{name: query, weight_column: query_weights, table: query}}   # weighted (sum combiner)
-  - {{name: history, sequence_length: 10}}                        # sequence: [batch, 10, dim]
 tables:
   - {{name: query, combiner: sum}}
 optimizer: {{type: adagrad, learning_rate: 0.05, initial_accumulator: 0.1}}
@@ -229,10 +241,33 @@ policies: {{tail: drop}}
 """
 
 
-def spec_text(patterns: Sequence[str], spec_path: str, global_batch_size: int = 2048) -> str:
-    cat = "\n".join(f"  - {n}" for n in CATEGORICAL)
-    return SPEC_TEMPLATE.format(patterns=", ".join(patterns), dense=", ".join(DENSE), categorical=cat,
+# The multivalent, weighted and sequence entries: (name, the entry's other keys, comment).
+SPECIAL_ENTRIES = (("tags", "", "multivalent: 1..6 tokens"), ("categories", "", "multivalent: 0..3 tokens"),
+                   ("query", "weight_column: query_weights, table: query", "weighted (sum combiner)"),
+                   ("history", "sequence_length: 10", "sequence: [batch, 10, dim]"))
+
+
+def spec_text(patterns: Sequence[str], spec_path: str, global_batch_size: int = 2048,
+              capacities: Optional[Mapping[str, int]] = None) -> str:
+    """The demo's spec. With `capacities` ({feature: rows}), every vocabulary has `mode: append` and its
+    capacity: a lineage of days whose tables keep their shapes (docs/how-to/daily-retraining.md)."""
+    def entry(name: str, keys: str = "") -> str:
+        parts = [f"name: {name}"] + ([keys] if keys else [])
+        if capacities is not None:
+            parts.append(f"vocabulary: {{mode: append, capacity: {capacities[name]}}}")
+        return "{" + ", ".join(parts) + "}" if len(parts) > 1 else name
+
+    lines = [f"  - {entry(n)}" for n in CATEGORICAL]
+    lines += [f"  - {entry(n, keys)}".ljust(40) + f"  # {comment}" for n, keys, comment in SPECIAL_ENTRIES]
+    return SPEC_TEMPLATE.format(patterns=", ".join(patterns), dense=", ".join(DENSE), categorical="\n".join(lines),
                                 global_batch_size=global_batch_size, spec_path=spec_path)
+
+
+def append_capacities(examples_per_day: int) -> Dict[str, int]:
+    """Rows reserved per vocabulary for a lineage of days of `examples_per_day`: a quarter of a day's examples
+    (at least 1024), never more than the feature's cardinality. The largest vocabularies (`history`, `query`)
+    fill theirs, and their further tokens go to the OOV bucket, counted."""
+    return {name: min(card, max(1024, examples_per_day // 4)) for name, card in vocabulary_cardinalities().items()}
 
 
 def vocabulary_cardinalities() -> Dict[str, int]:
@@ -241,4 +276,5 @@ def vocabulary_cardinalities() -> Dict[str, int]:
     return out
 
 
-__all__ = ["generate", "encode_examples", "write_dataset", "spec_text", "vocabulary_cardinalities"]
+__all__ = ["generate", "encode_examples", "write_dataset", "write_days", "spec_text", "append_capacities",
+           "vocabulary_cardinalities"]

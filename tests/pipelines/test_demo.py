@@ -1,4 +1,6 @@
-"""`tpu-embed demo` end to end on a reduced data size: data -> jobs -> plan -> DLRM with HostEmbedding -> report."""
+"""`tpu-embed demo` end to end on a reduced data size: data -> jobs -> plan -> DLRM with HostEmbedding -> report;
+and `--days 2`: a lineage of two days (append under capacities), day 2 warm-started from day 1's checkpoint
+against a cold start, the model exported as a SavedModel that scores the held-out raw rows as the shards did."""
 
 from __future__ import annotations
 
@@ -18,7 +20,17 @@ pytestmark = pytest.mark.slow
 def demo_run(tmp_path_factory):
     out = str(tmp_path_factory.mktemp("demo") / "demo")
     lines = []
-    cfg = demo.DemoConfig(num_examples=40_000, global_batch_size=1024, num_files=2, log_every=10)
+    # The SavedModel export and its scoring are checked once, on the two-day run (they cost a minute).
+    cfg = demo.DemoConfig(num_examples=40_000, global_batch_size=1024, num_files=2, log_every=10, serving=False)
+    summary = demo.run_demo(out, cfg=cfg, say=lines.append)
+    return out, summary, lines
+
+
+@pytest.fixture(scope="module")
+def two_days(tmp_path_factory):
+    out = str(tmp_path_factory.mktemp("demo2") / "demo")
+    lines = []
+    cfg = demo.DemoConfig(num_examples=40_000, global_batch_size=1024, num_files=2, log_every=10, days=2)
     summary = demo.run_demo(out, cfg=cfg, say=lines.append)
     return out, summary, lines
 
@@ -89,3 +101,66 @@ def test_demo_refuses_to_overwrite(demo_run, tmp_path):
 def test_auc():
     assert demo.auc(np.array([0, 0, 1, 1]), np.array([0.1, 0.4, 0.35, 0.8])) == pytest.approx(0.75)
     assert demo.auc(np.array([0, 1, 0, 1]), np.array([0.5, 0.5, 0.5, 0.5])) == pytest.approx(0.5)
+
+
+def test_two_days_keep_ids_and_the_warm_start_beats_a_cold_start(two_days):
+    out, summary, lines = two_days
+    text = "\n".join(lines)
+    day1, day2 = (d["artifact"] for d in summary["days"])
+    m1, m2 = read_manifest(day1), read_manifest(day2)
+    assert (m1.lineage.day, m2.lineage.day, m2.lineage.base.day) == (1, 2, 1)
+    capacities = demo_data.append_capacities(20_000)
+    for key, info in m2.vocabularies.items():
+        assert (info.mode, info.capacity) == ("append", capacities[key])
+        v1, v2 = (open(os.path.join(d, "vocab", f"{key}.txt"), "rb").read().split(b"\n")[:-1] for d in (day1, day2))
+        assert v2[:len(v1)] == v1, key  # every day-1 token keeps its id
+    assert m1.vocab_sizes == m2.vocab_sizes and m2.lineage.table_rows_changed == []  # the checkpoint fits as is
+    assert sum(v.new_tokens for v in m2.vocabularies.values()) > 0
+    assert m2.vocabularies["history"].capacity_overflow_tokens > 0  # a full capacity, counted
+    assert "day 2, base ../artifact-day1 (day 1)" in text and "over capacity" in text
+    warm, cold = summary["days"][1]["warm"], summary["days"][1]["cold"]
+    assert warm["train_steps"] == cold["train_steps"] == 17 and warm["eval_examples"] == cold["eval_examples"]
+    assert warm["eval_loss"] < cold["eval_loss"], (warm, cold)
+    assert f"log loss {warm['eval_loss']:.4f} warm vs {cold['eval_loss']:.4f} cold" in text
+    assert summary["train"] == warm and json.load(open(os.path.join(out, demo.MARKER)))["status"] == "done"
+
+
+def test_the_saved_model_scores_the_held_out_raw_rows_as_the_shards(two_days):
+    out, summary, lines = two_days
+    s = summary["serving"]
+    assert s["path"] == os.path.join(out, demo.MODEL_DIR) and os.path.exists(os.path.join(s["path"], "saved_model.pb"))
+    assert s["examples"] == summary["days"][1]["warm"]["eval_examples"] == 2048
+    assert s["max_abs_difference"] < 1e-4
+    assert s["auc_saved_model"] == pytest.approx(s["auc_shards"], abs=1e-6)
+    assert s["auc_shards"] == pytest.approx(summary["days"][1]["warm"]["eval_auc"])
+    assert f"AUC {s['auc_saved_model']:.4f} from the SavedModel, {s['auc_shards']:.4f} from the shards" in \
+        "\n".join(lines)
+
+
+def test_held_out_records_are_the_inputs_in_order(tmp_path):
+    paths = demo_data.write_dataset(str(tmp_path), 100, seed=5, num_files=3)
+    from tpu_embed.artifact import tfrecord
+    every = [r for p in paths for r in tfrecord.read_records(p)]
+    assert demo.held_out_records([str(tmp_path / "part-*.tfrecord")], 30, 40) == every[30:70]  # across files
+    assert demo.held_out_records([str(tmp_path / "part-*.tfrecord")], 90, 10) == every[90:]
+
+
+def test_the_append_spec_and_the_command_line(tmp_path):
+    from pipelines import cli
+    from tpu_embed.artifact.spec import load_spec
+    capacities = demo_data.append_capacities(250_000)
+    assert capacities["C9"] == 3 and capacities["C3"] == 62_500 and capacities["history"] == 62_500
+    path = str(tmp_path / "spec.yaml")
+    open(path, "w").write(demo_data.spec_text(["data/day1/part-*.tfrecord"], path, 1024, capacities))
+    spec = load_spec(path)
+    for f in spec.categorical:
+        assert (f.vocabulary.mode, f.vocabulary.capacity) == ("append", capacities[f.name]), f.name
+    plain = str(tmp_path / "plain.yaml")
+    open(plain, "w").write(demo_data.spec_text(["data/part-*.tfrecord"], plain))
+    assert {f.vocabulary.mode for f in load_spec(plain).categorical} == {"rebuild"}
+    args, _ = cli.build_parser().parse_known_args(["demo", "--days", "2", "--no-serving"])
+    assert (args.days, args.serving) == (2, False)
+    args, _ = cli.build_parser().parse_known_args(["demo"])
+    assert (args.days, args.serving) == (1, True)
+    with pytest.raises(demo.DemoError, match="--days 3"):
+        demo.run_demo(str(tmp_path / "d"), cfg=demo.DemoConfig(days=3))
