@@ -270,12 +270,19 @@ def check_same_lineage(artifact_dirs: Sequence[str]) -> List[Manifest]:
 
 # ---------------------------------------------------------------- windows of days
 
-def _vocabulary_bytes(directory: str, m: Manifest, key: str) -> bytes:
-    """The lines of a vocabulary key's file (b"" for an empty vocabulary's dummy line)."""
-    info = (m.vocabularies or {})[key]
+def _is_vocabulary_prefix(older_dir: str, older: Manifest, newest_dir: str, newest: Manifest, key: str) -> bool:
+    """Whether the vocabulary file of `key` in `older` is the start of the one in `newest` (an empty vocabulary,
+    whose file holds a dummy line, is the start of any): the first bytes of the newest day's file, as many as
+    the older file has, hashed against the sha256 the older manifest lists for it."""
+    info = (older.vocabularies or {})[key]
     if info.empty_vocabulary_dummy:
-        return b""
-    return tio.read_bytes(tio.join(directory, info.files[0]))
+        return True
+    entry = next((f for f in older.files if f.path == info.files[0]), None)
+    if entry is None:
+        raise LineageError(f"{older_dir}: its manifest lists no {info.files[0]}: the artifact is incomplete.")
+    with tio.open_read(tio.join(newest_dir, (newest.vocabularies or {})[key].files[0])) as fh:
+        head = fh.read(entry.bytes)
+    return len(head) == entry.bytes and hashlib.sha256(head).hexdigest() == entry.sha256
 
 
 def _layout_difference(a: Manifest, b: Manifest) -> Optional[str]:
@@ -317,7 +324,7 @@ def check_window(artifact_dirs: Sequence[str]) -> List[Manifest]:
         for key in sorted(vocabularies):
             if key not in (m.vocabularies or {}):
                 raise LineageError(f"{d} has no vocabulary {key!r}, {newest_dir} has: not one model.")
-            if not _vocabulary_bytes(newest_dir, newest, key).startswith(_vocabulary_bytes(d, m, key)):
+            if not _is_vocabulary_prefix(d, m, newest_dir, newest, key):
                 mode = vocabularies[key].mode or "rebuild"
                 raise LineageError(f"vocabulary {key!r} of {d} (day {day}) is not a prefix of the one of "
                                    f"{newest_dir} (day {last}; mode {mode}): its ids mean other tokens "
