@@ -194,3 +194,19 @@ def test_a_day_parsed_to_larger_buffers_equals_its_records_parsed_with_them(days
             a = _numpy(padded(tf.constant(rec)))["sparse_core"][0]
             assert all(len(v["row_pointers"]) == r and len(v["sorted_token_ids"]) == i
                        for (s, r, i), v in zip(big.stacks, [a[s] for s, _, _ in big.stacks]))
+
+
+def test_a_compressed_window_read_shuffled_and_verified(days, tmp_path):
+    """The shuffled reader over days whose files are compressed (each decompressed once, into a temporary file)
+    and checked (sha256) gives what the uncompressed days give."""
+    d = days["dir"]
+    g1, g2 = str(tmp_path / "gz1"), str(tmp_path / "gz2")
+    gz = {"shards": {"compression": "GZIP"}}
+    runner.run_all(JobConfig(spec=lineage_days.spec(["day1.csv"], d, **gz), output=g1))
+    runner.run_all(JobConfig(spec=lineage_days.spec(["day2.csv"], d, **gz), output=g2, base=g1))
+    assert read_manifest(g2).shard_format.compression == "GZIP"
+    got = _elements(tpu_embed.input_fn([g1, g2], shuffle_steps=3, verify="sha256"))
+    want = _elements(tpu_embed.input_fn(days["outs"][:2], shuffle_steps=3))
+    assert len(got) == len(want)
+    for a, b in zip(got, want):
+        _assert_same(a, b)
