@@ -75,8 +75,13 @@ class ProfileWindow:
         return out
 
 
+def _normal(path: str) -> str:
+    """A local path normalized (the lineage records the base as `../day1`); a URL as it is."""
+    return path if tio.is_url(path) else os.path.normpath(path)
+
+
 def _under(directory: str, path: str) -> str:
-    return path if tio.is_absolute(path) else tio.join(directory, path)
+    return _normal(path if tio.is_absolute(path) else tio.join(directory, path))
 
 
 def base_profile(vocab_dir: str, profile_dir: str, collector) -> Optional[ProfileWindow]:
@@ -108,7 +113,7 @@ def base_profile(vocab_dir: str, profile_dir: str, collector) -> Optional[Profil
     if bm.profile is None:
         return not_merged("the base has no profile")
     directory = _under(base_dir, bm.profile.directory)
-    if tio.join(directory, "") == tio.join(profile_dir, ""):
+    if tio.join(directory, "") == tio.join(_normal(profile_dir), ""):
         return not_merged("the base's profile directory is this job's; give each day a profile directory of its "
                           "own (a relative profile_data_directory)")
     key = collector.model.key

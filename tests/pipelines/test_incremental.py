@@ -107,3 +107,25 @@ def test_a_profile_of_other_table_rows_is_not_merged(days, tmp_path):
     assert m.lineage.table_rows_changed == ["zip"]
     assert m.profile.days == [2] and "table rows changed" in m.profile.not_merged
     assert _profile(g2).steps == m.shards.steps
+
+
+def test_the_profile_job_of_a_day_merges_as_run_does(days, tmp_path):
+    d, outs = days["dir"], days["outs"]
+    out = str(tmp_path / "profile3")
+    runner.run_profile(JobConfig(spec=lineage_days.spec(["day3.csv"], d), output=out, vocab_dir=outs[2]))
+    m = read_manifest(out)
+    assert m.profile.days == [1, 2, 3] and m.profile.base == "../out2"
+    assert _profile(out) == _profile(outs[2])
+    # A profile directory shared with the base would merge the base into itself: not merged, and said so.
+    shared = str(tmp_path / "shared3")
+    base_profiles = os.path.join(outs[1], read_manifest(outs[1]).profile.directory)
+    copy = str(tmp_path / "base_profiles")
+    shutil.copytree(base_profiles, copy)
+    try:
+        runner.run_profile(JobConfig(spec=lineage_days.spec(["day3.csv"], d), output=shared, vocab_dir=outs[2],
+                                     profile_dir=base_profiles))
+        m = read_manifest(shared)
+        assert m.profile.days == [3] and "this job's" in m.profile.not_merged
+    finally:  # the base's profile as it was
+        shutil.rmtree(base_profiles)
+        shutil.copytree(copy, base_profiles)
