@@ -47,7 +47,11 @@ def parse_ints(tokens: pa.Array) -> Tuple[np.ndarray, np.ndarray]:
     n = len(tokens)
     if n == 0:
         return np.zeros(0, np.int64), np.zeros(0, bool)
-    s = tokens.cast(pa.large_string()) if not pa.types.is_large_string(tokens.type) else tokens
+    try:
+        s = tokens.cast(pa.large_string()) if not pa.types.is_large_string(tokens.type) else tokens
+    except pa.ArrowInvalid:  # bytes that are not UTF-8 (TFRecord, Parquet binary): those are not integers
+        s = pa.array([v.decode("utf-8", "replace") for v in tokens.cast(pa.large_binary()).to_pylist()],
+                     pa.large_string())
     try:
         return pc.cast(s, pa.int64()).to_numpy(zero_copy_only=False).astype(np.int64), np.ones(n, bool)
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError):

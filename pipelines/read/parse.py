@@ -118,6 +118,18 @@ def _is_stringlike(t) -> bool:
             or pa.types.is_large_binary(t))
 
 
+def _large_string(values: pa.Array) -> pa.Array:
+    """String or binary values as large_string; bytes that are not UTF-8 (TFRecord, Parquet binary values) with
+    U+FFFD in their place, as `parse_floats` reads them (then not a number)."""
+    if pa.types.is_large_string(values.type):
+        return values
+    try:
+        return values.cast(pa.large_string())
+    except pa.ArrowInvalid:
+        return pa.array([None if v is None else v.decode("utf-8", "replace") for v in values.to_pylist()],
+                        pa.large_string())
+
+
 def _value_rows(lengths: np.ndarray) -> np.ndarray:
     return np.repeat(np.arange(lengths.size, dtype=np.int64), lengths)
 
@@ -271,8 +283,7 @@ def _categorical(raw: RawBatch, f, probs: _Problems) -> FeatureValues:
     if f.weight_column:
         wl, wv = list_form(raw.columns[f.weight_column])
         if _is_stringlike(wv.type) and f.delimiter is not None and len(wv):
-            split = pc.split_pattern(wv.cast(pa.large_string()) if not pa.types.is_large_string(wv.type) else wv,
-                                     f.delimiter)
+            split = pc.split_pattern(_large_string(wv), f.delimiter)
             per_value = pc.list_value_length(split).to_numpy(zero_copy_only=False).astype(np.int64)
             wl = np.bincount(_value_rows(wl), weights=per_value, minlength=n).astype(np.int64)
             wv = _as_array(pc.list_flatten(split))

@@ -6,6 +6,7 @@ or more characters, blanks, non-ASCII and non-UTF-8 tokens, and weight counts th
 from __future__ import annotations
 
 import os
+import re
 
 from hypothesis import strategies as st
 
@@ -95,3 +96,50 @@ def write(tmp: str, raw_spec, rows_):
     with open(os.path.join(tmp, "in.csv"), "wb") as fh:
         fh.write(csv_bytes(rows_, columns))
     return spec
+
+
+_INT = re.compile(rb"-?[0-9]{1,18}")
+_FLOAT = re.compile(rb"-?[0-9]+\.[0-9]+|-?[0-9]+e[0-9]+")
+
+
+def column_kinds(draw, rows_, columns):
+    """{column: "bytes" | "int64" | "float"}: a column whose every non-blank cell is a plain integer (or a
+    plain float) may be written as int64 (float) lists; each column has one kind in every Example."""
+    out = {}
+    for c in columns:
+        cells = [r[c] for r in rows_ if r[c] != b""]
+        kinds = ["bytes"]
+        if cells and all(_INT.fullmatch(v) for v in cells):
+            kinds.append("int64")
+        if cells and all(_INT.fullmatch(v) or _FLOAT.fullmatch(v) for v in cells):
+            kinds.append("float")
+        out[c] = draw(st.sampled_from(kinds))
+    return out
+
+
+def example_bytes(row, kinds) -> bytes:
+    """One row as a serialized tf.train.Example: each non-blank cell one value of its column's kind."""
+    import tensorflow as tf
+    feats = {}
+    for c, kind in kinds.items():
+        v = row[c]
+        if v == b"":
+            continue
+        if kind == "int64":
+            feats[c] = tf.train.Feature(int64_list=tf.train.Int64List(value=[int(v)]))
+        elif kind == "float":
+            feats[c] = tf.train.Feature(float_list=tf.train.FloatList(value=[float(v)]))
+        else:
+            feats[c] = tf.train.Feature(bytes_list=tf.train.BytesList(value=[v]))
+    return tf.train.Example(features=tf.train.Features(feature=feats)).SerializeToString()
+
+
+def write_tfrecord(tmp: str, raw_spec, rows_, kinds):
+    """The rows as tf.train.Examples in `in.tfrecord` (the spec's input); returns (spec, serialized rows)."""
+    from tpu_embed.artifact import tfrecord
+    raw_spec = dict(raw_spec, inputs={"format": "tfrecord", "patterns": ["in.tfrecord"]})
+    spec = parse_spec(raw_spec, base_dir=tmp)
+    examples = [example_bytes(r, kinds) for r in rows_]
+    with open(os.path.join(tmp, "in.tfrecord"), "wb") as fh:
+        fh.write(tfrecord.encode_file(examples))
+    return spec, examples

@@ -86,3 +86,11 @@ def served_entries(ids, weights, combiner: str, sequence: bool) -> dict:
     for i, x in merged.items():
         out[(0, i)] = float(x if combiner == "sum" else np.float32(x * scale))
     return out
+
+
+def shard_steps(d: str) -> list:
+    """[[one decoded record per host] per step] of an artifact's shards: what `HostEmbedding.dequeue` takes."""
+    m = read_manifest(d)
+    hosts = [[shard_records.decode_record(r, m.shard_format) for p in shard_records.shard_files(d, h, m)
+              for r in tfrecord.read_records(p)] for h in range(m.topology.num_hosts)]
+    return [[hosts[h][s] for h in range(len(hosts))] for s in range(len(hosts[0]))]

@@ -1,0 +1,142 @@
+"""The serving layer against the shards themselves: raw rows through `tpu-embed run`'s jobs and decoded back from
+the shards, and the same rows through `tpu_embed.serving` (raw strings, or the serialized tf.train.Examples the
+job read), give the same entries per example (ids, gains as the CSR holds them, tensor-core ids and weights,
+dense values), and the exported SavedModel predicts what the model predicts on the shards' activations.
+
+Example specs (criteo, movielens: every row) and generated specs (every vocabulary kind, OOV buckets, identity
+values out of range or not integers, hashing, weights, sequences and tensor-core widths that truncate,
+delimiters, blanks, non-ASCII and non-UTF-8 tokens, weight counts that do not match; CSV and TFRecord inputs).
+Records the jobs dead-letter are flagged `valid == False` and are the ones missing from the shards."""
+
+import csv
+import os
+
+import numpy as np
+import pytest
+import tensorflow as tf
+from hypothesis import HealthCheck, Phase, assume, given, settings
+from hypothesis import strategies as st
+
+from tests.tpu_embed.serving.generated import column_kinds, rows, specs, write, write_tfrecord
+from tests.tpu_embed.serving.shards import served_entries, shard_examples, shard_steps
+from tpu_embed import HostEmbedding
+from tpu_embed.serving import RawFeatureMapping, export_saved_model
+from tpu_embed.training.dlrm import dlrm
+
+pytestmark = pytest.mark.slow  # `tpu-embed run`'s jobs per spec
+
+N = min(int(os.environ.get("TPU_EMBED_HYPOTHESIS_EXAMPLES", "100")), 4)  # each runs the jobs and exports
+
+
+def _as_lists(out):
+    return ({k: v.to_list() for k, v in out["ids"].items()}, {k: v.to_list() for k, v in out["weights"].items()})
+
+
+def assert_serves_the_shards(spec, d, out):
+    """`out` (map_raw's output for every input record in file order) against the shards' examples; returns the
+    number of examples compared."""
+    shards = shard_examples(d)
+    valid = out["valid"].numpy()
+    rows_ = np.flatnonzero(valid)
+    if spec.policies.tail == "drop":  # the last partial step is not in the shards
+        assert 0 <= rows_.size - len(shards) < spec.global_batch_size, (rows_.size, len(shards))
+        rows_ = rows_[:len(shards)]
+    assert rows_.size == len(shards), (rows_.size, len(shards))
+    ids, weights = _as_lists(out)
+    dense = out["dense"].numpy()
+    for k, e in zip(rows_.tolist(), shards, strict=True):
+        np.testing.assert_array_equal(dense[k], e["dense"], err_msg=f"row {k}")
+        for f in spec.categorical:
+            w = weights[f.name][k] if f.name in weights else None
+            if f.on_sparse_core:
+                got = served_entries(ids[f.name][k], w, spec.table(f.table).combiner, f.sequence_length > 0)
+                assert got == dict(e["sc"].get(f.name, {})), (k, f.name, ids[f.name][k], w)
+            else:
+                tc_ids, tc_w = e["tc"][f.name]
+                assert tc_ids == ids[f.name][k], (k, f.name)
+                if tc_w is not None:
+                    np.testing.assert_array_equal(np.asarray(tc_w, np.float32), np.asarray(w, np.float32))
+    return len(shards)
+
+
+def _trained_predictions(spec, d):
+    """(HostEmbedding, model, predictions of every real example of the shards in order): the model on the
+    shards' activations (tables at their initial values: the lookup is what is compared)."""
+    emb = HostEmbedding.from_artifact(d, seed=1)
+    model = dlrm(len(spec.dense), {f.name: spec.table(f.table).dim for f in spec.categorical}, seed=1)
+    want = []
+    for step in shard_steps(d):
+        dense = tf.constant(np.concatenate([r["dense"] for r in step]))
+        p = model({"dense": dense, "embeddings": emb.dequeue(step)[0]}).numpy()
+        want.append(p[np.concatenate([r["mask"] for r in step]).astype(bool)])
+    return emb, model, np.concatenate(want)
+
+
+def _check_export(spec, d, tmp, call):
+    """The exported SavedModel (loaded back) on the records gives the model's predictions on the shards."""
+    emb, model, want = _trained_predictions(spec, d)
+    loaded = tf.saved_model.load(export_saved_model(d, emb, model, os.path.join(tmp, "model")))
+    got = call(loaded)
+    valid = got["valid"].numpy()
+    np.testing.assert_allclose(got["predictions"].numpy()[valid], want, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("name", ["criteo", "movielens"])
+def test_example_specs_serve_the_shards(example_artifacts, name):
+    spec, d = example_artifacts[name]
+    with open(spec.input_patterns()[0], newline="", encoding="utf-8") as fh:
+        records = list(csv.DictReader(fh))
+    mapping = RawFeatureMapping.from_artifact(d)
+    out = mapping({c: tf.constant([r[c] for r in records]) for c in mapping.columns})
+    assert out["valid"].numpy().all()
+    n = assert_serves_the_shards(spec, d, out)
+    print(f"\n[serving] {name}: {n} examples, every feature's entries equal to the shards'")
+
+
+# No shrinking: every case runs the jobs (a failure is reported as drawn).
+SETTINGS = dict(deadline=None, suppress_health_check=list(HealthCheck), database=None, max_examples=N,
+                phases=[Phase.explicit, Phase.generate])
+
+
+def test_generated_specs_serve_the_shards(tmp_path_factory):
+    seen = {"csv": 0, "tfrecord": 0, "dead": 0, "examples": 0, "all_dead": 0}
+
+    @settings(**SETTINGS)
+    @given(st.data())
+    def run(data):
+        raw_spec = data.draw(specs())
+        rows_ = data.draw(rows(raw_spec, min_rows=4, max_rows=12))
+        fmt = data.draw(st.sampled_from(["csv", "tfrecord"]))
+        d = str(tmp_path_factory.mktemp("generated"))
+        if fmt == "csv":
+            spec = write(d, raw_spec, rows_)
+        else:
+            columns = write(d, raw_spec, rows_).required_columns()
+            spec, examples = write_tfrecord(d, raw_spec, rows_, column_kinds(data.draw, rows_, columns))
+        from pipelines import runner
+        from pipelines.jobs import JobConfig
+        from pipelines.read.records import DataError
+        try:
+            runner.run_all(JobConfig(spec=spec, output=os.path.join(d, "artifact")))
+        except DataError as e:  # every record dead-lettered: the job makes no artifact to serve
+            assert "all dead-lettered" in str(e), e
+            seen["all_dead"] += 1
+            assume(False)
+        art = os.path.join(d, "artifact")
+        mapping = RawFeatureMapping.from_artifact(art)
+        if fmt == "csv":
+            raw = {c: tf.constant([r[c] for r in rows_]) for c in mapping.columns}
+            out = mapping(raw)
+        else:
+            out = mapping.map_examples(tf.constant(examples))
+        seen["examples"] += assert_serves_the_shards(spec, art, out)
+        seen[fmt] += 1
+        seen["dead"] += int((~out["valid"].numpy()).sum())
+        if fmt == "csv":
+            _check_export(spec, art, d, lambda m: m.signatures["raw"](**raw))
+        else:
+            _check_export(spec, art, d, lambda m: m.signatures["serving_default"](examples=tf.constant(examples)))
+
+    run()
+    print(f"\n[serving] generated specs against their shards: {seen}")
+    assert seen["csv"] + seen["tfrecord"] >= N
