@@ -300,9 +300,30 @@ def held_out_records(patterns: Sequence[str], first: int, count: int) -> List[by
     return out
 
 
-def export_and_score(artifact: str, trained: Trained, path: str, batch_size: int = 4096) -> ServingCheck:
+def held_out_examples(artifact: str, trained: Trained, inputs: Sequence[str]) -> List[bytes]:
+    """The raw tf.train.Examples of the rows `trained` held out, from `inputs` (the artifact's input files),
+    checked against the held-out shards: as many, with the same labels in the same order."""
+    import tensorflow as tf
+
+    spec = load_spec(os.path.join(artifact, "spec.yaml"))
+    n = trained.eval_labels.size
+    records = held_out_records(inputs, trained.eval_first_example, n)
+    if len(records) != n:
+        raise DemoError(f"{list(inputs)} hold {len(records)} records from record {trained.eval_first_example} on, "
+                        f"not the {n} held-out examples of {artifact}'s shards: the serving check cannot compare "
+                        "them.")
+    labels = tf.io.parse_example(records, {spec.label.column: tf.io.FixedLenFeature([], tf.float32)})
+    if not np.array_equal(labels[spec.label.column].numpy(), trained.eval_labels):
+        raise DemoError(f"the held-out input records of {artifact} do not line up with its held-out shards "
+                        "(labels differ): the serving check cannot compare them.")
+    return records
+
+
+def export_and_score(artifact: str, trained: Trained, records: Sequence[bytes], path: str,
+                     batch_size: int = 4096) -> ServingCheck:
     """Export the trained model with `tpu_embed.serving.export_saved_model` and score the held-out rows' raw
-    tf.train.Examples with the SavedModel's `serving_default`, as a server would; the AUC must be the shards'."""
+    tf.train.Examples (`held_out_examples`) with the SavedModel's `serving_default`, as a server would; the AUC
+    must be the shards'."""
     import tensorflow as tf
 
     from tpu_embed.serving import export_saved_model
@@ -312,23 +333,16 @@ def export_and_score(artifact: str, trained: Trained, path: str, batch_size: int
                        model_inputs=lambda mapped, acts: {"dense": model_dense(mapped["dense"]), "embeddings": acts})
     export_seconds = time.time() - t
     t = time.time()
-    spec = load_spec(os.path.join(artifact, "spec.yaml"))
-    n = trained.eval_labels.size
-    records = held_out_records(spec.input_patterns(), trained.eval_first_example, n)
-    labels = tf.io.parse_example(records, {spec.label.column: tf.io.FixedLenFeature([], tf.float32)})
-    if len(records) != n or not np.array_equal(labels[spec.label.column].numpy(), trained.eval_labels):
-        raise DemoError(f"the held-out input records of {artifact} do not line up with its held-out shards "
-                        "(labels differ): the serving check cannot compare them.")
     serve = tf.saved_model.load(path).signatures["serving_default"]
     scores, valid = [], []
-    for i in range(0, n, batch_size):
-        out = serve(examples=tf.constant(records[i:i + batch_size]))
+    for i in range(0, len(records), batch_size):
+        out = serve(examples=tf.constant(list(records[i:i + batch_size])))
         scores.append(out["predictions"].numpy())
         valid.append(out["valid"].numpy())
     s, ok = np.concatenate(scores), np.concatenate(valid)
     if not ok.all():
         raise DemoError(f"the SavedModel marked {int((~ok).sum())} held-out records invalid that the shards kept.")
-    return ServingCheck(path, n, trained.result.eval_auc, auc(trained.eval_labels, s),
+    return ServingCheck(path, len(records), trained.result.eval_auc, auc(trained.eval_labels, s),
                         float(np.max(np.abs(s - trained.eval_scores))), export_seconds, time.time() - t)
 
 
@@ -419,14 +433,18 @@ def run_demo(output: str, *, overwrite: bool = False, cfg: Optional[DemoConfig] 
     artifact = summary["artifact"]
     say("")
     say(f"Done in {total:.0f} s. Produced:")
-    say(f"  {summary['data']}/            the raw data and {summary['spec']} (its spec)")
+    produced = [(summary["data"], "the raw data"), (summary["spec"], "its spec")]
     if cfg.days == 2:
-        say(f"  {summary['days'][0]['artifact']}/  day 1: vocab/, shards/, profiles/, plan.json, manifest.json; "
-            f"its checkpoint {summary['days'][0]['checkpoint']}")
-    say(f"  {artifact}/        vocab/, shards/, profiles/, plan.json, manifest.json")
+        produced += [(summary["days"][0]["artifact"], "day 1's artifact: vocab/, shards/, profiles/, plan.json, "
+                      "manifest.json"), (summary["days"][0]["checkpoint"], "day 1's checkpoint")]
+    produced.append((artifact, ("day 2's artifact" if cfg.days == 2 else "the artifact") +
+                     ": vocab/, shards/, profiles/, plan.json, manifest.json"))
     if summary["serving"] is not None:
-        say(f"  {summary['serving']['path']}/  the SavedModel (serving_default: serialized tf.train.Examples)")
-    say(f"  {html}  the profile report ({len(pngs)} plots)")
+        produced.append((summary["serving"]["path"], "the SavedModel (serving_default: serialized tf.train.Examples)"))
+    produced.append((html, f"the profile report ({len(pngs)} plots)"))
+    width = max(len(p) for p, _ in produced)
+    for path, what in produced:
+        say(f"  {path.ljust(width)}  {what}")
     say("Next:")
     say(f"  tpu-embed inspect {artifact}")
     say(f"  open {html}")
@@ -466,7 +484,7 @@ def _run_one_day(output: str, cfg: DemoConfig, beam_args, say) -> dict:
     times["train"] = time.time() - t
     say(_result_line(trained.result))
 
-    check = _serving_step(artifact, trained, output, cfg, times, say, step(
+    check = _serving_step(artifact, trained, load_spec(spec_path).input_patterns(), output, cfg, times, say, step(
         "serving: the model exported as one SavedModel (raw tf.train.Examples in, predictions out), "
         "scored on the held-out rows"))
 
@@ -537,7 +555,7 @@ def _run_two_days(output: str, cfg: DemoConfig, beam_args, say) -> dict:
     say(f"      held out on day 2 after {w.train_steps} steps: log loss {w.eval_loss:.4f} warm vs "
         f"{c.eval_loss:.4f} cold, AUC {w.eval_auc:.3f} warm vs {c.eval_auc:.3f} cold")
 
-    check = _serving_step(artifacts[1], warm, output, cfg, times, say, step(
+    check = _serving_step(artifacts[1], warm, spec2.input_patterns(), output, cfg, times, say, step(
         "serving: day 2's warm model exported as one SavedModel, scored on day 2's held-out raw rows"))
 
     say(step("profile report (day 2)"))
@@ -552,13 +570,15 @@ def _run_two_days(output: str, cfg: DemoConfig, beam_args, say) -> dict:
             "serving": check and dataclasses.asdict(check)}
 
 
-def _serving_step(artifact: str, trained: Trained, output: str, cfg: DemoConfig, times: dict, say,
-                  heading: str) -> Optional[ServingCheck]:
+def _serving_step(artifact: str, trained: Trained, inputs: Sequence[str], output: str, cfg: DemoConfig,
+                  times: dict, say, heading: str) -> Optional[ServingCheck]:
+    # The held-out raw rows are found and checked against the shards even when the export is skipped (cheap).
+    records = held_out_examples(artifact, trained, inputs)
     if not cfg.serving:
         return None
     say(heading)
     t = time.time()
-    check = export_and_score(artifact, trained, os.path.join(output, MODEL_DIR))
+    check = export_and_score(artifact, trained, records, os.path.join(output, MODEL_DIR))
     times["serving"] = time.time() - t
     for line in serving_lines(check):
         say(line)
