@@ -4,7 +4,9 @@
 `vocabulary_tables`): raw tensors or serialized tf.train.Examples -> the ids, weights and dense values the
 shards hold. `tpu_embed.serving.export` (`export_saved_model`, `ServingModel`, `embedding_lookup`): one
 SavedModel from serialized tf.train.Examples (or raw CSV-like strings) to predictions.
-`tpu_embed.serving.numbers`: the offline jobs' number rules as TensorFlow ops.
+`tpu_embed.serving.transform_output` (`write_transform_output`): the mapping as tf.Transform output, the
+directory `tft.TFTransformOutput` reads. `tpu_embed.serving.numbers`: the offline jobs' number rules as
+TensorFlow ops.
 """
 
 import importlib
@@ -14,6 +16,7 @@ _EXPORTS = {name: "tpu_embed.serving.mapping" for name in (
     "vocabulary_tables")}
 _EXPORTS.update({name: "tpu_embed.serving.export" for name in ("ServingModel", "embedding_lookup",
                                                                "export_saved_model")})
+_EXPORTS.update({name: "tpu_embed.serving.transform_output" for name in ("write_transform_output",)})
 
 __all__ = sorted(_EXPORTS)
 

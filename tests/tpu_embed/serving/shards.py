@@ -94,3 +94,34 @@ def shard_steps(d: str) -> list:
     hosts = [[shard_records.decode_record(r, m.shard_format) for p in shard_records.shard_files(d, h, m)
               for r in tfrecord.read_records(p)] for h in range(m.topology.num_hosts)]
     return [[hosts[h][s] for h in range(len(hosts))] for s in range(len(hosts[0]))]
+
+
+def _as_lists(out):
+    return ({k: v.to_list() for k, v in out["ids"].items()}, {k: v.to_list() for k, v in out["weights"].items()})
+
+
+def assert_serves_the_shards(spec, d, out):
+    """`out` (map_raw's output for every input record in file order) against the shards' examples; returns the
+    number of examples compared."""
+    shards = shard_examples(d)
+    valid = out["valid"].numpy()
+    rows_ = np.flatnonzero(valid)
+    if spec.policies.tail == "drop":  # the last partial step is not in the shards
+        assert 0 <= rows_.size - len(shards) < spec.global_batch_size, (rows_.size, len(shards))
+        rows_ = rows_[:len(shards)]
+    assert rows_.size == len(shards), (rows_.size, len(shards))
+    ids, weights = _as_lists(out)
+    dense = out["dense"].numpy()
+    for k, e in zip(rows_.tolist(), shards, strict=True):
+        np.testing.assert_array_equal(dense[k], e["dense"], err_msg=f"row {k}")
+        for f in spec.categorical:
+            w = weights[f.name][k] if f.name in weights else None
+            if f.on_sparse_core:
+                got = served_entries(ids[f.name][k], w, spec.table(f.table).combiner, f.sequence_length > 0)
+                assert got == dict(e["sc"].get(f.name, {})), (k, f.name, ids[f.name][k], w)
+            else:
+                tc_ids, tc_w = e["tc"][f.name]
+                assert tc_ids == ids[f.name][k], (k, f.name)
+                if tc_w is not None:
+                    np.testing.assert_array_equal(np.asarray(tc_w, np.float32), np.asarray(w, np.float32))
+    return len(shards)

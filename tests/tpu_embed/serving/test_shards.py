@@ -18,7 +18,7 @@ from hypothesis import HealthCheck, Phase, assume, given, settings
 from hypothesis import strategies as st
 
 from tests.tpu_embed.serving.generated import column_kinds, rows, specs, write, write_tfrecord
-from tests.tpu_embed.serving.shards import served_entries, shard_examples, shard_steps
+from tests.tpu_embed.serving.shards import assert_serves_the_shards, shard_steps
 from tpu_embed import HostEmbedding
 from tpu_embed.serving import RawFeatureMapping, export_saved_model
 from tpu_embed.training.dlrm import dlrm
@@ -26,37 +26,6 @@ from tpu_embed.training.dlrm import dlrm
 pytestmark = pytest.mark.slow  # `tpu-embed run`'s jobs per spec
 
 N = min(int(os.environ.get("TPU_EMBED_HYPOTHESIS_EXAMPLES", "100")), 4)  # each runs the jobs and exports
-
-
-def _as_lists(out):
-    return ({k: v.to_list() for k, v in out["ids"].items()}, {k: v.to_list() for k, v in out["weights"].items()})
-
-
-def assert_serves_the_shards(spec, d, out):
-    """`out` (map_raw's output for every input record in file order) against the shards' examples; returns the
-    number of examples compared."""
-    shards = shard_examples(d)
-    valid = out["valid"].numpy()
-    rows_ = np.flatnonzero(valid)
-    if spec.policies.tail == "drop":  # the last partial step is not in the shards
-        assert 0 <= rows_.size - len(shards) < spec.global_batch_size, (rows_.size, len(shards))
-        rows_ = rows_[:len(shards)]
-    assert rows_.size == len(shards), (rows_.size, len(shards))
-    ids, weights = _as_lists(out)
-    dense = out["dense"].numpy()
-    for k, e in zip(rows_.tolist(), shards, strict=True):
-        np.testing.assert_array_equal(dense[k], e["dense"], err_msg=f"row {k}")
-        for f in spec.categorical:
-            w = weights[f.name][k] if f.name in weights else None
-            if f.on_sparse_core:
-                got = served_entries(ids[f.name][k], w, spec.table(f.table).combiner, f.sequence_length > 0)
-                assert got == dict(e["sc"].get(f.name, {})), (k, f.name, ids[f.name][k], w)
-            else:
-                tc_ids, tc_w = e["tc"][f.name]
-                assert tc_ids == ids[f.name][k], (k, f.name)
-                if tc_w is not None:
-                    np.testing.assert_array_equal(np.asarray(tc_w, np.float32), np.asarray(w, np.float32))
-    return len(shards)
 
 
 def _trained_predictions(spec, d):

@@ -1,0 +1,45 @@
+"""tf.Transform users: the transform output of an artifact, loaded with tensorflow-transform
+(`tft.TFTransformOutput(...).transform_features_layer()`), gives the ids, weights and dense values the shards
+hold for the example specs' rows, fed as TFX parses them (`raw_feature_spec()`: VarLen strings)."""
+
+import csv
+
+import pytest
+import tensorflow as tf
+
+from tests.tpu_embed.serving.shards import assert_serves_the_shards
+from tpu_embed.serving import write_transform_output
+from tpu_embed.serving.transform_output import VALID, WEIGHTS_SUFFIX
+
+pytestmark = pytest.mark.slow  # the example specs' jobs
+
+
+def _example(row, columns) -> bytes:
+    feats = {c: tf.train.Feature(bytes_list=tf.train.BytesList(value=[row[c].encode()]))
+             for c in columns if row[c] != ""}
+    return tf.train.Example(features=tf.train.Features(feature=feats)).SerializeToString()
+
+
+@pytest.mark.parametrize("name", ["criteo", "movielens"])
+def test_transform_features_layer_gives_the_shards_ids(example_artifacts, name, tmp_path):
+    import tensorflow_transform as tft
+    spec, d = example_artifacts[name]
+    path = write_transform_output(d, str(tmp_path / "transform_output"))
+    tft_output = tft.TFTransformOutput(path)
+    raw_spec = tft_output.raw_feature_spec()
+    with open(spec.input_patterns()[0], newline="", encoding="utf-8") as fh:
+        records = list(csv.DictReader(fh))
+    parsed = tf.io.parse_example(tf.constant([_example(r, raw_spec) for r in records]), raw_spec)
+    out = tft_output.transform_features_layer()(parsed)
+    mapped = {"ids": {f.name: tf.RaggedTensor.from_sparse(out[f.name]) for f in spec.categorical},
+              "weights": {f.name: tf.RaggedTensor.from_sparse(out[f.name + WEIGHTS_SUFFIX])
+                          for f in spec.categorical if f.weight_column},
+              "dense": tf.stack([out[x.name] for x in spec.dense], axis=1),
+              "valid": tf.cast(out[VALID], tf.bool)}
+    assert mapped["valid"].numpy().all()
+    n = assert_serves_the_shards(spec, d, mapped)
+    for f in spec.categorical:
+        assert tft_output.num_buckets_for_transformed_feature(f.name) > 0
+    for key in spec.vocabulary_groups():
+        assert tft_output.vocabulary_file_by_name(key) is not None, key
+    print(f"\n[serving] {name}: transform_features_layer on {n} examples gives the shards' entries")
