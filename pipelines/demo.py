@@ -4,9 +4,17 @@
     2. jobs      vocabularies, then shards + profile in one pass, then the plan of that profile (local Beam)
     3. plan      per stacked table: limits against TF's defaults, memory, drops, load balance
     4. train     a DLRM (tpu_embed.training.dlrm) with HostEmbedding from the shards; held-out AUC
-    5. report    the profile report (HTML + PNG) and a summary
+    5. serving   the model exported as one SavedModel (tpu_embed.serving.export_saved_model), which scores the
+                 held-out rows' raw tf.train.Examples: its AUC against the shards' (skipped with serving=False)
+    6. report    the profile report (HTML + PNG) and a summary
 
-`run_demo(output, ...)` is the whole thing; `tpu-embed demo --output DIR [--examples N] [--overwrite]`.
+With `days=2` (`--days 2`) the data is two days of one lineage, every vocabulary `mode: append` under a
+capacity: day 1 runs, trains and is checkpointed; day 2 runs with day 1 as its base, restores the checkpoint
+as it is and trains on, beside a cold start of the same steps (held-out log loss and AUC of both); the warm
+model is the one exported.
+
+`run_demo(output, ...)` is the whole thing;
+`tpu-embed demo --output DIR [--examples N] [--days 1|2] [--no-serving] [--overwrite]`.
 """
 
 from __future__ import annotations
