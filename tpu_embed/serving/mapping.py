@@ -21,10 +21,12 @@ The rules are the offline jobs' (`pipelines.read.parse`, `pipelines.mapping.ids`
 * weights (`weight_column`): one per value, blank or unparsable ones are NaN and follow `policies.nan_weights`;
 * sequence features keep their first `sequence_length` values, tensor-core features their first
   `tensor_core_width`;
-* dense values: the first value of the column parsed as a float, blank or missing ones the spec's `fill`.
+* dense values: the first value of the column parsed as a float, blank or missing ones the spec's `fill`;
+* CSV specs: a record with a string that is not UTF-8 in a column the spec reads is a dead letter (the CSV
+  reader's rule; TFRecord and Parquet binary values are bytes as they are).
 
 Records the offline jobs would not use (dead letters, or values that stop the job under an `error` policy)
-are mapped anyway, so a batch keeps its rows, and flagged in `valid`; docs/explanation/serving.md says what
+are mapped anyway, so a batch keeps its rows, and flagged in `valid`; docs/how-to/serve.md says what
 each one gets. The label is not read.
 
 `map_raw(raw, plan, tables)` is the pure function under the module (no Keras, no Python per value): a
@@ -380,21 +382,45 @@ def _ragged(values: tf.Tensor, sizes: tf.Tensor) -> tf.RaggedTensor:
     return tf.RaggedTensor.from_tensor(values, lengths=sizes)
 
 
-def _pick(values: Dict[str, tf.RaggedTensor], keys: tf.Tensor, row: tf.Tensor, batch: tf.Tensor, column: str
-          ) -> Dict[str, tf.RaggedTensor]:
-    """{kind: [batch, None] values of `column`} from per-entry values: each example's entry of that key (the last
-    one when a key is given twice, as a protobuf map reads it)."""
-    match = tf.equal(keys, column)
+def _column_index(keys: tf.Tensor, columns: Sequence[str]) -> Tuple[tf.Tensor, tf.Tensor]:
+    """(whether each key is one of `columns`, its index there): keys and columns compared by a 64-bit hash (int
+    compares, not entries x columns string compares), then each key with the column its hash found, exactly."""
+    hashes = tf.strings.to_hash_bucket_fast(keys, (1 << 63) - 1)
+    with tf.init_scope():  # the columns' hashes as constants, checked distinct (so a hash names one column)
+        column_hashes = tf.strings.to_hash_bucket_fast(tf.constant(list(columns)), (1 << 63) - 1).numpy()
+    if len(set(column_hashes.tolist())) != len(columns):
+        raise ValueError(f"columns {list(columns)} have equal 63-bit hashes: rename one of them.")
+    match = tf.equal(hashes[:, None], tf.constant(column_hashes)[None, :])
+    index = tf.argmax(tf.cast(match, tf.int32), axis=1, output_type=tf.int64)
+    known = tf.reduce_any(match, axis=1) & tf.equal(keys, tf.gather(tf.constant(list(columns)), index))
+    return known, index
+
+
+def _by_column(values: Dict[str, tf.RaggedTensor], keys: tf.Tensor, row: tf.Tensor, batch: tf.Tensor,
+               columns: Sequence[str]) -> Dict[str, Dict[str, tf.RaggedTensor]]:
+    """{column: {kind: [batch, None] values}} from per-entry values (one entry: one key of one example): each
+    example's entry of each column (the last one when a key is given twice, as a protobuf map reads it).
+
+    Every entry gets its (example, column) slot at once; the chosen entries are put in slot order and each
+    column's rows gathered from them, so the work does not grow with columns x entries."""
+    n_cols = len(columns)
+    known, index = _column_index(keys, columns)
+    slot = row * n_cols + index
+    slots = batch * n_cols
     position = tf.range(tf.size(keys, out_type=tf.int64))
-    last = tf.math.unsorted_segment_max(tf.where(match, position, -1), row, batch)
-    chosen = match & tf.equal(position, tf.gather(last, row))
-    rows_of = tf.boolean_mask(row, chosen)
-    out = {}
+    last = tf.math.unsorted_segment_max(tf.where(known, position, -1), tf.where(known, slot, slots), slots + 1)
+    chosen = known & tf.equal(position, tf.gather(last, slot))
+    chosen_at = tf.boolean_mask(position, chosen)
+    chosen_slot = tf.boolean_mask(slot, chosen)
+    order = tf.gather(chosen_at, tf.argsort(chosen_slot, stable=True))  # entries in slot order
+    present = tf.scatter_nd(tf.sort(chosen_slot)[:, None], tf.ones_like(chosen_slot), [slots]) > 0
+    per_kind = {}
     for name, r in values.items():
-        picked = tf.ragged.boolean_mask(r, chosen)
-        lengths = tf.math.unsorted_segment_sum(picked.row_lengths(), rows_of, batch)
-        out[name] = tf.RaggedTensor.from_row_lengths(picked.flat_values, lengths, validate=False)
-    return out
+        picked = tf.gather(r, order)
+        lengths = tf.scatter_nd(tf.boolean_mask(tf.range(slots), present)[:, None], picked.row_lengths(), [slots])
+        per_kind[name] = tf.RaggedTensor.from_row_lengths(picked.flat_values, lengths, validate=False)
+    rows = tf.range(batch) * n_cols
+    return {c: {name: tf.gather(r, rows + j) for name, r in per_kind.items()} for j, c in enumerate(columns)}
 
 
 def parse_examples(serialized: tf.Tensor, columns: Sequence[str], text_columns: Sequence[str] = ()
@@ -423,22 +449,23 @@ def parse_examples(serialized: tf.Tensor, columns: Sequence[str], text_columns: 
                                             ("ints", "tensorflow.Int64List", tf.int64)), lists, strict=True):
         s, (v,) = _decode(lst[:, 0], message, ["value"], [dtype])
         kinds[name] = _ragged(tf.cast(v, tf.float64) if name == "floats" else v, s[:, 0])
-    out = {}
     texts = [c for c in columns if c in set(text_columns)]
+    others = [c for c in columns if c not in set(texts)]
+    out = {}
     if texts:
         # The entries of text columns only, each as its values' token texts (one entry has one kind).
-        is_text = tf.reduce_any(tf.equal(keys[:, None], tf.constant(texts)[None, :]), axis=1)
+        is_text, _ = _column_index(keys, texts)
         sub = {k: tf.ragged.boolean_mask(v, is_text) for k, v in kinds.items()}
         token_texts = tf.concat([sub["strings"], sub["ints"].with_flat_values(tf.strings.as_string(
             sub["ints"].flat_values)), sub["floats"].with_flat_values(numbers.float_text(sub["floats"].flat_values))],
             axis=1)
         t_keys, t_row = tf.boolean_mask(keys, is_text), tf.boolean_mask(row, is_text)
-        for c in texts:
-            out[c] = Column(strings=_pick({"strings": token_texts}, t_keys, t_row, batch, c)["strings"])
-    for c in columns:
-        if c not in out:
-            out[c] = Column(**_pick(kinds, keys, row, batch, c))
-    return out
+        for c, kv in _by_column({"strings": token_texts}, t_keys, t_row, batch, texts).items():
+            out[c] = Column(**kv)
+    if others:
+        for c, kv in _by_column(kinds, keys, row, batch, others).items():
+            out[c] = Column(**kv)
+    return {c: out[c] for c in columns}
 
 
 # ---------------------------------------------------------------- the module

@@ -126,3 +126,45 @@ def test_every_token_maps_as_offline(tmp_path):
     rows_ = [{"label": b"1", "freq": t} for t in TOKENS]
     spec = write(str(tmp_path), raw_spec, rows_)
     _check(spec, str(tmp_path), rows_, {"freq": VOCAB})
+
+
+def _feature(v):
+    if isinstance(v, bytes):
+        return tf.train.Feature(bytes_list=tf.train.BytesList(value=[v]))
+    if isinstance(v, int):
+        return tf.train.Feature(int64_list=tf.train.Int64List(value=[v]))
+    return tf.train.Feature(float_list=tf.train.FloatList(value=[v]))
+
+
+def _varint(n: int) -> bytes:
+    out = b""
+    while True:
+        out += bytes([(n & 0x7F) | (0x80 if n > 0x7F else 0)])
+        n >>= 7
+        if not n:
+            return out
+
+
+def test_parse_examples_takes_every_kind_and_the_last_of_a_repeated_key():
+    """An Example's `features` map written with a key twice (serialized Features concatenated: their entries
+    in order) holds the later value, as protobuf reads a map: the entry parsed is the last one, of whichever
+    kind, and text columns give each kind's token text."""
+    from tpu_embed.serving.mapping import parse_examples
+
+    def ex(*parts):
+        payload = b"".join(tf.train.Features(feature={k: _feature(v) for k, v in kw.items()}).SerializeToString()
+                           for kw in parts)
+        return b"\x0a" + _varint(len(payload)) + payload
+
+    rows = [ex(dict(a=b"x", b=3, c=0.5), dict(a=7)), ex(dict(b=b"y", c=2.0)), ex(),
+            ex(dict(a=1e16, c=-4), dict(c=b"z"), dict(b=12))]
+    for r in rows:  # protobuf reads them as the test expects
+        tf.train.Example.FromString(r)
+    assert tf.train.Example.FromString(rows[0]).features.feature["a"].int64_list.value == [7]
+    got = parse_examples(tf.constant(rows), ["a", "b", "c"], text_columns=["a"])
+    # A FloatList holds float32: the token is the repr of that value widened (as the offline reader's).
+    assert got["a"].strings.to_list() == [[b"7"], [], [], [repr(float(np.float32(1e16))).encode()]]
+    b, c = got["b"], got["c"]
+    assert b.ints.to_list() == [[3], [], [], [12]] and b.strings.to_list() == [[], [b"y"], [], []]
+    assert c.floats.to_list() == [[0.5], [2.0], [], []] and c.strings.to_list() == [[], [], [], [b"z"]]
+    assert c.ints.to_list() == [[], [], [], []]

@@ -38,7 +38,9 @@ def _trained_predictions(spec, d):
         dense = tf.constant(np.concatenate([r["dense"] for r in step]))
         p = model({"dense": dense, "embeddings": emb.dequeue(step)[0]}).numpy()
         want.append(p[np.concatenate([r["mask"] for r in step]).astype(bool)])
-    return emb, model, np.concatenate(want)
+    want = np.concatenate(want)
+    assert np.isfinite(want).all(), want
+    return emb, model, want
 
 
 def _check_export(spec, d, tmp, call):
