@@ -8,6 +8,7 @@ import os
 
 import numpy as np
 import pyarrow as pa
+import pytest
 import tensorflow as tf
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -25,7 +26,7 @@ SETTINGS = dict(deadline=None, suppress_health_check=list(HealthCheck), database
 VOCAB = [b"b", b"a", b"7", "\u00e9t\u00e9".encode(), b"1_0"]
 
 
-def _offline(spec, d, vocab_tokens):
+def _offline(spec, d, vocab_tokens, capacity=0):
     """(valid rows, their ExampleBlock) or (valid rows, PolicyError) by the offline code."""
     path = os.path.join(d, "in.csv")
     f = precords.InputFile(0, path, os.path.getsize(path))
@@ -44,20 +45,21 @@ def _offline(spec, d, vocab_tokens):
     valid_rows = np.asarray([order[r] for r in chunk.record_numbers.tolist()], np.int64)
     dead = {order[r] for r in dead}
     try:
-        block = pmapping.map_chunk(chunk, spec, vocabs, collections.Counter())
+        sizes = {k: len(v) + capacity for k, v in vocabs.items()} if capacity else None
+        block = pmapping.map_chunk(chunk, spec, vocabs, collections.Counter(), sizes)
     except pmapping.PolicyError as e:
         return valid_rows, dead, e
     return valid_rows, dead, block
 
 
-def _mapping(spec, d, vocab_tokens):
+def _mapping(spec, d, vocab_tokens, capacity=0):
     os.makedirs(os.path.join(d, "vocab"), exist_ok=True)
     sizes = {}
     for key, feats in spec.vocabulary_groups().items():
         data = pvocab.vocabulary_file_bytes(vocab_tokens[key])
         with open(os.path.join(d, "vocab", f"{feats[0].name}.txt"), "wb") as fh:
             fh.write(data)
-        sizes[key] = len(pvocab.read_vocabulary_file(data))
+        sizes[key] = len(pvocab.read_vocabulary_file(data)) + capacity  # a capacity: rows beyond the file's
     return RawFeatureMapping(MappingPlan.from_spec(spec, sizes, d))
 
 
@@ -66,9 +68,9 @@ def _example(row, columns) -> bytes:
     return tf.train.Example(features=tf.train.Features(feature=feats)).SerializeToString()
 
 
-def _check(spec, d, rows_, vocab_tokens):
-    valid_rows, dead, offline = _offline(spec, d, vocab_tokens)
-    mapping = _mapping(spec, d, vocab_tokens)
+def _check(spec, d, rows_, vocab_tokens, capacity=0):
+    valid_rows, dead, offline = _offline(spec, d, vocab_tokens, capacity)
+    mapping = _mapping(spec, d, vocab_tokens, capacity)
     raw = {c: tf.constant([r[c] for r in rows_]) for c in mapping.columns}
     outs = [mapping(raw), mapping.map_examples(tf.constant([_example(r, mapping.columns) for r in rows_]))]
     for out in outs:
@@ -114,8 +116,11 @@ def test_generated_specs_map_as_the_offline_code(tmp_path_factory):
     assert tried[0] >= min(N, 20)
 
 
-def test_every_token_maps_as_offline(tmp_path):
-    """Every token of the generated rows, alone, under each vocabulary kind (one spec, fixed rows)."""
+@pytest.mark.parametrize("capacity", [0, 10])
+def test_every_token_maps_as_offline(tmp_path, capacity):
+    """Every token of the generated rows, alone, under each vocabulary kind (one spec, fixed rows); with a
+    capacity (vocabulary modes append / frozen) the manifest's size, not the file's lines, is the first OOV
+    id."""
     raw_spec = {
         "name": "t", "inputs": {"format": "csv", "patterns": ["in.csv"]}, "label": {"column": "label"},
         "categorical": [{"name": "freq", "vocabulary": {"num_oov_buckets": 3}},
@@ -125,7 +130,7 @@ def test_every_token_maps_as_offline(tmp_path):
         "topology": {"num_chips": 1, "num_sc_per_chip": 1}, "global_batch_size": 1}
     rows_ = [{"label": b"1", "freq": t} for t in TOKENS]
     spec = write(str(tmp_path), raw_spec, rows_)
-    _check(spec, str(tmp_path), rows_, {"freq": VOCAB})
+    _check(spec, str(tmp_path), rows_, {"freq": VOCAB}, capacity)
 
 
 def _feature(v):
