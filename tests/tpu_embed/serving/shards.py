@@ -125,3 +125,15 @@ def assert_serves_the_shards(spec, d, out):
                 if tc_w is not None:
                     np.testing.assert_array_equal(np.asarray(tc_w, np.float32), np.asarray(w, np.float32))
     return len(shards)
+
+
+def from_transformed(out, spec) -> dict:
+    """A tf.Transform output's features (`tpu_embed.serving.transform_output`) as `map_raw`'s output."""
+    import tensorflow as tf
+
+    from tpu_embed.serving.transform_output import VALID, WEIGHTS_SUFFIX
+    return {"ids": {f.name: tf.RaggedTensor.from_sparse(out[f.name]) for f in spec.categorical},
+            "weights": {f.name: tf.RaggedTensor.from_sparse(out[f.name + WEIGHTS_SUFFIX])
+                        for f in spec.categorical if f.weight_column},
+            "dense": tf.stack([out[x.name] for x in spec.dense], axis=1),
+            "valid": tf.cast(out[VALID], tf.bool)}

@@ -6,7 +6,8 @@ dense values), and the exported SavedModel predicts what the model predicts on t
 Example specs (criteo, movielens: every row) and generated specs (every vocabulary kind, OOV buckets, identity
 values out of range or not integers, hashing, weights, sequences and tensor-core widths that truncate,
 delimiters, blanks, non-ASCII and non-UTF-8 tokens, weight counts that do not match; CSV and TFRecord inputs).
-Records the jobs dead-letter are flagged `valid == False` and are the ones missing from the shards."""
+Records the jobs dead-letter are flagged `valid == False` and are the ones missing from the shards. For CSV
+inputs, the artifact's tf.Transform output read by tensorflow-transform gives the same entries too."""
 
 import csv
 import os
@@ -18,14 +19,16 @@ from hypothesis import HealthCheck, Phase, assume, given, settings
 from hypothesis import strategies as st
 
 from tests.tpu_embed.serving.generated import column_kinds, rows, specs, write, write_tfrecord
-from tests.tpu_embed.serving.shards import assert_serves_the_shards, shard_steps
+from tests.tpu_embed.serving.shards import assert_serves_the_shards, from_transformed, shard_steps
 from tpu_embed import HostEmbedding
-from tpu_embed.serving import RawFeatureMapping, export_saved_model
+from tpu_embed.serving import RawFeatureMapping, export_saved_model, write_transform_output
 from tpu_embed.training.dlrm import dlrm
 
 pytestmark = pytest.mark.slow  # `tpu-embed run`'s jobs per spec
 
-N = min(int(os.environ.get("TPU_EMBED_HYPOTHESIS_EXAMPLES", "100")), 4)  # each runs the jobs and exports
+# Each case runs the jobs and exports: a few by default, more with TPU_EMBED_SERVING_JOB_EXAMPLES.
+N = min(int(os.environ.get("TPU_EMBED_HYPOTHESIS_EXAMPLES", "100")),
+        int(os.environ.get("TPU_EMBED_SERVING_JOB_EXAMPLES", "4")))
 
 
 def _trained_predictions(spec, d):
@@ -70,7 +73,7 @@ SETTINGS = dict(deadline=None, suppress_health_check=list(HealthCheck), database
 
 
 def test_generated_specs_serve_the_shards(tmp_path_factory):
-    seen = {"csv": 0, "tfrecord": 0, "dead": 0, "examples": 0, "all_dead": 0}
+    seen = {"csv": 0, "tfrecord": 0, "dead": 0, "examples": 0, "all_dead": 0, "transform_output": 0}
 
     @settings(**SETTINGS)
     @given(st.data())
@@ -105,6 +108,13 @@ def test_generated_specs_serve_the_shards(tmp_path_factory):
         seen["dead"] += int((~out["valid"].numpy()).sum())
         if fmt == "csv":
             _check_export(spec, art, d, lambda m: m.signatures["raw"](**raw))
+            # tf.Transform's reading of the transform output: the same entries.
+            import tensorflow_transform as tft
+            tft_output = tft.TFTransformOutput(write_transform_output(art, os.path.join(d, "transform_output")))
+            layer = tft_output.transform_features_layer()
+            transformed = layer({c: tf.sparse.from_dense(v[:, None]) for c, v in raw.items()})
+            assert_serves_the_shards(spec, art, from_transformed(transformed, spec))
+            seen["transform_output"] += 1
         else:
             _check_export(spec, art, d, lambda m: m.signatures["serving_default"](examples=tf.constant(examples)))
 

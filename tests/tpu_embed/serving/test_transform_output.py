@@ -7,9 +7,8 @@ import csv
 import pytest
 import tensorflow as tf
 
-from tests.tpu_embed.serving.shards import assert_serves_the_shards
+from tests.tpu_embed.serving.shards import assert_serves_the_shards, from_transformed
 from tpu_embed.serving import write_transform_output
-from tpu_embed.serving.transform_output import VALID, WEIGHTS_SUFFIX
 
 pytestmark = pytest.mark.slow  # the example specs' jobs
 
@@ -31,11 +30,7 @@ def test_transform_features_layer_gives_the_shards_ids(example_artifacts, name, 
         records = list(csv.DictReader(fh))
     parsed = tf.io.parse_example(tf.constant([_example(r, raw_spec) for r in records]), raw_spec)
     out = tft_output.transform_features_layer()(parsed)
-    mapped = {"ids": {f.name: tf.RaggedTensor.from_sparse(out[f.name]) for f in spec.categorical},
-              "weights": {f.name: tf.RaggedTensor.from_sparse(out[f.name + WEIGHTS_SUFFIX])
-                          for f in spec.categorical if f.weight_column},
-              "dense": tf.stack([out[x.name] for x in spec.dense], axis=1),
-              "valid": tf.cast(out[VALID], tf.bool)}
+    mapped = from_transformed(out, spec)
     assert mapped["valid"].numpy().all()
     n = assert_serves_the_shards(spec, d, mapped)
     for f in spec.categorical:
