@@ -161,6 +161,7 @@ def build_parser() -> argparse.ArgumentParser:
     sp.set_defaults(func=cmd_demo)
 
     _add_remap(sub)
+    _add_transform_output(sub)
     profiles_commands.add_commands(sub, spec_loader=_plan_model)
     return parser
 
@@ -185,6 +186,23 @@ def _add_remap(sub) -> None:
                     help="rows moved at a time (default 131072): memory follows it, not the table")
     sp.add_argument("--overwrite", action="store_true", help="replace an existing checkpoint at --output")
     sp.set_defaults(func=cmd_remap)
+
+
+def _add_transform_output(sub) -> None:
+    sp = sub.add_parser("transform-output", help="write an artifact's raw -> id mapping as tf.Transform output "
+                                                 "(tft.TFTransformOutput reads it; docs/how-to/serve.md)")
+    sp.add_argument("artifact", help="artifact directory (made by `tpu-embed run`)")
+    sp.add_argument("--output", default=None, metavar="DIR",
+                    help="where to write it, replacing what is there (default: ARTIFACT/transform_output)")
+    sp.set_defaults(func=cmd_transform_output)
+
+
+def cmd_transform_output(args):
+    # A command's import (see the imports): TensorFlow and tensorflow-transform only for this command.
+    from tpu_embed.serving.transform_output import write_transform_output
+    path = write_transform_output(args.artifact, args.output)
+    print(f"transform output: {path} (tft.TFTransformOutput reads it)")
+    return 0
 
 
 def cmd_remap(args):

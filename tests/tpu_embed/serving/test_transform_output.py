@@ -7,6 +7,7 @@ import csv
 import pytest
 import tensorflow as tf
 
+from pipelines.cli import main as cli_main
 from tests.tpu_embed.serving.shards import assert_serves_the_shards, from_transformed
 from tpu_embed.serving import write_transform_output
 
@@ -19,11 +20,16 @@ def _example(row, columns) -> bytes:
     return tf.train.Example(features=tf.train.Features(feature=feats)).SerializeToString()
 
 
-@pytest.mark.parametrize("name", ["criteo", "movielens"])
-def test_transform_features_layer_gives_the_shards_ids(example_artifacts, name, tmp_path):
+@pytest.mark.parametrize("name,via", [("criteo", "api"), ("movielens", "cli")])
+def test_transform_features_layer_gives_the_shards_ids(example_artifacts, name, via, tmp_path, capsys):
     import tensorflow_transform as tft
     spec, d = example_artifacts[name]
-    path = write_transform_output(d, str(tmp_path / "transform_output"))
+    path = str(tmp_path / "transform_output")
+    if via == "api":
+        assert write_transform_output(d, path) == path
+    else:  # `tpu-embed transform-output ARTIFACT --output DIR`
+        assert cli_main(["transform-output", d, "--output", path]) == 0
+        assert capsys.readouterr().out.strip() == f"transform output: {path} (tft.TFTransformOutput reads it)"
     tft_output = tft.TFTransformOutput(path)
     raw_spec = tft_output.raw_feature_spec()
     with open(spec.input_patterns()[0], newline="", encoding="utf-8") as fh:
@@ -38,3 +44,9 @@ def test_transform_features_layer_gives_the_shards_ids(example_artifacts, name, 
     for key in spec.vocabulary_groups():
         assert tft_output.vocabulary_file_by_name(key) is not None, key
     print(f"\n[serving] {name}: transform_features_layer on {n} examples gives the shards' entries")
+
+
+def test_the_command_refuses_a_directory_without_an_artifact_in_one_line(tmp_path, capsys):
+    assert cli_main(["transform-output", str(tmp_path / "nothing")]) != 0
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("tpu-embed transform-output: "), err
