@@ -5,12 +5,14 @@
 
 `varint` and `length_delimited` are the two wire-format primitives (also used to write test and demo
 inputs); `reference_encode_example` is the plain, message-by-message encoder `encode_example` is tested
-against.
+against. `read_varint`, `fields` and `int64_list` are the reader's parts, for any protobuf message: the
+jax records' in-place parser (`tpu_embed.jax.input`) and the checkpoint index reader
+(`tpu_embed.training.remap.bundle`) use them too.
 """
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Mapping, Tuple
+from typing import Any, Dict, Iterator, List, Mapping, Tuple
 
 import numpy as np
 
@@ -102,75 +104,93 @@ def reference_encode_example(features: Mapping[str, Tuple[str, Any]]) -> bytes:
     return length_delimited(1, entries)
 
 
-def _read_varint(buf: bytes, pos: int) -> Tuple[int, int]:
-    result = shift = 0
-    while True:
+def read_varint(buf, pos: int) -> Tuple[int, int]:
+    """(the protobuf varint at byte `pos` of `buf`, the position after it); `buf`: bytes or a memoryview. A
+    varint cut off by the end of `buf` is a ValueError. One-byte varints (tags, short lengths) take the
+    short path: they are most of a record's."""
+    try:
         b = buf[pos]
+        if b < 0x80:
+            return b, pos + 1
+        result, shift = b & 0x7F, 7
         pos += 1
-        result |= (b & 0x7F) << shift
-        if not b & 0x80:
-            return result, pos
-        shift += 7
+        while True:
+            b = buf[pos]
+            pos += 1
+            result |= (b & 0x7F) << shift
+            if b < 0x80:
+                return result, pos
+            shift += 7
+    except IndexError:
+        raise ValueError("truncated varint") from None
 
 
-def _fields(buf: bytes):
+def fields(buf) -> Iterator[Tuple[int, int, Any]]:
+    """(field number, wire type, value) of each field of the protobuf message `buf` (bytes or a memoryview), in
+    order: a varint (wire type 0) as an int, the others as slices of `buf` (a memoryview's slices copy
+    nothing)."""
     pos, n = 0, len(buf)
     while pos < n:
-        tag, pos = _read_varint(buf, pos)
-        field, wire = tag >> 3, tag & 7
+        tag, pos = read_varint(buf, pos)
+        wire = tag & 7
         if wire == 2:
-            length, pos = _read_varint(buf, pos)
-            yield field, buf[pos:pos + length]
+            length, pos = read_varint(buf, pos)
+            yield tag >> 3, 2, buf[pos:pos + length]
             pos += length
         elif wire == 0:
-            v, pos = _read_varint(buf, pos)
-            yield field, v
+            v, pos = read_varint(buf, pos)
+            yield tag >> 3, 0, v
         elif wire == 5:
-            yield field, buf[pos:pos + 4]
+            yield tag >> 3, 5, buf[pos:pos + 4]
             pos += 4
         elif wire == 1:
-            yield field, buf[pos:pos + 8]
+            yield tag >> 3, 1, buf[pos:pos + 8]
             pos += 8
         else:
             raise ValueError(f"unsupported protobuf wire type {wire}")
 
 
+def int64_list(lst) -> List[int]:
+    """The values of an Int64List message (packed or not), as signed ints."""
+    out: List[int] = []
+    for _, _, x in fields(lst):
+        if isinstance(x, int):
+            out.append(x - (1 << 64) if x >= 1 << 63 else x)
+        else:
+            p = 0
+            while p < len(x):
+                v, p = read_varint(x, p)
+                out.append(v - (1 << 64) if v >= 1 << 63 else v)
+    return out
+
+
 def decode_example(data: bytes) -> Dict[str, Tuple[str, Any]]:
     """Inverse of `encode_example` (handles any tf.train.Example, packed or not)."""
     out: Dict[str, Tuple[str, Any]] = {}
-    for f, features in _fields(data):
+    for f, _, features in fields(data):
         if f != 1:
             continue
-        for f2, entry in _fields(features):
+        for f2, _, entry in fields(features):
             if f2 != 1:
                 continue
             key, value = None, b""
-            for f3, x in _fields(entry):
+            for f3, _, x in fields(entry):
                 if f3 == 1:
                     key = x.decode("utf-8")
                 elif f3 == 2:
                     value = x
             if key is None:  # a map entry without a key: nothing to name it by
                 continue
-            for kind_field, lst in _fields(value):
+            for kind_field, _, lst in fields(value):
                 if kind_field == 1:
-                    out[key] = ("bytes", [x for _, x in _fields(lst)])
+                    out[key] = ("bytes", [x for _, _, x in fields(lst)])
                 elif kind_field == 2:
                     vals = []
-                    for _, x in _fields(lst):
+                    for _, _, x in fields(lst):
                         vals.extend(np.frombuffer(x, "<f4").tolist())
                     out[key] = ("float", vals)
                 elif kind_field == 3:
-                    vals = []
-                    for _, x in _fields(lst):
-                        if isinstance(x, int):
-                            vals.append(x - (1 << 64) if x >= 1 << 63 else x)
-                        else:
-                            p = 0
-                            while p < len(x):
-                                v, p = _read_varint(x, p)
-                                vals.append(v - (1 << 64) if v >= 1 << 63 else v)
-                    out[key] = ("int64", vals)
+                    out[key] = ("int64", int64_list(lst))
             if key not in out:
                 out[key] = ("bytes", [])
     return out

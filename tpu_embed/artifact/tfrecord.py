@@ -4,8 +4,9 @@ A TFRecord file is a sequence of frames, all integers little-endian:
 
     uint64 length | uint32 masked crc32c of the 8 length bytes | payload | uint32 masked crc32c of the payload
 
-(`masked_crc32c`).  A compressed file ("GZIP" or "ZLIB", `tf.data.TFRecordDataset`'s `compression_type`)
-is one zlib stream over its frames, byte for byte what `tf.io.TFRecordWriter` writes with
+(`masked_crc32c`; `mask_crc32c` masks a CRC32C computed elsewhere, e.g. as data streams: TensorFlow's
+checkpoints store the same masked CRCs).  A compressed file ("GZIP" or "ZLIB", `tf.data.TFRecordDataset`'s
+`compression_type`) is one zlib stream over its frames, byte for byte what `tf.io.TFRecordWriter` writes with
 `TFRecordOptions(compression_type=...)`.
 
     frame(payload)                          # one frame's bytes
@@ -52,7 +53,7 @@ _U32 = struct.Struct("<I")
 _HEADER = struct.Struct("<QI")
 
 
-def _mask(crc):
+def mask_crc32c(crc):
     """TFRecord's mask of a CRC32C (an int, or elementwise a uint64 array): rotated right by 15 bits plus a
     constant, so that a CRC over bytes holding CRCs stays well distributed."""
     return (((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF
@@ -60,7 +61,7 @@ def _mask(crc):
 
 def masked_crc32c(data) -> int:
     """TFRecord's checksum of `data` (bytes): its CRC32C, masked."""
-    return _mask(_crc32c(data))
+    return mask_crc32c(_crc32c(data))
 
 
 class TFRecordError(ValueError):
@@ -93,7 +94,7 @@ def _frame_length(data, pos: int, n: int, name: Optional[str], index: int, verif
     if pos + HEADER_BYTES > n:
         raise TFRecordError(TRUNCATED_HEADER, pos, name, index)
     length, len_crc = _HEADER.unpack_from(data, pos)
-    if verify and _mask(_crc32c(data[pos:pos + 8])) != len_crc:
+    if verify and mask_crc32c(_crc32c(data[pos:pos + 8])) != len_crc:
         raise TFRecordError(CORRUPT_LENGTH, pos, name, index)
     if pos + FRAME_OVERHEAD + length > n:
         raise TFRecordError(TRUNCATED_RECORD, pos, name, index)
@@ -104,7 +105,7 @@ def _payload(data, pos: int, length: int, name: Optional[str], index: int, verif
     """The payload of the frame at `pos` of `data`, its CRC checked (a copy: the CRC32C library takes bytes)."""
     start = pos + HEADER_BYTES
     payload = data[start:start + length]
-    if verify and _mask(_crc32c(payload)) != _U32.unpack_from(data, start + length)[0]:
+    if verify and mask_crc32c(_crc32c(payload)) != _U32.unpack_from(data, start + length)[0]:
         raise TFRecordError(CORRUPT_DATA, pos, name, index)
     return payload
 
@@ -140,7 +141,7 @@ def _read_header(fh, pos: int, name: Optional[str], verify: bool, index: int) ->
     if len(head) < HEADER_BYTES:
         raise TFRecordError(TRUNCATED_HEADER, pos, name, index)
     length, len_crc = _HEADER.unpack_from(head)
-    if verify and _mask(_crc32c(head[:8])) != len_crc:
+    if verify and mask_crc32c(_crc32c(head[:8])) != len_crc:
         raise TFRecordError(CORRUPT_LENGTH, pos, name, index)
     return length
 
@@ -158,7 +159,7 @@ def iter_stream(fh, name: str = "<stream>", *, verify: bool = True) -> Iterator[
         footer = fh.read(FOOTER_BYTES) if len(payload) == length else b""
         if len(footer) < FOOTER_BYTES:
             raise TFRecordError(TRUNCATED_RECORD, pos, name, i)
-        if verify and _mask(_crc32c(payload)) != u32(footer, 0)[0]:
+        if verify and mask_crc32c(_crc32c(payload)) != u32(footer, 0)[0]:
             raise TFRecordError(CORRUPT_DATA, pos, name, i)
         yield payload
         pos += FRAME_OVERHEAD + length
@@ -187,7 +188,7 @@ def read_payload(fh, offset: int, length: int, name: str = "<stream>", *, verify
     footer = fh.read(FOOTER_BYTES) if len(payload) == length else b""
     if len(footer) < FOOTER_BYTES:
         raise TFRecordError(TRUNCATED_RECORD, offset - HEADER_BYTES, name)
-    if verify and _mask(_crc32c(payload)) != _U32.unpack_from(footer, 0)[0]:
+    if verify and mask_crc32c(_crc32c(payload)) != _U32.unpack_from(footer, 0)[0]:
         raise TFRecordError(CORRUPT_DATA, offset - HEADER_BYTES, name)
     return payload
 
@@ -267,7 +268,8 @@ def scan_frames(src: RangedSource, most: int = 4096, read_bytes: int = 4 << 20) 
                 broken = True
                 break
             if end - base > len(buf):
-                if _first_bad(raw, stored) is not None or _mask(crc(buf[o:o + 8])) != lcrc:  # not a length to read
+                unreadable = _first_bad(raw, stored) is not None or mask_crc32c(crc(buf[o:o + 8])) != lcrc
+                if unreadable:  # not a length to read
                     broken = True
                     break
                 checked, raw, stored = len(good), [], []
@@ -310,7 +312,7 @@ def _first_bad(raw: List[int], stored: List[int]) -> Optional[int]:
     frame) do not match the masked ones it holds (`stored`); None if all do."""
     if not raw:
         return None
-    bad = np.flatnonzero(_mask(np.array(raw, np.uint64)) != np.array(stored, np.uint64))
+    bad = np.flatnonzero(mask_crc32c(np.array(raw, np.uint64)) != np.array(stored, np.uint64))
     return int(bad[0]) // 2 if bad.size else None
 
 

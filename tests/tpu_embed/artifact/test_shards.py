@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -59,6 +60,31 @@ def test_packed_varints_are_the_varints_one_after_another():
     assert example_wire._packed_varints(values) == b"".join(example_wire.varint(v) for v in values)
     assert example_wire._packed_varints(np.array([3, 300, -5], np.int64)) == b"".join(
         map(example_wire.varint, (3, 300, -5)))
+
+
+def test_the_reader_reads_what_varint_and_tensorflow_write():
+    """`read_varint` inverts `varint` (one to ten bytes, negatives as 64-bit two's complement) from bytes and
+    memoryviews, a cut-off varint is a ValueError; `fields` gives every wire type of a message TensorFlow
+    serializes (a packed Int64List: wire type 2; a varint: 0) as `int64_list` reads it."""
+    import tensorflow as tf
+    values = [0, 1, 127, 128, 300, 1 << 14, 2 ** 40, 2 ** 63 - 1, -1, -(2 ** 63)]
+    data = b"".join(map(example_wire.varint, values))
+    for buf in (data, memoryview(data)):
+        pos, got = 0, []
+        while pos < len(buf):
+            v, pos = example_wire.read_varint(buf, pos)
+            got.append(v - (1 << 64) if v >= 1 << 63 else v)
+        assert got == values
+    with pytest.raises(ValueError, match="truncated varint"):
+        example_wire.read_varint(example_wire.varint(300)[:1], 0)
+    lst = tf.train.Int64List(value=values).SerializeToString()
+    assert [(n, w) for n, w, _ in example_wire.fields(lst)] == [(1, 2)]
+    assert example_wire.int64_list(lst) == example_wire.int64_list(memoryview(lst)) == values
+    unpacked = b"".join(example_wire.varint(0x08) + example_wire.varint(v) for v in values)  # field 1, wire 0
+    assert [(n, w) for n, w, _ in example_wire.fields(unpacked)] == [(1, 0)] * len(values)
+    assert example_wire.int64_list(unpacked) == values
+    with pytest.raises(ValueError, match="wire type 3"):
+        list(example_wire.fields(b"\x0b"))
 
 
 def _buffer_kwargs():

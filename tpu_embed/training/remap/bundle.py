@@ -30,6 +30,9 @@ import google_crc32c
 import numpy as np
 
 from tpu_embed.artifact import io as tio
+from tpu_embed.artifact.example_wire import fields as read_fields
+from tpu_embed.artifact.example_wire import read_varint, varint
+from tpu_embed.artifact.tfrecord import mask_crc32c
 
 HEADER_KEY = b""
 _TABLE_MAGIC = 0xDB4775248B80FB57
@@ -46,72 +49,20 @@ class BundleError(ValueError):
     """A checkpoint that is missing, damaged, or in a form this reader does not read."""
 
 
-# ---------------------------------------------------------------- CRC32C (masked, as TF stores it)
-
-def mask(crc: int) -> int:
-    return (((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF
-
-
 # ---------------------------------------------------------------- protobuf wire format (the few fields used)
-
-def _varint(value: int) -> bytes:
-    out = bytearray()
-    while True:
-        b = value & 0x7F
-        value >>= 7
-        if value:
-            out.append(b | 0x80)
-        else:
-            out.append(b)
-            return bytes(out)
-
-
-def _read_varint(buf: bytes, pos: int) -> Tuple[int, int]:
-    result = shift = 0
-    while True:
-        if pos >= len(buf):
-            raise BundleError("truncated varint")
-        b = buf[pos]
-        pos += 1
-        result |= (b & 0x7F) << shift
-        if not b & 0x80:
-            return result, pos
-        shift += 7
-
+# Masked CRC32C, varints and the field reader are tpu_embed.artifact's (tfrecord, example_wire).
 
 Field = Tuple[int, int, Any]  # (number, wire type, int value or bytes)
-
-
-def _fields(buf: bytes) -> List[Field]:
-    out: List[Field] = []
-    pos = 0
-    while pos < len(buf):
-        tag, pos = _read_varint(buf, pos)
-        number, wire = tag >> 3, tag & 7
-        value: Any
-        if wire == 0:
-            value, pos = _read_varint(buf, pos)
-        elif wire == 1:
-            value, pos = buf[pos:pos + 8], pos + 8
-        elif wire == 2:
-            n, pos = _read_varint(buf, pos)
-            value, pos = buf[pos:pos + n], pos + n
-        elif wire == 5:
-            value, pos = buf[pos:pos + 4], pos + 4
-        else:
-            raise BundleError(f"unsupported protobuf wire type {wire}")
-        out.append((number, wire, value))
-    return out
 
 
 def _encode(fields: Iterable[Field]) -> bytes:
     out = bytearray()
     for number, wire, value in fields:
-        out += _varint(number << 3 | wire)
+        out += varint(number << 3 | wire)
         if wire == 0:
-            out += _varint(int(value))
+            out += varint(int(value))
         elif wire == 2:
-            out += _varint(len(value)) + bytes(value)
+            out += varint(len(value)) + bytes(value)
         else:
             out += bytes(value)
     return bytes(out)
@@ -145,15 +96,15 @@ class Entry:
     def parse(key: bytes, value: bytes) -> "Entry":
         d: Dict[str, Any] = {"dtype": 0, "shape": (), "shard_id": 0, "offset": 0, "size": 0, "crc32c": 0}
         sliced = False
-        fields = _fields(value)
+        fields = tuple(read_fields(value))
         for number, _, v in fields:
             if number == 1:
                 d["dtype"] = v
             elif number == 2:
                 dims = []
-                for n, _, dim in _fields(v):
+                for n, _, dim in read_fields(v):
                     if n == 2:
-                        size = next((s for m, _, s in _fields(dim) if m == 1), 0)
+                        size = next((s for m, _, s in read_fields(dim) if m == 1), 0)
                         dims.append(int(size) - (1 << 64) if int(size) >= 1 << 63 else int(size))
                 d["shape"] = tuple(dims)
             elif number == 3:
@@ -166,7 +117,7 @@ class Entry:
                 d["crc32c"] = struct.unpack("<I", v)[0]
             elif number == 7:
                 sliced = True
-        return Entry(key, sliced=sliced, fields=tuple(fields), **d)
+        return Entry(key, sliced=sliced, fields=fields, **d)
 
     def placed(self, offset: int) -> bytes:
         """This entry's proto bytes, its data now at `offset` of shard 0."""
@@ -187,7 +138,7 @@ def entry_bytes(dtype: int, shape: Tuple[int, ...], offset: int, size: int, crc3
 
 def header_bytes(header: bytes) -> bytes:
     """The header of a one-shard bundle, keeping the endianness and version of `header`."""
-    return _encode([(1, 0, 1)] + [f for f in _fields(header) if f[0] != 1])
+    return _encode([(1, 0, 1)] + [f for f in read_fields(header) if f[0] != 1])
 
 
 # ---------------------------------------------------------------- the index table (LevelDB's format)
@@ -198,7 +149,7 @@ def _block(data: bytes, handle: Tuple[int, int], path: str) -> bytes:
     if len(raw) != size + _BLOCK_TRAILER:
         raise BundleError(f"{path} is truncated (a block ends past the file)")
     kind, crc = raw[size], struct.unpack("<I", raw[size + 1:])[0]
-    if mask(google_crc32c.extend(google_crc32c.value(raw[:size]), raw[size:size + 1])) != crc:
+    if mask_crc32c(google_crc32c.extend(google_crc32c.value(raw[:size]), raw[size:size + 1])) != crc:
         raise BundleError(f"{path} is corrupt (a block's CRC does not match)")
     if kind != 0:
         raise BundleError(f"{path} has compressed blocks (type {kind}); TensorFlow writes checkpoint indexes "
@@ -211,9 +162,9 @@ def _block_entries(block: bytes) -> Iterator[Tuple[bytes, bytes]]:
     end = len(block) - 4 * (restarts + 1)
     pos, key = 0, b""
     while pos < end:
-        shared, pos = _read_varint(block, pos)
-        unshared, pos = _read_varint(block, pos)
-        length, pos = _read_varint(block, pos)
+        shared, pos = read_varint(block, pos)
+        unshared, pos = read_varint(block, pos)
+        length, pos = read_varint(block, pos)
         key = key[:shared] + block[pos:pos + unshared]
         pos += unshared
         yield key, block[pos:pos + length]
@@ -221,8 +172,8 @@ def _block_entries(block: bytes) -> Iterator[Tuple[bytes, bytes]]:
 
 
 def _handle(buf: bytes, pos: int = 0) -> Tuple[Tuple[int, int], int]:
-    offset, pos = _read_varint(buf, pos)
-    size, pos = _read_varint(buf, pos)
+    offset, pos = read_varint(buf, pos)
+    size, pos = read_varint(buf, pos)
     return (offset, size), pos
 
 
@@ -244,7 +195,7 @@ def _block_bytes(entries: List[Tuple[bytes, bytes]]) -> bytes:
     out, restarts = bytearray(), []
     for key, value in entries:
         restarts.append(len(out))
-        out += _varint(0) + _varint(len(key)) + _varint(len(value)) + key + value
+        out += varint(0) + varint(len(key)) + varint(len(value)) + key + value
     if not restarts:
         restarts = [0]
     out += b"".join(struct.pack("<I", r) for r in restarts) + struct.pack("<I", len(restarts))
@@ -257,15 +208,15 @@ def table_bytes(entries: List[Tuple[bytes, bytes]]) -> bytes:
 
     def put(block: bytes) -> Tuple[int, int]:
         handle = (len(out), len(block))
-        crc = mask(google_crc32c.extend(google_crc32c.value(block), b"\x00"))
+        crc = mask_crc32c(google_crc32c.extend(google_crc32c.value(block), b"\x00"))
         out.extend(block + b"\x00" + struct.pack("<I", crc))
         return handle
 
     data = put(_block_bytes(entries))
     meta = put(_block_bytes([]))
     last = entries[-1][0] if entries else b""
-    index = put(_block_bytes([(last, _varint(data[0]) + _varint(data[1]))]))
-    handles = _varint(meta[0]) + _varint(meta[1]) + _varint(index[0]) + _varint(index[1])
+    index = put(_block_bytes([(last, varint(data[0]) + varint(data[1]))]))
+    handles = varint(meta[0]) + varint(meta[1]) + varint(index[0]) + varint(index[1])
     out += handles.ljust(40, b"\x00") + struct.pack("<II", _TABLE_MAGIC & 0xFFFFFFFF, _TABLE_MAGIC >> 32)
     return bytes(out)
 
@@ -290,12 +241,17 @@ class BundleReader:
                               "the `checkpoint` file)") from None
         self.entries: Dict[bytes, Entry] = {}
         self.header = b""
-        for key, value in read_table(data, path):
-            if key == HEADER_KEY:
-                self.header = value
-            else:
-                self.entries[key] = Entry.parse(key, value)
-        header = dict((n, v) for n, _, v in _fields(self.header))
+        try:
+            for key, value in read_table(data, path):
+                if key == HEADER_KEY:
+                    self.header = value
+                else:
+                    self.entries[key] = Entry.parse(key, value)
+            header = dict((n, v) for n, _, v in read_fields(self.header))
+        except BundleError:
+            raise
+        except ValueError as e:  # the protobuf reader's: a truncated varint, an unknown wire type
+            raise BundleError(f"{path} is corrupt ({e})") from None
         self.num_shards = int(header.get(1, 1))
         if int(header.get(2, 0)) != 0:
             raise BundleError(f"{path} is a big-endian checkpoint; only little-endian ones are read")
@@ -374,7 +330,7 @@ class BundleWriter:
         want = int(np.prod(shape, dtype=np.int64)) * DTYPES[dtype].itemsize
         if size != want:
             raise AssertionError(f"{key!r}: wrote {size} bytes for shape {shape}, expected {want}")
-        self._entries[key] = entry_bytes(dtype, shape, offset, size, mask(crc))
+        self._entries[key] = entry_bytes(dtype, shape, offset, size, mask_crc32c(crc))
 
     def finish(self, header: bytes) -> None:
         assert self._fh is not None, "the writer is finished"

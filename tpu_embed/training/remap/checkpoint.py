@@ -42,6 +42,7 @@ from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Tuple
 import google_crc32c
 import numpy as np
 
+from tpu_embed.artifact.tfrecord import mask_crc32c
 from tpu_embed.training.remap import bundle
 from tpu_embed.training.remap.bundle import BundleReader, BundleWriter, Entry
 from tpu_embed.training.remap.plan import NEW, RemapError, TablePlan
@@ -262,7 +263,7 @@ def remap_tensor(reader: BundleReader, entry: Entry, plan: TablePlan, dest: np.n
                     fh.write(np.int64(hi - lo).tobytes() + d[lo:hi].tobytes() + rows[keep[lo:hi]].tobytes())
             del raw
             progress(n)
-        if bundle.mask(crc) != entry.crc32c:
+        if mask_crc32c(crc) != entry.crc32c:
             raise RemapError(f"{reader.prefix}: {entry.name} is corrupt (its data does not match its CRC32C). Use "
                              "another copy of the checkpoint.")
 
