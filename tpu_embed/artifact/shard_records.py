@@ -5,6 +5,7 @@
     reencode_record(data, fmt, new_fmt)      # the same step in another format (e.g. version 1's)
     reencode_artifact(src, dst, new_fmt)     # a copy of a whole artifact with its shards in that format
     shard_files(artifact_dir, host)          # where a host's records are, in step order
+    open_by_position(path, entry, ...)       # a shard file opened for reading its records by position
 
 The features and their encodings are described in `tpu_embed.artifact.shard_format`; the files are
 TFRecord files (`tpu_embed.artifact.tfrecord.read_records` reads their records).  Narrow ids, omitted
@@ -17,15 +18,16 @@ from __future__ import annotations
 import os
 import shutil
 import types
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import IO, Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
 from tpu_embed.artifact import io as tio
 from tpu_embed.artifact import tfrecord
 from tpu_embed.artifact.example_wire import decode_example, encode_example
-from tpu_embed.artifact.manifest import Manifest, manifest_bytes, read_manifest
+from tpu_embed.artifact.manifest import FileEntry, Manifest, manifest_bytes, read_manifest
 from tpu_embed.artifact.shard_format import ID_DTYPES, SIZES_FIELDS, V1_ENCODING, ShardFormat
+from tpu_embed.artifact.verify import verify_shard_bytes
 from tpu_embed.sparsecore.padding import PAD_VALUE, XLA_PAD, round_up
 
 
@@ -248,3 +250,34 @@ def shard_files(artifact_dir: str, host_index: int = 0, manifest: Optional[Manif
     """Paths of the host's shard files in step order (`manifest`: the artifact's, if already read)."""
     m = manifest if manifest is not None else read_manifest(artifact_dir)
     return [tio.join(artifact_dir, f.path) for f in m.shard_files(host_index)]
+
+
+def open_by_position(path: str, entry: FileEntry, compression: str, verify: str,
+                     spill_path: Callable[[], str]) -> Tuple[IO[bytes], List[Tuple[int, int]]]:
+    """(an open binary file, [(payload offset, length)] of its records): shard file `path` (listed as `entry`)
+    ready for `tfrecord.read_payload`, which checks each payload's CRC as it reads it (the shuffled readers of
+    `tpu_embed.input_fn` and `tpu_embed.jax.input_iterator` read records in step order this way).
+
+    Uncompressed at `verify` "none": only the record headers are read (`tfrecord.index_stream`), the file is
+    read in place. Otherwise the file is read whole once: checked at level `verify` (`verify_shard_bytes`:
+    size, record CRCs and, "sha256", its hash) so that damage is refused before any of its records is used,
+    decompressed and indexed; an uncompressed file is then read in place, a compressed one from its
+    decompressed bytes, written to the local file `spill_path()` names (the caller removes it)."""
+    if compression == "none" and verify == "none":
+        fh = tio.open_read(path)
+        try:
+            return fh, tfrecord.index_stream(fh, path)
+        except BaseException:
+            fh.close()
+            raise
+    data = tio.read_bytes(path)
+    if verify != "none":
+        verify_shard_bytes(path, data, entry, verify, compression)
+    data = tfrecord.decompress(data, compression, path)
+    table = tfrecord.index_records(data, path)
+    if compression == "none":
+        return tio.open_read(path), table
+    local = spill_path()
+    with open(local, "wb") as out:
+        out.write(data)
+    return open(local, "rb"), table

@@ -21,6 +21,7 @@ iterator is made, and only where they are needed.
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import os
 import queue
@@ -33,7 +34,9 @@ import numpy as np
 
 from tpu_embed.artifact import io as tio
 from tpu_embed.artifact import tfrecord
+from tpu_embed.artifact.example_wire import fields, int64_list
 from tpu_embed.artifact.manifest import read_manifest
+from tpu_embed.artifact.shard_records import open_by_position
 from tpu_embed.artifact.verify import check_files, check_level, check_shard_steps, path_of, verify_shard_bytes
 from tpu_embed.core.permutation import Permutation, epoch_key
 from tpu_embed.jax.layout import ALIGN, PAD_ID, round_up
@@ -82,71 +85,20 @@ class JaxStep(NamedTuple):
 
 # ---------------------------------------------------------------- the record, parsed in place
 
-def _varint(buf, pos: int) -> Tuple[int, int]:
-    b = buf[pos]
-    if b < 0x80:
-        return b, pos + 1
-    result, shift = b & 0x7F, 7
-    pos += 1
-    while True:
-        b = buf[pos]
-        pos += 1
-        result |= (b & 0x7F) << shift
-        if b < 0x80:
-            return result, pos
-        shift += 7
-
-
-def _fields(buf):
-    """(field, value) of a protobuf message held in a memoryview: length-delimited values as memoryviews of it."""
-    pos, n = 0, len(buf)
-    while pos < n:
-        tag, pos = _varint(buf, pos)
-        wire = tag & 7
-        if wire == 2:
-            length, pos = _varint(buf, pos)
-            yield tag >> 3, buf[pos:pos + length]
-            pos += length
-        elif wire == 0:
-            v, pos = _varint(buf, pos)
-            yield tag >> 3, v
-        elif wire == 5:
-            yield tag >> 3, buf[pos:pos + 4]
-            pos += 4
-        elif wire == 1:
-            yield tag >> 3, buf[pos:pos + 8]
-            pos += 8
-        else:
-            raise ValueError(f"not a tf.train.Example: protobuf wire type {wire}")
-
-
-def _int64s(lst) -> List[int]:
-    out: List[int] = []
-    for _, x in _fields(lst):
-        if isinstance(x, int):
-            out.append(x - (1 << 64) if x >= 1 << 63 else x)
-        else:
-            p = 0
-            while p < len(x):
-                v, p = _varint(x, p)
-                out.append(v - (1 << 64) if v >= 1 << 63 else v)
-    return out
-
-
 def parse_record(data, keys: Optional[Container[str]] = None) -> Dict[str, Any]:
     """{key: value} of a step record (a serialized tf.train.Example): a bytes feature as a memoryview of `data`
     (its first value: the records store each array as one raw value), an int64 feature as a list of ints, a
     float feature as a float32 array. Nothing of `data` is copied. `keys`: only these keys (the others are
     skipped before their values are read: the decoder does not read the steps' statistics)."""
     out: Dict[str, Any] = {}
-    for f, features in _fields(memoryview(data)):
+    for f, _, features in fields(memoryview(data)):
         if f != 1:
             continue
-        for f2, entry in _fields(features):
+        for f2, _, entry in fields(features):
             if f2 != 1:
                 continue
             name, value = None, None
-            for f3, x in _fields(entry):
+            for f3, _, x in fields(entry):
                 if f3 == 1:
                     name = bytes(x).decode("utf-8")
                 elif f3 == 2:
@@ -154,15 +106,15 @@ def parse_record(data, keys: Optional[Container[str]] = None) -> Dict[str, Any]:
             if name is None or (keys is not None and name not in keys):
                 continue
             out[name] = None
-            for kind, lst in _fields(value if value is not None else memoryview(b"")):
+            for kind, _, lst in fields(value if value is not None else memoryview(b"")):
                 if kind == 1:
-                    vals = [x for _, x in _fields(lst)]
+                    vals = [x for _, _, x in fields(lst)]
                     out[name] = vals[0] if vals else memoryview(b"")
                 elif kind == 2:
-                    out[name] = np.concatenate([np.frombuffer(x, "<f4") for _, x in _fields(lst)] or
+                    out[name] = np.concatenate([np.frombuffer(x, "<f4") for _, _, x in fields(lst)] or
                                                [np.zeros(0, np.float32)]).astype(np.float32)
                 elif kind == 3:
-                    out[name] = _int64s(lst)
+                    out[name] = int64_list(lst)
     return out
 
 
@@ -286,6 +238,13 @@ def _stream(artifact_dir: str, entries, compression: str, verify: str) -> Iterat
             yield from tfrecord.stream_records(path, compression)
 
 
+def _spill_path(tmp_holder: List[str], i: int) -> str:
+    """Where file `i`'s decompressed records go: the iterator's temporary directory, made when first needed."""
+    if not tmp_holder:
+        tmp_holder.append(tempfile.mkdtemp(prefix="tpu_embed_jax-"))
+    return os.path.join(tmp_holder[0], f"{i}.tfrecord")
+
+
 def _by_position(artifact_dir: str, entries, compression: str, verify: str, order: Iterator[int], steps: int,
                  tmp_holder: List[str]) -> Iterator[Any]:
     """The records of the steps in `order`, each read by its position (as `tpu_embed.input_fn(shuffle_steps=...)`
@@ -304,28 +263,8 @@ def _by_position(artifact_dir: str, entries, compression: str, verify: str, orde
         for s in order:
             i, k = owner[int(s)]
             if i not in handles:
-                e = entries[i]
-                path = path_of(artifact_dir, e)
-                if compression == "none" and verify != "sha256":  # headers only; each payload checked when read
-                    fh = tio.open_read(path)
-                    table = tfrecord.index_stream(fh, path)
-                else:
-                    data = tio.read_bytes(path)
-                    if verify != "none":
-                        verify_shard_bytes(path, data, e, verify, compression)
-                    data = tfrecord.decompress(data, compression, path)
-                    table = tfrecord.index_records(data, path)
-                    if compression == "none":
-                        fh = tio.open_read(path)
-                    else:
-                        if not tmp_holder:
-                            tmp_holder.append(tempfile.mkdtemp(prefix="tpu_embed_jax-"))
-                        local = os.path.join(tmp_holder[0], f"{i}.tfrecord")
-                        with open(local, "wb") as out:
-                            out.write(data)
-                        fh = open(local, "rb")
-                    del data
-                handles[i], offsets[i] = fh, table
+                handles[i], offsets[i] = open_by_position(path_of(artifact_dir, entries[i]), entries[i], compression,
+                                                          verify, functools.partial(_spill_path, tmp_holder, i))
             if k >= len(offsets[i]):
                 raise ValueError(f"{path_of(artifact_dir, entries[i])}: has {len(offsets[i])} records, the manifest "
                                  f"lists steps {entries[i].first_step}..{entries[i].last_step}")

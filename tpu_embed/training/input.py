@@ -31,14 +31,13 @@ from tpu_embed.artifact import tfrecord
 from tpu_embed.artifact.lineage import LineageError, check_window
 from tpu_embed.artifact.manifest import Manifest, read_manifest
 from tpu_embed.artifact.shard_format import ShardFormat
-from tpu_embed.artifact.shard_records import shard_files
+from tpu_embed.artifact.shard_records import open_by_position, shard_files
 from tpu_embed.artifact.verify import (
     check_files,
     check_level,
     check_shard_steps,
     checked_shard_paths,
     path_of,
-    verify_shard_bytes,
 )
 from tpu_embed.core.permutation import Permutation, epoch_key
 from tpu_embed.training.parse import parse_fn
@@ -289,28 +288,14 @@ def _shuffled_records(days: Sequence[_Day], verify: str, seed: int, num_epochs: 
 
     def open_file(d: int, i: int):
         day = days[d]
-        compression = day.fmt.compression
         e = day.entries[i]
-        path = path_of(day.directory, e)
-        if compression == "none" and verify == "none":  # the headers only; each payload is checked when read
-            fh = tio.open_read(path)
-            table = tfrecord.index_stream(fh, path)
-        else:  # read (and check) the whole file once
-            data = tio.read_bytes(path)
-            if verify != "none":
-                verify_shard_bytes(path, data, e, verify, compression)
-            data = tfrecord.decompress(data, compression, path)
-            table = tfrecord.index_records(data, path)
-            if compression == "none":
-                fh = tio.open_read(path)
-            else:
-                assert tmp is not None
-                local = os.path.join(tmp, f"{d}-{i}.tfrecord")
-                with open(local, "wb") as out:
-                    out.write(data)
-                fh = open(local, "rb")
-            del data
-        handles[(d, i)], offsets[(d, i)] = fh, table
+
+        def spill_path() -> str:
+            assert tmp is not None
+            return os.path.join(tmp, f"{d}-{i}.tfrecord")
+
+        handles[(d, i)], offsets[(d, i)] = open_by_position(path_of(day.directory, e), e, day.fmt.compression,
+                                                            verify, spill_path)
 
     try:
         epoch = 0
