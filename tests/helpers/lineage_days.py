@@ -3,10 +3,12 @@
     d = lineage_days.split(tmp_dir, parts=3)          # day1.csv, day2.csv, day3.csv (older first), and their rows
     spec = lineage_days.spec(["day1.csv"], tmp_dir)    # append vocabularies with capacities: one layout every day
     outs = lineage_days.build(tmp_dir, parts=3)        # day 1 without a base, each later day with the previous as base
+    counts = lineage_days.token_counts(header, rows, "genres")  # {token bytes: occurrences} in those rows
 """
 
 from __future__ import annotations
 
+import collections
 import csv
 import os
 from typing import Dict, List, Optional
@@ -40,6 +42,18 @@ def split(d: str, parts: int = 3):
             csv.writer(f, lineterminator="\n").writerows([header] + part)
         out.append(part)
     return header, out
+
+
+def token_counts(header: List[str], rows: List[List[str]], name: str) -> collections.Counter:
+    """{token (bytes): occurrences} of CSV column `name` in `rows`, counted plainly (genres split on "|", blanks
+    left out): what the vocabulary jobs' counts are checked against."""
+    col = header.index(name)
+    c: collections.Counter = collections.Counter()
+    for r in rows:
+        for t in (r[col].split("|") if name == "genres" else [r[col]]):
+            if t:
+                c[t.encode()] += 1
+    return c
 
 
 def spec(patterns: List[str], base_dir: str, vocabularies: Optional[Dict[str, dict]] = None, **extra):

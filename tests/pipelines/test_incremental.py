@@ -4,7 +4,6 @@ profile into the base's (the plan made from the merged profile, the manifest nam
 
 from __future__ import annotations
 
-import collections
 import json
 import os
 import shutil
@@ -29,16 +28,6 @@ def days(tmp_path_factory):
     return {"dir": d, "outs": outs, "header": header, "rows": rows}
 
 
-def _counts(header, rows, name):
-    col = header.index(name)
-    c = collections.Counter()
-    for r in rows:
-        for t in (r[col].split("|") if name == "genres" else [r[col]]):
-            if t:
-                c[t.encode()] += 1
-    return c
-
-
 def _profile(out):
     m = read_manifest(out)
     return profiles.ProfileStore(os.path.join(out, m.profile.directory)).read()
@@ -56,7 +45,7 @@ def test_a_day_reads_and_shards_its_own_data_only(days):
 def test_counts_are_merged_over_the_lineage(days):
     header, rows, outs = days["header"], days["rows"], days["outs"]
     for name in lineage_days.VOCABULARIES:
-        per_day = [_counts(header, r, name) for r in rows]
+        per_day = [lineage_days.token_counts(header, r, name) for r in rows]
         for k, out in enumerate(outs, 1):
             t = lineage.read_token_counts(out, name).to_pylist()
             seen = [c for c in per_day[:k]]

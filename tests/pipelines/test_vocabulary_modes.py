@@ -5,7 +5,6 @@ rule of new tokens against plain Python, the refusals, and the same bytes with o
 from __future__ import annotations
 
 import collections
-import csv
 import json
 import os
 
@@ -21,14 +20,11 @@ from pipelines.mapping import ids as mapping
 from pipelines.mapping import vocabulary_modes as modes
 from pipelines.read.parse import FeatureValues
 from pipelines.user_errors import UserError
-from tests.helpers import ROOT
+from tests.helpers.lineage_days import spec as day_spec
+from tests.helpers.lineage_days import split, token_counts
 from tpu_embed.artifact import lineage
 from tpu_embed.artifact.load import load_artifact
 from tpu_embed.artifact.manifest import read_manifest
-from tpu_embed.artifact.spec import parse_spec
-
-DATA = os.path.join(ROOT, "data", "movielens_sample.csv")
-
 
 # ---------------------------------------------------------------- the ordering rule, against plain Python
 
@@ -97,7 +93,7 @@ def test_new_tokens_are_ordered_as_tft_orders_a_vocabulary(counts, base_rows, mo
 
 
 def test_oov_ids_follow_the_capacity():
-    spec = _spec({"zip": {"mode": "append", "capacity": 50, "num_oov_buckets": 3}}, ["day1.csv"], "/tmp")
+    spec = day_spec(["day1.csv"], "/tmp", {"zip": {"mode": "append", "capacity": 50, "num_oov_buckets": 3}})
     f = spec.feature("zip")
     fv = FeatureValues(np.array([2, 1], np.int64), pa.array([b"a", b"zz", b"b"], pa.large_binary()))
     block = mapping.map_feature(f, fv, spec, pa.array([b"a", b"b"], pa.large_binary()), collections.Counter(),
@@ -116,42 +112,6 @@ FEATURES = {
 }
 
 
-def _spec(vocabs, patterns, base_dir, **extra):
-    categorical = [{"name": "user_id", "vocabulary": {"type": "identity", "num_buckets": 6041}},
-                   {"name": "title", "vocabulary": {"type": "hashing", "num_buckets": 100}}]
-    for name, v in vocabs.items():
-        categorical.append({"name": name, "vocabulary": v, **({"delimiter": "|"} if name == "genres" else {})})
-    return parse_spec({"inputs": {"format": "csv", "patterns": patterns}, "label": "rating", "dense": ["timestamp"],
-                       "categorical": categorical, "defaults": {"table": {"dim": 8}},
-                       "optimizer": {"type": "adagrad", "learning_rate": 0.05},
-                       "topology": {"num_chips": 2, "num_sc_per_chip": 4}, "global_batch_size": 16,
-                       "policies": {"tail": "pad"}, **extra}, base_dir=base_dir)
-
-
-def _days(d):
-    """The MovieLens sample split in two days by its timestamp: day1.csv (older half), day2.csv."""
-    with open(DATA, newline="") as f:
-        rows = list(csv.reader(f))
-    header, body = rows[0], sorted(rows[1:], key=lambda r: int(r[3]))
-    out = []
-    for i, part in enumerate((body[:100], body[100:])):
-        path = os.path.join(d, f"day{i + 1}.csv")
-        with open(path, "w", newline="") as f:
-            csv.writer(f, lineterminator="\n").writerows([header] + part)
-        out.append(part)
-    return header, out
-
-
-def _plain_counts(header, rows, name):
-    col = header.index(name)
-    c = collections.Counter()
-    for r in rows:
-        for t in (r[col].split("|") if name == "genres" else [r[col]]):
-            if t:
-                c[t.encode()] += 1
-    return c
-
-
 def _vocab(d, name):
     return open(os.path.join(d, "vocab", f"{name}.txt"), "rb").read().split(b"\n")[:-1]
 
@@ -159,9 +119,9 @@ def _vocab(d, name):
 @pytest.fixture(scope="module")
 def lineage_days(tmp_path_factory):
     d = str(tmp_path_factory.mktemp("lineage"))
-    header, (rows1, rows2) = _days(d)
-    spec1 = _spec(FEATURES, ["day1.csv"], d)
-    spec2 = _spec(FEATURES, ["day2.csv"], d)
+    header, (rows1, rows2) = split(d, parts=2)
+    spec1 = day_spec(["day1.csv"], d, FEATURES)
+    spec2 = day_spec(["day2.csv"], d, FEATURES)
     day1, day2 = os.path.join(d, "out1"), os.path.join(d, "out2")
     runner.run_all(JobConfig(spec=spec1, output=day1))
     runner.run_all(JobConfig(spec=spec2, output=day2, base=day1))
@@ -178,11 +138,11 @@ def test_append_keeps_every_base_id_and_adds_new_tokens_after_them(lineage_days)
         assert (info.mode, info.base_tokens, info.tokens) == ("append", len(v1), len(v2))
         assert info.new_tokens == len(v2) - len(v1)
         new = v2[len(v1):]
-        c2 = _plain_counts(L["header"], L["rows"][1], name)
+        c2 = token_counts(L["header"], L["rows"][1], name)
         assert [c2[t] for t in new] == sorted((c2[t] for t in new), reverse=True)
     # The first day of an append lineage without a capacity is exactly the vocabulary rebuild makes.
     rebuilt = os.path.join(L["dir"], "rebuilt1")
-    runner.run_vocab(JobConfig(spec=_spec({"occupation": {}}, ["day1.csv"], L["dir"]), output=rebuilt))
+    runner.run_vocab(JobConfig(spec=day_spec(["day1.csv"], L["dir"], {"occupation": {}}), output=rebuilt))
     assert _vocab(rebuilt, "occupation") == _vocab(L["day1"], "occupation")
     assert m1.lineage.day == 1 and m1.lineage.base is None
 
@@ -196,7 +156,7 @@ def test_capacity_keeps_the_table_rows_and_layout_and_counts_the_overflow(lineag
     changed = sorted(k for k in m2.vocab_sizes if m1.vocab_sizes[k] != m2.vocab_sizes[k])
     assert m2.lineage.table_rows_changed == changed and not {"genres", "zip"} & set(changed)
     zip2 = m2.vocabularies["zip"]
-    c2 = _plain_counts(L["header"], L["rows"][1], "zip")
+    c2 = token_counts(L["header"], L["rows"][1], "zip")
     v1 = _vocab(L["day1"], "zip")
     unseen = {t: c for t, c in c2.items() if t not in v1}
     assert zip2.tokens == 120 and zip2.new_tokens == 120 - len(v1)
@@ -214,8 +174,8 @@ def test_capacity_keeps_the_table_rows_and_layout_and_counts_the_overflow(lineag
 def test_counts_and_last_day_of_every_token(lineage_days):
     L = lineage_days
     for name in ("genres", "zip", "occupation"):
-        c1 = _plain_counts(L["header"], L["rows"][0], name)
-        c2 = _plain_counts(L["header"], L["rows"][1], name)
+        c1 = token_counts(L["header"], L["rows"][0], name)
+        c2 = token_counts(L["header"], L["rows"][1], name)
         t = lineage.read_token_counts(L["day2"], name).to_pylist()
         v2 = _vocab(L["day2"], name)
         assert [x["token"] for x in t[:len(v2)]] == v2 and [x["id"] for x in t[:len(v2)]] == list(range(len(v2)))
@@ -247,12 +207,12 @@ def test_frozen_keeps_the_base_vocabulary_and_counts_the_rest(lineage_days):
     L = lineage_days
     frozen = {k: dict(v, mode="frozen") if v else v for k, v in FEATURES.items()}
     out = os.path.join(L["dir"], "frozen2")
-    runner.run_all(JobConfig(spec=_spec(frozen, ["day2.csv"], L["dir"]), output=out, base=L["day1"], day=5))
+    runner.run_all(JobConfig(spec=day_spec(["day2.csv"], L["dir"], frozen), output=out, base=L["day1"], day=5))
     m = read_manifest(out)
     assert m.lineage.day == 5
     for name in ("genres", "zip", "occupation"):
         assert _vocab(out, name) == _vocab(L["day1"], name)
-        c2 = _plain_counts(L["header"], L["rows"][1], name)
+        c2 = token_counts(L["header"], L["rows"][1], name)
         v1 = set(_vocab(L["day1"], name))
         info = m.vocabularies[name]
         assert (info.mode, info.new_tokens) == ("frozen", 0)
@@ -268,33 +228,33 @@ def test_unrelated_or_unusable_bases_are_refused(lineage_days, tmp_path):
     def run(spec, **kw):
         runner.run_vocab(JobConfig(spec=spec, output=str(tmp_path / "out"), **kw))
 
-    other = _spec({**FEATURES, "zip": {"mode": "append", "capacity": 120, "num_oov_buckets": 1}}, ["day2.csv"], d)
+    other = day_spec(["day2.csv"], d, {**FEATURES, "zip": {"mode": "append", "capacity": 120, "num_oov_buckets": 1}})
     with pytest.raises(lineage.LineageError, match=r"other features or tables \(feature 'zip'"):
         run(other, base=L["day1"])
-    wider = _spec(FEATURES, ["day2.csv"], d, tables=[{"name": "zip", "dim": 16}])
+    wider = day_spec(["day2.csv"], d, FEATURES, tables=[{"name": "zip", "dim": 16}])
     with pytest.raises(lineage.LineageError, match="table 'zip'"):
         run(wider, base=L["day1"])
     with pytest.raises(lineage.LineageError, match=r"capacity 50 is below the \d+ tokens of the base"):
-        run(_spec({**FEATURES, "zip": {"mode": "append", "capacity": 50, "num_oov_buckets": 2}}, ["day2.csv"], d),
+        run(day_spec(["day2.csv"], d, {**FEATURES, "zip": {"mode": "append", "capacity": 50, "num_oov_buckets": 2}}),
             base=L["day1"])
     with pytest.raises(lineage.LineageError, match="--day 1 is not after the base's day 1"):
         run(L["spec"], base=L["day1"], day=1)
     with pytest.raises(lineage.LineageError, match="is the run's --output"):
         runner.run_vocab(JobConfig(spec=L["spec"], output=L["day1"], base=L["day1"]))
-    frozen = _spec({"zip": {"mode": "frozen"}}, ["day2.csv"], d)
+    frozen = day_spec(["day2.csv"], d, {"zip": {"mode": "frozen"}})
     with pytest.raises(lineage.LineageError, match=r"vocabularies \['zip'\] have mode frozen"):
         run(frozen)
     with pytest.raises(UserError, match="no vocabulary of this spec has mode append or frozen"):
-        run(_spec({"zip": {}}, ["day2.csv"], d), base=L["day1"])
+        run(day_spec(["day2.csv"], d, {"zip": {}}), base=L["day1"])
     with pytest.raises(UserError, match="tft"):
         run(L["spec"], base=L["day1"], vocab_engine="tft")
     # A rebuild artifact has no lineage; a lineage of other data has another id.
     rebuilt = os.path.join(d, "rebuilt_base")
-    runner.run_vocab(JobConfig(spec=_spec({k: {} for k in FEATURES}, ["day1.csv"], d), output=rebuilt))
+    runner.run_vocab(JobConfig(spec=day_spec(["day1.csv"], d, {k: {} for k in FEATURES}), output=rebuilt))
     with pytest.raises(lineage.LineageError, match="has no lineage"):
         run(L["spec"], base=rebuilt)
     elsewhere = os.path.join(d, "elsewhere1")
-    runner.run_vocab(JobConfig(spec=_spec(FEATURES, ["day2.csv"], d), output=elsewhere))
+    runner.run_vocab(JobConfig(spec=day_spec(["day2.csv"], d, FEATURES), output=elsewhere))
     with pytest.raises(lineage.LineageError, match="unrelated lineages"):
         lineage.check_same_lineage([L["day1"], elsewhere])
 
