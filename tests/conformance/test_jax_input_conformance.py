@@ -21,6 +21,7 @@ import pytest
 from tests.conformance.jax_examples import example_artifact, oracle_request
 from tests.conformance.jax_oracle import JaxOracle
 from tpu_embed.artifact.manifest import read_manifest
+from tpu_embed.artifact.verify import ArtifactDamagedError
 from tpu_embed.jax.input import PreprocessedArrays, input_iterator, step_order
 from tpu_embed.jax.layout import PAD_ID
 from tpu_embed.jax.records import segment_sizes
@@ -196,7 +197,7 @@ def test_verification_refuses_damaged_shards(tmp_path, artifacts):
     Path(files[0]).write_bytes(bytes(data))
     with pytest.raises(Exception, match=os.path.basename(files[0])):
         list(input_iterator(dst, verify="sha256"))
-    with pytest.raises(Exception, match=os.path.basename(files[0])):
+    with pytest.raises(ArtifactDamagedError, match=os.path.basename(files[0])):  # as input_fn: when first opened
         list(input_iterator(dst, shuffle_steps=1))
     Path(files[0]).write_bytes(bytes(data[:-5]))  # a truncated file: refused at once by its size
     with pytest.raises(Exception, match=os.path.basename(files[0])):
