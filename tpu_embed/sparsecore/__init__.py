@@ -15,6 +15,8 @@ kernels they are tested against), `batching` (global batch -> per chip).
 
 from __future__ import annotations
 
+import operator
+from itertools import repeat
 from typing import Any, Dict, Optional
 
 from tpu_embed.core.nest import flatten, flatten_with_paths
@@ -30,7 +32,7 @@ from tpu_embed.sparsecore.csr_types import (
     LimitExceededError,
     StackLimits,
     buffer_sizes,
-    stack_limits_of,
+    stack_limits_remembered,
 )
 from tpu_embed.sparsecore.inputs import FeatureIds, RaggedIds, SparseIds, to_feature_ids
 from tpu_embed.sparsecore.layout import (
@@ -70,13 +72,22 @@ def _per_feature(features: Any, layout: SparseCoreLayout, weights: Any, convert)
 
 def _flat_batch(features: Any, layout: SparseCoreLayout, weights: Any):
     """(inputs, weights) of every feature in the layout's order; weights None: a list of None."""
-    paths = [f.path for f in layout.features]
+    paths = _paths_of(layout)
     flat_inputs = _flat_like(features, paths, "features")
     flat_weights = _flat_like(weights, paths, "weights") if weights is not None else [None] * len(paths)
-    if any(value is None for value in flat_inputs):
+    if not all(map(operator.is_not, flat_inputs, repeat(None))):
         path = paths[next(i for i, value in enumerate(flat_inputs) if value is None)]
         raise ValueError(f"Feature {path!r} is missing from the batch (got None).")
     return flat_inputs, flat_weights
+
+
+def _paths_of(layout: SparseCoreLayout) -> list:
+    """The layout's feature paths in its order, kept on the (immutable) layout: made once, not per batch."""
+    paths = layout.__dict__.get("_feature_paths")
+    if paths is None:
+        paths = [f.path for f in layout.features]
+        object.__setattr__(layout, "_feature_paths", paths)
+    return paths
 
 
 def _flat_like(structure: Any, paths, what: str):
@@ -116,8 +127,8 @@ def preprocess_with_layout(
     `split_global_batch` (the shard job's batches)."""
     if implementation not in IMPLEMENTATIONS:
         raise ValueError(f"implementation must be one of {IMPLEMENTATIONS}, got {implementation!r}")
-    limits = stack_limits_of(layout, max_ids_per_table, max_unique_ids_per_table,
-                             max_ids_per_chip_per_sample, allow_id_dropping)
+    limits = stack_limits_remembered(layout, max_ids_per_table, max_unique_ids_per_table,
+                                     max_ids_per_chip_per_sample, allow_id_dropping)
     native = implementation == "native" or (implementation == "auto" and csr.native_available())
     prevalidated = (isinstance(features, dict) and features
                     and all(isinstance(v, FeatureIds) for v in features.values()))

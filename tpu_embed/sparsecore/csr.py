@@ -19,7 +19,7 @@ from typing import Any, Callable, Dict, Optional, Sequence
 
 import numpy as np
 
-from tpu_embed.sparsecore.csr_types import CsrBatch, StackLimits, buffer_sizes
+from tpu_embed.sparsecore.csr_types import BufferSizes, CsrBatch, StackLimits, buffer_sizes
 from tpu_embed.sparsecore.inputs import (
     FeatureIds,
     bad_row_splits,
@@ -111,6 +111,16 @@ class _StackTables:
         per_sc = np.repeat(sizes // nsc, sizes)
         self.sc_of = local // per_sc
         self.srow_of = (local - self.sc_of * per_sc + np.repeat(self.offsets // nsc, sizes)).astype(np.int32)
+        self.stack, self.topology = stack, topo
+        self._buffer_sizes: Dict[int, BufferSizes] = {}
+
+    def buffer_sizes(self, max_ids_per_chip_per_sample: int) -> BufferSizes:
+        """`buffer_sizes` of the stack, remembered per max_ids_per_chip_per_sample."""
+        sizes = self._buffer_sizes.get(max_ids_per_chip_per_sample)
+        if sizes is None:
+            sizes = buffer_sizes(self.stack, self.topology, max_ids_per_chip_per_sample)
+            self._buffer_sizes[max_ids_per_chip_per_sample] = sizes
+        return sizes
 
 
 def _stack_tables(stack: StackLayout, layout: SparseCoreLayout) -> _StackTables:
@@ -412,7 +422,7 @@ def preprocess_stack_inputs(stack: StackLayout, layout: SparseCoreLayout, inputs
 def _batch_of(stack: StackLayout, layout: SparseCoreLayout, parts: Sequence[Optional[tuple]], limits: StackLimits,
               normalise: Optional[Callable[[int], tuple]] = None) -> CsrBatch:
     topo = layout.topology
-    sizes = buffer_sizes(stack, topo, limits.max_ids_per_chip_per_sample)
+    sizes = _stack_tables(stack, layout).buffer_sizes(limits.max_ids_per_chip_per_sample)
     res = _native_call(stack, layout, parts, limits, sizes.ids, normalise)
     if res[0] in (4, 5):
         ids_pp, uniq_pp = _counts((None, res[4], res[5]), topo)

@@ -171,3 +171,30 @@ def stack_limits_of(layout: SparseCoreLayout, max_ids_per_table, max_unique_ids_
             allow_id_dropping=bool(allow_id_dropping))
         for s in stacks
     }
+
+
+# (layout, max_ids_per_table, max_unique_ids_per_table, per sample, dropping, the limits): the last call
+_last_limits: Optional[tuple] = None
+
+
+def stack_limits_remembered(layout: SparseCoreLayout, max_ids_per_table, max_unique_ids_per_table,
+                            max_ids_per_chip_per_sample: int, allow_id_dropping: bool) -> Dict[str, StackLimits]:
+    """`stack_limits_of`, remembered for the last layout and limits given: `preprocess` takes them with every batch.
+
+    The limit dicts are kept as copies and compared by value, so one changed in place is read (and
+    checked) again; the layout by identity (it is immutable)."""
+    global _last_limits
+    last = _last_limits
+    if last is not None and last[0] is layout and last[3] is max_ids_per_chip_per_sample \
+            and last[4] is allow_id_dropping:
+        try:
+            if last[1] == max_ids_per_table and last[2] == max_unique_ids_per_table:
+                return last[5]
+        except (TypeError, ValueError):  # values whose comparison is not a bool (arrays): read them again
+            pass
+    result = stack_limits_of(layout, max_ids_per_table, max_unique_ids_per_table, max_ids_per_chip_per_sample,
+                             allow_id_dropping)
+    _last_limits = (layout, None if max_ids_per_table is None else dict(max_ids_per_table),
+                    None if max_unique_ids_per_table is None else dict(max_unique_ids_per_table),
+                    max_ids_per_chip_per_sample, allow_id_dropping, result)
+    return result

@@ -201,37 +201,70 @@ def _weights(weight, kind: str, n: int, path: str) -> np.ndarray:
     return w
 
 
+def _host_view_of_type(t: type):
+    """How the kernel gets a buffer of type `t` cheapest: None (as it is), or a function returning a numpy view.
+
+    A TF eager tensor's own buffer protocol builds a numpy array and then takes its buffer; its
+    `_numpy_internal` (what `np.asarray` and `.numpy()` build on) returns that view directly, at about
+    half the cost (0.3 against 0.8 us a buffer, 60 buffers per headline batch).  It shares the
+    tensor's memory (nothing copied) and keeps the tensor alive."""
+    view = getattr(t, "_numpy_internal", None) if t.__module__.startswith("tensorflow.") else None
+    return view if callable(view) else None
+
+
+_VIEW_OF_TYPE: dict = {np.ndarray: None}
+
+
+def _buffer(x):
+    """`x`, or the numpy view of it the kernel reads faster (`_host_view_of_type`); `x` where there is none."""
+    t = type(x)
+    try:
+        view = _VIEW_OF_TYPE[t]
+    except KeyError:
+        view = _VIEW_OF_TYPE[t] = _host_view_of_type(t)
+    if view is None:
+        return x
+    try:
+        return view(x)
+    except Exception:  # e.g. a tensor that is not on the host: the kernel, then `to_feature_ids`, decide
+        return x
+
+
 def native_entries(inputs, weights, positions) -> List[Optional[tuple]]:
     """For the features at `positions` of the flattened `inputs` and `weights`, what the native packer takes:
     (rows | None, ids, weights | None, row_splits | None), nothing copied.
 
     The buffers go to the kernel as the caller passed them (numpy arrays, TF
-    eager tensors: anything with the buffer protocol); the kernel reads
-    int32/int64 ids, rows and row_splits and float32 weights, and checks every
-    id, weight, row and length.  What it cannot read as it is, or rejects, is
-    then normalised by `to_feature_ids`, which converts it or raises the
-    error naming the feature.  An entry is None where that must happen at
-    once: a SparseTensor of rank > 2, whose rows need its dense shape.
+    eager tensors as numpy views of their memory: anything with the buffer
+    protocol); the kernel reads int32/int64 ids, rows and row_splits and
+    float32 weights, and checks every id, weight, row and length.  What it
+    cannot read as it is, or rejects, is then normalised by `to_feature_ids`,
+    which converts it or raises the error naming the feature.  An entry is
+    None where that must happen at once: a SparseTensor of rank > 2, whose
+    rows need its dense shape.
     """
     kinds = _KIND_OF_TYPE
+    buf = _buffer
     out: List[Optional[tuple]] = []
     for i in positions:
         value, weight = inputs[i], weights[i]
         kind = kinds.get(type(value)) or kind_of(value)
         if kind == "dense":
-            rows, ids, splits = None, value, None
+            rows, ids, splits = None, buf(value), None
         elif kind == "ragged":
-            rows, ids, splits = None, value.values, value.row_splits
+            rows, ids, splits = None, buf(value.values), buf(value.row_splits)
         else:
-            rows, ids, splits = value.indices, value.values, None
+            rows, ids, splits = value.indices, buf(value.values), None
             shape = getattr(rows, "shape", None)
             if shape is None or len(shape) != 2 or shape[1] != 2:
                 out.append(None)
                 continue
+            rows = buf(rows)
         if weight is not None:
             if kind != "dense" and (kinds.get(type(weight)) or kind_of(weight)) == kind:
                 weight = weight.values
             if type(weight) is np.ndarray and weight.dtype != np.float32:
                 weight = weight.astype(np.float32)
+            weight = buf(weight)
         out.append((rows, ids, weight, splits))
     return out

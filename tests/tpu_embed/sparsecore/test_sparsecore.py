@@ -248,6 +248,30 @@ def test_buffer_overflow_errors_or_drops_and_counts(impl):
     assert out.ids_unpadded_size <= out.ids_buffer_size == 64
 
 
+@pytest.mark.parametrize("impl", IMPLS)
+def test_limits_changed_between_calls_are_read_again(impl):
+    """`preprocess` remembers the last limits it checked; a dict changed in place, another value or another
+    layout is read (and checked) again."""
+    fc = {"f": F(T("t", 100), [8])}
+    ids = RaggedIds(np.arange(40) * 8 % 100, np.arange(0, 41, 5))
+    most = preprocess({"f": ids}, fc, Topology(1), implementation=impl)["t"].max_ids_per_partition
+    limits = {"t": most}
+    preprocess({"f": ids}, fc, Topology(1), max_ids_per_table=limits, implementation=impl)
+    limits["t"] = most - 1
+    with pytest.raises(LimitExceededError, match=rf"max_ids_per_table\['t'\] = {most - 1}"):
+        preprocess({"f": ids}, fc, Topology(1), max_ids_per_table=limits, implementation=impl)
+    limits["t"] = 0
+    with pytest.raises(ValueError, match=r"max_ids_per_table\['t'\] must be > 0"):
+        preprocess({"f": ids}, fc, Topology(1), max_ids_per_table=limits, implementation=impl)
+    limits["t"] = most
+    preprocess({"f": ids}, fc, Topology(1), max_ids_per_table=limits, implementation=impl)
+    with pytest.raises(LimitExceededError, match=r"id buffer of 8 entries"):
+        preprocess({"f": ids}, fc, Topology(1), max_ids_per_table=limits, max_ids_per_chip_per_sample=1,
+                   implementation=impl)
+    with pytest.raises(ValueError, match=r"entries \['t'\] that are not stacked tables"):
+        preprocess({"f": ids}, {"f": F(T("u", 100), [8])}, Topology(1), max_ids_per_table=limits, implementation=impl)
+
+
 def test_unknown_limit_keys_are_rejected():
     fc = {"f": F(T("t", 10), [4])}
     with pytest.raises(ValueError, match=r"max_ids_per_table has entries \['x'\].*stacks are \['t'\]"):
