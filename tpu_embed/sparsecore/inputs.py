@@ -212,21 +212,25 @@ def _host_view_of_type(t: type):
     return view if callable(view) else None
 
 
-_VIEW_OF_TYPE: dict = {np.ndarray: None}
+class _ViewOfType(dict):
+    """{type: `_host_view_of_type(type)`}, learnt from a type's first value."""
+
+    def __missing__(self, t: type):
+        view = self[t] = _host_view_of_type(t)
+        return view
+
+
+_VIEW_OF_TYPE = _ViewOfType({np.ndarray: None})
 
 
 def _buffer(x):
     """`x`, or the numpy view of it the kernel reads faster (`_host_view_of_type`); `x` where there is none."""
-    t = type(x)
-    try:
-        view = _VIEW_OF_TYPE[t]
-    except KeyError:
-        view = _VIEW_OF_TYPE[t] = _host_view_of_type(t)
+    view = _VIEW_OF_TYPE[type(x)]
     if view is None:
         return x
     try:
         return view(x)
-    except Exception:  # e.g. a tensor that is not on the host: the kernel, then `to_feature_ids`, decide
+    except Exception:  # e.g. a tensor of a dtype numpy has no view of: the kernel, then `to_feature_ids`, decide
         return x
 
 
@@ -243,16 +247,23 @@ def native_entries(inputs, weights, positions) -> List[Optional[tuple]]:
     None where that must happen at once: a SparseTensor of rank > 2, whose
     rows need its dense shape.
     """
-    kinds = _KIND_OF_TYPE
-    buf = _buffer
+    kinds, views, buf = _KIND_OF_TYPE, _VIEW_OF_TYPE, _buffer
     out: List[Optional[tuple]] = []
     for i in positions:
         value, weight = inputs[i], weights[i]
         kind = kinds.get(type(value)) or kind_of(value)
-        if kind == "dense":
+        if kind == "ragged":  # the common case, inlined: two buffers per feature, every batch
+            rows, ids, splits = None, value.values, value.row_splits
+            view = views[type(ids)]
+            if view is not None and view is views[type(splits)]:
+                try:
+                    ids, splits = view(ids), view(splits)
+                except Exception:
+                    ids, splits = buf(ids), buf(splits)
+            else:
+                ids, splits = buf(ids), buf(splits)
+        elif kind == "dense":
             rows, ids, splits = None, buf(value), None
-        elif kind == "ragged":
-            rows, ids, splits = None, buf(value.values), buf(value.row_splits)
         else:
             rows, ids, splits = value.indices, buf(value.values), None
             shape = getattr(rows, "shape", None)

@@ -23,6 +23,7 @@ reads has changed:
 from __future__ import annotations
 
 import operator
+import types
 from typing import Any, Dict, List, Mapping, Optional
 
 from tpu_embed.core.model import ModelConfig, OptimizerConfig, TableConfig, optimizer_group_of
@@ -111,14 +112,21 @@ def optimizer_key(optimizer: Any) -> Any:
     objects by their group itself."""
     if isinstance(optimizer, OptimizerConfig):
         return optimizer
-    attrs = getattr(optimizer, "__dict__", None)
-    if attrs is not None and not callable(optimizer) and not hasattr(optimizer, "to_dict") \
-            and not hasattr(optimizer, "_PARAMS"):
+    attrs = _keyed_attrs(optimizer)
+    if attrs is not None:
         try:
             return (type(optimizer), tuple((k, _value_key(v)) for k, v in attrs.items()))
         except TypeError:
             pass
     return ("group", optimizer_group_of(optimizer))
+
+
+def _keyed_attrs(optimizer: Any) -> Optional[dict]:
+    """The attributes an optimizer is keyed by (TF's plain optimizers), None for those keyed by group."""
+    attrs = getattr(optimizer, "__dict__", None)
+    if attrs is None or callable(optimizer) or hasattr(optimizer, "to_dict") or hasattr(optimizer, "_PARAMS"):
+        return None
+    return attrs
 
 
 def _value_key(v: Any) -> Any:
@@ -154,6 +162,7 @@ class _Last:
         self.features, self.feature_attrs = features, feature_attrs
         self.tables, self.table_attrs = tables, table_attrs
         self.optimizers, self.optimizer_keys = optimizers, [optimizer_key(o) for o in optimizers]
+        self.optimizer_attrs = [_plain_attrs(o) for o in optimizers]
 
     @classmethod
     def remember(cls, config: Any, topology: Topology, layout: SparseCoreLayout) -> None:
@@ -179,4 +188,25 @@ class _Last:
         return (config is self.config and topology == self.topology and config == self.snapshot
                 and list(map(_FEATURE_ATTRS, self.features)) == self.feature_attrs
                 and list(map(_TABLE_ATTRS, self.tables)) == self.table_attrs
-                and [optimizer_key(o) for o in self.optimizers] == self.optimizer_keys)
+                and all(map(_optimizer_unchanged, self.optimizers, self.optimizer_attrs, self.optimizer_keys)))
+
+
+_IMMUTABLE = (type(None), bool, int, float, str, types.FunctionType, types.BuiltinFunctionType)
+
+
+def _plain_attrs(optimizer: Any) -> Optional[tuple]:
+    """(names, values) of an optimizer's attributes when every value is immutable, else None."""
+    attrs = _keyed_attrs(optimizer)
+    if type(attrs) is not dict or not all(type(v) in _IMMUTABLE for v in attrs.values()):
+        return None
+    return tuple(attrs), tuple(attrs.values())
+
+
+def _optimizer_unchanged(optimizer: Any, attrs: Optional[tuple], key: Any) -> bool:
+    """The optimizer still has `key`: its attributes are the very objects they were (a few C loops), or else
+    its key is rebuilt and compared."""
+    if attrs is not None:
+        now = optimizer.__dict__
+        if tuple(now) == attrs[0] and all(map(operator.is_, now.values(), attrs[1])):
+            return True
+    return optimizer_key(optimizer) == key
