@@ -265,12 +265,11 @@ def native_entries(inputs, weights, positions) -> List[Optional[tuple]]:
         elif kind == "dense":
             rows, ids, splits = None, buf(value), None
         else:
-            rows, ids, splits = value.indices, buf(value.values), None
-            shape = getattr(rows, "shape", None)
+            rows, ids, splits = buf(value.indices), buf(value.values), None
+            shape = getattr(rows, "shape", None)  # a view's: a tuple (a TF tensor's TensorShape costs ~1 us)
             if shape is None or len(shape) != 2 or shape[1] != 2:
                 out.append(None)
                 continue
-            rows = buf(rows)
         if weight is not None:
             if kind != "dense" and (kinds.get(type(weight)) or kind_of(weight)) == kind:
                 weight = weight.values
