@@ -14,7 +14,9 @@
 from __future__ import annotations
 
 import importlib
+import operator
 import os
+from itertools import repeat
 from typing import Any, Callable, Dict, Optional, Sequence
 
 import numpy as np
@@ -206,7 +208,7 @@ def _native_call(stack: StackLayout, layout: SparseCoreLayout, parts: Sequence[O
                            "use implementation='numpy'")
     topo = layout.topology
     tab = _stack_tables(stack, layout)
-    if normalise is not None and None in parts:
+    if normalise is not None and not all(map(operator.is_not, parts, repeat(None))):  # (`in` compares by ==)
         parts = [normalise(f) if p is None else p for f, p in enumerate(parts)]
     if limits is None:
         max_ids = max_uniq = id_buffer = 1 << 62
