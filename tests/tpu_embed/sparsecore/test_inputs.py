@@ -277,3 +277,17 @@ def test_tf_eager_tensors_reach_the_kernel_as_views_of_their_memory():
                          (s_rows, sparse.indices), (s_ids, sparse.values), (d_ids, dense)):
         assert type(view) is np.ndarray and view.dtype == tensor.dtype.as_numpy_dtype
         assert np.shares_memory(view, np.asarray(tensor)) and np.array_equal(view, tensor.numpy())
+
+
+def test_an_optimizer_attribute_replaced_by_an_equal_value_keeps_the_stacking():
+    """The remembered config's optimizers are compared by the identity of their attributes first; a new but
+    equal value falls back to the optimizer's key, which finds the same stacking."""
+    tf = _tf()
+    fc = _tf_config(tf)
+    topo = Topology(2)
+    first = layout_for(fc, topo)
+    optimizer = fc["f3"].table.optimizer
+    optimizer.learning_rate = float(str(optimizer.learning_rate))  # equal, another object
+    assert layout_for(fc, topo) is first
+    optimizer.learning_rate = 0.5
+    assert layout_for(fc, topo).to_dict() == stack_tables(fc, topo).to_dict() != first.to_dict()
