@@ -19,6 +19,7 @@ model is the one exported.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import glob
 import json
@@ -30,7 +31,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence
 
 import numpy as np
 
-from pipelines import demo_data, progress, runner
+from pipelines import demo_data, progress, quiet, runner
 from pipelines.jobs import JobConfig
 from pipelines.lineage_report import lineage_lines
 from pipelines.sharding.planned_limits import PLAN_FILE
@@ -344,7 +345,10 @@ def export_and_score(artifact: str, trained: Trained, records: Sequence[bytes], 
     serve = tf.saved_model.load(path).signatures["serving_default"]
     scores, valid = [], []
     for i in range(0, len(records), batch_size):
-        out = serve(examples=tf.constant(list(records[i:i + batch_size])))
+        # The first call logs, from C++, that oneDNN falls back to Eigen for int64 ops on this CPU (an E-level
+        # line that TF_CPP_MIN_LOG_LEVEL does not hide); the call's errors still raise.
+        with quiet.muted_stderr() if i == 0 else contextlib.nullcontext():
+            out = serve(examples=tf.constant(list(records[i:i + batch_size])))
         scores.append(out["predictions"].numpy())
         valid.append(out["valid"].numpy())
     s, ok = np.concatenate(scores), np.concatenate(valid)
