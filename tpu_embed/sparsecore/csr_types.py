@@ -185,10 +185,10 @@ def stack_limits_remembered(layout: SparseCoreLayout, max_ids_per_table, max_uni
     checked) again; the layout by identity (it is immutable)."""
     global _last_limits
     last = _last_limits
-    if last is not None and last[0] is layout and last[3] is max_ids_per_chip_per_sample \
-            and last[4] is allow_id_dropping:
+    if last is not None and last[0] is layout:
         try:
-            if last[1] == max_ids_per_table and last[2] == max_unique_ids_per_table:
+            if (last[3] == max_ids_per_chip_per_sample and last[4] == allow_id_dropping
+                    and last[1] == max_ids_per_table and last[2] == max_unique_ids_per_table):
                 return last[5]
         except (TypeError, ValueError):  # values whose comparison is not a bool (arrays): read them again
             pass
