@@ -73,8 +73,9 @@ def window_format(dirs: Sequence[str], manifests: Sequence[Manifest]) -> ShardFo
         if _format_shape(f) != _format_shape(newest):
             raise LineageError(f"{d}: its shards are written for other hosts, batches, features or stacks than "
                                f"{dirs[-1]}'s: one model cannot read both. Re-shard the days with one spec.")
-    stacks = tuple((name, max(dict((s, r) for s, r, _ in f.stacks)[name] for f in fmts),
-                    max(dict((s, i) for s, _, i in f.stacks)[name] for f in fmts)) for name, _, _ in newest.stacks)
+    sizes = [{s: (rows, ids) for s, rows, ids in f.stacks} for f in fmts]  # per day: {stack: buffer sizes}
+    stacks = tuple((name, max(d[name][0] for d in sizes), max(d[name][1] for d in sizes))
+                   for name, _, _ in newest.stacks)
     return dataclasses.replace(newest, stacks=stacks)
 
 
