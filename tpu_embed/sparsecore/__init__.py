@@ -73,8 +73,9 @@ def _per_feature(features: Any, layout: SparseCoreLayout, weights: Any, convert)
 def _flat_batch(features: Any, layout: SparseCoreLayout, weights: Any):
     """(inputs, weights) of every feature in the layout's order; weights None: a list of None."""
     paths = _paths_of(layout)
-    flat_inputs = _flat_like(features, paths, "features")
-    flat_weights = _flat_like(weights, paths, "weights") if weights is not None else [None] * len(paths)
+    take = layout.__dict__["_take_by_path"]
+    flat_inputs = _flat_like(features, paths, "features", take)
+    flat_weights = _flat_like(weights, paths, "weights", take) if weights is not None else [None] * len(paths)
     if not all(map(operator.is_not, flat_inputs, repeat(None))):
         path = paths[next(i for i, value in enumerate(flat_inputs) if value is None)]
         raise ValueError(f"Feature {path!r} is missing from the batch (got None).")
@@ -87,14 +88,16 @@ def _paths_of(layout: SparseCoreLayout) -> list:
     if paths is None:
         paths = [f.path for f in layout.features]
         object.__setattr__(layout, "_feature_paths", paths)
+        # A flat dict's values in the layout's order, in one C call (several paths: itemgetter gives a tuple).
+        object.__setattr__(layout, "_take_by_path", operator.itemgetter(*paths) if len(paths) > 1 else None)
     return paths
 
 
-def _flat_like(structure: Any, paths, what: str):
+def _flat_like(structure: Any, paths, what: str, take=None):
     # Fast path: a flat dict keyed by feature name (the common case, and every shard-job batch).
     if isinstance(structure, dict) and len(structure) == len(paths):
         try:
-            return [structure[p] for p in paths]
+            return list(take(structure)) if take is not None else [structure[p] for p in paths]
         except KeyError:
             pass
     if len(paths) == 1 and paths[0] == "" and not isinstance(structure, (dict, list, tuple)):
@@ -135,6 +138,8 @@ def preprocess_with_layout(
     if native and not prevalidated:
         # The inputs' buffers go to the C kernel as they are; it checks every id, weight and row.
         flat_inputs, flat_weights = _flat_batch(features, layout, weights)
+        if weights is None:
+            flat_weights = None  # (no weights: the entries are made without looking at them)
         return {name: csr.preprocess_stack_inputs(stack, layout, flat_inputs, flat_weights, limits[name])
                 for name, stack in layout.stacks.items()}
     fids = features if prevalidated else feature_ids_for(features, layout, weights, check_ids=not native)

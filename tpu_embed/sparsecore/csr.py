@@ -401,10 +401,11 @@ def preprocess_stack_native(stack: StackLayout, layout: SparseCoreLayout, entrie
 
 
 def preprocess_stack_inputs(stack: StackLayout, layout: SparseCoreLayout, inputs: Sequence[Any],
-                            weights: Sequence[Any], limits: StackLimits) -> CsrBatch:
+                            weights: Optional[Sequence[Any]], limits: StackLimits) -> CsrBatch:
     """The native packer on one chip's batch as the caller passed it.
 
-    `inputs` and `weights` hold every feature of the layout, flattened (None: no weights): dense, ragged or
+    `inputs` and `weights` hold every feature of the layout, flattened (`weights` None, or a feature's
+    None: no weights): dense, ragged or
     sparse; numpy arrays, TF tensors, `RaggedIds`/`SparseIds`.  Their buffers reach the kernel without a
     copy or a conversion (`inputs.native_entries`); a feature the kernel does not take as it is goes through
     `to_feature_ids`, the readable normalisation, which raises the error naming the feature or converts it.
@@ -415,7 +416,8 @@ def preprocess_stack_inputs(stack: StackLayout, layout: SparseCoreLayout, inputs
     def normalise(f: int) -> tuple:
         feat = tab.feats[f]
         return _native_entry(to_feature_ids(
-            inputs[feat.index], weights[feat.index], path=feat.path, sample_count=feat.sample_count,
+            inputs[feat.index], None if weights is None else weights[feat.index], path=feat.path,
+            sample_count=feat.sample_count,
             vocabulary_size=feat.vocabulary_size))
 
     return _batch_of(stack, layout, parts, limits, normalise)

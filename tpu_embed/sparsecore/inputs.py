@@ -14,7 +14,9 @@ column, indices sorted) and RaggedTensor (row from row_splits).
 
 from __future__ import annotations
 
-from typing import List, NamedTuple, Optional
+import operator
+from itertools import repeat
+from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -235,8 +237,8 @@ def _buffer(x):
 
 
 def native_entries(inputs, weights, positions) -> List[Optional[tuple]]:
-    """For the features at `positions` of the flattened `inputs` and `weights`, what the native packer takes:
-    (rows | None, ids, weights | None, row_splits | None), nothing copied.
+    """For the features at `positions` of the flattened `inputs` and `weights` (None: no weights), what the
+    native packer takes: (rows | None, ids, weights | None, row_splits | None), nothing copied.
 
     The buffers go to the kernel as the caller passed them (numpy arrays, TF
     eager tensors as numpy views of their memory: anything with the buffer
@@ -244,15 +246,32 @@ def native_entries(inputs, weights, positions) -> List[Optional[tuple]]:
     float32 weights, and checks every id, weight, row and length.  What it
     cannot read as it is, or rejects, is then normalised by `to_feature_ids`,
     which converts it or raises the error naming the feature.  An entry is
-    None where that must happen at once: a SparseTensor of rank > 2, whose
-    rows need its dense shape.
+    None where that must happen at once: a `SparseIds` whose indices are not
+    [n, 2].
+
+    Unweighted features of the types `_HANDOVER_OF_TYPE` knows are handed over
+    type by type in C loops (`_unweighted_entries`); the others feature by
+    feature.
     """
+    if weights is None or all(map(operator.is_, map(weights.__getitem__, positions), repeat(None))):
+        try:
+            entries = _unweighted_entries(inputs, positions)
+        except Exception:  # e.g. a buffer of another type than the view learnt: feature by feature, below
+            entries = None
+        if entries is not None:
+            return entries
+        if weights is None:
+            weights = [None] * len(inputs)
+    return _entries_one_by_one(inputs, weights, positions)
+
+
+def _entries_one_by_one(inputs, weights, positions) -> List[Optional[tuple]]:
     kinds, views, buf = _KIND_OF_TYPE, _VIEW_OF_TYPE, _buffer
     out: List[Optional[tuple]] = []
     for i in positions:
         value, weight = inputs[i], weights[i]
         kind = kinds.get(type(value)) or kind_of(value)
-        if kind == "ragged":  # the common case, inlined: two buffers per feature, every batch
+        if kind == "ragged":
             rows, ids, splits = None, value.values, value.row_splits
             view = views[type(ids)]
             if view is not None and view is views[type(splits)]:
@@ -278,3 +297,118 @@ def native_entries(inputs, weights, positions) -> List[Optional[tuple]]:
             weight = buf(weight)
         out.append((rows, ids, weight, splits))
     return out
+
+
+# ------------------------------------------------------------------ unweighted features, type by type
+
+# A hand-over: the unweighted features of one type -> their entries, in C loops (`map`, `zip`).
+Handover = Callable[[Sequence[Any]], List[Optional[tuple]]]
+
+
+def _as_is(xs):
+    return xs
+
+
+def _handover_of_type(t: type, value: Any) -> Optional[Handover]:
+    """The hand-over of type `t`, learnt from `value`, one of its values; None for a type handed over
+    feature by feature (`SparseIds`, whose indices' shape decides their entry; a TF type whose buffers
+    `value` has no view of, e.g. symbolic tensors).
+
+    A kind's buffers are read with the getters TF's own properties use (`RaggedTensor.values` returns
+    `_values`, `.row_splits` its row partition's `_row_splits`; `SparseTensor.indices` and `.values`
+    return `_indices` and `_values`), checked on `value` to give the very objects the public properties
+    return, else the public properties.  Each buffer is viewed with the view of its type in `value`
+    (`_host_view_of_type`); in a later batch, a buffer of another type makes the view raise, and that
+    batch is handed over feature by feature."""
+    if t is SparseIds:
+        return None
+    kind = kind_of(value)
+    if kind == "dense":
+        view = _VIEW_OF_TYPE[t] or _as_is
+        return lambda xs: list(zip(repeat(None), map(view, xs), repeat(None), repeat(None)))
+    getters, views = [], []
+    for private, public in ((("_values", "values"), ("_row_partition._row_splits", "row_splits")) if kind == "ragged"
+                            else (("_indices", "indices"), ("_values", "values"))):
+        try:
+            same = operator.attrgetter(private)(value) is getattr(value, public)
+        except AttributeError:
+            same = False
+        getters.append(operator.attrgetter(private if same else public))
+        views.append(_VIEW_OF_TYPE[type(getters[-1](value))])
+    if t.__module__.startswith("tensorflow.") and None in views:
+        return None
+    (get_a, get_b), (view_a, view_b) = getters, [v or _as_is for v in views]
+    if kind == "ragged":
+        return lambda xs: list(zip(repeat(None), map(view_a, map(get_a, xs)), repeat(None),
+                                   map(view_b, map(get_b, xs))))
+    return lambda xs: list(zip(map(view_a, map(get_a, xs)), map(view_b, map(get_b, xs)), repeat(None),
+                               repeat(None)))
+
+
+_HANDOVER_OF_TYPE: Dict[type, Optional[Handover]] = {}
+_UNKNOWN: Any = object()
+
+
+class _Plan(NamedTuple):
+    """How the features of one sequence of input types are handed over: per type, a function taking its
+    features out of the batch, and its hand-over; `order` puts the groups' entries, concatenated, back in
+    the features' order (None: one group, already in order)."""
+
+    groups: Tuple[Tuple[Callable[[List[Any]], Sequence[Any]], Handover], ...]
+    order: Optional[Callable[[List[Optional[tuple]]], tuple]]
+
+
+_PLANS: Dict[Tuple[type, ...], Optional[_Plan]] = {}
+_PLANS_KEPT = 256
+
+
+def _taker(j: int) -> Callable[[List[Any]], Sequence[Any]]:
+    return lambda xs: (xs[j],)
+
+
+def _plan_of(values: List[Any], signature: Tuple[type, ...]) -> Optional[_Plan]:
+    """The plan of `signature` (the types of `values`), remembered; None where a type has no hand-over."""
+    where: Dict[type, List[int]] = {}
+    for j, t in enumerate(signature):
+        where.setdefault(t, []).append(j)
+    groups: List[Tuple[Callable[[List[Any]], Sequence[Any]], Handover]] = []
+    for t, at in where.items():
+        handover = _HANDOVER_OF_TYPE.get(t, _UNKNOWN)
+        if handover is _UNKNOWN:
+            handover = _handover_of_type(t, values[at[0]])
+            if handover is None and t.__module__.startswith("tensorflow."):
+                return None  # not remembered: learnt again from the next batch's values
+            _HANDOVER_OF_TYPE[t] = handover
+        if handover is None:
+            break
+        take: Callable[[List[Any]], Sequence[Any]] = (
+            _as_is if len(where) == 1 else operator.itemgetter(*at) if len(at) > 1 else _taker(at[0]))
+        groups.append((take, handover))
+    plan = None
+    if len(groups) == len(where):
+        concatenated = [j for at in where.values() for j in at]
+        order = operator.itemgetter(*sorted(range(len(concatenated)), key=concatenated.__getitem__))
+        plan = _Plan(tuple(groups), order if len(where) > 1 else None)
+    if len(_PLANS) >= _PLANS_KEPT:
+        _PLANS.clear()
+    _PLANS[signature] = plan
+    return plan
+
+
+def _unweighted_entries(inputs, positions) -> Optional[List[Optional[tuple]]]:
+    """`native_entries` of unweighted features in C loops, None where the batch is handed over feature by
+    feature: the features grouped by type (the grouping remembered per sequence of types, `_plan_of`),
+    each group's buffers got and viewed by its type's hand-over (`_handover_of_type`)."""
+    values = list(map(inputs.__getitem__, positions))
+    signature = tuple(map(type, values))
+    plan = _PLANS.get(signature, _UNKNOWN)
+    if plan is _UNKNOWN:
+        plan = _plan_of(values, signature)
+    if plan is None:
+        return None
+    if plan.order is None:
+        return plan.groups[0][1](values)
+    entries: List[Optional[tuple]] = []
+    for take, handover in plan.groups:
+        entries += handover(take(values))
+    return list(plan.order(entries))

@@ -291,3 +291,39 @@ def test_an_optimizer_attribute_replaced_by_an_equal_value_keeps_the_stacking():
     assert layout_for(fc, topo) is first
     optimizer.learning_rate = 0.5
     assert layout_for(fc, topo).to_dict() == stack_tables(fc, topo).to_dict() != first.to_dict()
+
+
+def test_unweighted_features_are_handed_over_type_by_type_as_one_by_one():
+    """`native_entries` of unweighted features (grouped by type, in C loops) gives, feature by feature, the
+    entries of the one-by-one hand-over: the same kinds of buffer, viewing the same memory, in feature order;
+    a SparseIds batch and a weighted one go one by one."""
+    tf = pytest.importorskip("tensorflow")
+    from tpu_embed.sparsecore import inputs as feature_inputs
+    splits = np.array([0, 2, 6], np.int64)
+    values = [tf.RaggedTensor.from_row_splits(tf.constant(np.arange(6), tf.int64), splits),
+              tf.constant([3, 4], tf.int32), np.array([5, 6]), RaggedIds(np.arange(6), splits),
+              tf.SparseTensor([[0, 0], [1, 0], [1, 1]], tf.constant([7, 8, 9], tf.int64), [2, 2]),
+              tf.RaggedTensor.from_row_splits(tf.constant(np.arange(3), tf.int32), [0, 1, 3]),
+              tf.constant([1, 2], tf.int64)]
+    sparse_ids = SparseIds(np.array([[0, 0], [1, 0]]), np.array([1, 2]), np.array([2, 1]))
+
+    def same(got, want):
+        assert len(got) == len(want)
+        for g, w in zip(got, want):
+            assert (g is None) == (w is None)
+            for a, b in zip(g or (), w or ()):
+                assert (a is None) == (b is None) and type(a) is type(b)
+                if a is not None:
+                    assert np.shares_memory(a, b) and np.array_equal(a, b)
+
+    for positions in ([0, 1, 2, 3, 4, 5, 6], [6, 4, 0], [5], [2, 3], [0, 5]):
+        for _ in range(2):  # learnt, then remembered
+            same(feature_inputs.native_entries(values, None, positions),
+                 feature_inputs._entries_one_by_one(values, [None] * len(values), positions))
+    with_sparse_ids = values + [sparse_ids]
+    same(feature_inputs.native_entries(with_sparse_ids, None, [0, 7]),
+         feature_inputs._entries_one_by_one(with_sparse_ids, [None] * 8, [0, 7]))
+    weights = [None] * 7
+    weights[1] = np.array([0.5, 2.0])
+    entries = feature_inputs.native_entries(values, weights, [0, 1])
+    assert entries[1][2].dtype == np.float32 and np.array_equal(entries[1][2], [0.5, 2.0])
