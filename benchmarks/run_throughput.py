@@ -19,10 +19,12 @@ Modes, each in a child process of its own (wall time, CPU time and peak RSS of i
 * `floor` (`pyarrow` for csv, `tfxbsl` for tfrecord): reading the files on one core, counting every
   categorical column and mapping every value to its vocabulary index (`pyarrow_baseline`, `tfxbsl_baseline`).
 * `single` (csv only): the work of the jobs in one process without Beam (`single_process`).
-* `beam`: `runner.run_all` (`tpu-embed run`) with the defaults (`JobConfig(spec, output)`: the profile covers
-  the spec's own topology), or the chip counts of --candidates. Both jobs do the same work as `single`:
-  read + parse, exact vocabularies, ids, global batches, per-chip CSR, shard records written, lookup
-  statistics.
+* `beam`: `runner.run_all` as `tpu-embed run` runs it with its defaults (the profile covers the spec's own
+  topology, or the chip counts of --candidates; the transform output written, its graph already in the cache,
+  as for every run of a spec after its first). Both jobs do the same work as `single`: read + parse, exact
+  vocabularies, ids, global batches, per-chip CSR, shard records written, lookup statistics.
+* `beam-bare`: the same with `--no-transform-output`; `beam-cold`: the same as `beam` with an empty cache (the
+  first run of a spec: the transform graph built in a child process beside the jobs).
 
 Prints a Markdown table row naming the workload and configuration, for docs/benchmarks.md.
 """
@@ -305,9 +307,19 @@ def _run_mode(mode: str, args) -> dict:
         beam_args = []
         if args.workers > 1:
             beam_args = [f"--direct_num_workers={args.workers}", "--direct_running_mode=multi_processing"]
-        # The defaults a user gets: `tpu-embed run --spec SPEC --output DIR` (candidate chip counts only if given).
+        # The defaults a user gets: `tpu-embed run --spec SPEC --output DIR` (candidate chip counts only if given),
+        # which writes the transform output (beam-bare: --no-transform-output); its graph cached (beam) or not
+        # (beam-cold: the first run of a spec where no cache has it).
+        cache = os.path.join(args.out, "cache-cold" if mode == "beam-cold" else "cache")
+        shutil.rmtree(os.path.join(args.out, "cache-cold"), ignore_errors=True)
+        os.environ["TPU_EMBED_CACHE_DIR"] = cache
+        if mode == "beam":
+            from tpu_embed.serving.transform_output import TransformGraph
+            TransformGraph(spec).result()  # in the cache before the clock starts (built once if not)
+            t = time.time()
         m = runner.run_all(JobConfig(spec=spec, output=os.path.join(args.out, "beam"),
-                                     candidate_chip_counts=candidates), beam_args)
+                                     candidate_chip_counts=candidates, transform_output=mode != "beam-bare"),
+                           beam_args)
         n = m.counts.examples_written
     return {"mode": mode, "examples": n, "seconds": time.time() - t}
 
@@ -348,7 +360,8 @@ def main():
     ap.add_argument("--candidates", default="", help="profile candidate chip counts (comma-separated); default: "
                     "none given (the spec's own topology, as `tpu-embed run`)")
     ap.add_argument("--modes", default="floor,single,beam",
-                    help="which measurements, in this order (floor: pyarrow for csv, tfxbsl for tfrecord)")
+                    help="which measurements, in this order (floor: pyarrow for csv, tfxbsl for tfrecord; also "
+                         "beam-bare, beam-cold)")
     ap.add_argument("--mode", help=argparse.SUPPRESS)  # internal: run one measurement in this process
     args = ap.parse_args()
     tfr = args.workload == "tfrecord"
@@ -390,6 +403,11 @@ def main():
         for base in ("single", floor):
             if base in rate:
                 print(f"tpu-embed run is {rate[base] / rate['beam']:.2f}x the time of {base}")
+    if "beam-bare" in rate:
+        for mode in ("beam", "beam-cold"):
+            if mode in rate:
+                print(f"the transform output ({mode}) adds {rate['beam-bare'] / rate[mode] - 1:.1%} to tpu-embed run "
+                      f"({results[mode]['seconds']:.2f} s against {results['beam-bare']['seconds']:.2f} s)")
     if floor in rate and "beam" in rate:
         chips = args.candidates or "spec's own (default)"
         single = f"{rate['single']:,.0f}" if "single" in rate else "-"

@@ -132,6 +132,9 @@ def build_parser() -> argparse.ArgumentParser:
                             help="the shard job reads and parses the input again, instead of replaying the "
                                  "vocabulary job's parsed read kept under --output/.tmp-read-spill until it ends "
                                  "(about twice the CSV's size on disk); same output")
+            sp.add_argument("--no-transform-output", dest="transform_output", action="store_false",
+                            help="do not write DIR/transform_output/ (the raw -> id mapping as tf.Transform "
+                                 "output: `tft.TFTransformOutput(DIR/transform_output)`)")
             sp.add_argument("--read-memory-mb", type=int, default=None,
                             help="where both jobs run in this process (the DirectRunner without worker processes), "
                                  "up to this many MB of the parsed read stay in memory for the shard job instead "
@@ -198,9 +201,16 @@ def _add_transform_output(sub) -> None:
 
 
 def cmd_transform_output(args):
-    # A command's import (see the imports): TensorFlow and tensorflow-transform only for this command.
-    from tpu_embed.serving.transform_output import write_transform_output
-    path = write_transform_output(args.artifact, args.output)
+    # A command's imports (see the imports); TensorFlow only in the child that builds a graph not cached.
+    from tpu_embed.serving.transform_output import DIRECTORY, write_transform_output
+    if args.output is None:  # the artifact's own: listed in its manifest, as `run` writes it
+        from pipelines import transform_output
+        from tpu_embed.artifact import io as tio
+        from tpu_embed.artifact.load import load_artifact
+        transform_output.write(args.artifact, load_artifact(args.artifact, verify="none").spec)
+        path = tio.join(args.artifact, DIRECTORY)
+    else:
+        path = write_transform_output(args.artifact, args.output)
     print(f"transform output: {path} (tft.TFTransformOutput reads it)")
     return 0
 
@@ -249,6 +259,8 @@ def _config(args, **kw):
         c["write_profile"] = False
     if getattr(args, "reread_input", False):
         c["reuse_read"] = False
+    if getattr(args, "transform_output", False):
+        c["transform_output"] = True
     if getattr(args, "read_memory_mb", None) is not None:
         if args.read_memory_mb < 0:
             raise UserError(f"--read-memory-mb must be 0 or more, got {args.read_memory_mb}")

@@ -31,7 +31,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence
 
 import numpy as np
 
-from pipelines import demo_data, progress, quiet, runner
+from pipelines import demo_data, progress, quiet, runner, transform_output
 from pipelines.jobs import JobConfig
 from pipelines.lineage_report import lineage_lines
 from pipelines.sharding.planned_limits import PLAN_FILE
@@ -390,19 +390,27 @@ def _run_jobs(spec, artifact: str, examples: int, beam_args, say, times: dict, k
               base: Optional[str] = None):
     spec = load_spec(spec) if isinstance(spec, str) else spec
     job = JobConfig(spec=spec, output=artifact, base=base)
-    t = time.time()
-    with progress.records("  vocabularies", examples):
-        runner.run_vocab(job, beam_args)
-    times[f"{key}vocab"] = time.time() - t
-    say(f"      vocabularies: {times[f'{key}vocab']:.1f} s")
-    t = time.time()
-    with progress.records("  shards + profile", examples):
-        m = runner.run_shard(job, beam_args)
-    times[f"{key}shard"] = time.time() - t
-    say(f"      shards + profile + plan: {times[f'{key}shard']:.1f} s; {m.counts.examples_written:,} examples in "
-        f"{m.counts.steps} steps of {spec.global_batch_size} on {spec.topology.num_chips} chips x "
-        f"{spec.topology.num_sc_per_chip} SparseCores")
-    return m
+    graph = transform_output.start(spec)  # as `tpu-embed run`: built beside the jobs unless cached
+    try:
+        t = time.time()
+        with progress.records("  vocabularies", examples):
+            runner.run_vocab(job, beam_args)
+        times[f"{key}vocab"] = time.time() - t
+        say(f"      vocabularies: {times[f'{key}vocab']:.1f} s")
+        t = time.time()
+        with progress.records("  shards + profile", examples):
+            m = runner.run_shard(job, beam_args)
+        times[f"{key}shard"] = time.time() - t
+        say(f"      shards + profile + plan: {times[f'{key}shard']:.1f} s; {m.counts.examples_written:,} examples in "
+            f"{m.counts.steps} steps of {spec.global_batch_size} on {spec.topology.num_chips} chips x "
+            f"{spec.topology.num_sc_per_chip} SparseCores")
+        t = time.time()
+        m = transform_output.write(artifact, spec, graph)
+        times[f"{key}transform_output"] = time.time() - t
+        say(f"      tf.Transform output: {times[f'{key}transform_output']:.1f} s more ({artifact}/transform_output)")
+        return m
+    finally:
+        transform_output.cancel(graph)  # a failed job's: the child stops
 
 
 def _say_plan(artifact: str, m, say) -> None:

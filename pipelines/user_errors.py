@@ -39,7 +39,7 @@ class UserError(ValueError):
 USER_ERRORS = ("OutputError", "DiskFullError", "ArtifactDamagedError", "StrictModeError", "DataError",
                "PolicyError", "LimitExceededError", "FileNotFoundError", "SpecError", "ManifestError",
                "ManifestNotFoundError", "UserError", "DemoError", "MissingProfileError",
-               "CorruptProfileError", "SchemaVersionError", "ProfileError", "LineageError")
+               "CorruptProfileError", "SchemaVersionError", "ProfileError", "LineageError", "TransformOutputError")
 CALL_ERRORS = ("SpecError", "UserError")  # how the command was called: exit code 2 (argparse's)
 
 # errno: (what went wrong, with {} for the path; what to do)

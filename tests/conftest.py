@@ -1,4 +1,6 @@
 import os
+import shutil
+import tempfile
 
 import pytest
 from hypothesis import HealthCheck, settings
@@ -13,6 +15,11 @@ settings.load_profile("default")
 
 
 def pytest_configure(config):
+    # Built transform graphs (`tpu_embed.serving.transform_output.cache_directory`) go to a directory of this
+    # session, not the user's cache: a run of the suite builds what it uses.
+    if not os.environ.get("TPU_EMBED_CACHE_DIR"):
+        os.environ["TPU_EMBED_CACHE_DIR"] = tempfile.mkdtemp(prefix="tpu_embed_test_cache_")
+        config.add_cleanup(lambda: shutil.rmtree(os.environ.pop("TPU_EMBED_CACHE_DIR"), ignore_errors=True))
     config.addinivalue_line(
         "markers", "native(name): needs the native extension `name` (csr, csv, token_index); fails without it "
                    "unless TPU_EMBED_NATIVE=optional asks for the fallbacks (then skips)")

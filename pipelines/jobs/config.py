@@ -45,6 +45,9 @@ class JobConfig:
     base: Optional[str] = None
     day: Optional[int] = None
     lineage: Optional[dict] = None
+    # `runner.run_all` also writes the artifact's tf.Transform output (`pipelines.transform_output`); `tpu-embed
+    # run` sets it unless --no-transform-output.
+    transform_output: bool = False
 
     @property
     def tail_policy(self) -> str:

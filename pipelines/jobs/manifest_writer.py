@@ -30,6 +30,8 @@ from tpu_embed.artifact.manifest import (
 )
 from tpu_embed.jax import records as jax_records
 
+TRANSFORM_OUTPUT_KIND = "transform_output"  # the files of `pipelines.transform_output`
+
 
 def job_json(cfg, files: Sequence[InputFile], job: str) -> dict:
     """The job's section of the manifest: what it was given (spec, inputs, options)."""
@@ -107,7 +109,8 @@ def update_manifest(output: str, job: str, job_cfg: dict, *, stats: Dict[str, in
 
     if job == "vocab":
         m["vocabularies"] = extra.get("vocabularies", {})
-        kinds = {"vocabulary", "spec", "dead_letter", lineage.COUNTS_KIND}
+        # The transform output holds the vocabularies: a new vocabulary job's makes it stale.
+        kinds = {"vocabulary", "spec", "dead_letter", lineage.COUNTS_KIND, TRANSFORM_OUTPUT_KIND}
         m.pop("lineage", None)
         if job_cfg.get("lineage") is not None:
             sizes = {k: v["size"] for k, v in m["vocabularies"].items()}
@@ -136,6 +139,15 @@ def update_manifest(output: str, job: str, job_cfg: dict, *, stats: Dict[str, in
     m["files"] = sorted(kept + files, key=lambda f: f["path"])
     m["features"] = _features(spec, m)
     typed = Manifest.from_json(m, manifest_path(output))  # what is written is what readers accept
+    write_atomic(output, FILENAME, manifest_bytes(m))
+    return typed
+
+
+def replace_files(output: str, kind: str, files: List[dict]) -> Manifest:
+    """Rewrite output/manifest.json with `files` (`FileInfo.to_json()`s) as its files of `kind`."""
+    m = read_manifest(output).to_json()
+    m["files"] = sorted([f for f in m["files"] if f.get("kind") != kind] + list(files), key=lambda f: f["path"])
+    typed = Manifest.from_json(m, manifest_path(output))
     write_atomic(output, FILENAME, manifest_bytes(m))
     return typed
 

@@ -1,4 +1,5 @@
-"""Same input + spec -> byte-identical vocabularies, shards, profiles and manifest, 1 worker vs 2 processes."""
+"""Same input + spec -> byte-identical vocabularies, shards, profiles, transform output and manifest, 1 worker vs 2
+processes."""
 
 from __future__ import annotations
 
@@ -25,12 +26,13 @@ def test_one_worker_and_two_processes_give_identical_bytes(tmp_path, layout):
     assert spec.shards.layouts == (("tensorflow",) if layout == "tensorflow" else ("tensorflow", "jax"))
     a, b = str(tmp_path / "one"), str(tmp_path / "two")
     # Small chunks: several chunks and step pieces per file, so ordering really is exercised.
-    runner.run_all(JobConfig(spec=spec, output=a, chunk_rows=37, steps_per_file=5))
-    runner.run_all(JobConfig(spec=spec, output=b, chunk_rows=37, steps_per_file=5),
+    runner.run_all(JobConfig(spec=spec, output=a, chunk_rows=37, steps_per_file=5, transform_output=True))
+    runner.run_all(JobConfig(spec=spec, output=b, chunk_rows=37, steps_per_file=5, transform_output=True),
                    ["--direct_num_workers=2", "--direct_running_mode=multi_processing"])
     fa, fb = _files(a), _files(b)
     assert sorted(fa) == sorted(fb)
     assert any(p.startswith("shards/") for p in fa) and any(p.startswith("profiles/") for p in fa)
+    assert "transform_output/transform_fn/saved_model.pb" in fa
     assert len([p for p in fa if p.startswith("shards/host-00000/")]) == 3  # 13 steps, 5 per file
     for p in fa:
         assert fa[p] == fb[p], p

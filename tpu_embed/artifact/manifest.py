@@ -33,7 +33,7 @@ SCHEMA_VERSION = 1
 KIND = "tpu_embed.artifact"
 FILENAME = "manifest.json"
 
-FileKind = Literal["vocabulary", "shard", "dead_letter", "spec", "profile", "plan", "token_counts"]
+FileKind = Literal["vocabulary", "shard", "dead_letter", "spec", "profile", "plan", "token_counts", "transform_output"]
 
 
 class ManifestError(ValueError):

@@ -41,113 +41,38 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import tensorflow as tf
 
-from tpu_embed.artifact import io as tio
-from tpu_embed.artifact.load import load_artifact
-from tpu_embed.artifact.spec import Spec, vocabulary_filename
 from tpu_embed.serving import numbers
+from tpu_embed.serving.plan import DensePlan, FeaturePlan, MappingPlan
 
 __all__ = ["FeaturePlan", "DensePlan", "MappingPlan", "RawFeatureMapping", "map_raw", "parse_examples",
            "vocabulary_tables"]
 
 
-# ---------------------------------------------------------------- the plan: the spec's rules, TensorFlow-free
+class _SharedNameTextFileInitializer(tf.lookup.TextFileInitializer):
+    """A text file initializer whose table has the shared name given (TensorFlow derives it from the path)."""
 
-@dataclasses.dataclass(frozen=True)
-class FeaturePlan:
-    """How one categorical feature's raw values become ids (every constant from the spec and the manifest)."""
-
-    name: str
-    column: str
-    kind: str  # "frequency" | "identity" | "hashing"
-    delimiter: Optional[str]
-    weight_column: Optional[str]
-    truncate: int  # sequence_length, or tensor_core_width; 0: keep every value
-    num_buckets: Optional[int]  # identity / hashing
-    default_value: Optional[int]  # identity
-    num_oov_buckets: int  # frequency
-    vocabulary_key: Optional[str]  # frequency: the vocabulary (features of one table share one)
-    vocabulary_size: Optional[int]  # frequency: the first OOV id (the manifest's size: the file's lines, or a capacity)
-    invalid_ids: str  # policies.invalid_ids
-    nan_weights: str  # policies.nan_weights
-    sequence_length: int
-    on_sparse_core: bool
-    table: str
-
-
-@dataclasses.dataclass(frozen=True)
-class DensePlan:
-    name: str
-    column: str
-    fill: float
-
-
-@dataclasses.dataclass(frozen=True)
-class MappingPlan:
-    """The raw -> id rules of a spec with its vocabularies: what `map_raw` applies.
-
-    `vocabulary_files`: {vocabulary key: path of its file}; `columns`: every column read (label excluded)."""
-
-    features: Tuple[FeaturePlan, ...]
-    dense: Tuple[DensePlan, ...]
-    vocabulary_files: Mapping[str, str]
-    # The CSV reader dead-letters a record with bytes that are not UTF-8 in a column the spec reads (CSV is read
-    # as UTF-8 text); TFRecord and Parquet binary values are bytes as they are.
-    utf8_text: bool = False
+    def __init__(self, shared_name: str, *args: Any, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self._given_shared_name = shared_name
 
     @property
-    def columns(self) -> List[str]:
-        cols = [d.column for d in self.dense]
-        for f in self.features:
-            cols += [f.column] + ([f.weight_column] if f.weight_column else [])
-        return list(dict.fromkeys(cols))
-
-    @property
-    def text_columns(self) -> List[str]:
-        """Columns read only as categorical values, with no delimiter or one that no number's text (decimal
-        integer, float repr) contains: their values can be taken as token texts whatever their kind."""
-        numeric = {d.column for d in self.dense} | {f.weight_column for f in self.features if f.weight_column}
-        out = []
-        for c in dict.fromkeys(f.column for f in self.features):
-            delims = {f.delimiter for f in self.features if f.column == c}
-            if c not in numeric and all(d is None or not set(d) & set("0123456789+-.eEinfa") for d in delims):
-                out.append(c)
-        return out
-
-    @classmethod
-    def from_spec(cls, spec: Spec, vocabulary_sizes: Mapping[str, int], vocabulary_dir: str) -> "MappingPlan":
-        """From a spec, its vocabulary sizes (`Manifest.vocabulary_sizes`) and the directory holding `vocab/`."""
-        feats = []
-        files: Dict[str, str] = {}
-        for f in spec.categorical:
-            v = f.vocabulary
-            key = spec.vocabulary_key(f) if v.type == "frequency" else None
-            if key is not None and key not in files:
-                first = spec.vocabulary_groups()[key][0].name
-                files[key] = tio.join(vocabulary_dir, "vocab", vocabulary_filename(first))
-            feats.append(FeaturePlan(
-                name=f.name, column=f.column, kind=v.type, delimiter=f.delimiter, weight_column=f.weight_column,
-                truncate=f.sequence_length if f.sequence_length > 0 else (f.tensor_core_width or 0),
-                num_buckets=v.num_buckets, default_value=v.default_value, num_oov_buckets=v.num_oov_buckets,
-                vocabulary_key=key, vocabulary_size=None if key is None else int(vocabulary_sizes[key]),
-                invalid_ids=spec.policies.invalid_ids, nan_weights=spec.policies.nan_weights,
-                sequence_length=f.sequence_length, on_sparse_core=f.on_sparse_core, table=f.table))
-        dense = tuple(DensePlan(d.name, d.column, float(d.fill)) for d in spec.dense)
-        return cls(tuple(feats), dense, files, utf8_text=spec.inputs.format == "csv")
-
-    @classmethod
-    def from_artifact(cls, artifact_dir: str) -> "MappingPlan":
-        a = load_artifact(artifact_dir, verify="none")
-        return cls.from_spec(a.spec, a.manifest.vocabulary_sizes, artifact_dir)
+    def _shared_name(self) -> str:
+        return self._given_shared_name
 
 
-def vocabulary_tables(plan: MappingPlan) -> Dict[str, tf.lookup.StaticHashTable]:
+def vocabulary_tables(plan: MappingPlan, shared_names: Optional[Mapping[str, str]] = None
+                      ) -> Dict[str, tf.lookup.StaticHashTable]:
     """{vocabulary key: token -> line number table (-1 if absent)} over the plan's vocabulary files (every line:
     under a capacity the file has fewer lines than the manifest's size). Made in a `tf.Module` (or a
-    tf.Transform preprocessing function) the files become the SavedModel's assets."""
-    return {key: tf.lookup.StaticHashTable(
-        tf.lookup.TextFileInitializer(path, tf.string, tf.lookup.TextFileIndex.WHOLE_LINE, tf.int64,
-                                      tf.lookup.TextFileIndex.LINE_NUMBER),
-        default_value=-1, name=f"vocabulary_{key}") for key, path in sorted(plan.vocabulary_files.items())}
+    tf.Transform preprocessing function) the files become the SavedModel's assets. `shared_names`: {key: the
+    table's shared name} (default: TensorFlow's, from the file's path)."""
+    tables = {}
+    for key, path in sorted(plan.vocabulary_files.items()):
+        args = (path, tf.string, tf.lookup.TextFileIndex.WHOLE_LINE, tf.int64, tf.lookup.TextFileIndex.LINE_NUMBER)
+        init = (tf.lookup.TextFileInitializer(*args) if shared_names is None
+                else _SharedNameTextFileInitializer(shared_names[key], *args))
+        tables[key] = tf.lookup.StaticHashTable(init, default_value=-1, name=f"vocabulary_{key}")
+    return tables
 
 
 # ---------------------------------------------------------------- raw columns
@@ -282,9 +207,10 @@ def _categorical(f: FeaturePlan, raw: Mapping[str, Column], tables: Mapping[str,
     flat = values.flat_values
     keep = None
     if f.kind == "frequency":
-        ids = tables[str(f.vocabulary_key)].lookup(flat)
+        table = tables[str(f.vocabulary_key)]
+        ids = table.lookup(flat)
         found = ids >= 0
-        size = tf.constant(int(f.vocabulary_size), tf.int64)  # type: ignore[arg-type]
+        size = table.size() if f.vocabulary_size is None else tf.constant(int(f.vocabulary_size), tf.int64)
         if f.num_oov_buckets == 0:
             keep = found
         elif f.num_oov_buckets == 1:

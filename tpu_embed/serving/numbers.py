@@ -48,7 +48,7 @@ def _ascii_form(text: tf.Tensor) -> tf.Tensor:
     offset = cp[:, None] - tf.constant(DECIMAL_ZEROS, tf.int32)[None, :]
     is_digit = (offset >= 0) & (offset <= 9)
     digit = tf.reduce_max(tf.where(is_digit, offset, -1), axis=1)
-    space = tf.reduce_any(cp[:, None] == tf.constant(UNICODE_SPACES[10:], tf.int32)[None, :], axis=1)
+    space = tf.reduce_any(tf.equal(cp[:, None], tf.constant(UNICODE_SPACES[10:], tf.int32)[None, :]), axis=1)
     out = tf.where(cp < 127, cp, tf.where(space, 0x20, tf.where(digit >= 0, 0x30 + digit, 0x3F)))
     return tf.strings.unicode_encode(cps.with_flat_values(out), "UTF-8")
 
@@ -77,7 +77,7 @@ def parse_int64(text: tf.Tensor) -> Tuple[tf.Tensor, tf.Tensor]:
     high = tf.strings.to_number(high_text, tf.int64)
     low = tf.strings.to_number(tf.strings.substr(digits, split, n - split), tf.int64)
     limit_high = tf.constant(_INT64_MAX // 10**9, tf.int64)
-    fits &= (high < limit_high) | ((high == limit_high) & (low <= _INT64_MAX % 10**9))
+    fits &= (high < limit_high) | (tf.equal(high, limit_high) & (low <= _INT64_MAX % 10**9))
     magnitude = tf.where(fits, high, 0) * 10**9 + tf.where(fits, low, 0)
     # -2**63 fits int64 but is never a valid id: negative values are only kept as what they are, when they fit.
     value = tf.where(negative, -magnitude, magnitude)
@@ -136,4 +136,4 @@ def float_text(x: tf.Tensor) -> tf.Tensor:
 
 def _signbit(x: tf.Tensor) -> tf.Tensor:
     """The sign bit of float64 values (so -0.0 is '-0.0', as Python writes it)."""
-    return tf.bitwise.right_shift(tf.bitcast(x, tf.int64), 63) != 0
+    return tf.not_equal(tf.bitwise.right_shift(tf.bitcast(x, tf.int64), 63), 0)

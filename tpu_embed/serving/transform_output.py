@@ -6,11 +6,11 @@
     out = layer({"C1": sparse_strings, "I1": ..., ...})     # the raw features of `tft_output.raw_feature_spec()`
     out["C1"]            # tf.SparseTensor int64 [batch, None]: the ids the shards hold for these rows
 
+`tpu-embed run` writes it into every artifact (`transform_output/`; `--no-transform-output` leaves it out).
 The directory is laid out as tensorflow-transform lays out its own (`tft_beam.WriteTransformFn`):
 
-* `transform_fn/`: a TF2 SavedModel whose `transform_fn` maps the raw features to the transformed ones
-  (`tpu_embed.serving.mapping.map_raw`, the vocabulary files as its assets), saved as TFT's
-  `saved_transform_io_v2.write_v2_saved_model` saves a preprocessing function;
+* `transform_fn/`: a SavedModel whose "transform_signature" maps the raw features to the transformed ones
+  (`tpu_embed.serving.mapping.map_raw`), the vocabulary files as its assets;
 * `transformed_metadata/schema.pbtxt`: the transformed features, and `transformed_metadata/asset_map`
   ({vocabulary key: asset file}, so `tft_output.vocabulary_file_by_name(key)` finds each vocabulary);
 * `metadata/schema.pbtxt`: the raw features (`tft_output.raw_feature_spec()`).
@@ -26,46 +26,57 @@ Transformed features:
 * `<feature>__weights`: float32, VarLen like the ids (weighted features);
 * `<dense feature>`: float32 [batch];
 * `__valid__`: int64 [batch], 0 where the offline jobs would not have used the record (`map_raw`'s `valid`).
+
+This module does not import TensorFlow. The graph of `transform_fn` depends on the spec alone
+(`tpu_embed.serving.transform_graph`, which says how): `TransformGraph` takes it from a cache
+(`cache_directory()`), or builds it once in a child process with TensorFlow; writing an artifact's
+transform output then puts the sha256 of each of its vocabulary files into the graph's table names, copies
+the files as assets and writes the schemas, a few file writes. The same artifact gives the same bytes.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 import json
 import os
+import shutil
+import subprocess
+import sys
 import tempfile
-from typing import Any, Dict, List, Mapping, Optional
-
-import tensorflow as tf
+from importlib import metadata as importlib_metadata
+from typing import Dict, List, Mapping, Optional
 
 from tpu_embed.artifact import io as tio
 from tpu_embed.artifact.load import load_artifact
-from tpu_embed.artifact.spec import Spec, vocabulary_filename
-from tpu_embed.serving.mapping import MappingPlan, RawFeatureMapping
+from tpu_embed.artifact.spec import Spec
+from tpu_embed.serving.plan import MappingPlan
 
-__all__ = ["VALID", "WEIGHTS_SUFFIX", "raw_feature_spec", "transformed_features", "write_transform_dir",
-           "write_transform_output"]
+__all__ = ["DIRECTORY", "TransformGraph", "TransformOutputError", "VALID", "WEIGHTS_SUFFIX", "cache_directory",
+           "schema_texts", "transformed_names", "vocabulary_marker", "write_transform_output"]
 
 VALID = "__valid__"
 WEIGHTS_SUFFIX = "__weights"
 DIRECTORY = "transform_output"  # its place in an artifact
+CACHE_ENV = "TPU_EMBED_CACHE_DIR"
+MARKER_PREFIX = "tpu_embed_vocabulary_"
+# The sources the graph is made from: a change to any of them is another graph (another cache entry).
+_GRAPH_SOURCES = ("plan.py", "mapping.py", "numbers.py", "transform_graph.py", "transform_output.py")
+_NICE = 19  # the child that builds a graph takes what CPU a job leaves
 
 
-def raw_feature_spec(plan: MappingPlan) -> Dict[str, tf.io.VarLenFeature]:
-    return {c: tf.io.VarLenFeature(tf.string) for c in plan.columns}
+class TransformOutputError(RuntimeError):
+    """The transform output could not be written (its one-line message says why and what to do)."""
 
 
-def _rows(plan: MappingPlan) -> Dict[str, int]:
-    """{feature: how many ids it can give} (frequency: the vocabulary's size and its OOV buckets)."""
-    out = {}
-    for f in plan.features:
-        if f.kind == "frequency":
-            out[f.name] = int(f.vocabulary_size or 0) + f.num_oov_buckets
-        else:
-            out[f.name] = int(f.num_buckets or 0)
-    return out
+def vocabulary_marker(index: int) -> str:
+    """The shared name of the `index`-th vocabulary table (vocabulary keys sorted) in a spec's graph: replaced,
+    byte for byte, by `MARKER_PREFIX` + the sha256 of the artifact's file (64 hex digits, as the index here)."""
+    return f"{MARKER_PREFIX}{index:064x}"
 
 
-def _names(plan: MappingPlan) -> List[str]:
+def transformed_names(plan: MappingPlan) -> List[str]:
+    """The transformed features' names, checked distinct."""
     names = [f.name for f in plan.features] + [f.name + WEIGHTS_SUFFIX for f in plan.features if f.weight_column]
     names += [d.name for d in plan.dense] + [VALID]
     seen = set()
@@ -77,89 +88,200 @@ def _names(plan: MappingPlan) -> List[str]:
     return names
 
 
-def transformed_features(mapped: Mapping[str, Any], plan: MappingPlan) -> Dict[str, Any]:
-    """`map_raw`'s output as the transform's outputs (see the module docstring)."""
-    out: Dict[str, Any] = {}
+# ---------------------------------------------------------------- the graph: cached, or built in a child
+
+def cache_directory() -> str:
+    """Where built graphs are kept: $TPU_EMBED_CACHE_DIR (a local directory or an object store's, e.g. one that
+    every machine that launches the jobs shares), else $XDG_CACHE_HOME/tpu_embed, else ~/.cache/tpu_embed."""
+    if os.environ.get(CACHE_ENV):
+        return os.environ[CACHE_ENV]
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "tpu_embed")
+
+
+def _version(package: str) -> str:
+    try:
+        return importlib_metadata.version(package)
+    except importlib_metadata.PackageNotFoundError:
+        return "absent"
+
+
+def graph_key(spec: Spec) -> str:
+    """sha256 of what a spec's graph is made from: its plan without vocabularies, the sources that build it and
+    the versions of TensorFlow and tensorflow-transform."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    h = hashlib.sha256()
+    h.update(json.dumps(dataclasses.asdict(MappingPlan.structure(spec)), sort_keys=True, default=str).encode())
+    for name in _GRAPH_SOURCES:
+        with open(os.path.join(here, name), "rb") as fh:
+            h.update(hashlib.sha256(fh.read()).digest())
+    h.update(f"tensorflow {_version('tensorflow')} tensorflow-transform {_version('tensorflow-transform')}".encode())
+    return h.hexdigest()
+
+
+class TransformGraph:
+    """The `transform_fn` graph of a spec (saved_model.pb's bytes): from the cache, else built by
+    `python -m tpu_embed.serving.transform_graph` in a child process started here, at the lowest CPU priority,
+    so that a job goes on beside it (`result()` waits for it)."""
+
+    def __init__(self, spec: Spec):
+        self.spec = spec
+        self.key = graph_key(spec)
+        self.path = tio.join(cache_directory(), "transform_graphs", self.key, "saved_model.pb")
+        self._proc: Optional[subprocess.Popen] = None
+        self._work: Optional[str] = None
+        if not tio.exists(self.path):
+            self._start()
+
+    @property
+    def cached(self) -> bool:
+        return self._proc is None
+
+    def _start(self) -> None:
+        self._work = tempfile.mkdtemp(prefix="tpu_embed_transform_graph_")
+        spec_path = os.path.join(self._work, "spec.yaml")
+        with open(spec_path, "w", encoding="utf-8") as fh:
+            fh.write(self.spec.to_yaml())
+        root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+        path = [root] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(path), TF_CPP_MIN_LOG_LEVEL="2")
+        code = ("import os, runpy, sys\n"
+                f"if hasattr(os, 'nice'): os.nice({_NICE})\n"
+                "sys.argv = ['transform_graph'] + sys.argv[1:]\n"
+                "runpy.run_module('tpu_embed.serving.transform_graph', run_name='__main__')\n")
+        with open(os.path.join(self._work, "log"), "wb") as log:
+            self._proc = subprocess.Popen(
+                [sys.executable, "-c", code, spec_path, os.path.join(self._work, "graph")],
+                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=self._work)
+
+    def result(self) -> bytes:
+        """The graph's bytes (waits for the child that builds it; then kept in the cache)."""
+        if self._proc is not None:
+            status = self._proc.wait()
+            work, self._proc = str(self._work), None
+            try:
+                built = os.path.join(work, "graph", "saved_model.pb")
+                if status != 0 or not os.path.exists(built):
+                    with open(os.path.join(work, "log"), "rb") as fh:
+                        lines = [x for x in fh.read().decode("utf-8", "replace").splitlines() if x.strip()]
+                    raise TransformOutputError(
+                        f"building the transform graph failed (exit status {status}): "
+                        f"{lines[-1].strip() if lines else 'no output'}")
+                with open(built, "rb") as fh:
+                    data = fh.read()
+                _check_markers(data, len(MappingPlan.structure(self.spec).vocabulary_files))
+                tio.write_atomic(self.path, data)
+                return data
+            finally:
+                shutil.rmtree(work, ignore_errors=True)
+        return tio.read_bytes(self.path)
+
+    def cancel(self) -> None:
+        """Stop the child (a job that failed does not need the graph)."""
+        if self._proc is not None:
+            self._proc.kill()
+            self._proc.wait()
+            self._proc = None
+            shutil.rmtree(str(self._work), ignore_errors=True)
+
+
+def _check_markers(graph: bytes, vocabularies: int) -> None:
+    for i in range(vocabularies):
+        n = graph.count(vocabulary_marker(i).encode())
+        if n != 1:
+            raise TransformOutputError(f"the transform graph holds vocabulary marker {i} {n} times, not once: "
+                                       f"delete {cache_directory()}/transform_graphs and run again.")
+
+
+# ---------------------------------------------------------------- schemas
+
+def schema_texts(plan: MappingPlan, rows: Mapping[str, int]) -> Dict[str, str]:
+    """{"metadata": raw schema, "transformed_metadata": transformed schema}, as text protos, as
+    tensorflow-transform's `schema_utils.schema_from_feature_spec` makes them from the feature specs (raw:
+    VarLen strings; ids: VarLen int64 with the domain [0, rows); weights: VarLen float32; dense: float32 []; valid:
+    int64 [] in [0, 1])."""
+    from google.protobuf import text_format
+    from tensorflow_metadata.proto.v0 import schema_pb2
+
+    def var_len(name: str, kind: int, domain=None):
+        f = schema_pb2.Feature(name=name, type=kind)
+        if domain is not None:
+            f.int_domain.CopyFrom(domain)
+        return f
+
+    def fixed(name: str, kind: int, domain=None):
+        f = schema_pb2.Feature(name=name, type=kind, presence=schema_pb2.FeaturePresence(min_fraction=1.0),
+                               shape=schema_pb2.FixedShape())
+        if domain is not None:
+            f.int_domain.CopyFrom(domain)
+        return f
+
+    raw = {c: var_len(c, schema_pb2.BYTES) for c in plan.columns}
+    transformed = {}
     for f in plan.features:
-        out[f.name] = mapped["ids"][f.name].to_sparse()
+        transformed[f.name] = var_len(f.name, schema_pb2.INT, schema_pb2.IntDomain(
+            min=0, max=max(rows[f.name] - 1, 0), is_categorical=True))
         if f.weight_column:
-            out[f.name + WEIGHTS_SUFFIX] = mapped["weights"][f.name].to_sparse()
-    for j, d in enumerate(plan.dense):
-        out[d.name] = mapped["dense"][:, j]
-    out[VALID] = tf.cast(mapped["valid"], tf.int64)
+            transformed[f.name + WEIGHTS_SUFFIX] = var_len(f.name + WEIGHTS_SUFFIX, schema_pb2.FLOAT)
+    for d in plan.dense:
+        transformed[d.name] = fixed(d.name, schema_pb2.FLOAT)
+    transformed[VALID] = fixed(VALID, schema_pb2.INT, schema_pb2.IntDomain(min=0, max=1, is_categorical=True))
+    out = {}
+    for directory, features in (("metadata", raw), ("transformed_metadata", transformed)):
+        schema = schema_pb2.Schema(feature=[features[k] for k in sorted(features)])
+        out[directory] = text_format.MessageToString(schema)
     return out
 
 
-def _schemas(plan: MappingPlan):
-    """(raw schema, transformed schema) protos, by tensorflow-transform's own conversion."""
-    from tensorflow_metadata.proto.v0 import schema_pb2
-    from tensorflow_transform.tf_metadata import schema_utils
-    rows = _rows(plan)
-    spec: Dict[str, Any] = {}
-    domains = {}
-    for f in plan.features:
-        spec[f.name] = tf.io.VarLenFeature(tf.int64)
-        domains[f.name] = schema_pb2.IntDomain(min=0, max=max(rows[f.name] - 1, 0), is_categorical=True)
-        if f.weight_column:
-            spec[f.name + WEIGHTS_SUFFIX] = tf.io.VarLenFeature(tf.float32)
-    for d in plan.dense:
-        spec[d.name] = tf.io.FixedLenFeature([], tf.float32)
-    spec[VALID] = tf.io.FixedLenFeature([], tf.int64)
-    domains[VALID] = schema_pb2.IntDomain(min=0, max=1, is_categorical=True)
-    return (schema_utils.schema_from_feature_spec(raw_feature_spec(plan)),
-            schema_utils.schema_from_feature_spec(spec, domains))
+def _rows(plan: MappingPlan) -> Dict[str, int]:
+    """{feature: how many ids it can give} (frequency: the vocabulary's size and its OOV buckets)."""
+    return {f.name: (int(f.vocabulary_size or 0) + f.num_oov_buckets) if f.kind == "frequency"
+            else int(f.num_buckets or 0) for f in plan.features}
 
 
-class _TransformModule(tf.Module):
-    """What the SavedModel holds: the vocabulary tables (their files become assets) and `transform_fn`."""
+# ---------------------------------------------------------------- the directory
 
-    def __init__(self, plan: MappingPlan):
-        super().__init__(name="tpu_embed_transform")
-        self.mapping = RawFeatureMapping(plan)
+def transform_output_files(artifact_dir: str, spec: Spec, vocabulary_sizes: Mapping[str, int], graph: bytes
+                           ) -> Dict[str, bytes]:
+    """{path relative to the transform output: bytes} of an artifact (its spec, its manifest's vocabulary sizes,
+    its vocabulary files) from its spec's graph."""
+    structure = MappingPlan.structure(spec)
+    plan = MappingPlan.from_spec(spec, vocabulary_sizes, "")
+    transformed_names(plan)
+    files: Dict[str, bytes] = {}
+    assets = {}
+    for i, key in enumerate(sorted(structure.vocabulary_files)):
+        rel = structure.vocabulary_files[key]  # vocab/<file>
+        data = tio.read_bytes(tio.join(artifact_dir, rel))
+        capacity = next(f.vocabulary_size for f in structure.features if f.vocabulary_key == key)
+        lines = data.count(b"\n") + (1 if data and not data.endswith(b"\n") else 0)
+        if capacity is None and lines != vocabulary_sizes[key]:
+            # The graph takes the table's size (the file's lines) as the first OOV id.
+            raise TransformOutputError(f"{tio.join(artifact_dir, rel)} has {lines} lines but the manifest says "
+                                       f"vocabulary {key!r} has {vocabulary_sizes[key]}: the artifact is damaged; "
+                                       f"run the vocabulary job again.")
+        graph = graph.replace(vocabulary_marker(i).encode(),
+                              (MARKER_PREFIX + hashlib.sha256(data).hexdigest()).encode())
+        name = os.path.basename(rel)
+        files[f"transform_fn/assets/{name}"] = data
+        assets[key] = name
+    files["transform_fn/saved_model.pb"] = graph
+    for directory, text in schema_texts(plan, _rows(plan)).items():
+        files[f"{directory}/schema.pbtxt"] = text.encode("utf-8")
+    files["transformed_metadata/asset_map"] = json.dumps(assets, sort_keys=True).encode("utf-8")
+    return files
 
 
-def write_transform_dir(spec: Spec, vocabulary_sizes: Mapping[str, int], vocabulary_dir: str, path: str
-                        ) -> List[str]:
-    """Write the transform output of `spec` with its vocabularies (the manifest's sizes, `vocabulary_dir`/vocab/)
-    at `path` (a local directory). Returns the files written, relative to `path`."""
-    from tensorflow_transform.saved import saved_transform_io_v2
-    from tensorflow_transform.tf_metadata import dataset_metadata, metadata_io
-    plan = MappingPlan.from_spec(spec, vocabulary_sizes, vocabulary_dir)
-    _names(plan)
-    module = _TransformModule(plan)
-    signature = {c: tf.SparseTensorSpec([None, None], tf.string) for c in plan.columns}
-
-    def transform_fn(inputs):
-        return transformed_features(module.mapping(inputs), plan)
-
-    fn = tf.function(transform_fn, input_signature=[signature], autograph=False)
-    saved_transform_io_v2.write_v2_saved_model(module, fn, "transform_fn", os.path.join(path, "transform_fn"))
-    raw, transformed = _schemas(plan)
-    metadata_io.write_metadata(dataset_metadata.DatasetMetadata(raw), os.path.join(path, "metadata"))
-    metadata_io.write_metadata(dataset_metadata.DatasetMetadata(transformed),
-                               os.path.join(path, "transformed_metadata"))
-    assets = {key: os.path.basename(p) for key, p in sorted(plan.vocabulary_files.items())}
-    with tf.io.gfile.GFile(os.path.join(path, "transformed_metadata", "asset_map"), "w") as fh:
-        fh.write(json.dumps(assets, sort_keys=True))
-    return sorted(os.path.relpath(os.path.join(root, n), path) for root, _, names in os.walk(path) for n in names)
-
-
-def write_transform_output(artifact_dir: str, path: Optional[str] = None) -> str:
+def write_transform_output(artifact_dir: str, path: Optional[str] = None,
+                           graph: Optional[TransformGraph] = None) -> str:
     """Write an artifact's transform output at `path` (default: `artifact_dir`/transform_output; local or an
-    object store), replacing what is there. Returns `path`."""
+    object store), replacing what is there. `graph`: its spec's `TransformGraph` if one was started already.
+    Returns `path`."""
     artifact = load_artifact(artifact_dir, verify="none")
     path = path or tio.join(artifact_dir, DIRECTORY)
-    with tempfile.TemporaryDirectory(prefix="tpu_embed_transform_") as tmp:
-        # The vocabulary files are read where TensorFlow can read them: a local copy.
-        for feats in artifact.spec.vocabulary_groups().values():
-            rel = tio.join("vocab", vocabulary_filename(feats[0].name))
-            os.makedirs(os.path.join(tmp, "vocab"), exist_ok=True)
-            with open(os.path.join(tmp, rel), "wb") as fh:
-                fh.write(tio.read_bytes(tio.join(artifact_dir, rel)))
-        local = os.path.join(tmp, DIRECTORY)
-        files = write_transform_dir(artifact.spec, artifact.manifest.vocabulary_sizes, tmp, local)
-        tio.delete_tree(path)
-        for rel in files:
-            with open(os.path.join(local, rel), "rb") as fh:
-                tio.write_atomic(tio.join(path, *rel.split(os.sep)), fh.read())
+    graph = graph or TransformGraph(artifact.spec)
+    files = transform_output_files(artifact_dir, artifact.spec, artifact.manifest.vocabulary_sizes, graph.result())
+    tio.delete_tree(path)
+    for rel, data in sorted(files.items()):
+        tio.write_atomic(tio.join(path, *rel.split("/")), data)
     return path

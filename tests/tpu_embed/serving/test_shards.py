@@ -7,7 +7,7 @@ Example specs (criteo, movielens: every row) and generated specs (every vocabula
 values out of range or not integers, hashing, weights, sequences and tensor-core widths that truncate,
 delimiters, blanks, non-ASCII and non-UTF-8 tokens, weight counts that do not match; CSV and TFRecord inputs).
 Records the jobs dead-letter are flagged `valid == False` and are the ones missing from the shards. For CSV
-inputs, the artifact's tf.Transform output read by tensorflow-transform gives the same entries too."""
+inputs, the tf.Transform output the run wrote, read by tensorflow-transform, gives the same entries too."""
 
 import csv
 import os
@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 from tests.tpu_embed.serving.generated import column_kinds, rows, specs, write, write_tfrecord
 from tests.tpu_embed.serving.shards import assert_serves_the_shards, from_transformed, shard_steps
 from tpu_embed import HostEmbedding
-from tpu_embed.serving import RawFeatureMapping, export_saved_model, write_transform_output
+from tpu_embed.serving import RawFeatureMapping, export_saved_model
 from tpu_embed.training.dlrm import dlrm
 
 pytestmark = pytest.mark.slow  # `tpu-embed run`'s jobs per spec
@@ -91,7 +91,8 @@ def test_generated_specs_serve_the_shards(tmp_path_factory):
         from pipelines.jobs import JobConfig
         from pipelines.read.records import DataError
         try:
-            runner.run_all(JobConfig(spec=spec, output=os.path.join(d, "artifact")))
+            # CSV cases: the run writes the transform output too (checked below).
+            runner.run_all(JobConfig(spec=spec, output=os.path.join(d, "artifact"), transform_output=fmt == "csv"))
         except DataError as e:  # every record dead-lettered: the job makes no artifact to serve
             assert "all dead-lettered" in str(e), e
             seen["all_dead"] += 1
@@ -110,7 +111,7 @@ def test_generated_specs_serve_the_shards(tmp_path_factory):
             _check_export(spec, art, d, lambda m: m.signatures["raw"](**raw))
             # tf.Transform's reading of the transform output: the same entries.
             import tensorflow_transform as tft
-            tft_output = tft.TFTransformOutput(write_transform_output(art, os.path.join(d, "transform_output")))
+            tft_output = tft.TFTransformOutput(os.path.join(art, "transform_output"))
             layer = tft_output.transform_features_layer()
             # Every cell one value, blanks included: as the CSV reader reads them (a blank weight cell is one
             # blank weight; no value would be no weight).

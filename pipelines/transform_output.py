@@ -1,0 +1,54 @@
+"""`tpu-embed run` writes the artifact's tf.Transform output (`transform_output/`, listed in the manifest).
+
+The graph of a spec comes from the cache, or is built by a child process started with the run, at the lowest
+CPU priority, while the jobs read and shard (`tpu_embed.serving.transform_output.TransformGraph`); when the
+shards are written the artifact's vocabulary files go into it, with its schemas: this process imports no
+TensorFlow.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Optional
+
+from pipelines.jobs import manifest_writer
+from pipelines.output import write_atomic
+from tpu_embed.artifact import io as tio
+from tpu_embed.artifact.manifest import Manifest, read_manifest
+from tpu_embed.serving.transform_output import (
+    DIRECTORY,
+    TransformGraph,
+    TransformOutputError,
+    transform_output_files,
+)
+
+log = logging.getLogger("tpu_embed.pipelines")
+
+
+def start(spec) -> TransformGraph:
+    """The spec's transform graph: cached, or being built beside the jobs."""
+    graph = TransformGraph(spec)
+    log.info("transform graph %s", "cached" if graph.cached else "being built in a child process")
+    return graph
+
+
+def write(output: str, spec, graph: Optional[TransformGraph] = None) -> Manifest:
+    """Write output/transform_output/ of the artifact of `spec` in `output` (replacing what is there) and list its
+    files in the manifest."""
+    m = read_manifest(output)
+    try:
+        graph = graph or TransformGraph(spec)
+        files = transform_output_files(output, spec, m.vocabulary_sizes, graph.result())
+    except TransformOutputError as e:
+        raise TransformOutputError(f"{output}: the shards are written but not {DIRECTORY}/: {e} (write it with "
+                                   f"`tpu-embed transform-output {output}`, or run with --no-transform-output)"
+                                   ) from None
+    tio.delete_tree(tio.join(output, DIRECTORY))
+    entries = [write_atomic(output, f"{DIRECTORY}/{rel}", data, extra={"kind": manifest_writer.TRANSFORM_OUTPUT_KIND})
+               .to_json() for rel, data in sorted(files.items())]
+    return manifest_writer.replace_files(output, manifest_writer.TRANSFORM_OUTPUT_KIND, entries)
+
+
+def cancel(graph: Optional[TransformGraph]) -> None:
+    if graph is not None:
+        graph.cancel()
