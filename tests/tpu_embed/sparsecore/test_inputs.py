@@ -327,3 +327,119 @@ def test_unweighted_features_are_handed_over_type_by_type_as_one_by_one():
     weights[1] = np.array([0.5, 2.0])
     entries = feature_inputs.native_entries(values, weights, [0, 1])
     assert entries[1][2].dtype == np.float32 and np.array_equal(entries[1][2], [0.5, 2.0])
+
+
+# ------------------------------------------------------------------ streamed calls
+
+def _unweighted_forms(case):
+    """{form: inputs} of the case's unweighted features: every feature of one kind (TF ragged int64 and int32,
+    TF sparse, numpy RaggedIds), and dense features as TF tensors beside TF ragged ones."""
+    tf = pytest.importorskip("tensorflow")
+    rows_ids = {}
+    for name, spec in case["inputs"].items():
+        ids = np.asarray(spec["values"]).reshape(-1)
+        samples = int(np.prod([f["output_shape"] for f in case["features"] if f["name"] == name][0]))
+        rows = (np.arange(samples) if spec["kind"] == "dense" else np.asarray(spec["indices"])[:, 0]
+                if spec["kind"] == "sparse" else np.repeat(np.arange(samples), np.diff(spec["row_splits"])))
+        rows_ids[name] = (rows.astype(np.int64), ids.astype(np.int64), samples)
+
+    def splits(rows, samples):
+        return np.concatenate([[0], np.cumsum(np.bincount(rows, minlength=samples))]).astype(np.int64)
+
+    def cols(rows):
+        return np.arange(rows.size) - np.searchsorted(rows, rows)
+
+    return {
+        "tf ragged int64": {n: tf.RaggedTensor.from_row_splits(tf.constant(i), tf.constant(splits(r, s)))
+                            for n, (r, i, s) in rows_ids.items()},
+        "tf ragged int32": {n: tf.RaggedTensor.from_row_splits(tf.constant(i.astype(np.int32)),
+                                                               tf.constant(splits(r, s).astype(np.int32)))
+                            for n, (r, i, s) in rows_ids.items()},
+        "tf sparse": {n: tf.SparseTensor(np.stack([r, cols(r)], 1).reshape(-1, 2), tf.constant(i),
+                                         [s, int(max(1, cols(r).max(initial=0) + 1))])
+                      for n, (r, i, s) in rows_ids.items()},
+        "RaggedIds": {n: RaggedIds(i, splits(r, s)) for n, (r, i, s) in rows_ids.items()},
+        "tf dense and ragged": {n: tf.constant(i) if case["inputs"][n]["kind"] == "dense" else
+                                tf.RaggedTensor.from_row_splits(tf.constant(i), tf.constant(splits(r, s)))
+                                for n, (r, i, s) in rows_ids.items()},
+    }
+
+
+class _CallsSeen:
+    """Wraps the native module: records whether each pack_stack call was handed a list or a stream."""
+
+    def __init__(self, module):
+        self.module, self.kinds = module, []
+
+    def pack_stack(self, parts, *args):
+        self.kinds.append("list" if type(parts) is list else "stream")
+        return self.module.pack_stack(parts, *args)
+
+
+@NATIVE
+@settings(max_examples=40, deadline=None)
+@given(case=C.cases(weighted=False, max_features=6, max_chips=4), threads=st.sampled_from([2, 3, 5]))
+def test_streamed_calls_pack_like_the_reference(case, threads):
+    """Unweighted features on several threads: the kernel scans each feature while the next is handed over (a
+    streamed call), and packs what the reference packs, errors and limits included."""
+    _, fc, topo, _ = C.to_ours(case, use_tf=False)
+    if case.get("limit_mode"):
+        stacks = stack_tables(fc, topo).stacks
+        case["max_ids_per_table"] = {s: case["limit_mode"][1] for s in stacks}
+        case["max_unique_ids_per_table"] = {s: max(1, case["limit_mode"][1] - 1) for s in stacks}
+    inputs, fc, topo, kwargs = C.to_ours(case, use_tf=False)
+    want = _run(inputs, fc, topo, kwargs, None, "reference")
+    seen = _CallsSeen(csr._csr_native)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("TPU_EMBED_THREADS", str(threads))
+        mp.setattr(csr, "PARALLEL_MIN_IDS", 0)
+        mp.setattr(csr, "_csr_native", seen)
+        for form, x in _unweighted_forms(case).items():
+            for _ in range(2):  # pool threads woken, then spinning
+                got = _run(x, fc, topo, kwargs, None, "native")
+                try:
+                    _same(want, got)
+                except AssertionError as e:
+                    raise AssertionError(f"{form}: {e}") from None
+    assert not seen.kinds or seen.kinds[0] == "stream"  # (no call: refused before packing, e.g. a buffer size)
+
+
+@NATIVE
+@pytest.mark.parametrize("bad,match", [
+    ("id", r"'f2'.*id 10 .*outside.*\[0, 10\)"),
+    ("row_splits", r"'f2'.*row_splits must start at 0, be non-decreasing"),
+    ("rows", r"'f2'.*4 rows.*8 samples"),
+    ("ragged_rank", r"'f2'.*ragged_rank 1"),
+    ("dtype", r"'f2'.*ids must be integers"),
+])
+def test_a_streamed_call_names_the_feature_it_refuses(monkeypatch, bad, match):
+    """A feature refused in the middle of a streamed call (by the kernel's scan ahead, or while it is handed
+    over) stops the call cleanly; the batch is then taken feature by feature, and the error names the feature."""
+    tf = _tf()
+    monkeypatch.setenv("TPU_EMBED_THREADS", "2")
+    monkeypatch.setattr(csr, "PARALLEL_MIN_IDS", 0)
+
+    def ragged(values, splits):  # unchecked by TF, as a tf.data pipeline may make it
+        return tf.RaggedTensor.from_row_splits(tf.constant(values), tf.constant(splits, tf.int64), validate=False)
+
+    good = [0, 1, 3, 3, 5, 8, 8, 8, 8]
+    features = {f"f{i}": ragged(np.arange(8) % 10, good) for i in range(4)}
+    if bad == "id":
+        features["f2"] = ragged([1, 2, 3, 10, 1, 2, 3, 4], good)
+    elif bad == "row_splits":
+        features["f2"] = ragged(np.arange(8), [0, 1, 3, 2, 5, 8, 8, 8, 8])
+    elif bad == "rows":
+        features["f2"] = ragged(np.arange(8), [0, 2, 4, 6, 8])
+    elif bad == "ragged_rank":
+        features["f2"] = tf.RaggedTensor.from_row_splits(ragged(np.arange(8), [0, 4, 8]), [0] * 8 + [2])
+    elif bad == "dtype":
+        features["f2"] = ragged(np.arange(8) + 0.5, good)
+    fc = {f"f{i}": F(T(f"t{i}", 10), [8]) for i in range(4)}
+    preprocess({n: ragged(np.arange(8) % 10, good) for n in fc}, fc, Topology(1),
+               implementation="native")  # the hand-over of tf.RaggedTensor learnt
+    with pytest.raises((ValueError, TypeError), match=match):
+        preprocess(features, fc, Topology(1), implementation="native")
+    # and the next batch packs as ever
+    x = {n: ragged(np.arange(8) % 10, good) for n in fc}
+    _same(preprocess({n: RaggedIds(np.arange(8) % 10, np.array(good)) for n in fc}, fc, Topology(1),
+                     implementation="reference"), preprocess(x, fc, Topology(1), implementation="native"))
