@@ -17,7 +17,7 @@ import importlib
 import operator
 import os
 from itertools import repeat
-from typing import Any, Callable, Dict, Iterable, Optional, Sequence
+from typing import Any, Callable, Dict, Optional, Sequence
 
 import numpy as np
 
@@ -195,13 +195,10 @@ def _native_entry(f: FeatureIds) -> tuple:
 _INPUT_STATUSES = (3, 7, 8, 10)
 
 
-def _native_call(stack: StackLayout, layout: SparseCoreLayout, parts: Iterable[Optional[tuple]],
+def _native_call(stack: StackLayout, layout: SparseCoreLayout, parts: Sequence[Optional[tuple]],
                  limits: Optional[StackLimits] = None, id_buffer: int = 0,
-                 normalise: Optional[Callable[[int], tuple]] = None,
-                 listed: Optional[Callable[[], Sequence[Optional[tuple]]]] = None):
-    """`parts`: per feature of the stack, in its order, (rows | None, ids, weights | None, row_splits | None):
-    a list, or an iterator making each entry when the kernel takes it (a streamed call; `listed()` then
-    returns the list, with which a batch the kernel does not take as it is is packed again).
+                 normalise: Optional[Callable[[int], tuple]] = None):
+    """`parts`: per feature of the stack, in its order, (rows | None, ids, weights | None, row_splits | None).
 
     Without `limits` only the per-partition counts are computed.  `normalise(f)`, when given, returns
     feature f's entry as `to_feature_ids` makes it (or raises its error); it replaces entries that are
@@ -211,8 +208,8 @@ def _native_call(stack: StackLayout, layout: SparseCoreLayout, parts: Iterable[O
                            "use implementation='numpy'")
     topo = layout.topology
     tab = _stack_tables(stack, layout)
-    if normalise is not None and type(parts) is list and not all(map(operator.is_not, parts, repeat(None))):
-        parts = [normalise(f) if p is None else p for f, p in enumerate(parts)]  # (`in` compares by ==)
+    if normalise is not None and not all(map(operator.is_not, parts, repeat(None))):  # (`in` compares by ==)
+        parts = [normalise(f) if p is None else p for f, p in enumerate(parts)]
     if limits is None:
         max_ids = max_uniq = id_buffer = 1 << 62
         allow = 1
@@ -220,24 +217,14 @@ def _native_call(stack: StackLayout, layout: SparseCoreLayout, parts: Iterable[O
         max_ids, max_uniq = limits.max_ids_per_partition, limits.max_unique_ids_per_partition
         allow = int(limits.allow_id_dropping)
     while True:
-        try:
-            res = _csr_native.pack_stack(
-                parts, tab.offsets, tab.shift, tab.col_token_offset, tab.vocab, tab.srow_of, tab.row_code,
-                topo.num_sc_per_chip, tab.log2s, tab.tbits, native_threads(), PARALLEL_MIN_IDS, int(limits is None),
-                max_ids, max_uniq, id_buffer, allow, PAD_VALUE)
-        except Exception:
-            if type(parts) is list or listed is None:
-                raise
-            res = (10,)  # an entry the stream could not make (e.g. a view of another type): the list, below
+        res = _csr_native.pack_stack(
+            parts, tab.offsets, tab.shift, tab.col_token_offset, tab.vocab, tab.srow_of, tab.row_code,
+            topo.num_sc_per_chip, tab.log2s, tab.tbits, native_threads(), PARALLEL_MIN_IDS, int(limits is None),
+            max_ids, max_uniq, id_buffer, allow, PAD_VALUE)
         if res[0] in (1, 2):
             raise _bad_value(res, tab)
         if res[0] not in _INPUT_STATUSES:
             return res
-        if type(parts) is not list and listed is not None:  # streamed: packed again from the list
-            parts = listed()
-            if normalise is not None:
-                parts = [normalise(f) if p is None else p for f, p in enumerate(parts)]
-            continue
         bad = res[1] if res[0] == 10 else [res[1]]
         if normalise is None:
             raise _bad_input(res, tab, parts)
@@ -424,9 +411,7 @@ def preprocess_stack_inputs(stack: StackLayout, layout: SparseCoreLayout, inputs
     `to_feature_ids`, the readable normalisation, which raises the error naming the feature or converts it.
     """
     tab = _stack_tables(stack, layout)
-    # Streamed where the kernel packs on several threads: it scans each feature while the next is handed over.
-    streamed = stack.sample_count >= PARALLEL_MIN_IDS and native_threads() > 1
-    parts = native_entries(inputs, weights, tab.index, streamed)
+    parts = native_entries(inputs, weights, tab.index)
 
     def normalise(f: int) -> tuple:
         feat = tab.feats[f]
@@ -435,16 +420,14 @@ def preprocess_stack_inputs(stack: StackLayout, layout: SparseCoreLayout, inputs
             sample_count=feat.sample_count,
             vocabulary_size=feat.vocabulary_size))
 
-    return _batch_of(stack, layout, parts, limits, normalise,
-                     lambda: list(native_entries(inputs, weights, tab.index)))
+    return _batch_of(stack, layout, parts, limits, normalise)
 
 
-def _batch_of(stack: StackLayout, layout: SparseCoreLayout, parts: Iterable[Optional[tuple]], limits: StackLimits,
-              normalise: Optional[Callable[[int], tuple]] = None,
-              listed: Optional[Callable[[], Sequence[Optional[tuple]]]] = None) -> CsrBatch:
+def _batch_of(stack: StackLayout, layout: SparseCoreLayout, parts: Sequence[Optional[tuple]], limits: StackLimits,
+              normalise: Optional[Callable[[int], tuple]] = None) -> CsrBatch:
     topo = layout.topology
     sizes = _stack_tables(stack, layout).buffer_sizes(limits.max_ids_per_chip_per_sample)
-    res = _native_call(stack, layout, parts, limits, sizes.ids, normalise, listed)
+    res = _native_call(stack, layout, parts, limits, sizes.ids, normalise)
     if res[0] in (4, 5):
         ids_pp, uniq_pp = _counts((None, res[4], res[5]), topo)
         limits.check(stack.name, res[1], ids_pp[res[1]], uniq_pp[res[1]])

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import operator
 from itertools import repeat
-from typing import Any, Callable, Dict, Iterable, Iterator, List, NamedTuple, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -236,7 +236,7 @@ def _buffer(x):
         return x
 
 
-def native_entries(inputs, weights, positions, streamed: bool = False) -> Iterable[Optional[tuple]]:
+def native_entries(inputs, weights, positions) -> List[Optional[tuple]]:
     """For the features at `positions` of the flattened `inputs` and `weights` (None: no weights), what the
     native packer takes: (rows | None, ids, weights | None, row_splits | None), nothing copied.
 
@@ -251,13 +251,11 @@ def native_entries(inputs, weights, positions, streamed: bool = False) -> Iterab
 
     Unweighted features of the types `_HANDOVER_OF_TYPE` knows are handed over
     type by type in C loops (`_unweighted_entries`); the others feature by
-    feature.  `streamed`: where the features are unweighted, an iterator that
-    makes each entry when it is taken (the kernel's streamed call scans a
-    feature while the next one is made); else the list.
+    feature.
     """
     if weights is None or all(map(operator.is_, map(weights.__getitem__, positions), repeat(None))):
         try:
-            entries = _unweighted_entries(inputs, positions, streamed)
+            entries = _unweighted_entries(inputs, positions)
         except Exception:  # e.g. a buffer of another type than the view learnt: feature by feature, below
             entries = None
         if entries is not None:
@@ -304,7 +302,7 @@ def _entries_one_by_one(inputs, weights, positions) -> List[Optional[tuple]]:
 # ------------------------------------------------------------------ unweighted features, type by type
 
 # A hand-over: the unweighted features of one type -> their entries, in C loops (`map`, `zip`).
-Handover = Callable[[Sequence[Any]], Iterator[Optional[tuple]]]
+Handover = Callable[[Sequence[Any]], List[Optional[tuple]]]
 
 
 def _as_is(xs):
@@ -327,7 +325,7 @@ def _handover_of_type(t: type, value: Any) -> Optional[Handover]:
     kind = kind_of(value)
     if kind == "dense":
         view = _VIEW_OF_TYPE[t] or _as_is
-        return lambda xs: zip(repeat(None), map(view, xs), repeat(None), repeat(None))
+        return lambda xs: list(zip(repeat(None), map(view, xs), repeat(None), repeat(None)))
     getters, views = [], []
     for private, public in ((("_values", "values"), ("_row_partition._row_splits", "row_splits")) if kind == "ragged"
                             else (("_indices", "indices"), ("_values", "values"))):
@@ -341,8 +339,10 @@ def _handover_of_type(t: type, value: Any) -> Optional[Handover]:
         return None
     (get_a, get_b), (view_a, view_b) = getters, [v or _as_is for v in views]
     if kind == "ragged":
-        return lambda xs: zip(repeat(None), map(view_a, map(get_a, xs)), repeat(None), map(view_b, map(get_b, xs)))
-    return lambda xs: zip(map(view_a, map(get_a, xs)), map(view_b, map(get_b, xs)), repeat(None), repeat(None))
+        return lambda xs: list(zip(repeat(None), map(view_a, map(get_a, xs)), repeat(None),
+                                   map(view_b, map(get_b, xs))))
+    return lambda xs: list(zip(map(view_a, map(get_a, xs)), map(view_b, map(get_b, xs)), repeat(None),
+                               repeat(None)))
 
 
 _HANDOVER_OF_TYPE: Dict[type, Optional[Handover]] = {}
@@ -351,11 +351,11 @@ _UNKNOWN: Any = object()
 
 class _Plan(NamedTuple):
     """How the features of one sequence of input types are handed over: per type, a function taking its
-    features out of the batch, and its hand-over; `pick` takes, out of the groups' entry iterators, the one
-    of each feature's group, in the features' order (None: one group, already in order)."""
+    features out of the batch, and its hand-over; `order` puts the groups' entries, concatenated, back in
+    the features' order (None: one group, already in order)."""
 
     groups: Tuple[Tuple[Callable[[List[Any]], Sequence[Any]], Handover], ...]
-    pick: Optional[Callable[[List[Iterator[Optional[tuple]]]], Tuple[Iterator[Optional[tuple]], ...]]]
+    order: Optional[Callable[[List[Optional[tuple]]], tuple]]
 
 
 _PLANS: Dict[Tuple[type, ...], Optional[_Plan]] = {}
@@ -386,20 +386,19 @@ def _plan_of(values: List[Any], signature: Tuple[type, ...]) -> Optional[_Plan]:
         groups.append((take, handover))
     plan = None
     if len(groups) == len(where):
-        group_of = {t: g for g, t in enumerate(where)}
-        pick = operator.itemgetter(*(group_of[t] for t in signature)) if len(where) > 1 else None
-        plan = _Plan(tuple(groups), pick)
+        concatenated = [j for at in where.values() for j in at]
+        order = operator.itemgetter(*sorted(range(len(concatenated)), key=concatenated.__getitem__))
+        plan = _Plan(tuple(groups), order if len(where) > 1 else None)
     if len(_PLANS) >= _PLANS_KEPT:
         _PLANS.clear()
     _PLANS[signature] = plan
     return plan
 
 
-def _unweighted_entries(inputs, positions, streamed: bool = False) -> Optional[Iterable[Optional[tuple]]]:
+def _unweighted_entries(inputs, positions) -> Optional[List[Optional[tuple]]]:
     """`native_entries` of unweighted features in C loops, None where the batch is handed over feature by
     feature: the features grouped by type (the grouping remembered per sequence of types, `_plan_of`),
-    each group's buffers got and viewed by its type's hand-over (`_handover_of_type`); each feature's entry
-    is the next of its group's (`map(next, ...)`), so a stream makes them in the features' order."""
+    each group's buffers got and viewed by its type's hand-over (`_handover_of_type`)."""
     values = list(map(inputs.__getitem__, positions))
     signature = tuple(map(type, values))
     plan = _PLANS.get(signature, _UNKNOWN)
@@ -407,8 +406,9 @@ def _unweighted_entries(inputs, positions, streamed: bool = False) -> Optional[I
         plan = _plan_of(values, signature)
     if plan is None:
         return None
-    if plan.pick is None:
-        entries = plan.groups[0][1](values)
-    else:
-        entries = map(next, plan.pick([handover(take(values)) for take, handover in plan.groups]))
-    return entries if streamed else list(entries)
+    if plan.order is None:
+        return plan.groups[0][1](values)
+    entries: List[Optional[tuple]] = []
+    for take, handover in plan.groups:
+        entries += handover(take(values))
+    return list(plan.order(entries))

@@ -256,17 +256,6 @@ typedef struct {
   int nthreads;
   int next_task; /* the next local SC to claim (atomic) */
   int phase;     /* 1: sort and merge; 2: fill the CSR outputs */
-  /* Per SC: the features scanned so far (its entries: m[s]) and the index bits of its sort keys. */
-  Py_ssize_t *cursor, *m;
-  int *ibits;
-  int fixed_ibits; /* > 0: every SC's index bits (a streamed call: its entry count is not known in advance) */
-  /* A streamed call (see pack_stack): features are published one by one while a worker scans them. */
-  int streamed;
-  Py_ssize_t published; /* features whose buffers are ready (atomic) */
-  int stop;             /* no more scanning ahead: the tasks take over (atomic) */
-  int scanning;         /* workers inside the scan ahead (atomic) */
-  int scan_claimed;     /* the scan ahead has its worker (atomic) */
-  int tasks_open;       /* the SC tasks may be claimed (atomic) */
   /* phase 2 */
   const int64_t *start, *kept;
   int64_t total, rp_block;
@@ -276,43 +265,38 @@ typedef struct {
   float fpad;
 } Job;
 
-/* Grows scratch slot `which` of `sc` to `bytes`, keeping its first `keep` bytes. */
-static void *scratch_grow(Scratch *sc, int which, size_t bytes, size_t keep) {
-  if (bytes == 0) bytes = 8;
-  if (sc->cap[which] < bytes) {
-    size_t cap = bytes + bytes / 4;
-    void *p = malloc(cap);
-    if (p && keep) memcpy(p, sc->p[which], keep);
-    free(sc->p[which]);
-    sc->p[which] = p;
-    sc->cap[which] = p ? cap : 0;
-  }
-  return sc->p[which];
-}
-
-/* 1. Scan features [J->cursor[s], f_end) for local SC s, after the entries already made (J->m[s]):
- *    validate, rewrite columns, merge adjacent duplicates, accumulate combiner sums (of weights for
- *    mean, of squared weights for sqrtn: TF's contribution functions).  A merge never joins two features
- *    (their samples differ), so a scan resumes at a feature with nothing carried over but m. */
-static void sc_scan(Job *J, int s, Py_ssize_t f_end) {
-  if (J->err_kind[s]) return;
-  const int log2s = J->log2s, tbits = J->tbits, ibits = J->ibits[s];
+static void sc_task(Job *J, int s) {
+  const int log2s = J->log2s, tbits = J->tbits;
   const int64_t S = (int64_t)1 << log2s, mask = S - 1;
-  const Py_ssize_t F = J->F, nb = J->nsc + 1, f_begin = J->cursor[s];
-  (void)S;
+  const Py_ssize_t F = J->F, nb = J->nsc + 1;
   Scratch *scr = &J->scratch[s];
-  Py_ssize_t m = J->m[s];
-  Py_ssize_t more = 0;
-  for (Py_ssize_t f = f_begin; f < f_end; f++) more += J->bounds[f * nb + s + 1] - J->bounds[f * nb + s];
-  Entry *P = scratch_grow(scr, S_ENTRY, sizeof(Entry) * (m + more + 1), sizeof(Entry) * m);
-  uint64_t *keys = scratch_grow(scr, S_KEYS, sizeof(uint64_t) * (m + more + 1), sizeof(uint64_t) * m);
-  if (!P || !keys) {
+  Py_ssize_t n = 0;
+  for (Py_ssize_t f = 0; f < F; f++) n += J->bounds[f * nb + s + 1] - J->bounds[f * nb + s];
+  int ibits = 1;
+  while (((Py_ssize_t)1 << ibits) <= n) ibits++;
+  Entry *P = scratch_get(scr, S_ENTRY, sizeof(Entry) * (n + 1));
+  uint64_t *keys = scratch_get(scr, S_KEYS, sizeof(uint64_t) * (n + 1));
+  uint64_t *tmp = scratch_get(scr, S_TMP, sizeof(uint64_t) * (n + 1));
+  int64_t *out_hi = scratch_get(scr, S_HI, sizeof(int64_t) * (n + 1));
+  int32_t *out_srow = scratch_get(scr, S_SROW, sizeof(int32_t) * (n + 1));
+  float *out_gain = scratch_get(scr, S_GAIN, sizeof(float) * (n + 1));
+  Radix radix;
+  if (!P || !keys || !tmp || !out_hi || !out_srow || !out_gain ||
+      radix_init(&radix, scr, ibits, log2s + tbits, n) < 0) {
     J->err_kind[s] = 9;
     return;
   }
+  Py_ssize_t *const hist0 = radix.count, *const hist1 = radix.count + radix.buckets,
+                   *const hist2 = radix.count + 2 * radix.buckets;
+  const int rlo = radix.lo, rdig = radix.digit, rpasses = radix.passes;
+  const uint64_t rmask = radix.dmask;
   /* This SC's samples, by their sample id on it: feature f's rows of SC s are its samples
    * off_f / nsc ... off_f / nsc + per_sc - 1 there. */
   float *scale = J->scale + s * (J->R / J->nsc);
+
+  /* 1. Validate, rewrite columns, merge adjacent duplicates, accumulate combiner sums
+   *    (of weights for mean, of squared weights for sqrtn: TF's contribution functions). */
+  Py_ssize_t m = 0;
   int64_t pid = -1;
   int32_t psr = -1;
 /* Feature f's id at position i fails a check: report it and stop the task. */
@@ -342,7 +326,7 @@ static void sc_scan(Job *J, int s, Py_ssize_t f_end) {
     }                                                                        \
   } while (0)
 
-  for (Py_ssize_t f = f_begin; f < f_end; f++) {
+  for (Py_ssize_t f = 0; f < F; f++) {
     const int64_t *rows = J->rows[f], *ids = J->ids[f], *splits = J->splits[f];
     const Py_ssize_t rs = J->rstride[f];
     const float *weights = J->weights[f];
@@ -390,43 +374,6 @@ static void sc_scan(Job *J, int s, Py_ssize_t f_end) {
 #undef TAKE
 #undef KEY
 #undef FAIL
-  J->m[s] = m;
-  J->cursor[s] = f_end;
-}
-
-/* Local SC s: the rest of its scan, then histograms, combiner scales, sort and merge. */
-static void sc_task(Job *J, int s) {
-  const int log2s = J->log2s, tbits = J->tbits;
-  const int64_t S = (int64_t)1 << log2s;
-  const Py_ssize_t F = J->F, nb = J->nsc + 1;
-  Scratch *scr = &J->scratch[s];
-  Py_ssize_t n = 0;
-  for (Py_ssize_t f = 0; f < F; f++) n += J->bounds[f * nb + s + 1] - J->bounds[f * nb + s];
-  if (!J->fixed_ibits && J->cursor[s] == 0) {
-    int ib = 1;
-    while (((Py_ssize_t)1 << ib) <= n) ib++;
-    J->ibits[s] = ib;
-  }
-  sc_scan(J, s, F);
-  if (J->err_kind[s]) return;
-  const int ibits = J->ibits[s];
-  const Py_ssize_t m = J->m[s];
-  const Entry *P = scr->p[S_ENTRY];
-  uint64_t *keys = scr->p[S_KEYS];
-  uint64_t *tmp = scratch_get(scr, S_TMP, sizeof(uint64_t) * (m + 1));
-  int64_t *out_hi = scratch_get(scr, S_HI, sizeof(int64_t) * (m + 1));
-  int32_t *out_srow = scratch_get(scr, S_SROW, sizeof(int32_t) * (m + 1));
-  float *out_gain = scratch_get(scr, S_GAIN, sizeof(float) * (m + 1));
-  Radix radix;
-  if (!tmp || !out_hi || !out_srow || !out_gain || radix_init(&radix, scr, ibits, log2s + tbits, n) < 0) {
-    J->err_kind[s] = 9;
-    return;
-  }
-  Py_ssize_t *const hist0 = radix.count, *const hist1 = radix.count + radix.buckets,
-                   *const hist2 = radix.count + 2 * radix.buckets;
-  const int rlo = radix.lo, rdig = radix.digit, rpasses = radix.passes;
-  const uint64_t rmask = radix.dmask;
-  float *scale = J->scale + s * (J->R / J->nsc);
 
   /* Radix histograms in one sequential read of the keys (measured cheaper than counting inside
    * the loop above, which runs short of registers). */
@@ -571,47 +518,12 @@ static int64_t now_ns(void) {
   return (int64_t)t.tv_sec * 1000000000 + t.tv_nsec;
 }
 
-static void run_tasks(Job *J) {
+static void run_share(Job *J) {
   for (;;) {
     const int s = __atomic_fetch_add(&J->next_task, 1, __ATOMIC_RELAXED);
     if (s >= J->nsc) break;
     if (J->phase == 2) sc_fill(J, s); else sc_task(J, s);
   }
-}
-
-/* Waiting for another thread of the call: yields the CPU to anything runnable (a loaded machine may run
- * the thread waited for on this very CPU), else returns at once. */
-static inline void relax(void) { sched_yield(); }
-
-/* A streamed call's scan ahead, by the first worker to arrive: every SC's scan of each feature as soon
- * as it is published, until the calling thread has published them all (stop); the SC tasks then scan
- * the rest.  A scan of (SC, feature) is never cut: the caller waits for `scanning` to drop to 0. */
-static void scan_ahead(Job *J) {
-  __atomic_fetch_add(&J->scanning, 1, __ATOMIC_SEQ_CST);
-  if (!__atomic_load_n(&J->stop, __ATOMIC_SEQ_CST) && !__atomic_exchange_n(&J->scan_claimed, 1, __ATOMIC_SEQ_CST)) {
-    for (Py_ssize_t f = 0; f < J->F; f++) {
-      while (__atomic_load_n(&J->published, __ATOMIC_ACQUIRE) <= f) {
-        if (__atomic_load_n(&J->stop, __ATOMIC_ACQUIRE)) goto out;
-        relax();
-      }
-      for (int s = 0; s < J->nsc; s++) {
-        if (__atomic_load_n(&J->stop, __ATOMIC_ACQUIRE)) goto out;
-        sc_scan(J, s, f + 1);
-      }
-    }
-  }
-out:
-  __atomic_fetch_sub(&J->scanning, 1, __ATOMIC_SEQ_CST);
-}
-
-/* A worker's share of a job: in a streamed call's first phase, the scan ahead (or, for the other
- * workers, waiting for it to end), then SC tasks as they are free. */
-static void run_share(Job *J) {
-  if (J->streamed && J->phase == 1) {
-    scan_ahead(J);
-    while (!__atomic_load_n(&J->tasks_open, __ATOMIC_ACQUIRE)) relax();
-  }
-  run_tasks(J);
 }
 
 static void *worker_main(void *arg) {
@@ -638,9 +550,8 @@ static void *worker_main(void *arg) {
   return NULL;
 }
 
-/* Offers J to the pool (J->nthreads > 1, call_mu held): its workers start their share (run_share).
- * Returns 0 where no worker thread could be started (J->nthreads is then 1). */
-static int pool_post(Job *J) {
+/* Runs every task of J: on the pool when J->nthreads > 1 (call_mu held), else inline. */
+static void run_job(Job *J) {
   J->next_task = 0;
   if (J->nthreads > 1) {
     while (pool_size < J->nthreads - 1) {
@@ -657,7 +568,8 @@ static int pool_post(Job *J) {
   }
   if (J->nthreads <= 1) {
     J->nthreads = 1;
-    return 0;
+    run_share(J);
+    return;
   }
   __atomic_store_n(&pool_job, J, __ATOMIC_SEQ_CST);
   __atomic_store_n(&pool_seats, J->nthreads - 1, __ATOMIC_SEQ_CST);
@@ -665,31 +577,9 @@ static int pool_post(Job *J) {
   __atomic_fetch_add(&pool_gen, 1, __ATOMIC_SEQ_CST);
   if (pool_sleeping) pthread_cond_broadcast(&pool_go);
   pthread_mutex_unlock(&pool_mu);
-  return 1;
-}
-
-/* The calling thread's end of a posted job: no more seats, and every worker that took one is done. */
-static void pool_finish(void) {
+  run_share(J);
   __atomic_store_n(&pool_seats, 0, __ATOMIC_SEQ_CST);
   while (__atomic_load_n(&pool_busy, __ATOMIC_SEQ_CST) > 0) sched_yield();
-}
-
-/* Runs every task of J: on the pool when J->nthreads > 1 (call_mu held), else inline. */
-static void run_job(Job *J) {
-  const int posted = pool_post(J);
-  run_tasks(J);
-  if (posted) pool_finish();
-}
-
-/* A streamed call's end of publishing (all published, or `abort`: none of its tasks is to run): the scan
- * ahead stops, the tasks open, the calling thread runs its share and waits for the workers. */
-static void stream_finish(Job *J, int abort) {
-  __atomic_store_n(&J->stop, 1, __ATOMIC_SEQ_CST);
-  while (__atomic_load_n(&J->scanning, __ATOMIC_SEQ_CST) > 0) relax();
-  if (abort) __atomic_store_n(&J->next_task, J->nsc, __ATOMIC_SEQ_CST);
-  __atomic_store_n(&J->tasks_open, 1, __ATOMIC_SEQ_CST);
-  run_tasks(J);
-  pool_finish();
 }
 
 /* ------------------------------------------------------------------ entry point */
@@ -739,85 +629,6 @@ static const int64_t *as_int64(const Buf *buf, int type, Py_ssize_t n, Py_ssize_
   return dst;
 }
 
-/* Takes feature f's entry `t` into the job: its buffers held in fb[4f..4f+3] (int32 ones widened into
- * copies[3f..3f+2]), checked, and where each local SC's part of it starts (bounds).  0: taken; 1: a buffer
- * the kernel does not read as it is; 2: refused, *status set ((3 | 7 | 8, ...) as pack_stack returns it);
- * -1: a Python error. */
-static int take_feature(Job *J, PyObject *t, Py_ssize_t f, Buf *fb, int64_t **copies, Py_ssize_t *bounds,
-                        Py_ssize_t *rstride, PyObject **status) {
-  const Py_ssize_t F = J->F;
-  const int nsc = J->nsc;
-  if (!PyTuple_Check(t) || PyTuple_GET_SIZE(t) != 4) {
-    PyErr_SetString(PyExc_TypeError, "features must be (rows, ids, weights, row_splits) tuples");
-    return -1;
-  }
-  Buf *rb = &fb[4 * f], *ib = &fb[4 * f + 1], *wb = &fb[4 * f + 2], *sb = &fb[4 * f + 3];
-  int rt, it, wt, st;
-  if (get_input(PyTuple_GET_ITEM(t, 1), ib, E_I64, &it) || !ib->held ||
-      get_input(PyTuple_GET_ITEM(t, 0), rb, E_I64, &rt) || get_input(PyTuple_GET_ITEM(t, 2), wb, E_F32, &wt) ||
-      get_input(PyTuple_GET_ITEM(t, 3), sb, E_I64, &st) ||
-      (rb->held && !(rb->b.ndim == 1 || (rb->b.ndim == 2 && rb->b.shape[1] == 2))) ||
-      (sb->held && sb->b.ndim != 1)) {
-    return 1;
-  }
-  const Py_ssize_t nf = ib->b.len / ib->b.itemsize;
-  const int64_t per_sc = ((f + 1 < F ? J->offsets[f + 1] : J->R) - J->offsets[f]) / nsc;
-  const int64_t samples = (int64_t)nsc * per_sc;
-  const Py_ssize_t rs = rb->held && rb->b.ndim == 2 ? 2 : 1;
-  if (rb->held && rb->b.len / rb->b.itemsize / rs != nf) {
-    *status = Py_BuildValue("(inn)", 8, f, (Py_ssize_t)0);
-    return *status ? 2 : -1;
-  }
-  if (wb->held && wb->b.len / 4 != nf) {
-    *status = Py_BuildValue("(inn)", 8, f, (Py_ssize_t)2);
-    return *status ? 2 : -1;
-  }
-  J->ids[f] = as_int64(ib, it, nf, 1, &copies[3 * f]);
-  J->weights[f] = wb->held ? wb->b.buf : NULL;
-  J->rows[f] = rb->held ? as_int64(rb, rt, nf, rs, &copies[3 * f + 1]) : NULL;
-  rstride[f] = rb->held && rt == E_I64 ? rs : 1;
-  J->splits[f] = sb->held ? as_int64(sb, st, sb->b.len / sb->b.itemsize, 1, &copies[3 * f + 2]) : NULL;
-  if (!J->ids[f] || (rb->held && !J->rows[f]) || (sb->held && !J->splits[f])) { PyErr_NoMemory(); return -1; }
-  if (J->splits[f]) {
-    /* Ragged: row_splits must start at 0, never decrease and end at the number of ids. */
-    /* Ragged: row_splits must start at 0, never decrease and end at the number of ids; here the
-     * splits that bound each SC's rows, the SC's task checks those between (in parallel). */
-    const int64_t *sp = J->splits[f];
-    int bad = sb->b.len / sb->b.itemsize != samples + 1 || sp[0] != 0 || sp[samples] != nf;
-    for (int sc = 0; !bad && sc < nsc; sc++) bad = sp[(int64_t)(sc + 1) * per_sc] < sp[(int64_t)sc * per_sc];
-    if (bad) { *status = Py_BuildValue("(inn)", 7, f, (Py_ssize_t)0); return *status ? 2 : -1; }
-    for (int sc = 0; sc <= nsc; sc++) bounds[f * (nsc + 1) + sc] = sp[(int64_t)sc * per_sc];
-    return 0;
-  }
-  if (!J->rows[f]) {
-    /* Dense: one id per sample, row = position. */
-    if (nf != samples) { *status = Py_BuildValue("(inn)", 7, f, (Py_ssize_t)1); return *status ? 2 : -1; }
-    for (int sc = 0; sc <= nsc; sc++) bounds[f * (nsc + 1) + sc] = (Py_ssize_t)sc * per_sc;
-    return 0;
-  }
-  /* Where each local SC's block starts (rows are sorted; the tasks re-check the order). */
-  const int64_t *rows = J->rows[f];
-  const Py_ssize_t st_ = rstride[f];
-  if (nf && (rows[0] < 0 || rows[(nf - 1) * st_] >= samples)) {
-    const Py_ssize_t at = rows[0] < 0 ? 0 : nf - 1;
-    *status = Py_BuildValue("(innL)", 3, f, at, (long long)rows[at * st_]);
-    return *status ? 2 : -1;
-  }
-  Py_ssize_t lo = 0;
-  for (int sc = 0; sc <= nsc; sc++) {
-    const int64_t target = (int64_t)sc * per_sc;
-    Py_ssize_t a = lo, z = nf;
-    if (sc == nsc) a = nf;
-    while (a < z) {
-      const Py_ssize_t mid = a + (z - a) / 2;
-      if (rows[mid * st_] < target) a = mid + 1; else z = mid;
-    }
-    bounds[f * (nsc + 1) + sc] = a;
-    lo = a;
-  }
-  return 0;
-}
-
 /* pack_stack(features, offsets, shift, col_token_offset, vocab, srow_of, row_code,
  *            num_sc_per_chip, log2s, tbits, num_threads, parallel_min_ids, counts_only,
  *            max_ids, max_unique_ids, id_buffer, allow_id_dropping, pad)
@@ -847,7 +658,7 @@ static PyObject *pack_stack(PyObject *self, PyObject *args) {
   PyObject *features, *o[6];
   int nsc, log2s, tbits, nthreads, counts_only, allow_dropping;
   long long max_ids, max_uniq, cap, pad, parallel_min;
-  if (!PyArg_ParseTuple(args, "OOOOOOOiiiiLiLLLiL", &features, &o[0], &o[1], &o[2], &o[3],
+  if (!PyArg_ParseTuple(args, "O!OOOOOOiiiiLiLLLiL", &PyList_Type, &features, &o[0], &o[1], &o[2], &o[3],
                         &o[4], &o[5], &nsc, &log2s, &tbits, &nthreads, &parallel_min, &counts_only, &max_ids,
                         &max_uniq, &cap, &allow_dropping, &pad))
     return NULL;
@@ -859,27 +670,18 @@ static PyObject *pack_stack(PyObject *self, PyObject *args) {
   static const Py_ssize_t sizes[6] = {8, 8, 8, 8, 4, 1};
   static const char *names[6] = {"offsets", "shift", "col_token_offset", "vocab", "srow_of", "row_code"};
   for (int i = 0; i < 6; i++) b[i].held = 0;
+  const Py_ssize_t F = PyList_GET_SIZE(features);
   const int64_t S = (int64_t)1 << log2s;
-  Py_ssize_t F = 0;
-  Buf *fb = NULL;
-  int64_t **copies = NULL; /* int32 inputs widened */
+  Buf *fb = calloc(4 * (F + 1), sizeof(Buf));
+  int64_t **copies = calloc(3 * (F + 1), sizeof(int64_t *)); /* int32 inputs widened */
   Job J;
   memset(&J, 0, sizeof(J));
-  PyObject *result = NULL, *convert = NULL, *it = NULL;
-  int own_scratch = 0, locked = 0, posted = 0;
+  PyObject *result = NULL, *convert = NULL;
+  int own_scratch = 0, locked = 0;
   Py_ssize_t *bounds = NULL, *rstride = NULL;
+  if (!fb || !copies) { free(fb); free(copies); return PyErr_NoMemory(); }
   for (int i = 0; i < 6; i++)
     if (get_buf(o[i], &b[i], sizes[i], names[i]) < 0) goto done;
-  /* A list of entries, or an iterable of them (streamed: see below), one per feature of the stack. */
-  if (PyList_Check(features)) {
-    F = PyList_GET_SIZE(features);
-  } else {
-    F = b[0].b.len / 8;
-    if (!(it = PyObject_GetIter(features))) goto done;
-  }
-  fb = calloc(4 * (F + 1), sizeof(Buf));
-  copies = calloc(3 * (F + 1), sizeof(int64_t *));
-  if (!fb || !copies) { PyErr_NoMemory(); goto done; }
   J.F = F;
   J.R = b[4].b.len / 4;
   J.offsets = b[0].b.buf; J.shift = b[1].b.buf; J.ctok = b[2].b.buf; J.vocab = b[3].b.buf;
@@ -910,81 +712,111 @@ static PyObject *pack_stack(PyObject *self, PyObject *args) {
   J.err_i = calloc(nsc, sizeof(Py_ssize_t));
   J.err_v = calloc(nsc, sizeof(int64_t));
   J.err_w = calloc(nsc, sizeof(float));
-  J.cursor = calloc(nsc, sizeof(Py_ssize_t));
-  J.m = calloc(nsc, sizeof(Py_ssize_t));
-  J.ibits = calloc(nsc, sizeof(int));
   convert = PyList_New(0);
   if (!J.rows || !J.ids || !J.weights || !J.splits || !rstride || !bounds || !J.scale || !J.out_hi ||
       !J.out_srow || !J.out_gain || !J.out_k || !J.ids_pp || !J.uniq_pp || !J.err_kind || !J.err_f || !J.err_i ||
-      !J.err_v || !J.err_w || !J.cursor || !J.m || !J.ibits || !convert) {
+      !J.err_v || !J.err_w || !convert) {
     if (!PyErr_Occurred()) PyErr_NoMemory();
     goto done;
   }
   for (Py_ssize_t r = 0; r < J.R; r++) if (J.row_code[r]) { J.any_combiner = 1; break; }
-  int threads = nthreads < 1 ? 1 : nthreads > nsc ? nsc : nthreads;
-  if (threads > MAX_THREADS) threads = MAX_THREADS;
-
-  /* Streamed (an iterable of entries, the pool free, more than one thread): a worker scans each feature
-   * for every local SC as soon as its entry is taken, while this thread, holding the GIL, makes the next
-   * entries (the caller's buffers, resolved one by one); the SC tasks then scan what is left.  The sort
-   * keys' index bits are fixed in advance (every SC's entry count is known only at the end), wide enough
-   * for any entry count that fits in memory; the output is the same. */
-  if (it && !counts_only && threads > 1 && log2s + tbits <= 32 && pthread_mutex_trylock(&call_mu) == 0) {
-    locked = 1;
-    J.scratch = pool_scratch;
-    J.streamed = 1;
-    J.fixed_ibits = 64 - log2s - tbits;
-    for (int sc = 0; sc < nsc; sc++) J.ibits[sc] = J.fixed_ibits;
-    J.nthreads = threads;
-    J.phase = 1;
-    posted = pool_post(&J);
-  }
   for (Py_ssize_t f = 0; f < F; f++) {
-    PyObject *t = it ? PyIter_Next(it) : PyList_GET_ITEM(features, f);
-    if (!t) {
-      if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "fewer feature entries than the stack has features");
-      goto fail;
+    PyObject *t = PyList_GET_ITEM(features, f);
+    if (!PyTuple_Check(t) || PyTuple_GET_SIZE(t) != 4) {
+      PyErr_SetString(PyExc_TypeError, "features must be (rows, ids, weights, row_splits) tuples");
+      goto done;
     }
-    const int taken = take_feature(&J, t, f, fb, copies, bounds, rstride, &result);
-    if (it) Py_DECREF(t);
-    if (taken < 0 || taken == 2) goto fail;
-    if (taken == 1) {
+    Buf *rb = &fb[4 * f], *ib = &fb[4 * f + 1], *wb = &fb[4 * f + 2], *sb = &fb[4 * f + 3];
+    int rt, it, wt, st;
+    if (get_input(PyTuple_GET_ITEM(t, 1), ib, E_I64, &it) || !ib->held ||
+        get_input(PyTuple_GET_ITEM(t, 0), rb, E_I64, &rt) || get_input(PyTuple_GET_ITEM(t, 2), wb, E_F32, &wt) ||
+        get_input(PyTuple_GET_ITEM(t, 3), sb, E_I64, &st) ||
+        (rb->held && !(rb->b.ndim == 1 || (rb->b.ndim == 2 && rb->b.shape[1] == 2))) ||
+        (sb->held && sb->b.ndim != 1)) {
       PyObject *fi = PyLong_FromSsize_t(f);
-      if (!fi || PyList_Append(convert, fi) < 0) { Py_XDECREF(fi); goto fail; }
+      if (!fi || PyList_Append(convert, fi) < 0) { Py_XDECREF(fi); goto done; }
       Py_DECREF(fi);
-      if (J.streamed) break; /* the caller packs the batch again from a list of entries */
       continue;
     }
-    if (J.streamed) __atomic_store_n(&J.published, f + 1, __ATOMIC_RELEASE);
+    const Py_ssize_t nf = ib->b.len / ib->b.itemsize;
+    const int64_t per_sc = ((f + 1 < F ? J.offsets[f + 1] : J.R) - J.offsets[f]) / nsc;
+    const int64_t samples = (int64_t)nsc * per_sc;
+    const Py_ssize_t rs = rb->held && rb->b.ndim == 2 ? 2 : 1;
+    if (rb->held && rb->b.len / rb->b.itemsize / rs != nf) {
+      result = Py_BuildValue("(inn)", 8, f, (Py_ssize_t)0);
+      goto done;
+    }
+    if (wb->held && wb->b.len / 4 != nf) {
+      result = Py_BuildValue("(inn)", 8, f, (Py_ssize_t)2);
+      goto done;
+    }
+    J.ids[f] = as_int64(ib, it, nf, 1, &copies[3 * f]);
+    J.weights[f] = wb->held ? wb->b.buf : NULL;
+    J.rows[f] = rb->held ? as_int64(rb, rt, nf, rs, &copies[3 * f + 1]) : NULL;
+    rstride[f] = rb->held && rt == E_I64 ? rs : 1;
+    J.splits[f] = sb->held ? as_int64(sb, st, sb->b.len / sb->b.itemsize, 1, &copies[3 * f + 2]) : NULL;
+    if (!J.ids[f] || (rb->held && !J.rows[f]) || (sb->held && !J.splits[f])) { PyErr_NoMemory(); goto done; }
+    if (J.splits[f]) {
+      /* Ragged: row_splits must start at 0, never decrease and end at the number of ids. */
+      /* Ragged: row_splits must start at 0, never decrease and end at the number of ids; here the
+       * splits that bound each SC's rows, the SC's task checks those between (in parallel). */
+      const int64_t *sp = J.splits[f];
+      int bad = sb->b.len / sb->b.itemsize != samples + 1 || sp[0] != 0 || sp[samples] != nf;
+      for (int sc = 0; !bad && sc < nsc; sc++) bad = sp[(int64_t)(sc + 1) * per_sc] < sp[(int64_t)sc * per_sc];
+      if (bad) { result = Py_BuildValue("(inn)", 7, f, (Py_ssize_t)0); goto done; }
+      for (int sc = 0; sc <= nsc; sc++) bounds[f * (nsc + 1) + sc] = sp[(int64_t)sc * per_sc];
+      continue;
+    }
+    if (!J.rows[f]) {
+      /* Dense: one id per sample, row = position. */
+      if (nf != samples) { result = Py_BuildValue("(inn)", 7, f, (Py_ssize_t)1); goto done; }
+      for (int sc = 0; sc <= nsc; sc++) bounds[f * (nsc + 1) + sc] = (Py_ssize_t)sc * per_sc;
+      continue;
+    }
+    /* Where each local SC's block starts (rows are sorted; the tasks re-check the order). */
+    const int64_t *rows = J.rows[f];
+    const Py_ssize_t st_ = rstride[f];
+    if (nf && (rows[0] < 0 || rows[(nf - 1) * st_] >= samples)) {
+      const Py_ssize_t at = rows[0] < 0 ? 0 : nf - 1;
+      result = Py_BuildValue("(innL)", 3, f, at, (long long)rows[at * st_]);
+      goto done;
+    }
+    Py_ssize_t lo = 0;
+    for (int sc = 0; sc <= nsc; sc++) {
+      const int64_t target = (int64_t)sc * per_sc;
+      Py_ssize_t a = lo, z = nf;
+      if (sc == nsc) a = nf;
+      while (a < z) {
+        const Py_ssize_t mid = a + (z - a) / 2;
+        if (rows[mid * st_] < target) a = mid + 1; else z = mid;
+      }
+      bounds[f * (nsc + 1) + sc] = a;
+      lo = a;
+    }
   }
   if (PyList_GET_SIZE(convert)) {
     result = Py_BuildValue("(iO)", 10, convert);
-    goto fail;
+    goto done;
   }
 
-  if (J.streamed) {
-    Py_BEGIN_ALLOW_THREADS
-    if (posted) stream_finish(&J, 0); else run_tasks(&J);
-    Py_END_ALLOW_THREADS
-    posted = 0;
+  Py_ssize_t total_ids = 0;
+  for (Py_ssize_t f = 0; f < F; f++) total_ids += fb[4 * f + 1].b.len / fb[4 * f + 1].b.itemsize;
+  if (total_ids < parallel_min) nthreads = 1;
+  J.nthreads = nthreads < 1 ? 1 : nthreads > nsc ? nsc : nthreads;
+  if (J.nthreads > MAX_THREADS) J.nthreads = MAX_THREADS;
+  Py_BEGIN_ALLOW_THREADS
+  /* The pool and its scratch serve one call at a time; a concurrent call runs inline. */
+  if (pthread_mutex_trylock(&call_mu) == 0) {
+    locked = 1;
+    J.scratch = pool_scratch;
   } else {
-    Py_ssize_t total_ids = 0;
-    for (Py_ssize_t f = 0; f < F; f++) total_ids += fb[4 * f + 1].b.len / fb[4 * f + 1].b.itemsize;
-    J.nthreads = total_ids < parallel_min ? 1 : threads;
-    Py_BEGIN_ALLOW_THREADS
-    /* The pool and its scratch serve one call at a time; a concurrent call runs inline. */
-    if (pthread_mutex_trylock(&call_mu) == 0) {
-      locked = 1;
-      J.scratch = pool_scratch;
-    } else {
-      J.nthreads = 1;
-      J.scratch = calloc(nsc, sizeof(Scratch));
-      own_scratch = 1;
-    }
-    J.phase = 1;
-    if (J.scratch) run_job(&J);
-    Py_END_ALLOW_THREADS
+    J.nthreads = 1;
+    J.scratch = calloc(nsc, sizeof(Scratch));
+    own_scratch = 1;
   }
+  J.phase = 1;
+  if (J.scratch) run_job(&J);
+  Py_END_ALLOW_THREADS
   if (!J.scratch) { PyErr_NoMemory(); goto done; }
 
   for (int sc = 0; sc < nsc; sc++) {
@@ -1075,22 +907,14 @@ static PyObject *pack_stack(PyObject *self, PyObject *args) {
   }
   result = Py_BuildValue("(iNNNNNNnL)", 0, o_ids, o_uniq, o_rp, o_s, o_t, o_g, total, (long long)dropped);
 
-fail:
-  if (posted) { /* a streamed call that stops before its tasks: the workers leave the job first */
-    Py_BEGIN_ALLOW_THREADS
-    stream_finish(&J, 1);
-    Py_END_ALLOW_THREADS
-  }
 done:
   if (locked) pthread_mutex_unlock(&call_mu);
   if (own_scratch && J.scratch) { for (int sc = 0; sc < nsc; sc++) scratch_free(&J.scratch[sc]); free(J.scratch); }
   for (int q = 0; q < 6; q++) release(&b[q]);
-  if (fb) for (Py_ssize_t q = 0; q < 4 * F; q++) release(&fb[q]);
-  if (copies) for (Py_ssize_t q = 0; q < 3 * F; q++) free(copies[q]);
+  for (Py_ssize_t q = 0; q < 4 * F; q++) release(&fb[q]);
+  for (Py_ssize_t q = 0; q < 3 * F; q++) free(copies[q]);
   free(fb); free(copies);
-  free(J.cursor); free(J.m); free(J.ibits);
   Py_XDECREF(convert);
-  Py_XDECREF(it);
   free(J.out_hi); free(J.out_srow); free(J.out_gain); free(J.out_k);
   free(J.rows); free(J.ids); free(J.weights); free(J.splits); free(bounds); free(J.scale);
   free(J.ids_pp); free(J.uniq_pp); free(J.err_kind); free(J.err_f); free(J.err_i);
