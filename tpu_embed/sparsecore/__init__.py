@@ -97,7 +97,7 @@ def _flat_like(structure: Any, paths, what: str, take=None):
     # Fast path: a flat dict keyed by feature name (the common case, and every shard-job batch).
     if isinstance(structure, dict) and len(structure) == len(paths):
         try:
-            return list(take(structure)) if take is not None else [structure[p] for p in paths]
+            return take(structure) if take is not None else [structure[p] for p in paths]
         except KeyError:
             pass
     if len(paths) == 1 and paths[0] == "" and not isinstance(structure, (dict, list, tuple)):
