@@ -327,3 +327,24 @@ def test_unweighted_features_are_handed_over_type_by_type_as_one_by_one():
     weights[1] = np.array([0.5, 2.0])
     entries = feature_inputs.native_entries(values, weights, [0, 1])
     assert entries[1][2].dtype == np.float32 and np.array_equal(entries[1][2], [0.5, 2.0])
+
+
+@NATIVE
+def test_a_hand_over_learnt_from_one_value_takes_buffers_of_other_types():
+    """A type's hand-over is learnt from its first value (which view its buffers get); a later value whose
+    buffers are of another type (RaggedIds of numpy arrays, then of TF tensors, then of lists) packs as the
+    reference does: the view refuses them and the batch is handed over feature by feature, or the kernel
+    reads them as they are, or converts them."""
+    tf = _tf()
+    from tpu_embed.sparsecore import inputs as feature_inputs
+    splits = np.array([0, 1, 3, 3, 5, 8, 8, 8, 8])
+    ids = np.array([1, 2, 2, 7, 9, 1, 1, 3])
+    fc = {f"f{i}": F(T(f"t{i}", 10), [8]) for i in range(3)}
+    want = preprocess({n: RaggedIds(ids, splits) for n in fc}, fc, Topology(1), implementation="reference")
+    for first, then in (("numpy", "tf"), ("tf", "numpy"), ("tf", "list")):
+        feature_inputs._HANDOVER_OF_TYPE.pop(RaggedIds, None)
+        feature_inputs._PLANS.clear()
+        for form in (first, then, first):
+            make = {"numpy": np.asarray, "tf": tf.constant, "list": list}[form]
+            _same(want, preprocess({n: RaggedIds(make(ids), make(splits)) for n in fc}, fc, Topology(1),
+                                   implementation="native"))
