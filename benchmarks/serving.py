@@ -1,7 +1,6 @@
 """Latency and throughput of the exported SavedModel on CPU, and the share of the raw-feature mapping.
 
     .venv/bin/python benchmarks/serving.py [--spec criteo|movielens] [--calls 300] [--out build/bench_serving]
-    .venv/bin/python benchmarks/serving.py --transform-output ARTIFACT   # e.g. run_throughput.py's build/bench2m/beam
 
 Runs `tpu-embed run`'s jobs on the example spec's data, exports the DLRM of `tpu_embed.training.dlrm` over a
 `HostEmbedding` (tables at their initial values: the time does not depend on them) with
@@ -11,9 +10,7 @@ p50 and p99 latency per call and examples/s at batch 1 and 256. The mapping alon
 map_examples`: parsing the Examples and mapping raw values to ids) is saved and loaded the same way and timed
 on the same batches; its p50 over the whole model's p50 is the mapping's share.
 
-With `--transform-output ARTIFACT`: the cost of `tpu_embed.serving.write_transform_output` on that artifact in
-a fresh process (TensorFlow's import, then the transform graph traced, saved and copied into the artifact), to
-set beside the time of the `tpu-embed run` that made it.
+What the tf.Transform output adds to `tpu-embed run`: `benchmarks/run_throughput.py --modes beam-bare,beam,beam-cold`.
 
 Prints Markdown table rows for docs/benchmarks.md.
 """
@@ -61,28 +58,12 @@ def _time(fn, batches, calls):
     return float(np.percentile(lat, 50) * 1e3), float(np.percentile(lat, 99) * 1e3), n / total
 
 
-def _transform_output(artifact: str) -> None:
-    import resource
-    start = time.perf_counter()
-    import tensorflow  # noqa: F401
-    imported = time.perf_counter()
-    from tpu_embed.serving import write_transform_output
-    write_transform_output(artifact)
-    done = time.perf_counter()
-    ru = resource.getrusage(resource.RUSAGE_SELF)
-    print(f"| {artifact} | {imported - start:.2f} s | {done - imported:.2f} s | {done - start:.2f} s "
-          f"(CPU {ru.ru_utime + ru.ru_stime:.2f} s) |")
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--spec", choices=("criteo", "movielens"), default="criteo")
     ap.add_argument("--calls", type=int, default=300, help="timed calls per batch size")
     ap.add_argument("--out", default=os.path.join(ROOT, "build", "bench_serving"))
-    ap.add_argument("--transform-output", metavar="ARTIFACT", help="time write_transform_output on ARTIFACT")
     args = ap.parse_args()
-    if args.transform_output:
-        return _transform_output(args.transform_output)
 
     import tensorflow as tf
 

@@ -1,7 +1,7 @@
 """Runner matrix: the same spec + data give byte-identical artifacts on every runner that runs here.
 
 Reference: DirectRunner in_memory, once per spec (module fixture). Compared with it, file by file
-(vocabularies, shards, profiles, dead letters, spec.yaml, manifest.json):
+(vocabularies, shards, profiles, dead letters, the tf.Transform output, spec.yaml, manifest.json):
 
 * DirectRunner multi_processing, 2 worker processes;
 * PortableRunner, embedded job service (`--job_endpoint=embed`), EXTERNAL SDK workers from a
@@ -53,7 +53,9 @@ def _files(d):
 
 
 def _run(name, out, beam_args=()):
-    runner.run_all(JobConfig(spec=load_spec(SPECS[name]), output=out, **KW[name]), list(beam_args))
+    # As `tpu-embed run`: the transform output too.
+    runner.run_all(JobConfig(spec=load_spec(SPECS[name]), output=out, transform_output=True, **KW[name]),
+                   list(beam_args))
     return _files(out)
 
 
@@ -68,7 +70,7 @@ def reference(tmp_path_factory):
     for name in SPECS:
         files = _run(name, str(tmp_path_factory.mktemp(f"ref-{name}")))
         kinds = {p.split("/")[0] for p in files}
-        assert {"vocab", "shards", "profiles", "manifest.json", "spec.yaml"} <= kinds, kinds
+        assert {"vocab", "shards", "profiles", "transform_output", "manifest.json", "spec.yaml"} <= kinds, kinds
         out[name] = files
     return out
 

@@ -190,6 +190,34 @@ def test_two_days_in_one_process_each_map_with_their_own_vocabularies(tmp_path):
         assert_serves_the_shards(day_spec, d, from_transformed(layer(parsed), day_spec))
 
 
+def test_a_lineage_with_capacities_serves_each_days_shards(tmp_path):
+    """Vocabularies of mode append under capacities (the first OOV id is the capacity, not the file's lines), two
+    days, each over the previous: each day's transform output gives that day's shards' ids for its rows."""
+    from tests.helpers import lineage_days
+    outs = lineage_days.build(str(tmp_path), parts=2, transform_output=True)
+    for k, d in enumerate(outs, 1):
+        spec = load_artifact(d, verify="none").spec
+        assert spec.vocabulary_groups()
+        n = _check_serves(os.path.join(d, "transform_output"), spec, d, _records(spec, str(tmp_path / f"day{k}.csv")))
+        assert n > 0
+    # Tokens no day has seen: their OOV ids start at the capacity, as `RawFeatureMapping` (the manifest's sizes)
+    # makes them.
+    import tensorflow_transform as tft
+
+    from tpu_embed.serving import RawFeatureMapping
+    d = outs[0]
+    spec = load_artifact(d, verify="none").spec
+    raw = {"user_id": ["1", "2"], "title": ["a", "b"], "timestamp": ["1", "2"], "genres": ["Drama|not-a-genre", ""],
+           "zip": ["unseen-zip-1", "unseen-zip-2"], "occupation": ["99", "7"]}
+    layer = tft.TFTransformOutput(os.path.join(d, "transform_output")).transform_features_layer()
+    got = from_transformed(layer({c: tf.RaggedTensor.from_tensor(tf.constant(v)[:, None]).to_sparse()
+                                  for c, v in raw.items()}), spec)
+    want = RawFeatureMapping.from_artifact(d)({c: tf.constant(v) for c, v in raw.items()})
+    for f in spec.categorical:
+        assert got["ids"][f.name].to_list() == want["ids"][f.name].to_list(), f.name
+    assert min(got["ids"]["zip"].flat_values.numpy()) >= 160  # zip's capacity
+
+
 def test_a_graph_that_cannot_be_built_fails_the_run_in_one_line(tmp_path, monkeypatch):
     """TensorFlow broken in the child: `tpu-embed run` writes the shards and says in one line what failed."""
     fake = tmp_path / "broken"
