@@ -250,6 +250,7 @@ def transform_output_files(artifact_dir: str, spec: Spec, vocabulary_sizes: Mapp
     transformed_names(plan)
     files: Dict[str, bytes] = {}
     assets = {}
+    _check_markers(graph, len(structure.vocabulary_files))
     for i, key in enumerate(sorted(structure.vocabulary_files)):
         rel = structure.vocabulary_files[key]  # vocab/<file>
         data = tio.read_bytes(tio.join(artifact_dir, rel))
