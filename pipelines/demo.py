@@ -455,10 +455,11 @@ def run_demo(output: str, *, overwrite: bool = False, cfg: Optional[DemoConfig] 
     say(f"Done in {total:.0f} s. Produced:")
     produced = [(summary["data"], "the raw data"), (summary["spec"], "its spec")]
     if cfg.days == 2:
-        produced += [(summary["days"][0]["artifact"], "day 1's artifact: vocab/, shards/, profiles/, plan.json, "
-                      "manifest.json"), (summary["days"][0]["checkpoint"], "day 1's checkpoint")]
+        produced += [(summary["days"][0]["artifact"], "day 1's artifact: vocab/, shards/, profiles/, "
+                      "transform_output/, plan.json, manifest.json"), (summary["days"][0]["checkpoint"],
+                                                                       "day 1's checkpoint")]
     produced.append((artifact, ("day 2's artifact" if cfg.days == 2 else "the artifact") +
-                     ": vocab/, shards/, profiles/, plan.json, manifest.json"))
+                     ": vocab/, shards/, profiles/, transform_output/, plan.json, manifest.json"))
     if summary["serving"] is not None:
         produced.append((summary["serving"]["path"], "the SavedModel (serving_default: serialized tf.train.Examples)"))
     produced.append((html, f"the profile report ({len(pngs)} plots)"))
