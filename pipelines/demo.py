@@ -390,7 +390,7 @@ def _run_jobs(spec, artifact: str, examples: int, beam_args, say, times: dict, k
               base: Optional[str] = None):
     spec = load_spec(spec) if isinstance(spec, str) else spec
     job = JobConfig(spec=spec, output=artifact, base=base)
-    graph = transform_output.start(spec)  # as `tpu-embed run`: built beside the jobs unless cached
+    graph = transform_output.start(spec, base)  # as `tpu-embed run`: built beside the jobs unless cached
     try:
         t = time.time()
         with progress.records("  vocabularies", examples):

@@ -25,10 +25,12 @@ from tpu_embed.serving.transform_output import (
 log = logging.getLogger("tpu_embed.pipelines")
 
 
-def start(spec) -> TransformGraph:
-    """The spec's transform graph: cached, or being built beside the jobs."""
-    graph = TransformGraph(spec)
-    log.info("transform graph %s", "cached" if graph.cached else "being built in a child process")
+def start(spec, base: Optional[str] = None) -> TransformGraph:
+    """The spec's transform graph: cached, taken from the base artifact's transform output, or being built
+    beside the jobs."""
+    graph = TransformGraph(spec, base)
+    log.info("transform graph: %s", {"cache": "cached", "base": f"from {base}",
+                                      "built": "being built in a child process"}[graph.source])
     return graph
 
 
@@ -38,7 +40,7 @@ def write(output: str, spec, graph: Optional[TransformGraph] = None) -> Manifest
     m = read_manifest(output)
     try:
         graph = graph or TransformGraph(spec)
-        files = transform_output_files(output, spec, m.vocabulary_sizes, graph.result())
+        files = transform_output_files(output, spec, m.vocabulary_sizes, graph)
     except TransformOutputError as e:
         raise TransformOutputError(f"{output}: the shards are written but not {DIRECTORY}/: {e} (write it with "
                                    f"`tpu-embed transform-output {output}`, or run with --no-transform-output)"

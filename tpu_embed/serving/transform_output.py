@@ -29,7 +29,8 @@ Transformed features:
 
 This module does not import TensorFlow. The graph of `transform_fn` depends on the spec alone
 (`tpu_embed.serving.transform_graph`, which says how): `TransformGraph` takes it from a cache
-(`cache_directory()`), or builds it once in a child process with TensorFlow; writing an artifact's
+(`cache_directory()`) or from a base artifact's transform output, or builds it once in a child process with
+TensorFlow; writing an artifact's
 transform output then puts the sha256 of each of its vocabulary files into the graph's table names, copies
 the files as assets and writes the schemas, a few file writes. The same artifact gives the same bytes.
 """
@@ -39,6 +40,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import logging
 import os
 import shutil
 import subprocess
@@ -60,9 +62,12 @@ WEIGHTS_SUFFIX = "__weights"
 DIRECTORY = "transform_output"  # its place in an artifact
 CACHE_ENV = "TPU_EMBED_CACHE_DIR"
 MARKER_PREFIX = "tpu_embed_vocabulary_"
+GRAPH_RECORD = "transform_fn/assets.extra/tpu_embed_transform_graph.json"
 # The sources the graph is made from: a change to any of them is another graph (another cache entry).
 _GRAPH_SOURCES = ("plan.py", "mapping.py", "numbers.py", "transform_graph.py", "transform_output.py")
 _NICE = 19  # the child that builds a graph takes what CPU a job leaves
+
+log = logging.getLogger("tpu_embed.serving")
 
 
 class TransformOutputError(RuntimeError):
@@ -120,22 +125,40 @@ def graph_key(spec: Spec) -> str:
 
 
 class TransformGraph:
-    """The `transform_fn` graph of a spec (saved_model.pb's bytes): from the cache, else built by
-    `python -m tpu_embed.serving.transform_graph` in a child process started here, at the lowest CPU priority,
-    so that a job goes on beside it (`result()` waits for it)."""
+    """The `transform_fn` graph of a spec (saved_model.pb's bytes): from the cache, else from the transform output
+    of `base` (an earlier artifact of the spec, e.g. the previous day of a lineage) when a graph of the same key
+    wrote it, else built by `python -m tpu_embed.serving.transform_graph` in a child process started here, at
+    the lowest CPU priority, so that a job goes on beside it (`result()` waits for it). A graph that did not come
+    from the cache is put there; a cache that cannot be written is logged and left."""
 
-    def __init__(self, spec: Spec):
+    def __init__(self, spec: Spec, base: Optional[str] = None):
         self.spec = spec
         self.key = graph_key(spec)
         self.path = tio.join(cache_directory(), "transform_graphs", self.key, "saved_model.pb")
         self._proc: Optional[subprocess.Popen] = None
         self._work: Optional[str] = None
-        if not tio.exists(self.path):
+        self._data: Optional[bytes] = None
+        self.source = "cache"  # "cache" | "base" | "built"
+        if tio.exists(self.path):
+            return
+        self._data = graph_of_artifact(base, spec, self.key) if base is not None else None
+        if self._data is not None:
+            self.source = "base"
+            self._keep(self._data)
+        else:
+            self.source = "built"
             self._start()
 
     @property
     def cached(self) -> bool:
-        return self._proc is None
+        return self.source == "cache"
+
+    def _keep(self, data: bytes) -> None:
+        try:
+            tio.write_atomic(self.path, data)
+        except OSError as e:  # a read-only home, a full disk: the run goes on without the cache
+            log.warning("transform graph not cached at %s (%s); the next run of this spec builds it again",
+                        self.path, e)
 
     def _start(self) -> None:
         self._work = tempfile.mkdtemp(prefix="tpu_embed_transform_graph_")
@@ -170,10 +193,13 @@ class TransformGraph:
                 with open(built, "rb") as fh:
                     data = fh.read()
                 _check_markers(data, len(MappingPlan.structure(self.spec).vocabulary_files))
-                tio.write_atomic(self.path, data)
+                self._data = data
+                self._keep(data)
                 return data
             finally:
                 shutil.rmtree(work, ignore_errors=True)
+        if self._data is not None:
+            return self._data
         return tio.read_bytes(self.path)
 
     def cancel(self) -> None:
@@ -183,6 +209,33 @@ class TransformGraph:
             self._proc.wait()
             self._proc = None
             shutil.rmtree(str(self._work), ignore_errors=True)
+
+
+def graph_of_artifact(artifact_dir: str, spec: Spec, key: str) -> Optional[bytes]:
+    """The graph of `spec` as the transform output of the artifact at `artifact_dir` holds it, its tables' names
+    put back to the markers; None where that output is missing, was written from a graph of another key, or its
+    tables' names cannot be told apart (two vocabulary files with the same bytes)."""
+    from tpu_embed.artifact.manifest import ManifestError, read_manifest
+    root = tio.join(artifact_dir, DIRECTORY)
+    try:
+        record = json.loads(tio.read_bytes(tio.join(root, GRAPH_RECORD)))
+        if record.get("graph") != key:
+            return None
+        sha = {f.path: f.sha256 for f in read_manifest(artifact_dir).files if f.kind == "transform_output"}
+        graph = tio.read_bytes(tio.join(root, "transform_fn", "saved_model.pb"))
+        if hashlib.sha256(graph).hexdigest() != sha.get(f"{DIRECTORY}/transform_fn/saved_model.pb"):
+            return None
+    except (OSError, ValueError, ManifestError):
+        return None
+    structure = MappingPlan.structure(spec)
+    assets = [f"{DIRECTORY}/transform_fn/assets/{os.path.basename(structure.vocabulary_files[k])}"
+              for k in sorted(structure.vocabulary_files)]
+    names = [MARKER_PREFIX + str(sha.get(a)) for a in assets]
+    if len(set(names)) != len(names) or any(graph.count(n.encode()) != 1 for n in names):
+        return None
+    for i, name in enumerate(names):
+        graph = graph.replace(name.encode(), vocabulary_marker(i).encode())
+    return graph
 
 
 def _check_markers(graph: bytes, vocabularies: int) -> None:
@@ -241,10 +294,11 @@ def _rows(plan: MappingPlan) -> Dict[str, int]:
 
 # ---------------------------------------------------------------- the directory
 
-def transform_output_files(artifact_dir: str, spec: Spec, vocabulary_sizes: Mapping[str, int], graph: bytes
-                           ) -> Dict[str, bytes]:
+def transform_output_files(artifact_dir: str, spec: Spec, vocabulary_sizes: Mapping[str, int],
+                           transform_graph: TransformGraph) -> Dict[str, bytes]:
     """{path relative to the transform output: bytes} of an artifact (its spec, its manifest's vocabulary sizes,
     its vocabulary files) from its spec's graph."""
+    graph = transform_graph.result()
     structure = MappingPlan.structure(spec)
     plan = MappingPlan.from_spec(spec, vocabulary_sizes, "")
     transformed_names(plan)
@@ -270,6 +324,9 @@ def transform_output_files(artifact_dir: str, spec: Spec, vocabulary_sizes: Mapp
     for directory, text in schema_texts(plan, _rows(plan)).items():
         files[f"{directory}/schema.pbtxt"] = text.encode("utf-8")
     files["transformed_metadata/asset_map"] = json.dumps(assets, sort_keys=True).encode("utf-8")
+    # Beside the SavedModel, where its loaders do not look: the graph's key, so a later run of the spec with this
+    # artifact as its base takes the graph from here (`graph_of_artifact`).
+    files[GRAPH_RECORD] = json.dumps({"graph": transform_graph.key}, sort_keys=True).encode("utf-8")
     return files
 
 
@@ -281,7 +338,7 @@ def write_transform_output(artifact_dir: str, path: Optional[str] = None,
     artifact = load_artifact(artifact_dir, verify="none")
     path = path or tio.join(artifact_dir, DIRECTORY)
     graph = graph or TransformGraph(artifact.spec)
-    files = transform_output_files(artifact_dir, artifact.spec, artifact.manifest.vocabulary_sizes, graph.result())
+    files = transform_output_files(artifact_dir, artifact.spec, artifact.manifest.vocabulary_sizes, graph)
     tio.delete_tree(path)
     for rel, data in sorted(files.items()):
         tio.write_atomic(tio.join(path, *rel.split("/")), data)

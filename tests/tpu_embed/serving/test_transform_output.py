@@ -80,6 +80,7 @@ def test_run_lists_the_transform_output_in_the_manifest_and_writing_it_again_giv
     listed = {f.path for f in read_manifest(d).files if f.kind == "transform_output"}
     written = {"transform_output/" + p for p in _files(os.path.join(d, "transform_output"))}
     assert listed == written and "transform_output/transform_fn/saved_model.pb" in listed
+    assert "transform_output/transform_fn/assets.extra/tpu_embed_transform_graph.json" in listed
     assert len([p for p in listed if "/assets/" in p]) == len(spec.vocabulary_groups())
     load_artifact(d, verify="sha256")  # every listed file's sha256
     again = write_transform_output(d, str(tmp_path / "again"))
@@ -216,6 +217,30 @@ def test_a_lineage_with_capacities_serves_each_days_shards(tmp_path):
     for f in spec.categorical:
         assert got["ids"][f.name].to_list() == want["ids"][f.name].to_list(), f.name
     assert min(got["ids"]["zip"].flat_values.numpy()) >= 160  # zip's capacity
+
+
+def test_a_day_takes_the_graph_from_its_base_where_no_cache_has_it(tmp_path, monkeypatch, caplog):
+    """A machine without the cache (a fresh launcher): the day over a base takes the graph from the base's
+    transform output (its tables' names put back), the same bytes as a build; another key, or no transform
+    output, is not taken. A cache that cannot be written is logged and the run goes on."""
+    from tests.helpers import lineage_days
+    from tpu_embed.serving.transform_output import graph_key, graph_of_artifact
+    outs = lineage_days.build(str(tmp_path), parts=2, transform_output=True)
+    spec = load_artifact(outs[1], verify="none").spec
+    monkeypatch.setenv("TPU_EMBED_CACHE_DIR", str(tmp_path / "empty"))
+    built = TransformGraph(spec)
+    assert built.source == "built"
+    want = built.result()
+    blocked = tmp_path / "a-file"
+    blocked.write_text("not a directory")
+    monkeypatch.setenv("TPU_EMBED_CACHE_DIR", str(blocked))
+    with caplog.at_level("WARNING", logger="tpu_embed.serving"):
+        from_base = TransformGraph(spec, base=outs[0])
+    assert from_base.source == "base" and from_base.result() == want
+    assert "transform graph not cached at" in caplog.text
+    assert graph_of_artifact(outs[0], spec, graph_key(spec)) == want
+    assert graph_of_artifact(outs[0], spec, "another key") is None
+    assert graph_of_artifact(str(tmp_path / "day1.csv"), spec, graph_key(spec)) is None  # no artifact there
 
 
 def test_a_graph_that_cannot_be_built_fails_the_run_in_one_line(tmp_path, monkeypatch):
