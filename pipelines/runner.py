@@ -304,7 +304,7 @@ def with_lineage(cfg: jobs.JobConfig) -> jobs.JobConfig:
     the spec's `base`) opened and checked against the spec (`tpu_embed.artifact.lineage.open_base`), and the
     day. Refused in one line: a base or a day for a spec with no such vocabulary, mode frozen without a base."""
     spec = cfg.spec
-    where = cfg.base or spec.base_artifact()
+    where = cfg.base_artifact
     groups = spec.lineage_groups()
     if not groups:
         if where is not None or cfg.day is not None:
@@ -455,7 +455,7 @@ def run_all(cfg: jobs.JobConfig, beam_args: Sequence[str] = ()) -> Manifest:
     memory = cfg.read_memory_bytes if runs_in_process(beam_args) else 0  # kept where the shard job reads it
     read_spill.remove(cfg.output)  # a killed run's
     # Started first: a graph not in the cache is built in a child process while the jobs run.
-    graph = transform_output.start(cfg.spec, cfg.base or cfg.spec.base_artifact()) if cfg.transform_output else None
+    graph = transform_output.start(cfg.spec, cfg.base_artifact) if cfg.transform_output else None
     try:
         run_vocab(dataclasses.replace(cfg, vocab_dir=None, spill_read=reuse, read_memory_bytes=memory), beam_args)
         known = chunk_sizes.take(cfg.output, chunk_sizes.read_key(cfg, splits.list_input_files(

@@ -50,6 +50,11 @@ class JobConfig:
     transform_output: bool = False
 
     @property
+    def base_artifact(self) -> Optional[str]:
+        """The previous artifact of the lineage: `base`, else the spec's `base` (None: neither)."""
+        return self.base or self.spec.base_artifact()
+
+    @property
     def tail_policy(self) -> str:
         return self.tail or self.spec.policies.tail
 

@@ -138,16 +138,18 @@ def update_manifest(output: str, job: str, job_cfg: dict, *, stats: Dict[str, in
     kept = [f for f in m.get("files", []) if f.get("kind") not in kinds]
     m["files"] = sorted(kept + files, key=lambda f: f["path"])
     m["features"] = _features(spec, m)
-    typed = Manifest.from_json(m, manifest_path(output))  # what is written is what readers accept
-    write_atomic(output, FILENAME, manifest_bytes(m))
-    return typed
+    return _write(output, m)
 
 
 def replace_files(output: str, kind: str, files: List[dict]) -> Manifest:
     """Rewrite output/manifest.json with `files` (`FileInfo.to_json()`s) as its files of `kind`."""
     m = read_manifest(output).to_json()
     m["files"] = sorted([f for f in m["files"] if f.get("kind") != kind] + list(files), key=lambda f: f["path"])
-    typed = Manifest.from_json(m, manifest_path(output))
+    return _write(output, m)
+
+
+def _write(output: str, m: dict) -> Manifest:
+    typed = Manifest.from_json(m, manifest_path(output))  # what is written is what readers accept
     write_atomic(output, FILENAME, manifest_bytes(m))
     return typed
 

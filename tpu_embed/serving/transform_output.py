@@ -37,7 +37,6 @@ the files as assets and writes the schemas, a few file writes. The same artifact
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import json
 import logging
@@ -87,8 +86,9 @@ def transformed_names(plan: MappingPlan) -> List[str]:
     seen = set()
     for n in names:
         if n in seen:
-            raise ValueError(f"transformed feature name {n!r} is used twice: rename the feature or dense input "
-                             f"whose name ends in {WEIGHTS_SUFFIX!r} or is {VALID!r}.")
+            raise TransformOutputError(f"transformed feature name {n!r} is used twice: rename the feature or dense "
+                                       f"input whose name ends in {WEIGHTS_SUFFIX!r} or is {VALID!r}, or run with "
+                                       "--no-transform-output.")
         seen.add(n)
     return names
 
@@ -116,7 +116,7 @@ def graph_key(spec: Spec) -> str:
     the versions of TensorFlow and tensorflow-transform."""
     here = os.path.dirname(os.path.abspath(__file__))
     h = hashlib.sha256()
-    h.update(json.dumps(dataclasses.asdict(MappingPlan.structure(spec)), sort_keys=True, default=str).encode())
+    h.update(MappingPlan.structure(spec).fingerprint().encode())
     for name in _GRAPH_SOURCES:
         with open(os.path.join(here, name), "rb") as fh:
             h.update(hashlib.sha256(fh.read()).digest())
@@ -132,6 +132,7 @@ class TransformGraph:
     from the cache is put there; a cache that cannot be written is logged and left."""
 
     def __init__(self, spec: Spec, base: Optional[str] = None):
+        transformed_names(MappingPlan.structure(spec))  # refused here, before a job that would write it runs
         self.spec = spec
         self.key = graph_key(spec)
         self.path = tio.join(cache_directory(), "transform_graphs", self.key, "saved_model.pb")
@@ -301,7 +302,6 @@ def transform_output_files(artifact_dir: str, spec: Spec, vocabulary_sizes: Mapp
     graph = transform_graph.result()
     structure = MappingPlan.structure(spec)
     plan = MappingPlan.from_spec(spec, vocabulary_sizes, "")
-    transformed_names(plan)
     files: Dict[str, bytes] = {}
     assets = {}
     _check_markers(graph, len(structure.vocabulary_files))

@@ -264,6 +264,25 @@ def test_a_graph_that_cannot_be_built_fails_the_run_in_one_line(tmp_path, monkey
     assert not os.path.exists(os.path.join(out, "transform_output"))
 
 
+def test_a_transformed_name_used_twice_is_refused_before_the_jobs_run(tmp_path, capsys):
+    """A feature named `__valid__` (the transform output's own column): refused in one line before anything is
+    read or written."""
+    import yaml
+    raw = yaml.safe_load(open(SPECS["movielens"]))
+    raw["categorical"][0].update(name="__valid__", column="user_id")  # a spec the jobs would otherwise run
+    raw["tables"][0]["name"] = "__valid__"
+    raw["inputs"]["patterns"] = [os.path.join(os.path.dirname(SPECS["movielens"]), p)
+                                 for p in raw["inputs"]["patterns"]]
+    spec_path = tmp_path / "spec.yaml"
+    spec_path.write_text(yaml.safe_dump(raw))
+    out = tmp_path / "artifact"
+    assert cli_main(["run", "--spec", str(spec_path), "--output", str(out)]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["tpu-embed run: transformed feature name '__valid__' is used twice: rename the feature or dense "
+                   "input whose name ends in '__weights' or is '__valid__', or run with --no-transform-output."], err
+    assert not (out / "manifest.json").exists()
+
+
 def _root():
     from tests.helpers import ROOT
     return ROOT
