@@ -21,6 +21,8 @@ from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence, Tu
 import numpy as np
 
 from tpu_embed.core.nest import leaf_type
+from tpu_embed.sparsecore.eager_tensors import forget as forget_eager_tensors
+from tpu_embed.sparsecore.eager_tensors import read_in_place
 
 
 @leaf_type
@@ -203,14 +205,25 @@ def _weights(weight, kind: str, n: int, path: str) -> np.ndarray:
     return w
 
 
+# Types whose values the kernel reads as they are: numpy arrays (the buffer protocol) and, once TF's C API is
+# registered, TF's eager tensors (`eager_tensors`).
+_READ_IN_PLACE = {np.ndarray}
+
+
 def _host_view_of_type(t: type):
     """How the kernel gets a buffer of type `t` cheapest: None (as it is), or a function returning a numpy view.
 
-    A TF eager tensor's own buffer protocol builds a numpy array and then takes its buffer; its
-    `_numpy_internal` (what `np.asarray` and `.numpy()` build on) returns that view directly, at about
-    half the cost (0.3 against 0.8 us a buffer, 60 buffers per headline batch).  It shares the
-    tensor's memory (nothing copied) and keeps the tensor alive."""
-    view = getattr(t, "_numpy_internal", None) if t.__module__.startswith("tensorflow.") else None
+    A TF eager tensor is read in place by the kernel through TF's C API where that can be registered
+    (`eager_tensors.read_in_place`).  Otherwise its `_numpy_internal` (what `np.asarray` and `.numpy()`
+    build on) gives a numpy view, at about half the cost of its own buffer protocol, which builds that
+    array and then takes its buffer (0.3 against 0.8 us a buffer, 60 buffers per headline batch).  Either
+    way the tensor's memory is shared (nothing copied) and the tensor kept alive."""
+    if not t.__module__.startswith("tensorflow."):
+        return None
+    if read_in_place(t):
+        _READ_IN_PLACE.add(t)
+        return None
+    view = getattr(t, "_numpy_internal", None)
     return view if callable(view) else None
 
 
@@ -223,6 +236,17 @@ class _ViewOfType(dict):
 
 
 _VIEW_OF_TYPE = _ViewOfType({np.ndarray: None})
+
+
+def forget_learnt_types() -> None:
+    """Forget what was learnt of input types (views, hand-overs, plans) and TF's C API registration: the
+    next batch learns them again (e.g. after `TPU_EMBED_TF_C_API` changed)."""
+    forget_eager_tensors()
+    _VIEW_OF_TYPE.clear()
+    _VIEW_OF_TYPE[np.ndarray] = None
+    _READ_IN_PLACE.intersection_update({np.ndarray})
+    _HANDOVER_OF_TYPE.clear()
+    _PLANS.clear()
 
 
 def _buffer(x):
@@ -324,25 +348,34 @@ def _handover_of_type(t: type, value: Any) -> Optional[Handover]:
         return None
     kind = kind_of(value)
     if kind == "dense":
-        view = _VIEW_OF_TYPE[t] or _as_is
+        view = _VIEW_OF_TYPE[t]
+        if view is None:
+            return lambda xs: list(zip(repeat(None), xs, repeat(None), repeat(None)))
         return lambda xs: list(zip(repeat(None), map(view, xs), repeat(None), repeat(None)))
-    getters, views = [], []
+    buffers = []
     for private, public in ((("_values", "values"), ("_row_partition._row_splits", "row_splits")) if kind == "ragged"
                             else (("_indices", "indices"), ("_values", "values"))):
         try:
             same = operator.attrgetter(private)(value) is getattr(value, public)
         except AttributeError:
             same = False
-        getters.append(operator.attrgetter(private if same else public))
-        views.append(_VIEW_OF_TYPE[type(getters[-1](value))])
-    if t.__module__.startswith("tensorflow.") and None in views:
-        return None
-    (get_a, get_b), (view_a, view_b) = getters, [v or _as_is for v in views]
+        get = operator.attrgetter(private if same else public)
+        buffer_type = type(get(value))
+        view = _VIEW_OF_TYPE[buffer_type]
+        if view is None and buffer_type not in _READ_IN_PLACE and t.__module__.startswith("tensorflow."):
+            return None
+        buffers.append(_buffers_of(get, view))
+    a, b = buffers
     if kind == "ragged":
-        return lambda xs: list(zip(repeat(None), map(view_a, map(get_a, xs)), repeat(None),
-                                   map(view_b, map(get_b, xs))))
-    return lambda xs: list(zip(map(view_a, map(get_a, xs)), map(view_b, map(get_b, xs)), repeat(None),
-                               repeat(None)))
+        return lambda xs: list(zip(repeat(None), a(xs), repeat(None), b(xs)))
+    return lambda xs: list(zip(a(xs), b(xs), repeat(None), repeat(None)))
+
+
+def _buffers_of(get: Callable[[Any], Any], view: Optional[Callable[[Any], Any]]) -> Callable[[Sequence[Any]], Any]:
+    """The buffers `get` takes from each of a sequence of values, viewed with `view` (None: as they are)."""
+    if view is None:
+        return lambda xs: map(get, xs)
+    return lambda xs: map(view, map(get, xs))
 
 
 _HANDOVER_OF_TYPE: Dict[type, Optional[Handover]] = {}

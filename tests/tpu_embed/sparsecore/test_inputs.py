@@ -261,24 +261,6 @@ def test_configs_used_in_turn_are_each_remembered():
     assert la.to_dict() == stack_tables(a, topo).to_dict() and lb.to_dict() == stack_tables(b, topo).to_dict()
 
 
-def test_tf_eager_tensors_reach_the_kernel_as_views_of_their_memory():
-    """`native_entries` hands the kernel a TF eager tensor's host memory as a numpy view (cheaper for the
-    kernel to take than the tensor's own buffer protocol), never a copy."""
-    tf = pytest.importorskip("tensorflow")
-    from tpu_embed.sparsecore import inputs as feature_inputs
-    splits = tf.constant([0, 2, 6], tf.int64)
-    ragged = tf.RaggedTensor.from_row_splits(tf.constant(np.arange(6), tf.int64), splits)
-    weights = tf.RaggedTensor.from_row_splits(tf.constant(np.linspace(0.5, 3, 6), tf.float32), splits)
-    sparse = tf.SparseTensor([[0, 0], [1, 0], [1, 1]], tf.constant([7, 8, 9], tf.int32), [2, 2])
-    dense = tf.constant([3, 4], tf.int32)
-    (_, r_ids, r_w, r_splits), (s_rows, s_ids, _, _), (_, d_ids, _, _) = feature_inputs.native_entries(
-        [ragged, sparse, dense], [weights, None, None], [0, 1, 2])
-    for view, tensor in ((r_ids, ragged.values), (r_w, weights.values), (r_splits, ragged.row_splits),
-                         (s_rows, sparse.indices), (s_ids, sparse.values), (d_ids, dense)):
-        assert type(view) is np.ndarray and view.dtype == tensor.dtype.as_numpy_dtype
-        assert np.shares_memory(view, np.asarray(tensor)) and np.array_equal(view, tensor.numpy())
-
-
 def test_an_optimizer_attribute_replaced_by_an_equal_value_keeps_the_stacking():
     """The remembered config's optimizers are compared by the identity of their attributes first; a new but
     equal value falls back to the optimizer's key, which finds the same stacking."""

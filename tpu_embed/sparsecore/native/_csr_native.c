@@ -15,7 +15,10 @@
  *
  * Only the buffer protocol is used (no numpy headers): the Python side passes
  * C-contiguous arrays of the documented dtypes and wraps the returned buffers
- * (bytearrays and NativeBuffer blocks) with numpy.frombuffer.
+ * (bytearrays and NativeBuffer blocks) with numpy.frombuffer.  TensorFlow's
+ * eager tensors are also read through TF's own C API where the Python side
+ * registers it (`set_eager_tensor_api`, see tpu_embed/sparsecore/eager_tensors.py):
+ * their host memory without a numpy view of each.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -32,8 +35,99 @@
 
 typedef struct {
   Py_buffer b;
-  int held;
+  int held;              /* 0 nothing, 1 a buffer-protocol view (PyBuffer_Release), 2 a TF_Tensor (TF_DeleteTensor) */
+  void *tf_tensor;
+  Py_ssize_t shape[2];   /* b.shape of a TF_Tensor: its first two dimensions */
 } Buf;
+
+/* ------------------------------------------------------------------ TensorFlow's eager tensors
+ *
+ * TF's C API, as TF's own numpy conversion (TFE_TensorHandleToNumpy) uses it: the tensor's handle,
+ * resolved to a TF_Tensor in host memory (a reference to the tensor's buffer on the host CPU; a copy
+ * from another device), read, and deleted after the call.  The functions' addresses come from the
+ * TensorFlow the process has loaded (eager_tensors.py); nothing is linked against TF. */
+typedef struct {
+  PyTypeObject *type;                                 /* EagerTensor, compared exactly */
+  void *(*handle)(const PyObject *);                  /* EagerTensor_Handle */
+  void *(*resolve)(void *handle, void *status);       /* TFE_TensorHandleResolve */
+  void *(*data)(const void *tensor);                  /* TF_TensorData */
+  int (*dtype)(const void *tensor);                   /* TF_TensorType */
+  int (*num_dims)(const void *tensor);                /* TF_NumDims */
+  int64_t (*dim)(const void *tensor, int index);      /* TF_Dim */
+  void (*delete_tensor)(void *tensor);                /* TF_DeleteTensor */
+  int (*code)(const void *status);                    /* TF_GetCode */
+  void *status;                                       /* one TF_Status, used with the GIL held */
+} EagerApi;
+
+static EagerApi eager;
+
+enum { TF_FLOAT_ = 1, TF_INT32_ = 3, TF_INT64_ = 9 };
+
+/* set_eager_tensor_api(type, handle, resolve, data, dtype, num_dims, dim, delete_tensor, new_status, code)
+ * with the functions' addresses; set_eager_tensor_api(None) forgets them. */
+static PyObject *set_eager_tensor_api(PyObject *self, PyObject *args) {
+  PyObject *type;
+  unsigned long long a[9] = {0};
+  if (!PyArg_ParseTuple(args, "O|KKKKKKKKK", &type, &a[0], &a[1], &a[2], &a[3], &a[4], &a[5], &a[6], &a[7],
+                        &a[8]))
+    return NULL;
+  if (type != Py_None) {
+    if (!PyType_Check(type)) return PyErr_Format(PyExc_TypeError, "set_eager_tensor_api: not a type");
+    for (int i = 0; i < 9; i++)
+      if (!a[i]) return PyErr_Format(PyExc_ValueError, "set_eager_tensor_api: function %d is missing", i);
+  }
+  /* The old status is kept (a few bytes, once per registration): a caller may still hold it. */
+  Py_XDECREF((PyObject *)eager.type);
+  memset(&eager, 0, sizeof(eager));
+  if (type == Py_None) Py_RETURN_NONE;
+  void *(*new_status)(void) = (void *(*)(void))(uintptr_t)a[7];
+  eager.handle = (void *(*)(const PyObject *))(uintptr_t)a[0];
+  eager.resolve = (void *(*)(void *, void *))(uintptr_t)a[1];
+  eager.data = (void *(*)(const void *))(uintptr_t)a[2];
+  eager.dtype = (int (*)(const void *))(uintptr_t)a[3];
+  eager.num_dims = (int (*)(const void *))(uintptr_t)a[4];
+  eager.dim = (int64_t (*)(const void *, int))(uintptr_t)a[5];
+  eager.delete_tensor = (void (*)(void *))(uintptr_t)a[6];
+  eager.code = (int (*)(const void *))(uintptr_t)a[8];
+  eager.status = new_status();
+  if (!eager.status) { memset(&eager, 0, sizeof(eager)); return PyErr_NoMemory(); }
+  Py_INCREF(type);
+  eager.type = (PyTypeObject *)type;
+  Py_RETURN_NONE;
+}
+
+static char empty_tensor_data[8];
+
+/* 0: `o`'s TF_Tensor in buf (held 2), of a TF element type the kernel reads (int32, int64, float32);
+ * 1: not readable this way (the caller reports it back for conversion). */
+static int get_eager(PyObject *o, Buf *buf) {
+  void *t = eager.resolve(eager.handle(o), eager.status);
+  if (eager.code(eager.status) != 0 || !t) {
+    if (t) eager.delete_tensor(t);
+    return 1;
+  }
+  buf->held = 2;
+  buf->tf_tensor = t;
+  const int dt = eager.dtype(t), nd = eager.num_dims(t);
+  buf->b.itemsize = dt == TF_FLOAT_ || dt == TF_INT32_ ? 4 : dt == TF_INT64_ ? 8 : 0;
+  if (!buf->b.itemsize || nd < 0) return 1;
+  Py_ssize_t n = 1;
+  for (int d = 0; d < nd; d++) {
+    const int64_t k = eager.dim(t, d);
+    if (d < 2) buf->shape[d] = (Py_ssize_t)k;
+    n *= (Py_ssize_t)k;
+  }
+  buf->b.ndim = nd;
+  buf->b.shape = buf->shape;
+  buf->b.len = n * buf->b.itemsize;
+  buf->b.format = dt == TF_FLOAT_ ? "f" : dt == TF_INT32_ ? "i" : "q";
+  buf->b.buf = eager.data(t);
+  if (!buf->b.buf) {
+    if (n) return 1;
+    buf->b.buf = empty_tensor_data;  /* an empty tensor may have no data; the kernel wants a pointer */
+  }
+  return 0;
+}
 
 static int get_buf(PyObject *o, Buf *buf, Py_ssize_t itemsize, const char *name) {
   buf->held = 0;
@@ -48,7 +142,8 @@ static int get_buf(PyObject *o, Buf *buf, Py_ssize_t itemsize, const char *name)
 }
 
 static void release(Buf *buf) {
-  if (buf->held) PyBuffer_Release(&buf->b);
+  if (buf->held == 1) PyBuffer_Release(&buf->b);
+  else if (buf->held == 2) eager.delete_tensor(buf->tf_tensor);
   buf->held = 0;
 }
 
@@ -582,11 +677,39 @@ static void run_job(Job *J) {
   while (__atomic_load_n(&pool_busy, __ATOMIC_SEQ_CST) > 0) sched_yield();
 }
 
+/* eager_tensor_bytes(tensor) -> (dtype name, shape, bytes) as the kernel reads it through TF's C API,
+ * None where it does not (no API registered, not an EagerTensor, another dtype): for the registration's
+ * check and the tests. */
+static PyObject *eager_tensor_bytes(PyObject *self, PyObject *o) {
+  if (!eager.type || Py_TYPE(o) != eager.type) Py_RETURN_NONE;
+  Buf buf;
+  memset(&buf, 0, sizeof(buf));
+  PyObject *result = NULL;
+  if (get_eager(o, &buf)) {
+    release(&buf);
+    Py_RETURN_NONE;
+  }
+  int nd = buf.b.ndim;
+  PyObject *shape = PyTuple_New(nd);
+  if (!shape) goto done;
+  for (int d = 0; d < nd; d++) {
+    PyObject *k = PyLong_FromLongLong(d < 2 ? (long long)buf.shape[d] : (long long)eager.dim(buf.tf_tensor, d));
+    if (!k) { Py_DECREF(shape); goto done; }
+    PyTuple_SET_ITEM(shape, d, k);
+  }
+  const char *name = buf.b.format[0] == 'f' ? "float32" : buf.b.format[0] == 'i' ? "int32" : "int64";
+  result = Py_BuildValue("(sNy#)", name, shape, (const char *)buf.b.buf, buf.b.len);
+done:
+  release(&buf);
+  return result;
+}
+
 /* ------------------------------------------------------------------ entry point */
 
 /* What the kernel reads from a feature's buffers.  Any object with the buffer protocol is taken
- * as it is (numpy arrays, TensorFlow's eager tensors, ...) when it is C-contiguous and of one of
- * these element types; anything else is reported back (status 10) for the caller to convert. */
+ * as it is (numpy arrays, numpy views of TF tensors, ...) when it is C-contiguous and of one of
+ * these element types, and so is a TF eager tensor once TF's C API is registered (get_eager);
+ * anything else is reported back (status 10) for the caller to convert. */
 enum { E_BAD = 0, E_I32, E_I64, E_F32 };
 
 static int elem_type(const Py_buffer *b) {
@@ -607,11 +730,15 @@ static int get_input(PyObject *o, Buf *buf, int want, int *type) {
   buf->held = 0;
   *type = E_BAD;
   if (o == Py_None) return 0;
-  if (PyObject_GetBuffer(o, &buf->b, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) {
-    PyErr_Clear();
-    return 1;
+  if (eager.type && Py_TYPE(o) == eager.type) {
+    if (get_eager(o, buf)) return 1;
+  } else {
+    if (PyObject_GetBuffer(o, &buf->b, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) {
+      PyErr_Clear();
+      return 1;
+    }
+    buf->held = 1;
   }
-  buf->held = 1;
   *type = elem_type(&buf->b);
   if (want == E_F32 ? *type != E_F32 : (*type != E_I32 && *type != E_I64)) return 1;
   return 0;
@@ -924,6 +1051,9 @@ done:
 
 static PyMethodDef methods[] = {
     {"pack_stack", pack_stack, METH_VARARGS, "Pack one stacked table's ids for one chip into SparseCore CSR."},
+    {"set_eager_tensor_api", set_eager_tensor_api, METH_VARARGS,
+     "Read TF eager tensors through TF's C API: (type, function addresses...), or None to stop."},
+    {"eager_tensor_bytes", eager_tensor_bytes, METH_O, "(dtype, shape, bytes) of a TF eager tensor as the kernel reads it."},
     {NULL, NULL, 0, NULL}};
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_csr_native", NULL, -1, methods};
