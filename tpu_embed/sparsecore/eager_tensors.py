@@ -72,14 +72,16 @@ def _loaded_libraries(package_dir: Path) -> List[ctypes.CDLL]:
 
 def _addresses(package_dir: Path) -> Optional[List[int]]:
     libraries = _loaded_libraries(package_dir)
-    found = []
+    found: List[int] = []
     for name in _FUNCTIONS:
         for library in libraries:
             try:
-                found.append(ctypes.cast(getattr(library, name), ctypes.c_void_p).value)
-                break
+                address = ctypes.cast(getattr(library, name), ctypes.c_void_p).value
             except AttributeError:
                 continue
+            if address:
+                found.append(address)
+                break
         else:
             log.debug("TF C API: %s not found in %s", name, package_dir)
             return None
@@ -111,9 +113,9 @@ def read_in_place(eager_type: type) -> bool:
     ok = False
     tf = sys.modules.get("tensorflow")
     kernel = _kernel()
-    if (os.environ.get("TPU_EMBED_TF_C_API", "1") != "0" and tf is not None and kernel is not None
+    if (os.environ.get("TPU_EMBED_TF_C_API", "1") != "0" and getattr(tf, "__file__", None) and kernel is not None
             and eager_type.__name__ == "EagerTensor" and eager_type.__module__.startswith("tensorflow.")):
-        addresses = _addresses(Path(tf.__file__).parent)
+        addresses = _addresses(Path(str(getattr(tf, "__file__"))).parent)
         if addresses is not None:
             kernel.set_eager_tensor_api(eager_type, *addresses)
             try:

@@ -207,7 +207,7 @@ def _weights(weight, kind: str, n: int, path: str) -> np.ndarray:
 
 # Types whose values the kernel reads as they are: numpy arrays (the buffer protocol) and, once TF's C API is
 # registered, TF's eager tensors (`eager_tensors`).
-_READ_IN_PLACE = {np.ndarray}
+_READ_IN_PLACE: set = {np.ndarray}
 
 
 def _host_view_of_type(t: type):
