@@ -112,10 +112,11 @@ def read_in_place(eager_type: type) -> bool:
         return done
     ok = False
     tf = sys.modules.get("tensorflow")
+    tf_file = getattr(tf, "__file__", None)
     kernel = _kernel()
-    if (os.environ.get("TPU_EMBED_TF_C_API", "1") != "0" and getattr(tf, "__file__", None) and kernel is not None
+    if (os.environ.get("TPU_EMBED_TF_C_API", "1") != "0" and tf_file and kernel is not None
             and eager_type.__name__ == "EagerTensor" and eager_type.__module__.startswith("tensorflow.")):
-        addresses = _addresses(Path(str(getattr(tf, "__file__"))).parent)
+        addresses = _addresses(Path(tf_file).parent)
         if addresses is not None:
             kernel.set_eager_tensor_api(eager_type, *addresses)
             try:
