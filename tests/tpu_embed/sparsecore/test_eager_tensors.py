@@ -95,6 +95,24 @@ def test_tf_inputs_pack_alike_read_in_place_and_as_numpy_views(case):
         _same(want, views)
 
 
+def test_tensors_of_other_dtypes_are_converted_and_pack_as_the_reference():
+    """int16 ids and float64 weights (not read in place) go through the checked conversion: the same bytes."""
+    assert _registered()
+    ids = np.array([1, 2, 2, 7, 9, 1, 1, 3])
+    splits = np.array([0, 1, 3, 3, 5, 8, 8, 8, 8])
+    weights = np.linspace(0.25, 2, 8)
+    fc = {"a": F(T("t", 10), [8]), "b": F(T("u", 10), [8])}
+    want = preprocess({"a": ids, "b": RaggedIds(ids, splits)}, fc, Topology(1),
+                      weights={"a": weights.astype(np.float32), "b": RaggedIds(weights.astype(np.float32), splits)},
+                      implementation="reference")
+    got = preprocess({"a": tf.constant(ids.astype(np.int16)),
+                      "b": tf.RaggedTensor.from_row_splits(tf.constant(ids.astype(np.int16)), splits)},
+                     fc, Topology(1), weights={"a": tf.constant(weights),
+                                               "b": tf.RaggedTensor.from_row_splits(tf.constant(weights), splits)},
+                     implementation="native")
+    _same(want, got)
+
+
 def test_without_the_c_api_tensors_go_as_numpy_views_of_their_memory(numpy_views):
     """TPU_EMBED_TF_C_API=0: `native_entries` hands the kernel numpy views of the tensors' host memory, never
     copies; the kernel does not read tensors itself."""

@@ -37,6 +37,7 @@ typedef struct {
   Py_buffer b;
   int held;              /* 0 nothing, 1 a buffer-protocol view (PyBuffer_Release), 2 a TF_Tensor (TF_DeleteTensor) */
   void *tf_tensor;
+  void (*tf_delete)(void *);  /* TF_DeleteTensor of the API that made it (kept if the API is set again meanwhile) */
   Py_ssize_t shape[2];   /* b.shape of a TF_Tensor: its first two dimensions */
 } Buf;
 
@@ -108,6 +109,7 @@ static int get_eager(PyObject *o, Buf *buf) {
   }
   buf->held = 2;
   buf->tf_tensor = t;
+  buf->tf_delete = eager.delete_tensor;
   const int dt = eager.dtype(t), nd = eager.num_dims(t);
   buf->b.itemsize = dt == TF_FLOAT_ || dt == TF_INT32_ ? 4 : dt == TF_INT64_ ? 8 : 0;
   if (!buf->b.itemsize || nd < 0) return 1;
@@ -143,7 +145,7 @@ static int get_buf(PyObject *o, Buf *buf, Py_ssize_t itemsize, const char *name)
 
 static void release(Buf *buf) {
   if (buf->held == 1) PyBuffer_Release(&buf->b);
-  else if (buf->held == 2) eager.delete_tensor(buf->tf_tensor);
+  else if (buf->held == 2) buf->tf_delete(buf->tf_tensor);
   buf->held = 0;
 }
 
