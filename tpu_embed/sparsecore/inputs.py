@@ -205,11 +205,6 @@ def _weights(weight, kind: str, n: int, path: str) -> np.ndarray:
     return w
 
 
-# Types whose values the kernel reads as they are: numpy arrays (the buffer protocol) and, once TF's C API is
-# registered, TF's eager tensors (`eager_tensors`).
-_READ_IN_PLACE: set = {np.ndarray}
-
-
 def _host_view_of_type(t: type):
     """How the kernel gets a buffer of type `t` cheapest: None (as it is), or a function returning a numpy view.
 
@@ -221,7 +216,6 @@ def _host_view_of_type(t: type):
     if not t.__module__.startswith("tensorflow."):
         return None
     if read_in_place(t):
-        _READ_IN_PLACE.add(t)
         return None
     view = getattr(t, "_numpy_internal", None)
     return view if callable(view) else None
@@ -244,7 +238,6 @@ def forget_learnt_types() -> None:
     forget_eager_tensors()
     _VIEW_OF_TYPE.clear()
     _VIEW_OF_TYPE[np.ndarray] = None
-    _READ_IN_PLACE.intersection_update({np.ndarray})
     _HANDOVER_OF_TYPE.clear()
     _PLANS.clear()
 
@@ -265,8 +258,9 @@ def native_entries(inputs, weights, positions) -> List[Optional[tuple]]:
     native packer takes: (rows | None, ids, weights | None, row_splits | None), nothing copied.
 
     The buffers go to the kernel as the caller passed them (numpy arrays, TF
-    eager tensors as numpy views of their memory: anything with the buffer
-    protocol); the kernel reads int32/int64 ids, rows and row_splits and
+    eager tensors themselves where the kernel reads them through TF's C API,
+    else numpy views of their memory: anything with the buffer protocol);
+    the kernel reads int32/int64 ids, rows and row_splits and
     float32 weights, and checks every id, weight, row and length.  What it
     cannot read as it is, or rejects, is then normalised by `to_feature_ids`,
     which converts it or raises the error naming the feature.  An entry is
@@ -362,7 +356,8 @@ def _handover_of_type(t: type, value: Any) -> Optional[Handover]:
         get = operator.attrgetter(private if same else public)
         buffer_type = type(get(value))
         view = _VIEW_OF_TYPE[buffer_type]
-        if view is None and buffer_type not in _READ_IN_PLACE and t.__module__.startswith("tensorflow."):
+        if (view is None and t.__module__.startswith("tensorflow.") and buffer_type is not np.ndarray
+                and not read_in_place(buffer_type)):
             return None
         buffers.append(_buffers_of(get, view))
     a, b = buffers
