@@ -183,8 +183,10 @@ def _add_remap(sub) -> None:
                     help="the new checkpoint's prefix (writes CKPT2.index and CKPT2.data-00000-of-00001)")
     sp.add_argument("--prefix", default=None, metavar="P",
                     help="the embedding's path in the checkpoint, e.g. `embedding` (default: found)")
-    sp.add_argument("--seed", type=int, default=0,
-                    help="seeds the initializer of new tokens' rows (TF's TableConfig default, a truncated normal)")
+    sp.add_argument("--seed", type=int, default=None,
+                    help="seeds the initializer of new tokens' rows (TF's TableConfig default, a truncated normal) "
+                         "with the table's name (default: artifact B's fingerprint does, so a re-run gives the same "
+                         "bytes and another day other values)")
     sp.add_argument("--chunk-rows", type=int, default=None, metavar="N",
                     help="rows moved at a time (default 131072): memory follows it, not the table")
     sp.add_argument("--overwrite", action="store_true", help="replace an existing checkpoint at --output")

@@ -64,3 +64,22 @@ def test_mistakes_are_one_line(setup, capsys, tmp_path, case, message):
     code = main(["remap", "--from", frm, "--to", to, "--checkpoint", path, "--output", out] + extra)
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 1 and err[0].startswith("tpu-embed remap: ") and message in err[0], err
+
+
+def test_new_rows_are_seeded_by_artifact_b_unless_seed_is_given(setup, capsys, tmp_path):
+    """Without --seed the summary names artifact B's fingerprint and a re-run writes the same bytes;
+    --seed N writes other values, the same on every run."""
+    d, a, b, path, _ = setup
+
+    def run(name, *extra):
+        out = str(tmp_path / name / "ckpt-0")
+        assert main(["remap", "--from", a, "--to", b, "--checkpoint", path, "--output", out, *extra]) == 0
+        printed = capsys.readouterr().out
+        return printed, [open(out + s, "rb").read() for s in (".index", ".data-00000-of-00001")]
+
+    printed, first = run("first")
+    assert "new rows of default-initialized tables: seeded by artifact B's fingerprint" in printed
+    assert run("again")[1] == first
+    printed, seeded = run("seeded", "--seed", "5")
+    assert "seeded by seed 5 and the table" in printed
+    assert seeded != first and run("seeded-again", "--seed", "5")[1] == seeded

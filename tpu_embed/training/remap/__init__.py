@@ -12,6 +12,17 @@ they are, and a table shared by several features is moved once.  Every other var
 checkpoint (the dense model, its optimizer, counters) is copied byte for byte, so the output restores
 into the same objects built on artifact B (`tf.train.Checkpoint(...).restore(output)`).
 
+New rows' initial values.  Without `initializers`, a new row takes TF's `TableConfig` default (a
+truncated normal, stddev 1/sqrt(dim)) drawn from a generator seeded by *artifact B's fingerprint and
+the table's name* (`artifact_seed`: a sha256 over B's spec fingerprint, vocabulary sizes and the path
+and sha256 of every vocabulary and token-count file its manifest lists).  So a re-run of the same
+remap writes the same bytes, while two days' remaps (other vocabularies) draw other values: one
+fixed seed would give the first new rows of every day's remap the same values in the same order.  The
+fingerprint covers what B's row ids mean and nothing else: re-sharding B, or rewriting its manifest
+for another reason (a transform output added), does not change it.  An explicit `seed=`
+(`tpu-embed remap --seed N`) replaces the fingerprint: the values then follow that seed and the
+table alone, the same for every target artifact.
+
 The checkpoint may be a `HostEmbedding`'s or a per-table `TPUEmbeddingForServing` /
 `TPUEmbeddingV2` one (the form TF reshards onto SparseCores on restore); tables move in row chunks
 through spill files, so memory follows `chunk_rows`, not the table.  The parts:
@@ -23,16 +34,20 @@ through spill files, so memory follows `chunk_rows`, not the table.  The parts:
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import json
 import os
 import re
 from typing import Any, Callable, Dict, Mapping, Optional, Tuple
 
 from tpu_embed.artifact import io as tio
+from tpu_embed.artifact.load import Artifact
 from tpu_embed.training.remap import checkpoint as ckpt
 from tpu_embed.training.remap.bundle import BundleError, BundleReader, BundleWriter
 from tpu_embed.training.remap.plan import RemapError, TablePlan, load, table_plans
 
-__all__ = ["remap", "RemapReport", "TableReport", "RemapError", "TablePlan", "table_plans", "resolve_checkpoint"]
+__all__ = ["remap", "RemapReport", "TableReport", "RemapError", "TablePlan", "table_plans", "resolve_checkpoint",
+           "artifact_seed"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,6 +75,7 @@ class RemapReport:
     tables: Dict[str, TableReport]
     absent: Tuple[str, ...]  # tensor-core tables the checkpoint does not hold (nothing to move)
     other_variables: int  # copied as they are
+    seed: str = ""  # what seeded the default initializer: "artifact:<sha256>" (B's fingerprint) or the seed given
 
     def summary(self) -> str:
         lines = [f"remapped {self.checkpoint} -> {self.output} ({self.layout} at {self.prefix!r}; "
@@ -72,6 +88,10 @@ class RemapReport:
         widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
         lines += ["  " + "  ".join(c.ljust(w) if i in (0, 1, 8) else c.rjust(w)
                                    for i, (c, w) in enumerate(zip(r, widths))).rstrip() for r in rows]
+        if self.seed:
+            by = f"artifact B's fingerprint {self.seed[9:21]}" if self.seed.startswith("artifact:") else \
+                f"seed {self.seed}"
+            lines.append(f"new rows of default-initialized tables: seeded by {by} and the table")
         if self.absent:
             lines.append(f"not in the checkpoint (tensor-core tables, nothing to move): {', '.join(self.absent)}")
         return "\n".join(lines)
@@ -94,6 +114,22 @@ def resolve_checkpoint(path: str) -> str:
                      "tf.train.Checkpoint.save returned (e.g. DIR/ckpt-3) or the directory it saved into.")
 
 
+def artifact_seed(artifact: Artifact) -> str:
+    """The default seed of new rows when remapping onto `artifact`: "artifact:" + a sha256 over its spec
+    fingerprint, its vocabulary sizes and the (path, sha256) of every vocabulary and token-count file its
+    manifest lists (the sha256s `load` checks against the files).
+
+    Those are what the artifact's row ids mean: another day's vocabularies give another seed, a re-run of
+    the jobs on the same data (or a re-shard) the same one.
+    """
+    m = artifact.manifest
+    files = sorted((f.kind, f.path, f.sha256) for f in m.files if f.kind in ("vocabulary", "token_counts"))
+    what = {"spec_fingerprint": m.spec_fingerprint, "vocabulary_sizes": dict(sorted(m.vocabulary_sizes.items())),
+            "files": files}
+    text = json.dumps(what, sort_keys=True, separators=(",", ":"))
+    return "artifact:" + hashlib.sha256(b"tpu_embed.remap.seed/1\n" + text.encode("utf-8")).hexdigest()
+
+
 def _slot_values(spec, table: str, vocab_sizes: Mapping[str, int]) -> Dict[str, float]:
     opt = spec.table_config(table, vocab_sizes).optimizer
     if opt is None:
@@ -109,7 +145,7 @@ def _slot_values(spec, table: str, vocab_sizes: Mapping[str, int]) -> Dict[str, 
 
 
 def remap(from_artifact: str, to_artifact: str, checkpoint: str, output: str, *, prefix: Optional[str] = None,
-          layout: Optional[str] = None, seed: int = 0, initializers: Optional[Mapping[str, Any]] = None,
+          layout: Optional[str] = None, seed: Optional[int] = None, initializers: Optional[Mapping[str, Any]] = None,
           chunk_rows: int = ckpt.DEFAULT_CHUNK_ROWS, overwrite: bool = False, spill_dir: Optional[str] = None,
           progress: Optional[Callable[[int, int], None]] = None) -> RemapReport:
     """Write `output`, the checkpoint `checkpoint` (trained on artifact `from_artifact`'s ids) with its tables
@@ -123,7 +159,10 @@ def remap(from_artifact: str, to_artifact: str, checkpoint: str, output: str, *,
       output: the new checkpoint's prefix (writes `output.index` and `output.data-00000-of-00001`).
       prefix, layout: where the embedding's variables are ("host_embedding": `HostEmbedding`, or
         "tpu_embedding": per-table `TPUEmbeddingForServing` / `TPUEmbeddingV2`), found when not given.
-      seed: seeds the default initializer of new rows (TF's TableConfig default, a truncated normal).
+      seed: seeds the default initializer of new rows (TF's TableConfig default, a truncated normal)
+        together with the table's name. None (default): artifact B's fingerprint (`artifact_seed(B)`) does,
+        so a re-run gives the same bytes and another day's remap other values; an int gives the same
+        values for that seed and table whatever the artifacts.
       initializers: `{table: number or fn(shape, dtype)}` for new rows instead of the default.
       chunk_rows: rows per chunk; memory is a few chunks of the widest table, plus two int64 per row
         of the table being moved.
@@ -139,6 +178,7 @@ def remap(from_artifact: str, to_artifact: str, checkpoint: str, output: str, *,
         raise ValueError(f"chunk_rows must be >= 1, got {chunk_rows}.")
     a, b = load(from_artifact), load(to_artifact)
     plans = table_plans(a, b)
+    used_seed: ckpt.Seed = artifact_seed(b) if seed is None else int(seed)
     source = resolve_checkpoint(checkpoint)
     if not tio.is_url(output) and os.path.isdir(output):
         raise RemapError(f"--output {output} is a directory; pass a checkpoint prefix in it, e.g. {output}/ckpt-0.")
@@ -178,7 +218,7 @@ def remap(from_artifact: str, to_artifact: str, checkpoint: str, output: str, *,
 
         writer = BundleWriter(output)
         try:
-            ckpt.remap_checkpoint(reader, writer, located, moved, tables, seed=seed, chunk_rows=chunk_rows,
+            ckpt.remap_checkpoint(reader, writer, located, moved, tables, seed=used_seed, chunk_rows=chunk_rows,
                                   spill_dir=spill_dir, progress=tick)
             writer.finish(reader.header)
         except BaseException:
@@ -191,4 +231,6 @@ def remap(from_artifact: str, to_artifact: str, checkpoint: str, output: str, *,
         p = plans[name]
         reports[name] = TableReport(name, p.kind, p.rows_a, p.rows_b, p.kept_tokens, p.new, p.dropped,
                                     p.num_oov_buckets, tuple(sorted(tv.slots)), p.identity)
-    return RemapReport(source, output, located.layout, located.prefix, reports, located.absent, others)
+    defaulted = any(plans[n].new and not plans[n].identity and tables[n].initializer is None for n in moved)
+    return RemapReport(source, output, located.layout, located.prefix, reports, located.absent, others,
+                       str(used_seed) if defaulted else "")

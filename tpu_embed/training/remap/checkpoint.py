@@ -23,10 +23,13 @@ vocabularies did to the order.  An identity plan copies the tensor's bytes as th
 
 New rows of a table take the table's initializer.  The default is TensorFlow's `TableConfig`
 default, a truncated normal (mean 0, stddev 1/sqrt(dim), redrawn beyond 2 stddev), drawn with
-numpy's Philox generator seeded by (`seed`, table, block of 65536 B rows): a row's value depends on
-the seed, the table and the new rows of its block, not on `chunk_rows`.  A number is a constant; a
-callable `fn(shape, dtype)` (e.g. a `tf.keras.initializers` object) is called per chunk with the
-chunk's new rows' shape.
+numpy's Philox generator keyed by sha256(`seed`, table, block of 65536 B rows): a row's value depends
+on the seed, the table and the new rows of its block, not on `chunk_rows`.  `seed` is an int (an
+explicit `seed=` / `--seed`) or a string; `remap` passes, when no seed is given, the target
+artifact's fingerprint (`tpu_embed.training.remap.artifact_seed`), so two days' remaps draw other
+values and a re-run of one remap the same bytes.  A number is a constant; a callable
+`fn(shape, dtype)` (e.g. a `tf.keras.initializers` object) is called per chunk with the chunk's new
+rows' shape.
 """
 
 from __future__ import annotations
@@ -37,7 +40,7 @@ import hashlib
 import math
 import os
 import tempfile
-from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Tuple, Union
 
 import google_crc32c
 import numpy as np
@@ -188,11 +191,16 @@ def _truncated_normal(rng: np.random.Generator, shape: Tuple[int, int]) -> np.nd
     return x
 
 
-def _block_key(seed: int, table: str, block: int) -> int:
-    return int.from_bytes(hashlib.sha256(f"{int(seed)}/{table}/{block}".encode()).digest()[:16], "little")
+Seed = Union[int, str]  # an explicit seed, or a string such as artifact_seed's "artifact:<sha256>"
 
 
-def default_values(plan: TablePlan, seed: int) -> Callable[[int, int], Tuple[np.ndarray, np.ndarray]]:
+def _block_key(seed: Seed, table: str, block: int) -> int:
+    # An int seed keys as its decimal digits, a string as itself: "artifact:..." never equals a number's key.
+    text = f"{int(seed)}" if isinstance(seed, (int, np.integer)) else str(seed)
+    return int.from_bytes(hashlib.sha256(f"{text}/{table}/{block}".encode()).digest()[:16], "little")
+
+
+def default_values(plan: TablePlan, seed: Seed) -> Callable[[int, int], Tuple[np.ndarray, np.ndarray]]:
     """(new B rows in [r0, r1), their float64 values): TF's TableConfig default initializer, seeded per block."""
     stddev = 1.0 / math.sqrt(plan.dim)
 
@@ -304,7 +312,7 @@ class TableSlots:
 
 
 def remap_checkpoint(reader: BundleReader, writer: BundleWriter, located: Located, plans: Mapping[str, TablePlan],
-                     tables: Mapping[str, TableSlots], *, seed: int = 0, chunk_rows: int = DEFAULT_CHUNK_ROWS,
+                     tables: Mapping[str, TableSlots], *, seed: Seed = 0, chunk_rows: int = DEFAULT_CHUNK_ROWS,
                      spill_dir: Optional[str] = None, progress: Optional[Callable[[int], None]] = None) -> None:
     """Every variable of `reader` into `writer`: the located tables' parameters and slots remapped, the rest copied."""
     tick = progress or (lambda n: None)
