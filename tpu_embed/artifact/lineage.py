@@ -41,6 +41,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from tpu_embed.artifact import io as tio
+from tpu_embed.artifact import verify
 from tpu_embed.artifact.load import load_spec_of
 from tpu_embed.artifact.manifest import Manifest, ManifestError, read_manifest
 from tpu_embed.core.canonical import fingerprint as _fingerprint
@@ -55,6 +56,17 @@ LINEAGE_ID_CHARS = 32
 
 class LineageError(ManifestError):
     """A base artifact that this run cannot continue, or artifacts of different lineages; one line with the fix."""
+
+
+# The files of a base that a run reads or relies on, checked against the base's manifest before a job runs
+# (`check_base_files`): its vocabulary and token-count files always (the new day's ids continue them, and a
+# serving model of the base's day maps with them); its transform output and its profile where they are there
+# (the run takes its graph from the one and merges the other; without them it builds the graph and leaves the
+# profile unmerged, as the manifest then says).
+BASE_KINDS = ("vocabulary", COUNTS_KIND)
+BASE_KINDS_WHERE_PRESENT = ("transform_output", "profile")
+_BASE_FIX = ("A base must be as its day's run wrote it: restore it from a copy, or re-make that day (its "
+             "`tpu-embed run` with --overwrite) and pass it again.")
 
 
 def counts_filename(key: str) -> str:
@@ -189,7 +201,8 @@ class BaseArtifact:
 
 def open_base(directory: str, spec, output: Optional[str] = None) -> BaseArtifact:
     """The base artifact of a run of `spec`, refused in one line (LineageError) when this run cannot continue
-    it: no manifest, made with mode rebuild (no lineage), another set of features / tables / OOV buckets,
+    it: no manifest, made with mode rebuild (no lineage), a file it relies on missing or not as its manifest
+    lists it (`check_base_files`), another set of features / tables / OOV buckets,
     vocabulary keys of mode append or frozen that were not append or frozen there, a capacity below its
     tokens, or the run's own output directory."""
     if output is not None and tio.join(directory, "") == tio.join(output, ""):
@@ -203,6 +216,7 @@ def open_base(directory: str, spec, output: Optional[str] = None) -> BaseArtifac
         raise LineageError(f"--base {directory} has no lineage: its vocabularies were made with mode rebuild (or "
                            "it has none). Make the first day with mode: append (and the capacity you want), then "
                            "pass that artifact as --base.")
+    check_base_files(directory, m)
     base_spec = _base_spec_dict(directory, m)
     ours, theirs = _signature(spec.to_dict()), _signature(base_spec)
     if ours != theirs:
@@ -221,6 +235,29 @@ def open_base(directory: str, spec, output: Optional[str] = None) -> BaseArtifac
                                f"{directory}: append keeps every base token. Raise capacity to at least "
                                f"{info.tokens}.")
     return BaseArtifact(directory, m)
+
+
+def check_base_files(directory: str, m: Manifest) -> None:
+    """The base's files of `BASE_KINDS` (and those of `BASE_KINDS_WHERE_PRESENT` that are there), each checked
+    against the sha256 and size its manifest lists, as training checks an artifact's
+    (`tpu_embed.artifact.verify.check_file`); LineageError in one line naming the file otherwise (its cause the
+    `ArtifactDamagedError`). A profile outside the base's directory (an absolute or shared profile directory,
+    which later runs may write) is left to the profile job, which merges it only where it fits."""
+    for entry in m.files:
+        if entry.kind in BASE_KINDS_WHERE_PRESENT:
+            if entry.kind == "profile" and (tio.is_absolute(entry.path) or entry.path.startswith("..")):
+                continue
+            if not tio.exists(verify.path_of(directory, entry)):
+                continue
+        elif entry.kind not in BASE_KINDS:
+            continue
+        try:
+            verify.check_file(directory, entry, "sha256")
+        except verify.ArtifactDamagedError as e:
+            said = str(e)
+            if said.endswith(verify._FIX):  # the fix for an artifact a run writes; a base's is another
+                said = said[:-len(verify._FIX)].rstrip()
+            raise LineageError(f"--base {directory} is damaged: {said} {_BASE_FIX}") from e
 
 
 def _base_spec_dict(directory: str, m: Manifest) -> dict:
