@@ -391,7 +391,18 @@ def _check_header(data: Any, source: str) -> None:
 
 
 def parse_manifest(raw: bytes, source: str) -> Manifest:
-    """Decode manifest.json bytes (ManifestError on bad UTF-8, bad/truncated JSON, wrong kind or schema)."""
+    """Decode manifest.json bytes.
+
+    Args:
+      raw: the file's bytes.
+      source: where they were read, for messages.
+
+    Returns:
+      The `Manifest`.
+
+    Raises:
+      ManifestError: bad UTF-8, empty, bad or truncated JSON, a foreign kind or an unknown schema version.
+    """
     fix = "Regenerate it: re-run `tpu-embed run` (or vocab/shard) with this --output."
     try:
         text = raw.decode("utf-8")
@@ -411,7 +422,18 @@ def parse_manifest(raw: bytes, source: str) -> Manifest:
 
 
 def read_manifest(artifact_dir: str) -> Manifest:
-    """The manifest of an artifact directory (local path or gs://...): the one place it is read."""
+    """The manifest of an artifact directory: the one place it is read.
+
+    Args:
+      artifact_dir: the artifact directory (local path or object-store URL such as gs://...).
+
+    Returns:
+      The `Manifest`.
+
+    Raises:
+      ManifestNotFoundError: the directory has no manifest.json.
+      ManifestError: manifest.json is a directory or cannot be decoded (see `parse_manifest`).
+    """
     path = manifest_path(artifact_dir)
     try:
         raw = tio.read_bytes(path)

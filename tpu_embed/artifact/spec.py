@@ -853,7 +853,18 @@ def _validate(model: Any, data: Any, prefix: str = "") -> Any:
 
 
 def load_spec(path: str) -> Spec:
-    """Read and validate a YAML spec file. Relative input patterns resolve against its directory."""
+    """Read and validate a YAML spec file. Relative input patterns resolve against its directory.
+
+    Args:
+      path: the spec file (local path or object-store URL).
+
+    Returns:
+      The validated `Spec`.
+
+    Raises:
+      SpecError: the file is missing, not valid YAML, or not a valid spec; the message names the
+        key and the fix.
+    """
     try:
         raw = yaml.safe_load(tio.read_text(path))
     except FileNotFoundError:
@@ -865,7 +876,19 @@ def load_spec(path: str) -> Spec:
 
 
 def parse_spec(raw: Any, base_dir: str = ".", source_path: Optional[str] = None) -> Spec:
-    """Validate a spec given as a dict (the parsed YAML)."""
+    """Validate a spec given as a dict (the parsed YAML).
+
+    Args:
+      raw: the spec as a mapping.
+      base_dir: the directory relative input patterns resolve against.
+      source_path: the file the spec came from, for messages.
+
+    Returns:
+      The validated `Spec`.
+
+    Raises:
+      SpecError: not a valid spec; the message names the key and the fix.
+    """
     if not isinstance(raw, Mapping):
         raise SpecError("<root>", f"the spec must be a mapping, got {type(raw).__name__}.",
                         "see docs/reference/spec.md for the layout.")

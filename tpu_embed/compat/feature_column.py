@@ -425,7 +425,7 @@ def embedding_column(categorical_column,
         non-sequence column).
       initializer: callable; default `tf.compat.v1.truncated_normal_initializer`
         with mean 0 and stddev `1/sqrt(dimension)`.
-      max_sequence_length: > 0 for sequence columns, 0 otherwise.
+      max_sequence_length: `> 0` for sequence columns, 0 otherwise.
       learning_rate_fn: `fn(global_step) -> learning rate` for this table.
       embedding_lookup_device: None, 'cpu', 'tpu_tensor_core' or
         'tpu_embedding_core'. 'tpu_tensor_core' needs `tensor_core_shape` and
@@ -481,14 +481,32 @@ def shared_embedding_columns(categorical_columns,
 
     Same signature, defaults and errors as TF 2.x's
     `tf.compat.v1.tpu.experimental.shared_embedding_columns`. All columns
-    share one table, named `shared_embedding_collection_name` or, by default,
-    the sorted categorical column names joined by '_' plus
-    '_shared_embedding'. `max_sequence_lengths` is None/empty or one entry
-    per column (0 for non-sequence columns, > 0 for sequence ones). All
-    columns must have the same number of buckets.
+    share one table. All columns must have the same number of buckets.
+
+    Args:
+      categorical_columns: the columns sharing the table, of the kinds `embedding_column` takes.
+      dimension: embedding width, `> 0`.
+      combiner: 'mean', 'sqrtn' or 'sum' (reduces a multivalent row of a
+        non-sequence column).
+      initializer: callable; default `tf.compat.v1.truncated_normal_initializer`
+        with mean 0 and stddev `1/sqrt(dimension)`.
+      shared_embedding_collection_name: the table's name; default: the sorted categorical
+        column names joined by '_' plus '_shared_embedding'.
+      max_sequence_lengths: None/empty, or one entry per column (0 for non-sequence
+        columns, `> 0` for sequence ones).
+      learning_rate_fn: `fn(global_step) -> learning rate` for the table.
+      embedding_lookup_device: as for `embedding_column`.
+      tensor_core_shape: as for `embedding_column`.
+      use_safe_embedding_lookup: use `safe_embedding_lookup_sparse` on CPU.
 
     Returns:
       A list of `TPUSharedEmbeddingColumn`, in the order of `categorical_columns`.
+
+    Raises:
+      TypeError: a column is not one of the supported kinds.
+      ValueError: no columns, `max_sequence_lengths` not one per column, `dimension` not `> 0`,
+        `initializer` not callable, columns with different numbers of buckets, or an invalid
+        `combiner`, `embedding_lookup_device` or `tensor_core_shape`.
     """
     categorical_columns = list(categorical_columns)
     for categorical_column in categorical_columns:

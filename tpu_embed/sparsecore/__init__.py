@@ -126,8 +126,28 @@ def preprocess_with_layout(
 ) -> Dict[str, CsrBatch]:
     """`preprocess` for a precomputed layout (the shard job stacks once, packs many batches).
 
-    `features` may also be `{path: FeatureIds}` already made by `feature_ids_for` /
-    `split_global_batch` (the shard job's batches)."""
+    Args:
+      features: as for `preprocess`, or `{path: FeatureIds}` already made by `feature_ids_for` /
+        `split_global_batch` (the shard job's batches).
+      layout: the `SparseCoreLayout` of `stack_tables` / `layout_of`.
+      weights: as for `preprocess`.
+      max_ids_per_chip_per_sample: TF's `SparseCoreEmbeddingConfig` limit of the same name.
+      max_ids_per_table: `{stacked table name: max ids per SparseCore partition}`; missing
+        stacks get TF's 256.
+      max_unique_ids_per_table: `{stacked table name: max unique ids per partition}`; missing
+        stacks get TF's 256.
+      allow_id_dropping: drop the ids that do not fit the id buffer (counted in
+        `CsrBatch.dropped_ids`) instead of raising.
+      implementation: "auto" (the C kernel when it was built, else numpy), "native", "numpy" or
+        "reference"; all give the same bytes.
+
+    Returns:
+      `{stacked table name: CsrBatch}`.
+
+    Raises:
+      ValueError: an unknown `implementation`, or features that do not match the layout.
+      LimitExceededError: a batch over the limits (without `allow_id_dropping`).
+    """
     if implementation not in IMPLEMENTATIONS:
         raise ValueError(f"implementation must be one of {IMPLEMENTATIONS}, got {implementation!r}")
     limits = stack_limits_remembered(layout, max_ids_per_table, max_unique_ids_per_table,
@@ -169,14 +189,33 @@ def preprocess(
 ) -> Dict[str, CsrBatch]:
     """One chip's batch -> `{stacked_table_name: CsrBatch}`, as `TPUEmbeddingV2.enqueue` computes it.
 
-    `features` has the nested structure of `feature_config` with, per feature,
-    a dense tensor/array (one id per sample), a `tf.SparseTensor` /
-    `SparseIds`, or a `tf.RaggedTensor` / `RaggedIds`; `weights` likewise
-    (or None).  Limits are keyed by stacked table name (see `stack_tables`);
-    missing entries default to TF's 256.  Over-limit batches raise
-    `LimitExceededError` naming the stack and the fix; with
-    `allow_id_dropping=True` ids that do not fit the id buffer are dropped and
-    counted in `CsrBatch.dropped_ids`.
+    Limits are keyed by stacked table name (see `stack_tables`).
+
+    Args:
+      features: the nested structure of `feature_config` with, per feature, a dense
+        tensor/array (one id per sample), a `tf.SparseTensor` / `SparseIds`, or a
+        `tf.RaggedTensor` / `RaggedIds`.
+      feature_config: a `tpu_embed.core.model.ModelConfig`, or the nested TF `FeatureConfig`s
+        (per-chip `output_shape`s).
+      topology: the `Topology` the batch is packed for.
+      weights: like `features`, or None (every weight 1).
+      max_ids_per_chip_per_sample: TF's `SparseCoreEmbeddingConfig` limit of the same name.
+      max_ids_per_table: `{stacked table name: max ids per SparseCore partition}`; missing
+        stacks get TF's 256.
+      max_unique_ids_per_table: `{stacked table name: max unique ids per partition}`; missing
+        stacks get TF's 256.
+      allow_id_dropping: drop the ids that do not fit the id buffer (counted in
+        `CsrBatch.dropped_ids`) instead of raising.
+      implementation: "auto" (the C kernel when it was built, else numpy), "native", "numpy" or
+        "reference"; all give the same bytes.
+
+    Returns:
+      `{stacked table name: CsrBatch}`.
+
+    Raises:
+      ValueError: features that do not match `feature_config`, or ids out of range.
+      LimitExceededError: a batch over the limits (without `allow_id_dropping`), naming the stack
+        and the fix.
     """
     layout = layout_for(feature_config, topology)
     return preprocess_with_layout(

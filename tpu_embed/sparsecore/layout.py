@@ -148,12 +148,29 @@ def stack_tables(
 ) -> SparseCoreLayout:
     """Stack the tables of a model for its topology, as TPUEmbeddingV2 does.
 
-    `feature_config` is a `tpu_embed.core.model.ModelConfig` (which carries its
-    topology), or the nested structure of `tf.tpu.experimental.embedding.
-    FeatureConfig` that TPUEmbeddingV2 takes together with `topology`
-    (converted by `tpu_embed.core.model.from_tf_feature_config`).  Features need a
-    per-chip `output_shape`, e.g. `[batch // chips]`: SparseCore preprocessing
-    is per chip.
+    Features need a per-chip `output_shape`, e.g. `[batch // chips]`: SparseCore
+    preprocessing is per chip.
+
+    Args:
+      feature_config: a `tpu_embed.core.model.ModelConfig` (which carries its
+        topology), or the nested structure of `tf.tpu.experimental.embedding.FeatureConfig`
+        that TPUEmbeddingV2 takes (converted by `tpu_embed.core.model.from_tf_feature_config`).
+      topology: the `Topology`; required with TF feature configs.
+      disable_table_stacking: one stack per table, as TF's option of the same name.
+      activation_mem_limit_bytes: a table joins a stack only while the stack's activations per
+        SparseCore stay below this (TF's 2 MiB); 0: no limit.
+      variable_shard_limit_bytes: likewise for the stack's variable shard per chip (TF's 2 GiB).
+      tf_first_feature_only: count only the first feature's samples in the activation check, as
+        TF 2.20/2.21 does (see the module docstring); for conformance tests.
+
+    Returns:
+      The `SparseCoreLayout`: stacks, table placements (row offsets, rotations) and feature
+      placements (sample offsets).
+
+    Raises:
+      ValueError: a feature config with no features or a feature without a fully defined
+        positive `output_shape`.
+      TypeError: a `topology` that is not a `Topology`, or a feature that is not a FeatureConfig.
     """
     model = from_tf_feature_config(feature_config, topology)
     topology = model.topology

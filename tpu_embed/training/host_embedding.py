@@ -164,6 +164,12 @@ class HostEmbedding(tf.Module):
         semantics, every option honoured) or "tf221_sparsecore" (what TF
         2.21's TPUEmbeddingV2 passes to the SparseCore kernels); see
         `tpu_embed.training.host_optimizers`.
+      name: the `tf.Module`'s name.
+
+    Raises:
+      ValueError: tensor-core features with a TF feature-config nest, a feature both tensor-core
+        and SparseCore, a table configured twice differently, an optimizer option the semantics
+        do not support, or an unknown `optimizer_semantics`.
     """
 
     def __init__(self, feature_config: Any, *, topology: Optional[Topology] = None, optimizer: Any = None,
@@ -215,6 +221,14 @@ class HostEmbedding(tf.Module):
 
         The model is `Spec.model(vocab_sizes)` (checked against the layout the
         shard job recorded), plus the spec's tensor-core features.
+
+        Args:
+          artifact_dir: the artifact directory (local path or object-store URL).
+          **kwargs: the other arguments of `HostEmbedding` (`optimizer`, `seed`, ...);
+            `pipeline_execution_with_tensor_core` defaults to the spec's.
+
+        Returns:
+          A `HostEmbedding` for the artifact's model (tables not built yet).
         """
         artifact = load_artifact(artifact_dir)
         spec, sizes = artifact.spec, artifact.manifest.vocabulary_sizes
@@ -227,14 +241,17 @@ class HostEmbedding(tf.Module):
 
     @property
     def model(self) -> ModelConfig:
+        """The SparseCore model: tables, features and topology."""
         return self._config.model
 
     @property
     def layout(self) -> SparseCoreLayout:
+        """The model's SparseCore layout: how TPUEmbeddingV2 stacks its tables (`tpu_embed.sparsecore.stack_tables`)."""
         return self._config.index.layout
 
     @property
     def tensor_core_features(self) -> Dict[str, FeatureConfig]:
+        """{feature name: FeatureConfig} of the features looked up densely (not on SparseCore)."""
         return dict(self._config.tc_features)
 
     @property
@@ -288,8 +305,17 @@ class HostEmbedding(tf.Module):
     # -- lookups -------------------------------------------------------------------
 
     def prepare(self, chips: Any, tensor_core: Any = None) -> StepLookup:
-        """The numpy index of a step: `HostIndex.prepare` (`tpu_embed.training.host_index`), which says what
-        `chips` and `tensor_core` may be."""
+        """The numpy index of a step: (output row, table row, gain) of every meaningful id.
+
+        Args:
+          chips: one step's per-chip CSR in global chip order (a list of `{stack: buffers}`:
+            a record's `["sparse_core"]` or `CsrBatch`es), or an `input_fn` element, or a list of
+            records of all hosts in host order (see `HostIndex.prepare` in `tpu_embed.training.host_index`).
+          tensor_core: the tensor-core features' ids; default: the record's, when `chips` is a record.
+
+        Returns:
+          The step's `StepLookup`, what `lookup`, `dequeue` and `apply_gradients` take.
+        """
         return self._config.index.prepare(chips, tensor_core)
 
     def lookup(self, step: Any, tensor_core: Any = None) -> Any:
@@ -298,6 +324,14 @@ class HostEmbedding(tf.Module):
         One compiled call per step (a `tf.function` per feature structure, traced once): per table,
         `unsorted_segment_sum(gather(table, ids) * gains, rows)` over its features' entries, split
         into the features' activations.
+
+        Args:
+          step: a `StepLookup` from `prepare`, or anything `prepare` takes.
+          tensor_core: as for `prepare`.
+
+        Returns:
+          The activations, `[batch, dim]` (or `[batch, L, dim]` for sequence features) per feature,
+          nested like the feature config (a `{feature: tensor}` dict for a `ModelConfig`).
         """
         self.build()
         if not isinstance(step, StepLookup):
@@ -309,7 +343,16 @@ class HostEmbedding(tf.Module):
         return self._pack({name: by_name[name] for name in step.features})
 
     def dequeue(self, chips: Any, tensor_core: Any = None) -> Tuple[Any, StepLookup]:
-        """(activations, preserved_outputs), as `TPUEmbeddingV2.dequeue` returns them."""
+        """The step's activations and lookups, as `TPUEmbeddingV2.dequeue` returns them. Also `emb(record)`.
+
+        Args:
+          chips: an `input_fn` element (or anything `prepare` takes), or its `StepLookup`.
+          tensor_core: as for `prepare`.
+
+        Returns:
+          `(activations, preserved_outputs)`: the activations as `lookup` returns them, and the
+          step's `StepLookup`, to pass to `apply_gradients`.
+        """
         step = chips if isinstance(chips, StepLookup) else self.prepare(chips, tensor_core)
         self._state.last_step = step
         return self.lookup(step), step
@@ -324,6 +367,16 @@ class HostEmbedding(tf.Module):
         with a spare core the index costs no step time.  Elements are taken
         from `steps` on the calling thread (a `tf.data` iterator stays
         there); an error of `prepare` is raised where its step is yielded.
+
+        Args:
+          steps: the steps, e.g. `tpu_embed.input_fn(artifact_dir)`.
+          depth: how many steps are prepared ahead of the one being trained on.
+
+        Yields:
+          `(step, prepared)`: every element of `steps` with its `StepLookup`.
+
+        Raises:
+          ValueError: `depth` below 1.
         """
         if depth < 1:
             raise ValueError(f"depth must be >= 1, got {depth}.")
@@ -349,20 +402,19 @@ class HostEmbedding(tf.Module):
         `StepLookup` from `prepare_ahead`) is the eager loop of the module
         docstring in one `tf.function`:
 
-            activations, preserved = emb.dequeue(record)
-            with tf.GradientTape() as tape:
-                tape.watch(activations)
-                loss = loss_fn(batch, model_fn(activations, batch))
-            grads, act_grads = tape.gradient(loss, (variables, activations))
-            optimizer.apply_gradients(zip(grads, variables))
-            emb.apply_gradients(act_grads, preserved)
+        ```python
+        activations, preserved = emb.dequeue(record)
+        with tf.GradientTape() as tape:
+            tape.watch(activations)
+            loss = loss_fn(batch, model_fn(activations, batch))
+        grads, act_grads = tape.gradient(loss, (variables, activations))
+        optimizer.apply_gradients(zip(grads, variables))
+        emb.apply_gradients(act_grads, preserved)
+        ```
 
         `batch` is the record without its CSR (`"sparse_core"`,
         `"tensor_core"`): e.g. `batch["dense"]`, `batch["label"]`,
         `batch["mask"]` (a list of such dicts for a list of records).
-        `variables`: the dense variables to train (a list, or a callable
-        returning it); default `model_fn.trainable_variables` (a Keras model or
-        `tf.Module`), else every trainable variable the forward pass reads.
         Same results and pipelining as the loop above; the one difference is
         when the embedding's learning-rate and multiplier functions are
         evaluated: as the step starts, before `optimizer` runs (with the
@@ -370,9 +422,23 @@ class HostEmbedding(tf.Module):
         activation the loss does not use gets a zero gradient (as None in
         `apply_gradients`).
 
-            step = emb.train_step(model_fn, loss_fn, optimizer)
-            for record, prepared in emb.prepare_ahead(tpu_embed.input_fn(artifact_dir)):
-                loss = step(record, prepared)
+        ```python
+        step = emb.train_step(model_fn, loss_fn, optimizer)
+        for record, prepared in emb.prepare_ahead(tpu_embed.input_fn(artifact_dir)):
+            loss = step(record, prepared)
+        ```
+
+        Args:
+          model_fn: `model_fn(activations, batch)`, the dense model's output.
+          loss_fn: `loss_fn(batch, output)`, the scalar loss.
+          optimizer: the dense variables' optimizer (e.g. a Keras optimizer).
+          variables: the dense variables to train (a list, or a callable
+            returning it); default `model_fn.trainable_variables` (a Keras model or
+            `tf.Module`), else every trainable variable the forward pass reads.
+
+        Returns:
+          `step(record, prepared=None)`, which trains on one record (or a list of records) and
+          returns the loss.
         """
         functions: Dict[Any, Any] = {}
 
@@ -457,6 +523,13 @@ class HostEmbedding(tf.Module):
         This is the accumulated gradient TPU embedding's optimizer sees, before
         the gradient multiplier and clipping.  Tensor-core tables appear when
         their features are in `gradients`.
+
+        Args:
+          gradients: the gradients w.r.t. the activations, nested like them.
+          preserved_outputs: the step's `StepLookup`; default: the last `dequeue`'s.
+
+        Returns:
+          `{table name: tf.IndexedSlices}` over the table's rows of this step.
         """
         self.build()
         step = self._step(preserved_outputs)
@@ -477,9 +550,16 @@ class HostEmbedding(tf.Module):
         `gradients` is nested like the activations; a None gradient applies a
         zero gradient to that feature's rows (TF's rule).  Tensor-core
         features may be left out (their tables are then not updated).
-        `preserved_outputs` defaults to the last `dequeue`'s.  The sparse
-        gradients and the updates run as one compiled call (two with
+        The sparse gradients and the updates run as one compiled call (two with
         pipelining: this step's gradients, and the pending update applied).
+
+        Args:
+          gradients: the gradients w.r.t. the activations, nested like them.
+          preserved_outputs: the step's `StepLookup`; default: the last `dequeue`'s.
+
+        Raises:
+          ValueError: a table to update has no optimizer.
+          KeyError: `experimental_gradient_multiplier_fn` returned no multiplier for a SparseCore table.
         """
         cfg = self._config
         self.build()
@@ -534,6 +614,7 @@ class HostEmbedding(tf.Module):
 
     @property
     def has_pending_update(self) -> bool:
+        """Whether a pipelined update waits for the next `apply_gradients` or `flush`."""
         return self._state.pending is not None
 
     def _apply(self, pending: "_Pending") -> None:
@@ -719,6 +800,9 @@ class HostEmbedding(tf.Module):
         without the per-chip output shapes (a TPU training detail): serving
         takes any batch size, sequence features keep `max_sequence_length`.
         Pending pipelined updates are not included: `flush()` first.
+
+        Returns:
+          The built `TPUEmbeddingForServing`, its tables holding these tables' values.
         """
         self.build()
         feature_config = to_tf_feature_config(self._config.model)

@@ -119,53 +119,66 @@ def input_fn(artifact_dir: ArtifactDirs, *, host_index: int = 0, num_epochs: Opt
 
     Each element is the dict `parse_fn` makes; `element["sparse_core"][c]`
     is chip c's `{stack: {...}}`, `dequeue_inputs(...)` turns it into what
-    `TPUEmbeddingV2.dequeue` takes.  `expected_fingerprint`: the training
-    spec's `Spec.fingerprint`; a mismatch raises instead of training on
-    shards made for another spec.
+    `TPUEmbeddingV2.dequeue` takes.  The manifest is read through `tpu_embed.artifact.io`
+    (local or any object store); every record is parsed by the same `parse_fn`, run as a
+    parallel `map` (deterministic order).
 
-    `artifact_dir`: one artifact, or a window of days of one lineage, oldest first (`[day1, day2, day3]`):
-    their steps one day after the other (`element["step"]` is the step within its day), after
-    `tpu_embed.artifact.lineage.check_window` has checked that one model reads them all (one lineage, days
-    in order, the same table rows and layout, every older vocabulary a prefix of the newest day's); each
-    day's records are parsed with its own format and zero-padded to the window's buffers (`window_format`).
-    `expected_fingerprint` is checked against the newest day.
+    A window of days (`[day1, day2, day3]`) is read one day after the other (`element["step"]` is the
+    step within its day), after `tpu_embed.artifact.lineage.check_window` has checked that one model
+    reads them all (one lineage, days in order, the same table rows and layout, every older vocabulary
+    a prefix of the newest day's); each day's records are parsed with its own format and zero-padded
+    to the window's buffers (`window_format`).
 
-    The manifest is read through `tpu_embed.artifact.io` (local or any object store).
-    The records are read by:
+    Args:
+      artifact_dir: one artifact, or a window of days of one lineage, oldest first.
+      host_index: the host whose shards are read.
+      num_epochs: passes over the steps; None repeats forever.
+      prefetch: elements prefetched (`Dataset.prefetch`).
+      num_parallel_calls: parallel `parse_fn` calls; default AUTOTUNE.
+      expected_fingerprint: the training spec's `Spec.fingerprint` (checked against the newest
+        day); a mismatch raises instead of training on shards made for another spec.
+      reader: how the records are read (with `shuffle_steps` they are read by position instead):
 
-    * `reader="tensorflow"`: `tf.data.TFRecordDataset` over the paths, i.e.
-      TensorFlow's own filesystems (local files; gs:// through TF's GCS
-      filesystem, which has its own credentials and retries), with the
-      format's `compression_type`;
-    * `reader="io"`: `tpu_embed.artifact.io` (fsspec: gs:// through gcsfs, s3://,
-      memory://, ...), records streamed (and decompressed) from each file and
-      CRC-checked, fed to tf.data with `Dataset.from_generator` (serialized
-      records; one file read at a time, in step order);
-    * `reader="auto"` (default): "tensorflow" when TF has a filesystem for
-      the paths' scheme (`tf.io.gfile.get_registered_schemes()`: local, gs://),
-      else "io".
+        * "tensorflow": `tf.data.TFRecordDataset` over the paths, i.e.
+          TensorFlow's own filesystems (local files; gs:// through TF's GCS
+          filesystem, which has its own credentials and retries), with the
+          format's `compression_type`;
+        * "io": `tpu_embed.artifact.io` (fsspec: gs:// through gcsfs, s3://,
+          memory://, ...), records streamed (and decompressed) from each file and
+          CRC-checked, fed to tf.data with `Dataset.from_generator` (serialized
+          records; one file read at a time, in step order);
+        * "auto" (default): "tensorflow" when TF has a filesystem for
+          the paths' scheme (`tf.io.gfile.get_registered_schemes()`: local, gs://),
+          else "io".
+      verify: "none", "size" or "sha256" (see `tpu_embed.artifact.verify`). At load, the
+        artifact is a finished one (no run still writing it, killed or failed), every file the
+        manifest lists (of the shards: the host's) exists with the listed size and the host's
+        shard files cover every step; each file's record CRCs (and, "sha256", its hash) are
+        checked as it is first opened, so damage is refused naming the file and step before
+        any record of that file is used.
+      shuffle_steps: None (default) reads the steps in step order, every
+        epoch. An integer seed reads epoch e in the order of the permutation
+        `tpu_embed.core.permutation.Permutation(steps, epoch_key(seed, e))` of the
+        steps: every step exactly once per epoch, another order each epoch, the
+        same orders every time the dataset is iterated. The order depends only on
+        the seed, the epoch and the number of steps (of the whole window: its steps
+        are permuted together), so every host (whose records
+        of a step belong together) reads the steps in the same order. Records are
+        then read by position through `tpu_embed.artifact.io`:
+        uncompressed files are read in place; a compressed file is decompressed
+        once, when first needed, into a temporary file that is removed when the
+        iteration ends.
 
-    Either way the same `parse_fn` runs as a parallel `map`
-    (`num_parallel_calls`, default AUTOTUNE, deterministic order).
+    Returns:
+      The `tf.data.Dataset`.
 
-    `shuffle_steps`: None (default) reads the steps in step order, every
-    epoch. An integer seed reads epoch e in the order of the permutation
-    `tpu_embed.core.permutation.Permutation(steps, epoch_key(seed, e))` of the
-    steps: every step exactly once per epoch, another order each epoch, the
-    same orders every time the dataset is iterated. The order depends only on
-    the seed, the epoch and the number of steps (of the whole window: its steps
-    are permuted together), so every host (whose records
-    of a step belong together) reads the steps in the same order. Records are
-    then read by position through `tpu_embed.artifact.io` (`reader` is not used):
-    uncompressed files are read in place; a compressed file is decompressed
-    once, when first needed, into a temporary file that is removed when the
-    iteration ends.
-
-    `verify` ("none" | "size" | "sha256", see `tpu_embed.artifact.verify`): at load,
-    the host's shard files exist with the listed sizes and cover every step;
-    each file's record CRCs (and, "sha256", its hash) are checked as it is
-    first opened, so damage is refused naming the file and step
-    (`ArtifactDamagedError`) before any record of that file is used.
+    Raises:
+      ValueError: an unknown `reader` or `verify`, a `shuffle_steps` that is not a seed in
+        [0, 2**64), shards made for another spec than `expected_fingerprint`, or shards with
+        jax-tpu-embedding's arrays only.
+      LineageError: the days of a window are not one lineage in order (`check_window`).
+      ArtifactDamagedError: (unless `verify="none"`) an unfinished artifact, or a shard file
+        missing, of another size or damaged; the message names the file and the fix.
     """
     import tensorflow as tf  # TensorFlow boundary: the rest of tpu_embed imports without it
     if reader not in READERS:
@@ -378,7 +391,19 @@ def per_chip_dataset(artifact_dir: ArtifactDirs, host_index: int = 0, *, num_epo
 
     Every shape is static (TPU infeed needs that): CSR buffers have TF's full
     static sizes, tensor-core ids are padded to the spec's `tensor_core_width`.
-    `artifact_dir` (one artifact or a window of days) and `shuffle_steps` as for `input_fn`.
+
+    Args:
+      artifact_dir: one artifact, or a window of days of one lineage, oldest first (as for `input_fn`).
+      host_index: the host whose shards are read.
+      num_epochs: as for `input_fn`.
+      prefetch: steps prefetched (times the host's chips, in elements).
+      num_parallel_calls: as for `input_fn`.
+      expected_fingerprint: as for `input_fn`.
+      reader: as for `input_fn`.
+      shuffle_steps: as for `input_fn`.
+
+    Returns:
+      The `tf.data.Dataset` of per-chip elements.
     """
     fmt = window(artifact_dir)[1][-1].shard_format  # the newest day's: its chips and batch are every day's
     ds = input_fn(artifact_dir, host_index=host_index, num_epochs=num_epochs, prefetch=prefetch,

@@ -209,6 +209,22 @@ def embedding_setup(artifact_dir: str, *, plan: Any = None, optimizer: Any = Non
       is accepted only if it equals them, else `ArtifactMismatchError`;
     * `pipeline_execution_with_tensor_core`: the spec's
       (`training.pipeline_execution_with_tensor_core`), unless given here.
+
+    Args:
+      artifact_dir: the artifact directory (local path or object-store URL).
+      plan: a plan file path or a `profiles.Plan`; accepted only if it equals the shards' limits.
+      optimizer: one TF optimizer for every table, replacing the spec's.
+      pipeline_execution_with_tensor_core: overrides the spec's flag.
+      initialize_tables_on_host: passed to `SparseCoreEmbeddingConfig`.
+      enable_fast_table_initialization: passed to `SparseCoreEmbeddingConfig`.
+
+    Returns:
+      The `EmbeddingSetup`: `TPUEmbeddingV2(**setup.kwargs())` builds the embedding.
+
+    Raises:
+      ArtifactMismatchError: `plan` differs from the shards' limits, or `optimizer` would stack
+        the tables differently from the shards.
+      ManifestError: the manifest's limits do not name the layout's stacks.
     """
     artifact = load_artifact(artifact_dir)
     artifact.require_shards()
@@ -283,8 +299,15 @@ def check_embedding(embedding: Any, setup: EmbeddingSetup) -> None:
     and derives per-stack limits from the SparseCoreEmbeddingConfig; the CSR
     bytes in the shards encode stack names, row offsets, rotations, sample
     offsets and buffer sizes.  Any difference would make `dequeue` read
-    wrong rows, so it raises `ArtifactMismatchError`.  (Reads TF's private
-    attributes; ones a future TF renames are skipped.)
+    wrong rows.  (Reads TF's private attributes; ones a future TF renames are skipped.)
+
+    Args:
+      embedding: the constructed `TPUEmbeddingV2`.
+      setup: the `EmbeddingSetup` it was constructed from.
+
+    Raises:
+      ArtifactMismatchError: TF computed another stacking, offset, sample count or limit than the
+        shards were packed for.
     """
     checks = [
         ("stacked tables", lambda e: {k: tuple(t.name for t in v) for k, v in e._stacked_table_to_tables.items()},
@@ -331,6 +354,22 @@ def build_tpu_embedding(artifact_dir: str, *, plan: Any = None, optimizer: Any =
     have one replica per chip the shards were packed for and the same
     SparseCores per chip; after construction, TF's own stacking, offsets
     and limits are compared with the shards' (`check_embedding`).
+
+    Args:
+      artifact_dir: the artifact directory (local path or object-store URL).
+      plan: as for `embedding_setup`.
+      optimizer: as for `embedding_setup`.
+      pipeline_execution_with_tensor_core: as for `embedding_setup`.
+      initialize_tables_on_host: as for `embedding_setup`.
+      enable_fast_table_initialization: as for `embedding_setup`.
+
+    Returns:
+      The `TPUEmbeddingV2`, not built yet.
+
+    Raises:
+      RuntimeError: not called inside the scope of a `TPUStrategy`.
+      ArtifactMismatchError: the strategy's replicas or SparseCores per chip are not the shards',
+        or TF configured the embedding otherwise than the shards were packed for.
     """
     setup = embedding_setup(artifact_dir, plan=plan, optimizer=optimizer,
                             pipeline_execution_with_tensor_core=pipeline_execution_with_tensor_core,
@@ -348,8 +387,15 @@ def replica_dataset_fn(artifact_dir: ArtifactDirs, **kwargs) -> Callable[[Any], 
     """The `dataset_fn(input_context)` `distribute_steps` gives `strategy.distribute_datasets_from_function`.
 
     Reads host `input_context.input_pipeline_id`'s shards (of one artifact, or of a window of days: see
-    `input_fn`); the input pipelines must be the artifact's hosts and the replicas its chips.  `kwargs` go to
-    `per_chip_dataset`.
+    `input_fn`); the input pipelines must be the artifact's hosts and the replicas its chips.
+
+    Args:
+      artifact_dir: one artifact, or a window of days of one lineage, oldest first.
+      **kwargs: passed to `per_chip_dataset` (`num_epochs`, `shuffle_steps`, ...).
+
+    Returns:
+      `dataset_fn(input_context)`, which raises `ArtifactMismatchError` when the input pipelines
+      are not the artifact's hosts or the replicas not its chips.
     """
     dirs, manifests = window(artifact_dir)
     source, where = (dirs[0] if len(dirs) == 1 else dirs), dirs[-1]  # where: the artifact the errors name
@@ -378,8 +424,17 @@ def dequeue_args(element: Mapping[str, Any], sample_counts: Mapping[str, int]):
     """`{stack: (PartitionedCsrFormatTensor, row_pointers_unpadded_size, ids_unpadded_size)}` of a replica's element.
 
     Call it inside the replica function: `sample_count` becomes the Python
-    int TF's own `enqueue` puts there (`sample_counts`: the manifest's, see
-    `DistributedSteps.sample_counts`).
+    int TF's own `enqueue` puts there.
+
+    Args:
+      element: a replica's element of `distribute_steps`' dataset (a `per_chip_dataset` element).
+      sample_counts: `{stack: samples per chip}`, the manifest's (`DistributedSteps.sample_counts`).
+
+    Returns:
+      What `TPUEmbeddingV2.dequeue` takes, per stack.
+
+    Raises:
+      ValueError: the element has no CSR buffers for a stack of `sample_counts`.
     """
     sc = element["sparse_core"]
     missing = sorted(set(sample_counts) - set(sc))
@@ -424,12 +479,26 @@ def distribute_steps(artifact_dir: ArtifactDirs, strategy: Any, *, num_epochs: O
     host `input_context.input_pipeline_id` reads its own shards and yields,
     per step, one element per chip, in chip order; the worker's iterator
     gives its local replicas consecutive elements, so local replica c gets
-    chip c (see the module docstring).  `num_epochs=None` repeats forever.
-    `input_options`: a `tf.distribute.InputOptions` passed through (e.g.
-    `experimental_fetch_to_device=False` to keep the buffers on the host).
-    `artifact_dir`: one artifact, or a window of days of one lineage, oldest first (read as `input_fn` reads
-    it: `steps_per_epoch` and the ids dropped are the window's); `shuffle_steps`: a seed permuting the steps
-    (of the whole window) every epoch, as `input_fn`'s.
+    chip c (see the module docstring).
+
+    Args:
+      artifact_dir: one artifact, or a window of days of one lineage, oldest first (read as `input_fn`
+        reads it: `steps_per_epoch` and the ids dropped are the window's).
+      strategy: the `tf.distribute.TPUStrategy`, one replica per chip the shards were packed for.
+      num_epochs: passes over the steps; None repeats forever.
+      prefetch: as for `input_fn`.
+      num_parallel_calls: as for `input_fn`.
+      expected_fingerprint: as for `input_fn`.
+      reader: as for `input_fn`.
+      input_options: a `tf.distribute.InputOptions` passed through (e.g.
+        `experimental_fetch_to_device=False` to keep the buffers on the host).
+      shuffle_steps: a seed permuting the steps (of the whole window) every epoch, as `input_fn`'s.
+
+    Returns:
+      The `DistributedSteps`: the distributed dataset, its sample counts, steps per epoch and batch sizes.
+
+    Raises:
+      ArtifactMismatchError: the strategy's replicas are not the shards' chips.
     """
     dirs, manifests = window(artifact_dir)
     for d, day in zip(dirs, manifests):
@@ -489,6 +558,21 @@ def make_replica_step(embedding: Any, model: Any, optimizer: Any, sample_counts:
     replicas is the mean over the global batch) → dense gradients to
     `optimizer` (Keras all-reduces them), activation gradients to
     `embedding.apply_gradients(grads, preserved_outputs)`.
+
+    Args:
+      embedding: the `TPUEmbeddingV2` of `build_tpu_embedding`.
+      model: the Keras model, called on `model_inputs(element, activations)`.
+      optimizer: the dense model's optimizer.
+      sample_counts: `{stack: samples per chip}` (`DistributedSteps.sample_counts`).
+      global_batch_size: the global batch the loss is averaged over.
+      loss: "bce" (sigmoid cross-entropy on logits), "mse", or a callable
+        `(labels, logits) -> per-example loss`.
+      model_inputs: `(element, activations) -> the model's input`; default `default_model_inputs`.
+
+    Returns:
+      `step(element)`, which trains on the replica's element and returns the replica's loss.
+    Raises:
+      ValueError: `loss` is not "bce", "mse" or a callable.
     """
     per_example = _loss_fn(loss)
     counts = dict(sample_counts)
