@@ -170,7 +170,9 @@ def parse_floats(values: pa.Array) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
         out = np.where(blank | bad, 0.0, out)
         return out, blank, bad
     if pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_boolean(t) or pa.types.is_decimal(t):
-        out = pc.cast(values, pa.float64()).to_numpy(zero_copy_only=False).astype(np.float64)
+        # Unsafe: an integer beyond 2**53 rounds to the nearest float64, as its decimal text parses (a safe cast
+        # raises ArrowInvalid on it).
+        out = pc.cast(values, pa.float64(), safe=False).to_numpy(zero_copy_only=False).astype(np.float64)
         bad = ~np.isfinite(out)
         return np.where(bad, 0.0, out), np.zeros(n, bool), bad
     return np.zeros(n), np.zeros(n, bool), np.ones(n, bool)
