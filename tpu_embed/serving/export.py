@@ -14,7 +14,9 @@ Signatures:
   values joined by the feature's delimiter, numbers as text, blank for no value.
 
 Both return `predictions` (the model's output, float32 [batch]) and `valid` (bool [batch]: False where the
-offline jobs would not have used the record; `tpu_embed.serving.mapping`). The lookup is the SparseCore math
+offline jobs would not have used the record; `tpu_embed.serving.mapping`); an empty batch gives empty ones,
+an Example with no features the prediction of a row without values (alone as beside others), and `raw` columns
+of unequal length are refused naming them (docs/how-to/serve.md). The lookup is the SparseCore math
 of `HostEmbedding` (each value's gain from its table's combiner and weight, equal ids summed), over the
 trained tables: SparseCore and tensor-core features alike, sequence features [batch, sequence_length, dim].
 """
@@ -25,8 +27,8 @@ from typing import Any, Callable, Dict, Mapping, Optional
 
 import tensorflow as tf
 
-from tpu_embed.artifact.load import load_artifact
-from tpu_embed.serving.mapping import MappingPlan, RawFeatureMapping
+from tpu_embed.serving.mapping import RawFeatureMapping
+from tpu_embed.serving.plan import load_for_serving
 
 __all__ = ["ServingModel", "embedding_lookup", "export_saved_model"]
 
@@ -80,10 +82,9 @@ class ServingModel(tf.Module):
                  model_inputs: Optional[Callable[[Mapping[str, Any], Mapping[str, tf.Tensor]], Any]] = None,
                  name: str = "tpu_embed_serving"):
         super().__init__(name=name)
-        artifact = load_artifact(artifact_dir, verify="none")
+        artifact, plan = load_for_serving(artifact_dir)  # its vocabulary files checked against the manifest
         self._spec = artifact.spec
-        self.mapping = RawFeatureMapping(MappingPlan.from_spec(artifact.spec, artifact.manifest.vocabulary_sizes,
-                                                               artifact_dir))
+        self.mapping = RawFeatureMapping(plan)
         used = {f.table for f in artifact.spec.categorical}
         missing = sorted(used - set(tables))
         if missing:
@@ -131,7 +132,9 @@ def export_saved_model(artifact: str, embedding: Any, model: Any, path: str, *,
       model_inputs: see `ServingModel`.
 
     Returns `path`. The vocabulary files are copied in as assets: the SavedModel needs neither the artifact
-    nor tpu_embed to load and run (`tf.saved_model.load`, `saved_model_cli run`, TensorFlow Serving).
+    nor tpu_embed to load and run (`tf.saved_model.load`, `saved_model_cli run`, TensorFlow Serving). They are
+    checked against the manifest's sizes and sha256 first, as training checks them: a damaged one raises
+    `tpu_embed.artifact.verify.ArtifactDamagedError` and nothing is written.
     """
     if hasattr(embedding, "embedding_tables"):
         if hasattr(embedding, "flush"):

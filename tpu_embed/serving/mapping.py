@@ -121,6 +121,41 @@ def _rows(column: Column) -> tf.Tensor:
     return column.parts()[0].nrows()
 
 
+_UNEQUAL = "raw columns of unequal length: "
+_UNEQUAL_FIX = ": give every column one entry per row of the batch (a blank string for no value)."
+
+
+def _batch_rows(cols: Mapping[str, Column]) -> tf.Tensor:
+    """The rows of the batch: every column's, checked equal. Columns of unequal length are refused in one line
+    naming each column whose length is not the one most columns have, its length and that one: a `ValueError`
+    where the lengths are known when the ops are made (eager), else an assert in the graph
+    (`InvalidArgumentError` when it runs), which the rows returned depend on."""
+    names = list(cols)
+    rows = [_rows(cols[c]) for c in names]
+    known = [tf.get_static_value(r) for r in rows]
+    if all(k is not None for k in known):
+        lengths = [int(k) for k in known]
+        common = max(lengths, key=lengths.count)  # the first of the most frequent
+        if any(n != common for n in lengths):
+            ref = names[lengths.index(common)]
+            odd = ", ".join(f"{c} has {n} rows" for c, n in zip(names, lengths, strict=True) if n != common)
+            raise ValueError(f"{_UNEQUAL}{odd}, where {ref} has {common}{_UNEQUAL_FIX}")
+        return rows[0]
+    lengths = tf.stack([tf.cast(r, tf.int64) for r in rows])
+    same = tf.cast(tf.equal(lengths[:, None], lengths[None, :]), tf.int32)
+    at = tf.argmax(tf.reduce_sum(same, axis=1), output_type=tf.int32)  # the first of the most frequent
+    common = lengths[at]
+    odd = tf.not_equal(lengths, common)
+    named = tf.constant(names)  # unquoted: the assert's message escapes quotes
+    text = tf.strings.reduce_join(tf.boolean_mask(named + " has " + tf.strings.as_string(lengths) + " rows", odd),
+                                  separator=", ")
+    message = tf.strings.join([_UNEQUAL, text, ", where ", tf.gather(named, at), " has ",
+                               tf.strings.as_string(common), _UNEQUAL_FIX])
+    check = tf.debugging.Assert(~tf.reduce_any(odd), [message])
+    with tf.control_dependencies([check]):
+        return tf.identity(rows[0])
+
+
 def _concat(parts: List[tf.RaggedTensor]) -> tf.RaggedTensor:
     return parts[0] if len(parts) == 1 else tf.concat(parts, axis=1)
 
@@ -268,12 +303,13 @@ def _dense(d: DensePlan, column: Column, nrows: tf.Tensor) -> Tuple[tf.Tensor, t
 def map_raw(raw: Mapping[str, Any], plan: MappingPlan, tables: Mapping[str, Any]) -> Dict[str, Any]:
     """The pure mapping: `raw` {column: tensor or `Column`} -> {"ids": {feature: int64 ragged [batch, None]},
     "weights": {feature: float32 ragged} (weighted features), "dense": float32 [batch, num_dense],
-    "valid": bool [batch]}. Every column of `plan.columns` is needed (the label is not)."""
+    "valid": bool [batch]}. Every column of `plan.columns` is needed (the label is not), each with the batch's rows
+    (columns of unequal length are refused in one line naming them and their lengths: `_batch_rows`)."""
     missing = [c for c in plan.columns if c not in raw]
     if missing:
         raise KeyError(f"raw features lack columns {missing}; the spec reads {plan.columns}.")
     cols = {c: as_column(raw[c], c) for c in plan.columns}
-    nrows = _rows(next(iter(cols.values())))
+    nrows = _batch_rows(cols)
     valid = tf.ones([nrows], tf.bool)
     if plan.utf8_text:
         for c in plan.columns:
@@ -300,8 +336,14 @@ def map_raw(raw: Mapping[str, Any], plan: MappingPlan, tables: Mapping[str, Any]
 # ---------------------------------------------------------------- tf.train.Example
 
 def _decode(data: tf.Tensor, message: str, fields: List[str], types: List[tf.DType]):
+    """`tf.io.decode_proto` of [n] serialized messages, n >= 0. decode_proto refuses n = 0 ("Bufs argument must
+    contain at least one value": an empty batch, or Examples none of which has a feature, give no entries to
+    decode); then one empty message is decoded and its row dropped, so every output has n rows. n > 0 decodes
+    `data` as it is (the slices take every row: no copy)."""
+    n = tf.size(data)
+    data = tf.cond(n > 0, lambda: data, lambda: tf.constant([b""]))
     sizes, values = tf.io.decode_proto(data, message, fields, types)
-    return sizes, values
+    return sizes[:n], [v[:n] for v in values]
 
 
 def _ragged(values: tf.Tensor, sizes: tf.Tensor) -> tf.RaggedTensor:

@@ -4,6 +4,12 @@
 vocabulary sizes; with `sizes=None` it takes the spec alone (`MappingPlan.structure`): a frequency vocabulary's
 first OOV id is then its capacity, or its table's size (the lines of its file) when the graph runs, so one graph
 serves every day of a lineage (`tpu_embed.serving.transform_graph`).
+
+`load_for_serving(artifact_dir)` (and `MappingPlan.from_artifact`, `RawFeatureMapping.from_artifact`,
+`export_saved_model`, `write_transform_output`) checks the vocabulary files it maps with as training's
+`load_artifact` checks them (`tpu_embed.artifact.verify.check_file`: listed size and sha256), so a vocabulary
+edited or damaged after the shards were written is refused (`ArtifactDamagedError`, one line naming the file)
+instead of mapping tokens to other rows than the shards hold.
 """
 
 from __future__ import annotations
@@ -14,10 +20,12 @@ import json
 from typing import Dict, List, Mapping, Optional, Tuple
 
 from tpu_embed.artifact import io as tio
-from tpu_embed.artifact.load import load_artifact
+from tpu_embed.artifact import verify as tverify
+from tpu_embed.artifact.load import Artifact, load_artifact
+from tpu_embed.artifact.manifest import Manifest
 from tpu_embed.artifact.spec import Spec, vocabulary_filename
 
-__all__ = ["DensePlan", "FeaturePlan", "MappingPlan"]
+__all__ = ["DensePlan", "FeaturePlan", "MappingPlan", "check_vocabulary_files", "load_for_serving"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -119,10 +127,32 @@ class MappingPlan:
 
     @classmethod
     def from_artifact(cls, artifact_dir: str) -> "MappingPlan":
-        a = load_artifact(artifact_dir, verify="none")
-        return cls.from_spec(a.spec, a.manifest.vocabulary_sizes, artifact_dir)
+        """The plan of an artifact, its vocabulary files checked (`load_for_serving`)."""
+        return load_for_serving(artifact_dir)[1]
 
     def fingerprint(self) -> str:
         """sha256 of everything the plan holds (its rules, sizes and file names)."""
         text = json.dumps(dataclasses.asdict(self), sort_keys=True, default=str)
         return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def check_vocabulary_files(artifact_dir: str, manifest: Manifest, spec: Spec) -> None:
+    """Every vocabulary file the manifest lists, as training's `load_artifact` checks it (size and sha256,
+    `tpu_embed.artifact.verify.check_files`), and each file the spec's mapping reads among them; else
+    `ArtifactDamagedError`, one line naming the file."""
+    tverify.check_files(artifact_dir, manifest, "size", kinds=("vocabulary",))
+    listed = {f.path for f in manifest.files_of("vocabulary")}
+    for key, rel in sorted(MappingPlan.structure(spec).vocabulary_files.items()):  # vocab/<file>
+        if rel not in listed:
+            raise tverify.ArtifactDamagedError(
+                f"{tio.join(artifact_dir, rel)}: vocabulary {key!r} is mapped with this file but {manifest.source} "
+                f"does not list it, so it cannot be checked: the manifest is not this artifact's. Restore the "
+                f"artifact's manifest.json, or re-run `tpu-embed run` with this --output (and --overwrite).")
+
+
+def load_for_serving(artifact_dir: str) -> Tuple[Artifact, MappingPlan]:
+    """(the artifact, its `MappingPlan`): the manifest and spec checked as training checks them (shards not
+    needed), and the vocabulary files the plan maps with checked against the manifest (`check_vocabulary_files`)."""
+    a = load_artifact(artifact_dir, verify="none")
+    check_vocabulary_files(artifact_dir, a.manifest, a.spec)
+    return a, MappingPlan.from_spec(a.spec, a.manifest.vocabulary_sizes, artifact_dir)

@@ -50,8 +50,9 @@ from typing import Dict, List, Mapping, Optional
 
 from tpu_embed.artifact import io as tio
 from tpu_embed.artifact.load import load_artifact
+from tpu_embed.artifact.manifest import ManifestError, read_manifest
 from tpu_embed.artifact.spec import Spec
-from tpu_embed.serving.plan import MappingPlan
+from tpu_embed.serving.plan import MappingPlan, check_vocabulary_files
 
 __all__ = ["DIRECTORY", "TransformGraph", "TransformOutputError", "VALID", "WEIGHTS_SUFFIX", "cache_directory",
            "schema_texts", "transformed_names", "vocabulary_marker", "write_transform_output"]
@@ -216,7 +217,6 @@ def graph_of_artifact(artifact_dir: str, spec: Spec, key: str) -> Optional[bytes
     """The graph of `spec` as the transform output of the artifact at `artifact_dir` holds it, its tables' names
     put back to the markers; None where that output is missing, was written from a graph of another key, or its
     tables' names cannot be told apart (two vocabulary files with the same bytes)."""
-    from tpu_embed.artifact.manifest import ManifestError, read_manifest
     root = tio.join(artifact_dir, DIRECTORY)
     try:
         record = json.loads(tio.read_bytes(tio.join(root, GRAPH_RECORD)))
@@ -298,7 +298,9 @@ def _rows(plan: MappingPlan) -> Dict[str, int]:
 def transform_output_files(artifact_dir: str, spec: Spec, vocabulary_sizes: Mapping[str, int],
                            transform_graph: TransformGraph) -> Dict[str, bytes]:
     """{path relative to the transform output: bytes} of an artifact (its spec, its manifest's vocabulary sizes,
-    its vocabulary files) from its spec's graph."""
+    its vocabulary files, checked against its manifest as training checks them: `ArtifactDamagedError`) from its
+    spec's graph."""
+    check_vocabulary_files(artifact_dir, read_manifest(artifact_dir), spec)
     graph = transform_graph.result()
     structure = MappingPlan.structure(spec)
     plan = MappingPlan.from_spec(spec, vocabulary_sizes, "")
@@ -334,8 +336,10 @@ def write_transform_output(artifact_dir: str, path: Optional[str] = None,
                            graph: Optional[TransformGraph] = None) -> str:
     """Write an artifact's transform output at `path` (default: `artifact_dir`/transform_output; local or an
     object store), replacing what is there. `graph`: its spec's `TransformGraph` if one was started already.
-    Returns `path`."""
+    Returns `path`. A vocabulary file that is not as the manifest lists it (size, sha256) raises
+    `tpu_embed.artifact.verify.ArtifactDamagedError` and nothing is written."""
     artifact = load_artifact(artifact_dir, verify="none")
+    check_vocabulary_files(artifact_dir, artifact.manifest, artifact.spec)  # before a graph is built for it
     path = path or tio.join(artifact_dir, DIRECTORY)
     graph = graph or TransformGraph(artifact.spec)
     files = transform_output_files(artifact_dir, artifact.spec, artifact.manifest.vocabulary_sizes, graph)
