@@ -40,7 +40,9 @@ class FeatureValues:
         integers' decimal text."""
         if self.tokens is not None:
             return self.tokens
-        return pa.array(self.ints.astype(str), pa.large_binary())
+        # Arrow's cast writes each integer's full decimal text ("-15", "123456789"); numpy's fixed-width '<U'
+        # strings handed to pa.array(..., large_binary) keep only each value's first character.
+        return pc.cast(pa.array(self.ints, pa.int64()), pa.large_string()).cast(pa.large_binary())
 
     def take_rows(self, keep: np.ndarray) -> "FeatureValues":
         vkeep = np.repeat(keep, self.lengths)
@@ -111,6 +113,25 @@ def list_form(col) -> Tuple[np.ndarray, pa.Array]:
         lengths[np.asarray(pc.is_null(col).to_numpy(zero_copy_only=False), dtype=bool)] = 0
         col = col.drop_null()
     return lengths, col
+
+
+def cell_form(col) -> Tuple[np.ndarray, pa.Array, Optional[np.ndarray]]:
+    """(lengths [n], flat values, blank mask over the values or None) of a categorical or weight column, its
+    nulls read as a CSV reader reads an empty field: a null inside a list is one blank value (as the empty
+    field of 'a||b'), a null cell of a scalar column one blank value (an empty cell); a null list (a
+    TFRecord's missing key, a Parquet null list) has no values. Blank values stay in place (null in `values`)
+    so that values and weights pair up by position before blanks are dropped, as they do in a CSV cell."""
+    col = _as_array(col)
+    t = col.type
+    if pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t):
+        lengths = pc.fill_null(pc.list_value_length(col), 0).to_numpy(zero_copy_only=False).astype(np.int64)
+        values = _as_array(pc.list_flatten(col))
+    else:
+        lengths, values = np.ones(len(col), dtype=np.int64), col
+    blank = None
+    if values.null_count:
+        blank = np.asarray(pc.is_null(values).to_numpy(zero_copy_only=False), dtype=bool)
+    return lengths, values, blank
 
 
 def _is_stringlike(t) -> bool:
@@ -256,11 +277,16 @@ def _categorical(raw: RawBatch, f, probs: _Problems) -> FeatureValues:
     pre = raw.encoded.get(f.column)
     if pre is not None and pre[0] == f.delimiter and not f.weight_column:  # the reader's encoding (same values)
         return FeatureValues(lengths=pre[1], tokens=pre[2])
-    lengths, values = list_form(raw.columns[f.column])
+    lengths, values, nulls = cell_form(raw.columns[f.column])
     t = values.type
     ints = None
     tokens = None
+    if pa.types.is_uint64(t) and len(values) and (pc.max(values).as_py() or 0) >= 1 << 63:
+        values, t = values.cast(pa.large_string()), pa.large_string()  # beyond int64: the decimal text
     if _is_stringlike(t):
+        if nulls is not None:  # a blank is an empty token (dropped below, with its weight)
+            values = values.fill_null(pa.scalar(b"" if pa.types.is_binary(t) or pa.types.is_large_binary(t)
+                                                else "", t))
         tokens = values.cast(pa.large_binary()) if not pa.types.is_large_binary(t) else values
         if f.delimiter is not None and len(tokens):
             split = pc.split_pattern(tokens, f.delimiter)
@@ -269,12 +295,13 @@ def _categorical(raw: RawBatch, f, probs: _Problems) -> FeatureValues:
             lengths = np.bincount(rows, weights=per_value, minlength=n).astype(np.int64)
             tokens = _as_array(pc.list_flatten(split))
     elif pa.types.is_integer(t):
-        ints = values.to_numpy(zero_copy_only=False).astype(np.int64)
+        # Every integer type as int64 (a uint64 beyond int64 is text, above); a blank (null) is dropped below.
+        ints = pc.fill_null(values, 0).to_numpy(zero_copy_only=False).astype(np.int64)
     elif pa.types.is_floating(t):
         # Float values are categorical values in their text form (repr: 3.0 -> "3.0"), exactly as the same
         # number written in a CSV cell: the same token for a frequency vocabulary or a hash, and an invalid
         # id for an identity vocabulary (policies.invalid_ids), whichever the input format.
-        tokens = pa.array([None if v is None else repr(float(v)).encode() for v in values.to_pylist()],
+        tokens = pa.array([b"" if v is None else repr(float(v)).encode() for v in values.to_pylist()],
                           pa.large_binary())
     else:
         probs.flag(np.ones(n, bool), "wrong_type",
@@ -283,7 +310,9 @@ def _categorical(raw: RawBatch, f, probs: _Problems) -> FeatureValues:
 
     weights = None
     if f.weight_column:
-        wl, wv = list_form(raw.columns[f.weight_column])
+        wl, wv, wblank = cell_form(raw.columns[f.weight_column])
+        if wblank is not None and _is_stringlike(wv.type):  # a blank weight is an empty string: NaN below
+            wv = _large_string(wv).fill_null("")
         if _is_stringlike(wv.type) and f.delimiter is not None and len(wv):
             split = pc.split_pattern(_large_string(wv), f.delimiter)
             per_value = pc.list_value_length(split).to_numpy(zero_copy_only=False).astype(np.int64)
@@ -292,6 +321,8 @@ def _categorical(raw: RawBatch, f, probs: _Problems) -> FeatureValues:
         parsed, blank, bad = parse_floats(wv)
         w = parsed.astype(np.float32)
         w[blank | bad] = np.nan
+        if wblank is not None and not _is_stringlike(wv.type):  # a null number: a blank weight
+            w[wblank] = np.nan
         mismatch = wl != lengths
         if mismatch.any():
             probs.flag(mismatch, "weight_mismatch",
@@ -305,8 +336,16 @@ def _categorical(raw: RawBatch, f, probs: _Problems) -> FeatureValues:
                 tokens = tokens.filter(pa.array(vkeep))
             else:
                 ints = ints[vkeep]
+                nulls = None if nulls is None else nulls[vkeep]
             w = w[wkeep]
         weights = w
+
+    if ints is not None and nulls is not None and nulls.any():
+        # Blank integers are no value, as blank tokens are below: dropped with their weights.
+        lengths = lengths - np.bincount(_value_rows(lengths)[nulls], minlength=n).astype(np.int64)
+        ints = ints[~nulls]
+        if weights is not None:
+            weights = weights[~nulls]
 
     if tokens is not None:
         # Blank values mean "no value" (Criteo's empty cells, 'a||b').
