@@ -18,6 +18,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from pipelines.read import value_kinds
 from pipelines.read.csv_scan import csv_native
 from pipelines.read.records import DeadLetter, RawBatch, one_array
 from pipelines.token_index import dictionary_encode, drop_empty
@@ -40,9 +41,9 @@ class FeatureValues:
         integers' decimal text."""
         if self.tokens is not None:
             return self.tokens
-        # Arrow's cast writes each integer's full decimal text ("-15", "123456789"); numpy's fixed-width '<U'
-        # strings handed to pa.array(..., large_binary) keep only each value's first character.
-        return pc.cast(pa.array(self.ints, pa.int64()), pa.large_string()).cast(pa.large_binary())
+        # Arrow's cast, not numpy's fixed-width '<U' strings (pa.array(..., large_binary) keeps only their
+        # first character).
+        return value_kinds.int_text(pa.array(self.ints, pa.int64()))
 
     def take_rows(self, keep: np.ndarray) -> "FeatureValues":
         vkeep = np.repeat(keep, self.lengths)
@@ -301,8 +302,7 @@ def _categorical(raw: RawBatch, f, probs: _Problems) -> FeatureValues:
         # Float values are categorical values in their text form (repr: 3.0 -> "3.0"), exactly as the same
         # number written in a CSV cell: the same token for a frequency vocabulary or a hash, and an invalid
         # id for an identity vocabulary (policies.invalid_ids), whichever the input format.
-        tokens = pa.array([b"" if v is None else repr(float(v)).encode() for v in values.to_pylist()],
-                          pa.large_binary())
+        tokens = value_kinds.float_text(values).fill_null(b"")
     else:
         probs.flag(np.ones(n, bool), "wrong_type",
                    lambda r: f"categorical column {f.column!r} has type {t}, expected strings or integers")
