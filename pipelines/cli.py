@@ -444,6 +444,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     argv = [a for a in argv if a != "--debug"]  # accepted anywhere on the line
     if not debug:
         quiet.install()  # before anything imports TensorFlow: no oneDNN / CUDA / cuInit lines
+    else:
+        quiet.uninstall()  # what `import tpu_embed` installed: --debug shows TensorFlow's own logs
     parser = build_parser()
     args, beam_args = parser.parse_known_args(argv)
     if not getattr(args, "command", None):

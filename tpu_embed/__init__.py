@@ -2,9 +2,31 @@
 
 The public names are loaded lazily so that the pure-numpy core
 (`tpu_embed.sparsecore`) can be imported without paying for TensorFlow.
+
+Importing this package keeps TensorFlow quiet, unless `TF_CPP_MIN_LOG_LEVEL` is set: its C++ and Python
+logs below errors are dropped and its start-up lines (oneDNN, CUDA, `cuInit`) are not printed
+(`tpu_embed.core.quiet`; TensorFlow itself is still imported only when first used).
 """
 
 import importlib
+from typing import TYPE_CHECKING
+
+from tpu_embed.core import quiet as _quiet
+
+_quiet.install_unless_user_chose()  # before anything imports TensorFlow
+
+if TYPE_CHECKING:  # the lazy names below, visible to type checkers and the API reference's static analysis
+    from tpu_embed.compat.config_spec import EmbeddingConfigSpec
+    from tpu_embed.compat.feature_column import embedding_column, shared_embedding_columns
+    from tpu_embed.core.optimizers import (
+        AdagradParameters,
+        AdamParameters,
+        FtrlParameters,
+        StochasticGradientDescentParameters,
+    )
+    from tpu_embed.core.topology import Topology
+    from tpu_embed.training.host_embedding import HostEmbedding
+    from tpu_embed.training.input import input_fn
 
 __version__ = "0.1.0"  # the one place the version is written: pyproject.toml reads it (setuptools attr)
 
@@ -24,7 +46,21 @@ _EXPORTS = {
     "HostEmbedding": "tpu_embed.training.host_embedding",
 }
 
-__all__ = sorted(_EXPORTS) + ["sparsecore"]
+# Written out (not computed from _EXPORTS) so that static analysis reads it; tests/docs/test_api_reference.py
+# checks that the two agree.
+__all__ = [
+    "AdagradParameters",
+    "AdamParameters",
+    "EmbeddingConfigSpec",
+    "FtrlParameters",
+    "HostEmbedding",
+    "StochasticGradientDescentParameters",
+    "Topology",
+    "embedding_column",
+    "input_fn",
+    "shared_embedding_columns",
+    "sparsecore",
+]
 
 
 def __getattr__(name):

@@ -571,6 +571,7 @@ def make_replica_step(embedding: Any, model: Any, optimizer: Any, sample_counts:
 
     Returns:
       `step(element)`, which trains on the replica's element and returns the replica's loss.
+
     Raises:
       ValueError: `loss` is not "bce", "mse" or a callable.
     """
