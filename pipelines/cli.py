@@ -316,10 +316,10 @@ def _job_command(job: str):
         cfg = paths.for_workers(_config(args), runner.runner_name(beam_args))
         if job in ("run_vocab", "run_all"):
             runner.with_lineage(cfg)  # the base too: `--overwrite` of the base itself must not clear it first
-        output.prepare(args.output, args.command, args.overwrite)
-        manifest = getattr(runner, job)(cfg, beam_args)
-        if args.overwrite:
-            output.sweep(args.output)
+        # One command at a time per output; a killed or failed one's directory is taken over (pipelines.output).
+        with output.claim(args.output, args.command, args.overwrite) as claimed:
+            getattr(runner, job)(cfg, beam_args)
+            manifest = claimed.finish()
         print(summary(manifest, args.output))
         return 0
     command.__name__ = f"cmd_{job}"
@@ -406,15 +406,35 @@ def limits_table(m) -> list:
 
 def cmd_inspect(args, beam_args):
     from profiles.display import short_stack_name  # a command's imports (see the imports)
-    from tpu_embed.artifact import shard_records, tfrecord
-    from tpu_embed.artifact.manifest import read_manifest
-    m = read_manifest(args.artifact)
+    from tpu_embed.artifact import shard_records, tfrecord, verify
+    from tpu_embed.artifact.manifest import ManifestNotFoundError, read_manifest
+    try:
+        m = read_manifest(args.artifact)
+    except ManifestNotFoundError:
+        run = verify.read_run_marker(args.artifact)
+        if run is None:
+            raise
+        raise verify.ArtifactUnfinishedError(
+            f"{args.artifact} is an unfinished artifact with no manifest yet: {verify.describe_run(run)} has not "
+            "finished writing it (it is still running, or it was killed or failed). Wait for that run, or re-run "
+            "the same command with this --output (no --overwrite needed).") from None
+    problem = None
+    try:  # unfinished, or a listed file missing or of another size: said after what the manifest says
+        verify.check_listed(args.artifact, m)
+        for h in range(m.shard_format.num_hosts if m.shards is not None else 0):
+            verify.check_shard_steps(m, h)
+    except verify.ArtifactDamagedError as e:
+        problem = e
     if args.json:
         print(m.to_bytes().decode("utf-8"), end="")
+        if problem is not None:
+            raise problem
         return 0
     if args.unseen_days < 1:
         raise UserError(f"--unseen-days {args.unseen_days}: give a number of days, 1 or more.")
     print(summary(m, args.artifact, args.unseen_days))
+    if problem is not None:
+        raise problem
     if m.shards is not None:
         fmt = m.shard_format
         if not 0 <= args.host < fmt.num_hosts:

@@ -36,7 +36,8 @@ def start(spec, base: Optional[str] = None) -> TransformGraph:
 
 def write(output: str, spec, graph: Optional[TransformGraph] = None) -> Manifest:
     """Write output/transform_output/ of the artifact of `spec` in `output` (replacing what is there) and list its
-    files in the manifest."""
+    files in the manifest. The manifest stops listing the old files before they are deleted, and lists the new
+    ones once all are written."""
     m = read_manifest(output)
     try:
         graph = graph or TransformGraph(spec)
@@ -45,6 +46,8 @@ def write(output: str, spec, graph: Optional[TransformGraph] = None) -> Manifest
         raise TransformOutputError(f"{output}: the shards are written but not {DIRECTORY}/: {e} (write it with "
                                    f"`tpu-embed transform-output {output}`, or run with --no-transform-output)"
                                    ) from None
+    if m.files_of(manifest_writer.TRANSFORM_OUTPUT_KIND):  # no longer listed before its files are replaced
+        manifest_writer.replace_files(output, manifest_writer.TRANSFORM_OUTPUT_KIND, [])
     tio.delete_tree(tio.join(output, DIRECTORY))
     entries = [write_atomic(output, f"{DIRECTORY}/{rel}", data, extra={"kind": manifest_writer.TRANSFORM_OUTPUT_KIND})
                .to_json() for rel, data in sorted(files.items())]

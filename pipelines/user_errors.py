@@ -36,8 +36,8 @@ class UserError(ValueError):
 
 
 # Errors whose message names what is wrong and the fix. Matched by name: Beam's workers return them as text.
-USER_ERRORS = ("OutputError", "DiskFullError", "ArtifactDamagedError", "StrictModeError", "DataError",
-               "PolicyError", "LimitExceededError", "FileNotFoundError", "SpecError", "ManifestError",
+USER_ERRORS = ("OutputError", "DiskFullError", "ArtifactDamagedError", "ArtifactUnfinishedError", "StrictModeError",
+               "DataError", "PolicyError", "LimitExceededError", "FileNotFoundError", "SpecError", "ManifestError",
                "ManifestNotFoundError", "UserError", "DemoError", "MissingProfileError",
                "CorruptProfileError", "SchemaVersionError", "ProfileError", "LineageError", "TransformOutputError")
 CALL_ERRORS = ("SpecError", "UserError")  # how the command was called: exit code 2 (argparse's)

@@ -4,6 +4,9 @@ One manifest per artifact directory; each job (vocab, shard, profile) updates it
 list, then the whole manifest is validated against `tpu_embed.artifact.manifest.Manifest` (the typed schema
 the training side reads) and replaced atomically through `tpu_embed.artifact.io`. The jobs write it last, in
 one step after every other output. No timestamps: the same inputs and spec give the same manifest bytes.
+While a job command holds the directory (its run marker is there: `pipelines.output.claim`), every manifest
+written here carries `unfinished` (the marker's command, pid, host, start), which readers refuse
+(`tpu_embed.artifact.verify.check_finished`); the command's last step removes it.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from pipelines.output import write_atomic
 from pipelines.read.records import InputFile
 from tpu_embed.artifact import io as tio
 from tpu_embed.artifact import lineage
+from tpu_embed.artifact import verify as tverify
 from tpu_embed.artifact.manifest import (
     FILENAME,
     KIND,
@@ -149,6 +153,11 @@ def replace_files(output: str, kind: str, files: List[dict]) -> Manifest:
 
 
 def _write(output: str, m: dict) -> Manifest:
+    marker = tverify.read_run_marker(output)
+    if marker is None:
+        m.pop(tverify.UNFINISHED_KEY, None)
+    else:  # a job command is writing the directory (or died writing it): not an artifact before it finishes
+        m[tverify.UNFINISHED_KEY] = {k: marker[k] for k in ("command", "pid", "host", "started") if k in marker}
     typed = Manifest.from_json(m, manifest_path(output))  # what is written is what readers accept
     write_atomic(output, FILENAME, manifest_bytes(m))
     return typed

@@ -7,8 +7,10 @@ The one place that opens an artifact for training (`tpu_embed.training.tpu`,
 `tpu_embed.HostEmbedding.from_artifact`).  It refuses, before any step runs,
 what would silently train wrong embeddings: a `spec.yaml` edited after
 sharding (fingerprint), vocabularies recomputed after sharding (sizes), and a
-spec whose SparseCore layout is not the one the shards were packed with, and (`verify=`) files
-that are missing, of another size, or (small files, or "sha256") of other content than the manifest lists.
+spec whose SparseCore layout is not the one the shards were packed with, an unfinished artifact (a run
+still writing it, killed or failed: `tpu_embed.artifact.verify.check_finished`), and (`verify=`) listed
+files that are missing, of another size, or (small files, or "sha256") of other content than the manifest
+lists.
 """
 
 from __future__ import annotations
@@ -94,18 +96,21 @@ def _check_layout(model: ModelConfig, m: Manifest, artifact_dir: str) -> None:
                             "The artifact is inconsistent (or made by another tpu_embed): re-run `tpu-embed run`.")
 
 
-TRAINING_KINDS = ("vocabulary", "shard")  # spec.yaml: its fingerprint; the limits: the manifest's
+TRAINING_KINDS = ("vocabulary", "shard")  # what "size" checks: the files training reads (spec.yaml: by fingerprint)
 
 
 def load_artifact(artifact_dir: str, verify: str = "size") -> Artifact:
-    """Read and check an artifact; `verify` ("none" | "size" | "sha256", `tpu_embed.artifact.verify`): every file
-    training reads (vocabularies, every host's shards; spec.yaml by its fingerprint) exists with the listed
-    size (vocabularies also with the listed sha256; "sha256": the shards too, read in full) and the shards
-    cover every step, else `ArtifactDamagedError` before any step runs."""
+    """Read and check an artifact: a finished one (else `ArtifactUnfinishedError`, at every level); `verify`
+    ("none" | "size" | "sha256", `tpu_embed.artifact.verify`): "size": every file training reads (vocabularies,
+    every host's shards; spec.yaml by its fingerprint) exists with the listed size (vocabularies also with the
+    listed sha256); "sha256": every file the manifest lists (the transform output, profiles, plan.json, dead
+    letters, spec.yaml too) exists with the listed sha256, each read in full; and the shards cover every step,
+    else `ArtifactDamagedError` before any step runs."""
     tverify.check_level(verify)
     m = read_manifest(artifact_dir)
+    tverify.check_finished(m, artifact_dir)
     if verify != "none":
-        tverify.check_files(artifact_dir, m, verify, kinds=TRAINING_KINDS)
+        tverify.check_files(artifact_dir, m, verify, kinds=TRAINING_KINDS if verify == "size" else None)
         if m.shards is not None:
             for h in range(m.shards.format.num_hosts):
                 tverify.check_shard_steps(m, h)

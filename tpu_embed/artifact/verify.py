@@ -8,18 +8,27 @@
 Levels (`verify=` of `tpu_embed.input_fn`, `load_artifact`, `HostEmbedding.from_artifact` via
 `load_artifact`):
 
-* ``"none"``   the manifest's own checks only (schema, kind, version, fingerprint, layout).
-* ``"size"``   (default) at load: every listed file exists and has the size the manifest lists;
-  the vocabulary files are also hashed and compared with the manifest's sha256 (a vocabulary
-  edited after sharding, even to the same size, is refused). spec.yaml is checked by its
-  fingerprint (a comment may change); plan.json is informational (training uses the manifest's
-  limits, and a `plan=` passed to training is compared with them);
+* ``"none"``   the manifest's own checks only (schema, kind, version, fingerprint, layout, finished).
+* ``"size"``   (default) at load: every file training reads (vocabularies, shards) exists and has
+  the size the manifest lists; the vocabulary files are also hashed and compared with the
+  manifest's sha256 (a vocabulary edited after sharding, even to the same size, is refused).
+  spec.yaml is checked by its fingerprint (a comment may change); plan.json is informational
+  (training uses the manifest's limits, and a `plan=` passed to training is compared with them);
   the host's shard files cover steps 0..steps-1 without gaps (a shard missing from the list).
   Each shard file's record CRCs are checked as the file is first opened (Python, crc32c), so a
   corrupted record is refused naming the file, step and byte before any record of that file
   is used (TF's own CRC check would raise a bare ``DataLossError: corrupted record at N``).
-* ``"sha256"`` as "size", plus each shard file's sha256 is compared with the manifest's as it
-  is first opened (any change at all, also one that keeps the TFRecord framing valid).
+* ``"sha256"`` as "size", plus every file the manifest lists (the transform output, profiles,
+  plan.json, dead letters and spec.yaml too) exists with the listed sha256 (`load_artifact`), and
+  each shard file's sha256 is compared with the manifest's as it is first opened (any change at
+  all, also one that keeps the TFRecord framing valid).
+
+Unfinished artifacts: while a `tpu-embed` job command writes an output directory it holds a marker file
+there (`RUN_MARKER`, `pipelines.output.claim`), and every manifest it writes meanwhile carries the
+`unfinished` key (who writes it: command, pid, host, start); the last step of the command checks every
+listed file, rewrites the manifest without the key and removes the marker. A manifest with the key is
+refused at every level (`check_finished`): a run that is still writing, was killed (SIGKILL at any
+point) or failed never leaves an artifact that a reader takes as complete.
 
 The per-file checks read each shard file once more when it is opened (from the page cache, for
 local files, right before TensorFlow reads it); docs/benchmarks.md ("Verification cost") has the measured
@@ -28,6 +37,7 @@ cost per step.
 
 from __future__ import annotations
 
+import json
 from typing import Iterable, List, Optional
 
 from tpu_embed.artifact import io as tio
@@ -41,8 +51,53 @@ _CRC_PROBLEMS = (tfrecord.CORRUPT_LENGTH, tfrecord.CORRUPT_DATA)
 _FIX = "Re-run `tpu-embed run` (or shard) with this --output (and --overwrite), or restore the directory."
 
 
+RUN_MARKER = ".tpu-embed-run.lock"  # in an output directory while a job command writes it (and after it died)
+UNFINISHED_KEY = "unfinished"  # in every manifest written while the marker is there; the finished one has none
+SIZE_EXEMPT = ("spec", "plan")  # at level "size": only their existence (spec.yaml: by its fingerprint)
+
+
 class ArtifactDamagedError(ManifestError):
     """A file the manifest lists is missing, of another size or content, or holds a corrupt record."""
+
+
+class ArtifactUnfinishedError(ArtifactDamagedError):
+    """The manifest is one a job command wrote before it finished (it is still writing, was killed or failed)."""
+
+
+def read_run_marker(artifact_dir: str) -> Optional[dict]:
+    """The marker of a job command writing (or that died writing) `artifact_dir`: what it says of that run
+    ({} if it is empty or unreadable: a run killed while it wrote it), or None if there is none."""
+    try:
+        raw = tio.read_bytes(tio.join(artifact_dir, RUN_MARKER))
+    except (FileNotFoundError, IsADirectoryError):
+        return None
+    try:
+        d = json.loads(raw.decode("utf-8"))
+    except ValueError:
+        return {}
+    return d if isinstance(d, dict) else {}
+
+
+def describe_run(info: Optional[dict]) -> str:
+    """`tpu-embed run` (pid 12, host h, started 2025-01-01T10:00:00Z), from a run marker's fields."""
+    info = info or {}
+    facts = [f"{k} {info[k]}" for k in ("pid", "host") if info.get(k) is not None]
+    if info.get("started"):
+        facts.append(f"started {info['started']}")
+    what = f"`{info['command']}`" if info.get("command") else "a tpu-embed job"
+    return what + (f" ({', '.join(facts)})" if facts else "")
+
+
+def check_finished(m: Manifest, artifact_dir: Optional[str] = None) -> None:
+    """`ArtifactUnfinishedError` if `m` was written by a job command that has not finished (`UNFINISHED_KEY`)."""
+    info = (m.model_extra or {}).get(UNFINISHED_KEY)
+    if info is None:
+        return
+    where = artifact_dir if artifact_dir is not None else tio.dirname(m.source)
+    raise ArtifactUnfinishedError(
+        f"{where} is an unfinished artifact: {describe_run(info if isinstance(info, dict) else None)} has not "
+        "finished writing it (it is still running, or it was killed or failed). Wait for that run, or re-run the "
+        "same command with this --output (no --overwrite needed).")
 
 
 def check_level(level: str) -> str:
@@ -61,8 +116,10 @@ def _what(entry: FileEntry) -> str:
     return f"{entry.kind} file"
 
 
-def check_file(artifact_dir: str, entry: FileEntry, level: str = "size") -> None:
-    """Existence and size (and, for the small kinds or level "sha256", content) of one listed file."""
+def check_file(artifact_dir: str, entry: FileEntry, level: str = "size", *, hash_small: bool = True) -> None:
+    """Existence and size (and, for the small kinds or level "sha256", content) of one listed file; at level
+    "size", of spec.yaml and plan.json their existence only (`SIZE_EXEMPT`). `hash_small=False`: the small
+    kinds are not hashed at level "size" (existence and size only)."""
     if level == "none":
         return
     path = path_of(artifact_dir, entry)
@@ -73,10 +130,12 @@ def check_file(artifact_dir: str, entry: FileEntry, level: str = "size") -> None
     if size is None:
         raise ArtifactDamagedError(f"{path}: the manifest lists this {_what(entry)} but it is missing: the "
                                    f"artifact is incomplete (an interrupted run or copy?). {_FIX}")
+    if level == "size" and entry.kind in SIZE_EXEMPT:
+        return
     if size != entry.bytes:
         raise ArtifactDamagedError(f"{path}: {_what(entry)} has {size} bytes, the manifest lists {entry.bytes}: it "
                                    f"was truncated, replaced or rewritten after the manifest. {_FIX}")
-    if level == "sha256" or entry.kind in SMALL_KINDS:
+    if level == "sha256" or (hash_small and entry.kind in SMALL_KINDS):
         digest = tio.sha256_of(path)
         if digest != entry.sha256:
             raise ArtifactDamagedError(
@@ -86,7 +145,7 @@ def check_file(artifact_dir: str, entry: FileEntry, level: str = "size") -> None
 
 
 def check_files(artifact_dir: str, m: Manifest, level: str = "size", *, kinds: Optional[Iterable[str]] = None,
-                host: Optional[int] = None) -> None:
+                host: Optional[int] = None, hash_small: bool = True) -> None:
     """`check_file` for every listed file (of `kinds`; shards of `host` only when given)."""
     check_level(level)
     if level == "none":
@@ -97,11 +156,21 @@ def check_files(artifact_dir: str, m: Manifest, level: str = "size", *, kinds: O
             continue
         if host is not None and f.kind == "shard" and f.host != host:
             continue
-        check_file(artifact_dir, f, level)
+        check_file(artifact_dir, f, level, hash_small=hash_small)
+
+
+def check_listed(artifact_dir: str, m: Manifest, host: Optional[int] = None) -> None:
+    """The manifest is finished and every file it lists (shards: of `host` only, when given) exists with its
+    size (spec.yaml, plan.json: exists); nothing is hashed (`tpu-embed inspect`'s check, and the last step of
+    a job command's: `pipelines.output.Claim.finish`)."""
+    check_finished(m, artifact_dir)
+    check_files(artifact_dir, m, "size", host=host, hash_small=False)
 
 
 def check_shard_steps(m: Manifest, host_index: int) -> None:
-    """The host's shard files hold steps 0..shards.steps-1, each once, in file order."""
+    """The manifest is finished (`check_finished`) and the host's shard files hold steps 0..shards.steps-1, each
+    once, in file order."""
+    check_finished(m)
     if m.shards is None:
         return
     if m.limits is not None and m.limits.source.startswith("unbounded"):
