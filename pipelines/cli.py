@@ -47,6 +47,35 @@ examples:
 Any flag not listed above is passed to Beam's PipelineOptions. See docs/reference/cli.md.
 """
 
+RUN_EPILOG = """\
+examples:
+  tpu-embed run --spec examples/criteo/spec.yaml --output build/criteo
+  tpu-embed run --spec SPEC --output day2 --base day1   # modes append / frozen keep day1's ids
+  tpu-embed run --spec SPEC --output DIR --direct_num_workers=2 \\
+      --direct_running_mode=multi_processing
+Any flag not listed above is passed to Beam's PipelineOptions; other runners:
+docs/how-to/run-on-a-cluster.md.
+"""
+
+# Each command's line in `tpu-embed --help` (one line at 80 columns, the style of argparse's own "show this
+# help message and exit"), and the first line of its own `--help`. plan and report: profiles.commands.
+COMMANDS = {
+    "vocab": "compute the vocabularies -> DIR/vocab/",
+    "shard": "write the SparseCore CSR shards (and the profile)",
+    "profile": "compute the lookup statistics only",
+    "run": "vocab, then shards + profile: the main command",
+    "inspect": "summarise an artifact, decode its first records",
+    "demo": "raw data to a trained model in a few minutes",
+    "remap": "move a checkpoint's rows to another artifact's ids",
+    "transform-output": "write the raw -> id mapping as tf.Transform output",
+}
+
+
+def _description(command: str, more: str = "") -> str:
+    """A command's own `--help` text: its line from the command list as a sentence, then `more`."""
+    line = COMMANDS[command]
+    return line[0].upper() + line[1:] + "." + (f"\n\n{more}" if more else "")
+
 
 def _add_common(sp: argparse.ArgumentParser, output_required: bool = True):
     sp.add_argument("--spec", required=True, help="the YAML spec (every key: docs/reference/spec.md)")
@@ -93,17 +122,28 @@ def _add_lineage(sp: argparse.ArgumentParser):
                          "base's day + 1, or 1 without a base); must increase along the lineage")
 
 
+def _wide_names(prog: str) -> argparse.HelpFormatter:
+    """The top-level help, with room for the longest command name (`transform-output`, indented by 4) and its
+    line on one line: argparse sizes the name column by the options, at indent 2."""
+    formatter = argparse.RawDescriptionHelpFormatter(prog)
+    formatter._action_max_length = 4 + len(max(COMMANDS, key=len)) + 2  # noqa: SLF001 - argparse's column width
+    return formatter
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = NoAbbrevParser(  # `--str` is not `--strict`; unknown flags: check_pass_through
         prog="tpu-embed", description=__doc__.split("\n\n")[0] + "\n\n" + __doc__.split("\n\n", 1)[1],
-        formatter_class=argparse.RawDescriptionHelpFormatter, epilog=EPILOG)
+        formatter_class=_wide_names, epilog=EPILOG)
+    import tpu_embed  # already imported (pipelines.user_errors); its version, written once
+    parser.add_argument("--version", action="version", version=f"%(prog)s {tpu_embed.__version__}")
     parser.add_argument("-v", "--verbose", action="store_true", help="Beam's INFO logs")
     parser.add_argument("--debug", action="store_true",
                         help="show Python tracebacks and TensorFlow's start-up logs (errors are one line otherwise)")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
-    sp = sub.add_parser("vocab", help="compute the vocabularies (tensorflow-transform semantics) -> DIR/vocab/",
-                        formatter_class=argparse.RawDescriptionHelpFormatter)
+    sp = sub.add_parser("vocab", help=COMMANDS["vocab"], formatter_class=argparse.RawDescriptionHelpFormatter,
+                        description=_description("vocab", "Frequency, identity and hashing vocabularies with "
+                                                          "tensorflow-transform's semantics, and the manifest."))
     _add_common(sp)
     sp.add_argument("--vocab-engine", choices=("combine", "tft"), default="combine",
                     help="combine: exact counts as a Beam CombinePerKey (fast, default); tft: "
@@ -112,12 +152,13 @@ def build_parser() -> argparse.ArgumentParser:
     _add_lineage(sp)
     sp.set_defaults(func=cmd_vocab)
 
-    for name, helptext in (
-            ("shard", "write per-host shards of SparseCore CSR (+ the profile unless --no-profile)"),
-            ("profile", "lookup statistics at the shards' batching -> profile_data_directory"),
-            ("run", "vocab, then shards + profile in one read of the data (the main form)")):
-        sp = sub.add_parser(name, help=helptext, formatter_class=argparse.RawDescriptionHelpFormatter,
-                            epilog=EPILOG if name == "run" else None)
+    for name, more in (
+            ("shard", "Per-host shards of SparseCore CSR, and the lookup statistics unless --no-profile."),
+            ("profile", "The lookup statistics at the shards' batching -> the spec's profile_data_directory."),
+            ("run", "The vocabularies, then the shards and the profile in one read of the data; the limits are "
+                    "planned\nfrom that pass unless the spec or --plan pins them.")):
+        sp = sub.add_parser(name, help=COMMANDS[name], formatter_class=argparse.RawDescriptionHelpFormatter,
+                            description=_description(name, more), epilog=RUN_EPILOG if name == "run" else None)
         _add_common(sp)
         _add_shard(sp)
         if name != "profile":
@@ -141,20 +182,31 @@ def build_parser() -> argparse.ArgumentParser:
                                  "of the spill files; 0: all spilled (default 1024)")
         sp.set_defaults(func={"shard": cmd_shard, "profile": cmd_profile, "run": cmd_run}[name])
 
-    sp = sub.add_parser("inspect", help="summarise an artifact directory (manifest, vocabularies, first records)")
+    sp = sub.add_parser("inspect", help=COMMANDS["inspect"], description=_description(
+        "inspect", "The manifest's summary (topology, vocabularies, counts, limits, files), then the host's first "
+                   "shard records: per chip and stacked table, the ids it holds, the slots they take with each "
+                   "partition padded to 8, the id buffer TPUEmbeddingV2.dequeue receives, and the ids the "
+                   "limits dropped."))
     sp.add_argument("artifact", help="artifact directory")
-    sp.add_argument("--host", type=int, default=0)
-    sp.add_argument("--steps", type=int, default=1, help="decode and summarise this many records")
-    sp.add_argument("--json", action="store_true", help="print the manifest as JSON")
+    sp.add_argument("--host", type=int, default=0, metavar="H",
+                    help="the host whose shard records are decoded (default 0; 0..num_hosts-1)")
+    sp.add_argument("--steps", type=int, default=None, metavar="N",
+                    help="decode and summarise this many records (default 1; with --json, none unless given)")
+    sp.add_argument("--json", action="store_true",
+                    help="print the manifest as JSON; with --steps N, {\"manifest\": ..., \"records\": [the N "
+                         "decoded records]}")
     sp.add_argument("--unseen-days", type=int, default=1, metavar="N",
                     help="a lineage's vocabularies: count the tokens in use not seen for N days or more "
                          "(last_day <= day - N), those a retiring policy would free (default 1: not seen this day)")
     sp.set_defaults(func=cmd_inspect)
 
-    sp = sub.add_parser("demo", help="raw data to a trained model: synthetic Criteo-like data, the jobs, the plan, "
-                                     "a DLRM trained with HostEmbedding, the report (a few minutes)")
+    sp = sub.add_parser("demo", help=COMMANDS["demo"], description=_description(
+        "demo", "Synthetic Criteo-like data, the jobs, the plan, a DLRM trained with HostEmbedding, the SavedModel "
+                "and the report. A second demo into the same --output replaces what the first one wrote (other "
+                "files there are kept)."))
     sp.add_argument("--output", default="build/demo", help="where everything goes (default build/demo)")
-    sp.add_argument("--overwrite", action="store_true", help="replace the output of an earlier demo")
+    # Before a demo replaced its own earlier output by itself, this flag asked for it: still accepted.
+    sp.add_argument("--overwrite", action="store_true", help=argparse.SUPPRESS)
     sp.add_argument("--examples", type=int, default=None, help="synthetic examples to generate (default 500000)")
     sp.add_argument("--days", type=int, choices=(1, 2), default=1,
                     help="2: the examples as two days of one lineage (vocabularies append under capacities); "
@@ -171,8 +223,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _add_remap(sub) -> None:
-    sp = sub.add_parser("remap", help="warm start across vocabularies: a checkpoint's tables and optimizer slots moved "
-                                      "from artifact A's ids to artifact B's")
+    sp = sub.add_parser("remap", help=COMMANDS["remap"], description=_description(
+        "remap", "Warm start across vocabularies: a checkpoint's tables and optimizer slots moved from artifact A's "
+                 "ids to artifact B's."))
     sp.add_argument("--from", dest="from_artifact", required=True, metavar="A",
                     help="the artifact directory the checkpoint was trained on")
     sp.add_argument("--to", dest="to_artifact", required=True, metavar="B",
@@ -194,8 +247,8 @@ def _add_remap(sub) -> None:
 
 
 def _add_transform_output(sub) -> None:
-    sp = sub.add_parser("transform-output", help="write an artifact's raw -> id mapping as tf.Transform output "
-                                                 "(tft.TFTransformOutput reads it; docs/how-to/serve.md)")
+    sp = sub.add_parser("transform-output", help=COMMANDS["transform-output"], description=_description(
+        "transform-output", "tft.TFTransformOutput reads it (docs/how-to/serve.md)."))
     sp.add_argument("artifact", help="artifact directory (made by `tpu-embed run`)")
     sp.add_argument("--output", default=None, metavar="DIR",
                     help="where to write it, replacing what is there (default: ARTIFACT/transform_output)")
@@ -219,8 +272,7 @@ def cmd_transform_output(args):
 
 def cmd_remap(args):
     from pipelines import progress  # a command's imports (see the imports)
-    from tpu_embed.training.remap import RemapError, remap
-    from tpu_embed.training.remap.bundle import BundleError
+    from tpu_embed.training.remap import remap
     kw = {}
     if args.chunk_rows is not None:
         if args.chunk_rows < 1:
@@ -230,11 +282,9 @@ def cmd_remap(args):
         def moved(done: int, total: int) -> None:
             bar.total = total
             bar.update(done - bar.n)
-        try:
-            report = remap(args.from_artifact, args.to_artifact, args.checkpoint, args.output, prefix=args.prefix,
-                           seed=args.seed, overwrite=args.overwrite, progress=moved, **kw)
-        except (RemapError, BundleError) as e:  # the message names what is wrong and the fix
-            raise UserError(str(e)) from None
+        # A RemapError / BundleError names what is wrong and the fix: one line, exit code 1 (pipelines.user_errors).
+        report = remap(args.from_artifact, args.to_artifact, args.checkpoint, args.output, prefix=args.prefix,
+                       seed=args.seed, overwrite=args.overwrite, progress=moved, **kw)
     print(report.summary())
     return 0
 
@@ -405,7 +455,8 @@ def limits_table(m) -> list:
 
 
 def cmd_inspect(args, beam_args):
-    from profiles.display import short_stack_name  # a command's imports (see the imports)
+    import json  # a command's imports (see the imports)
+
     from tpu_embed.artifact import shard_records, tfrecord, verify
     from tpu_embed.artifact.manifest import ManifestNotFoundError, read_manifest
     try:
@@ -418,6 +469,10 @@ def cmd_inspect(args, beam_args):
             f"{args.artifact} is an unfinished artifact with no manifest yet: {verify.describe_run(run)} has not "
             "finished writing it (it is still running, or it was killed or failed). Wait for that run, or re-run "
             "the same command with this --output (no --overwrite needed).") from None
+    if args.steps is not None and args.steps < 0:
+        raise UserError(f"--steps {args.steps}: give a number of records, 0 or more.")
+    if args.unseen_days < 1:
+        raise UserError(f"--unseen-days {args.unseen_days}: give a number of days, 1 or more.")
     problem = None
     try:  # unfinished, or a listed file missing or of another size: said after what the manifest says
         verify.check_listed(args.artifact, m)
@@ -425,37 +480,63 @@ def cmd_inspect(args, beam_args):
             verify.check_shard_steps(m, h)
     except verify.ArtifactDamagedError as e:
         problem = e
-    if args.json:
-        print(m.to_bytes().decode("utf-8"), end="")
-        if problem is not None:
-            raise problem
-        return 0
-    if args.unseen_days < 1:
-        raise UserError(f"--unseen-days {args.unseen_days}: give a number of days, 1 or more.")
-    print(summary(m, args.artifact, args.unseen_days))
-    if problem is not None:
-        raise problem
-    if m.shards is not None:
+    steps = args.steps if args.steps is not None else (0 if args.json else 1)
+    records = []
+    if problem is None and steps and m.shards is not None:
         fmt = m.shard_format
         if not 0 <= args.host < fmt.num_hosts:
             raise UserError(f"--host {args.host}: {args.artifact} has {fmt.num_hosts} host(s), "
                             f"so --host must be in 0..{fmt.num_hosts - 1}.")
-        files = shard_records.shard_files(args.artifact, args.host, m)
-        shown = 0
-        for path in files:
+        for path in shard_records.shard_files(args.artifact, args.host, m):
             for rec in tfrecord.read_records(path):
-                if shown >= args.steps:
+                if len(records) >= steps:
                     break
-                r = shard_records.decode_record(rec, fmt)
-                print(f"host {r['host']} step {r['step']}: {int(r['mask'].sum())} examples, "
-                      f"label mean {float(r['label'].mean()) if r['label'].size else 0:.3f}")
-                for c, chip in enumerate(r["sparse_core"]):
-                    for stack, d in chip.items():
-                        print(f"  chip {c} {short_stack_name(stack, m.stacks[stack].tables)}: ids "
-                              f"{d['ids_unpadded_size']}, row pointers "
-                              f"{d['row_pointers_unpadded_size']}, dropped {d['dropped_ids']}")
-                shown += 1
+                records.append(shard_records.decode_record(rec, fmt))
+    if args.json:
+        if args.steps is None:  # the manifest as written
+            print(m.to_bytes().decode("utf-8"), end="")
+        else:
+            print(json.dumps({"manifest": m.to_json(), "records": [_record_json(r) for r in records]}, indent=1))
+        if problem is not None:
+            raise problem
+        return 0
+    print(summary(m, args.artifact, args.unseen_days))
+    if problem is not None:
+        raise problem
+    for r in records:
+        print("\n".join(record_lines(m, r)))
     return 0
+
+
+def record_lines(m, r) -> List[str]:
+    """A decoded shard record (`shard_records.decode_record`) in a few lines: per chip and stacked table, the
+    ids it holds, the slots they take in the CSR arrays (each partition padded to a multiple of 8, as TF lays
+    them out), the id buffer `TPUEmbeddingV2.dequeue` receives (max_ids_per_chip_per_sample x samples, the
+    static size `input_fn` pads to), the row pointers and the ids the limits dropped."""
+    from profiles.display import short_stack_name  # a command's imports (see the imports)
+    from tpu_embed.sparsecore.padding import PAD_VALUE
+    per_sample = m.limits.max_ids_per_chip_per_sample if m.limits is not None else None
+    lines = [f"host {r['host']} step {r['step']}: {int(r['mask'].sum())} examples, "
+             f"label mean {float(r['label'].mean()) if r['label'].size else 0:.3f}"]
+    for c, chip in enumerate(r["sparse_core"]):
+        for stack, d in chip.items():
+            ids = int((d["sorted_token_ids"] != PAD_VALUE).sum())
+            buffer = f" of a {per_sample * d['sample_count']}-id buffer" if per_sample else ""
+            lines.append(f"  chip {c} {short_stack_name(stack, m.stacks[stack].tables)}: {ids} ids in "
+                         f"{d['ids_unpadded_size']} slots{buffer}, {d['row_pointers_unpadded_size']} row pointers, "
+                         f"{d['dropped_ids']} dropped")
+    return lines
+
+
+def _record_json(r) -> dict:
+    """A decoded shard record as JSON: its arrays as lists."""
+    def plain(x):
+        if isinstance(x, dict):
+            return {k: plain(v) for k, v in x.items()}
+        if isinstance(x, (list, tuple)):
+            return [plain(v) for v in x]
+        return x.tolist() if hasattr(x, "tolist") else x
+    return plain(r)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -470,7 +551,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     args, beam_args = parser.parse_known_args(argv)
     if not getattr(args, "command", None):
         parser.print_help()
-        return 2
+        return user_errors.USAGE
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(levelname)s %(name)s: %(message)s")
     if not (args.verbose or debug):
@@ -492,7 +573,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return 0
     except KeyboardInterrupt:
         print("tpu-embed: interrupted", file=sys.stderr)
-        return 130
+        return user_errors.INTERRUPTED
     except Exception as e:  # noqa: BLE001 - one clear line, never a traceback (unless --debug)
         if debug:
             raise

@@ -1,6 +1,18 @@
-"""What the CLI prints for an error: one line, and the `--debug` hint only for an unexpected one.
+"""What the CLI prints for an error: one line, and the `--debug` hint only for an unexpected one; its exit code.
 
-    describe(e, output) -> Described(line, expected)      exit_code(e) -> 2 | 1
+    describe(e, output) -> Described(line, expected)      exit_code(e) -> USAGE (2) | FAILED (1)
+
+Exit codes, the same in every command (docs/reference/cli.md, "Errors and exit codes"):
+
+* 0 (`OK`): done.
+* 1 (`FAILED`): the command was called right but could not do it: bad data (`--strict`, or no valid record),
+  a missing, damaged or unfinished artifact or checkpoint, artifacts that do not fit together, an output
+  that cannot be used (it holds an artifact, another run writes it, it is not writable), an error of the
+  environment, a failed job, an unexpected error.
+* 2 (`USAGE`): how the command was called is wrong: an unknown or misspelled flag, a bad flag value, a bad
+  spec (an unknown key, a wrong value, invalid YAML, no such spec file), as argparse exits for its own
+  errors. `CALL_ERRORS` are these.
+* 130 (`INTERRUPTED`): Ctrl-C.
 
 A *user error* is one whose message already says what is wrong and what to do: a bad spec or flag, bad
 data, a damaged or missing artifact, an output that cannot be used (`USER_ERRORS`). Its message is the
@@ -31,6 +43,9 @@ from tpu_embed.artifact import io as tio
 DEBUG_HINT = "(run with --debug for the traceback)"
 
 
+OK, FAILED, USAGE, INTERRUPTED = 0, 1, 2, 130
+
+
 class UserError(ValueError):
     """A mistake in how a command was called: printed as one line (exit code 2)."""
 
@@ -39,8 +54,9 @@ class UserError(ValueError):
 USER_ERRORS = ("OutputError", "DiskFullError", "ArtifactDamagedError", "ArtifactUnfinishedError", "StrictModeError",
                "DataError", "PolicyError", "LimitExceededError", "FileNotFoundError", "SpecError", "ManifestError",
                "ManifestNotFoundError", "UserError", "DemoError", "MissingProfileError",
-               "CorruptProfileError", "SchemaVersionError", "ProfileError", "LineageError", "TransformOutputError")
-CALL_ERRORS = ("SpecError", "UserError")  # how the command was called: exit code 2 (argparse's)
+               "CorruptProfileError", "SchemaVersionError", "ProfileError", "LineageError", "TransformOutputError",
+               "RemapError", "BundleError")
+CALL_ERRORS = ("SpecError", "UserError")  # how the command was called: exit code USAGE (argparse's)
 
 # errno: (what went wrong, with {} for the path; what to do)
 _OS_ERRORS = {
@@ -71,7 +87,8 @@ class Described:
 
 
 def exit_code(e: BaseException) -> int:
-    return 2 if type(e).__name__ in CALL_ERRORS else 1
+    """USAGE for a mistake in how the command was called (`CALL_ERRORS`), FAILED for any other error."""
+    return USAGE if type(e).__name__ in CALL_ERRORS else FAILED
 
 
 def describe(e: BaseException, output: Optional[str] = None) -> Described:

@@ -21,8 +21,8 @@ from profiles.model_file import SpecLoader
 # The planner, the report and the store are imported by the command that runs (`_cmd_plan`, `_cmd_report`):
 # `tpu-embed --help` adds these parsers and should not pay for loading them (~70 ms).
 
-PLAN_HELP = "Plan SparseCore limits (max_ids_per_table, max_unique_ids_per_table, max_ids_per_chip_per_sample) " \
-            "from a profile directory."
+# The commands' lines in `tpu-embed --help`: one line each, in the style of the CLI's other commands.
+PLAN_HELP = "plan SparseCore limits from a profile -> plan.json"
 PLAN_DESCRIPTION = """\
 Derive SparseCoreEmbeddingConfig limits from the lookup statistics that the
 profile job wrote to a profile_data_directory, and write them as a plan file
@@ -44,7 +44,7 @@ Warnings (printed, and recorded in the plan): too few profiled steps,
 statistics from another configuration, bounds instead of exact figures.
 """
 
-REPORT_HELP = "Write an HTML report with plots of a profile directory (and a plan)."
+REPORT_HELP = "write an HTML report of a profile (and a plan)"
 REPORT_DESCRIPTION = """\
 Write OUTPUT/index.html and PNG plots: ids per example per table, per-SparseCore
 load heat maps, planned limits against per-step maxima, hot ids, 'mod' vs

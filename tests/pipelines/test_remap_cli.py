@@ -42,13 +42,13 @@ def test_remap_prints_the_tables_and_writes_a_restorable_checkpoint(setup, capsy
     np.testing.assert_array_equal(emb_b.tables["user_id"].numpy(), emb.tables["user_id"].numpy())
 
 
-@pytest.mark.parametrize("case, message", [
-    ("exists", "exists; pass overwrite=True"),
-    ("chunk", "--chunk-rows must be a positive number"),
-    ("prefix", "has no variables of table"),
-    ("swapped", "was not trained on artifact A's vocabulary"),
+@pytest.mark.parametrize("case, message, exit_code", [  # exit codes: pipelines.user_errors
+    ("exists", "exists; pass overwrite=True", 1),  # the output holds a checkpoint (as `run`'s does an artifact)
+    ("chunk", "--chunk-rows must be a positive number", 2),  # a bad flag value
+    ("prefix", "has no variables of table", 1),  # the checkpoint does not hold it
+    ("swapped", "was not trained on artifact A's vocabulary", 1),  # checkpoint and artifacts do not fit
 ])
-def test_mistakes_are_one_line(setup, capsys, tmp_path, case, message):
+def test_mistakes_are_one_line(setup, capsys, tmp_path, case, message, exit_code):
     d, a, b, path, _ = setup
     out = str(tmp_path / "ckpt-0")
     frm, to, extra = a, b, []
@@ -63,7 +63,7 @@ def test_mistakes_are_one_line(setup, capsys, tmp_path, case, message):
         frm, to = b, a
     code = main(["remap", "--from", frm, "--to", to, "--checkpoint", path, "--output", out] + extra)
     err = capsys.readouterr().err.strip().splitlines()
-    assert code == 2 and len(err) == 1 and err[0].startswith("tpu-embed remap: ") and message in err[0], err
+    assert code == exit_code and len(err) == 1 and err[0].startswith("tpu-embed remap: ") and message in err[0], err
 
 
 def test_new_rows_are_seeded_by_artifact_b_unless_seed_is_given(setup, capsys, tmp_path):

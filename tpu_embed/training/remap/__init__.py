@@ -80,7 +80,9 @@ class RemapReport:
     def summary(self) -> str:
         lines = [f"remapped {self.checkpoint} -> {self.output} ({self.layout} at {self.prefix!r}; "
                  f"{self.other_variables} other variables copied)"]
-        rows = [("table", "kind", "rows A", "rows B", "kept", "new", "dropped", "oov", "slots")]
+        # "initialized": B's rows that start from the initializer (tokens not in A, reserved rows), not "new",
+        # which `tpu-embed inspect` says of the tokens a lineage's day added.
+        rows = [("table", "kind", "rows A", "rows B", "kept", "initialized", "dropped", "oov", "slots")]
         for t in self.tables.values():
             rows.append((t.table, t.kind + (" (copied)" if t.copied else ""), str(t.rows_a), str(t.rows_b),
                          str(t.kept_tokens), str(t.new), str(t.dropped), str(t.oov_buckets),
