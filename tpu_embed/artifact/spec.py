@@ -42,9 +42,11 @@ A spec file looks like this (every key is documented in docs/reference/spec.md):
              layout: tensorflow}       # tensorflow | jax | both: whose SparseCore input arrays the records hold
 
 The format is a set of pydantic models: every default is the default of its
-field, unknown keys are refused.  Validation errors are `SpecError`s whose
+field, unknown keys are refused (with the allowed key a misspelled one is
+closest to: "did you mean 'top_k'?").  Validation errors are `SpecError`s whose
 message names the key (e.g. ``categorical[3].vocabulary.top_k``) and says how
-to fix it (the field's ``fix``).
+to fix it (the field's ``fix``); `load_spec`'s name the file too, and the line
+of the key where the file has it (YAML errors: line and column).
 
 This module needs pydantic and pyyaml; TensorFlow is imported by
 `tpu_embed.core.model.to_tf_feature_config`, where `to_feature_config` needs it.
@@ -52,8 +54,10 @@ This module needs pydantic and pyyaml; TensorFlow is imported by
 
 from __future__ import annotations
 
+import difflib
 import math
 import os
+import re
 from typing import (
     Annotated,
     Any,
@@ -99,14 +103,32 @@ OPTIMIZERS = {"sgd": "StochasticGradientDescentParameters", "adagrad": "AdagradP
 
 
 class SpecError(ValueError):
-    """A spec is invalid. The message names the key and the fix."""
+    """A spec is invalid. The message names the key and the fix, and `where` (the file, and its line where
+    known) when it came from one: `<file>, line 18: spec key 'global_batch_sise': unknown key; ...`.
+    `FILE_KEY` stands for the file as a whole (missing, not YAML): no key is named."""
 
-    def __init__(self, key: str, problem: str, fix: str = ""):
-        self.key, self.problem, self.fix = key, problem, fix
-        super().__init__(f"spec key '{key}': {problem}" + (f" Fix: {fix}" if fix else ""))
+    FILE_KEY = "<file>"
+
+    def __init__(self, key: str, problem: str, fix: str = "", where: Optional[str] = None):
+        self.key, self.problem, self.fix, self.where = key, problem, fix, where
+        super().__init__((f"{where}: " if where else "") + (f"spec key '{key}': " if key != self.FILE_KEY else "")
+                         + problem + (f" Fix: {fix}" if fix else ""))
 
     def __reduce__(self):  # Beam sends errors between processes: rebuild from the parts, not the message
-        return (SpecError, (self.key, self.problem, self.fix))
+        return (SpecError, (self.key, self.problem, self.fix, self.where))
+
+
+def _unknown_key(key: str, allowed: Sequence[str], problem: str = "unknown key") -> SpecError:
+    """`key` (its last part the unknown name) is not among `allowed`: with the allowed key it is closest to
+    ("did you mean 'top_k'?"), else every allowed key."""
+    name = key.rsplit(".", 1)[-1]
+    by_lower = {a.lower(): a for a in allowed}
+    close = difflib.get_close_matches(name.lower(), list(by_lower), n=1, cutoff=0.6)
+    if close:
+        right = by_lower[close[0]]
+        return SpecError(key, f"{problem}; did you mean '{right}'?",
+                         f"rename it to {right} (the allowed keys are in docs/reference/spec.md).")
+    return SpecError(key, f"{problem}.", f"allowed keys are {sorted(allowed)}.")
 
 
 # ---------------------------------------------------------------- field types
@@ -292,7 +314,7 @@ def _check_optimizer(d: Any) -> Any:
     params = {k: v for k, v in d.items() if k != "type"}
     for k, v in params.items():
         if k not in cls._PARAMS:
-            raise SpecError(str(k), f"not a parameter of {cls.__name__}.", f"allowed: {list(cls._PARAMS)}.")
+            raise _unknown_key(str(k), list(cls._PARAMS), f"not a parameter of {cls.__name__}")
         if isinstance(v, float) and not math.isfinite(v):
             raise SpecError(k, f"expected a finite number, got {v!r}.")
     try:
@@ -438,7 +460,7 @@ class _Defaults(_Model):
                 ("table", self.table, set(_keys(TableSpec)) - {"name"})):
             for k in d:
                 if k not in allowed:
-                    raise SpecError(f"{key}.{k}", "unknown key.", f"allowed keys are {sorted(allowed)}.")
+                    raise _unknown_key(f"{key}.{k}", sorted(allowed))
         return self
 
 
@@ -820,8 +842,11 @@ def _locate(root: Any, loc: Tuple[Any, ...]) -> Tuple[str, Any, str]:
 
 
 def _spec_error(error: ValidationError, root: Any, prefix: str = "") -> SpecError:
-    """The first error of `error` as a SpecError keyed `prefix` + its location, with the field's fix."""
-    e = error.errors(include_url=False)[0]
+    """The first error of `error` as a SpecError keyed `prefix` + its location, with the field's fix; but an
+    unknown key before a missing one (`global_batch_sise` explains a missing `global_batch_size`)."""
+    errors = error.errors(include_url=False)
+    unknown = [e for e in errors if e["type"] == "extra_forbidden"]
+    e = unknown[0] if unknown and any(e["type"] == "missing" for e in errors) else errors[0]
     where, model, fix = _locate(root, e["loc"])
     key = ".".join(k for k in (prefix, where) if k).replace(".[", "[")
     ctx, kind = e.get("ctx") or {}, e["type"]
@@ -833,7 +858,7 @@ def _spec_error(error: ValidationError, root: Any, prefix: str = "") -> SpecErro
         vtype = [t for t, c in VOCABULARIES.items() if c is model]
         if vtype and owner:
             return SpecError(key, f"does not apply to a {vtype[0]} vocabulary.", f"remove it, or set type: {owner[0]}.")
-        fix = f"allowed keys are {sorted(_keys(model))}."
+        return _unknown_key(key or "<root>", _keys(model))
     elif kind.startswith("union_tag"):
         key, fix = key + ".type" * (kind == "union_tag_invalid"), f"use one of {list(VOCABULARIES)}."
     elif kind == "literal_error" and not fix:
@@ -866,13 +891,56 @@ def load_spec(path: str) -> Spec:
         key and the fix.
     """
     try:
-        raw = yaml.safe_load(tio.read_text(path))
+        text = tio.read_text(path)
     except FileNotFoundError:
-        raise SpecError("<file>", f"spec file {path!r} does not exist.", "pass the path of a YAML spec.") from None
+        raise SpecError(SpecError.FILE_KEY, "the spec file does not exist.", "pass the path of a YAML spec.",
+                        where=path) from None
+    try:
+        raw = yaml.safe_load(text)
     except yaml.YAMLError as e:
-        raise SpecError("<file>", f"{path}: not valid YAML ({e}).", "fix the YAML syntax.") from None
+        raise _yaml_error(path, e) from None
     where = path if tio.is_url(path) else os.path.abspath(path)
-    return parse_spec(raw, base_dir=tio.dirname(where), source_path=where)
+    try:
+        return parse_spec(raw, base_dir=tio.dirname(where), source_path=where)
+    except SpecError as e:
+        line = _line_of(text, e.key)
+        raise SpecError(e.key, e.problem, e.fix, where=path + (f", line {line}" if line else "")) from None
+
+
+def _yaml_error(path: str, e: yaml.YAMLError) -> SpecError:
+    """A YAML syntax error as one line naming the file, the line and column, and what the parser expected."""
+    mark = getattr(e, "problem_mark", None)
+    where = f"{path}, line {mark.line + 1}, column {mark.column + 1}" if mark is not None else path
+    problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+    context, at = getattr(e, "context", None), getattr(e, "context_mark", None)
+    if context and at is not None:
+        problem += f" ({context} at line {at.line + 1}, column {at.column + 1})"
+    return SpecError(SpecError.FILE_KEY, f"not valid YAML: {' '.join(problem.split())}.", "fix the YAML syntax there.",
+                     where=where)
+
+
+_KEY_PART = re.compile(r"([^.\[\]]+)|\[(\d+)\]")
+
+
+def _line_of(text: str, key: str) -> Optional[int]:
+    """The line (1-based) of spec key `key` (`categorical[3].vocabulary.top_k`) in the YAML `text`: of its deepest
+    part the file has (a missing key: its section's), None if not even the first."""
+    try:
+        node = yaml.compose(text)
+    except yaml.YAMLError:
+        return None
+    line = None
+    for name, index in _KEY_PART.findall(key):
+        nxt = None
+        if isinstance(node, yaml.MappingNode) and name:
+            nxt = next(((k, v) for k, v in node.value if isinstance(k, yaml.ScalarNode) and k.value == name), None)
+        elif isinstance(node, yaml.SequenceNode) and index and int(index) < len(node.value):
+            item = node.value[int(index)]
+            nxt = (item, item)
+        if nxt is None:
+            break
+        line, node = nxt[0].start_mark.line + 1, nxt[1]
+    return line
 
 
 def parse_spec(raw: Any, base_dir: str = ".", source_path: Optional[str] = None) -> Spec:
