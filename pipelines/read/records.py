@@ -92,9 +92,27 @@ class Deferred:
 
 
 def missing_columns_letter(f: InputFile, missing: List[str], have: List[str]) -> DeadLetter:
-    return DeadLetter(f.path, -1, "missing_columns",
-                      f"columns {missing} are missing (the file has {have[:50]}); every record of the "
-                      "file is sent to the dead letters", f.index)
+    """The whole-file letter of a file without some columns the spec reads: the missing ones (the first five)
+    and, for each of the first three, the file's columns closest to it (case ignored), never every column."""
+    return DeadLetter(f.path, -1, "missing_columns", f"{missing_columns(missing, have)}; every record of the file "
+                      "is sent to the dead letters", f.index)
+
+
+def missing_columns(missing: Sequence[str], have: Sequence[str]) -> str:
+    """"column 'C7' is missing (the file has 39 columns; 'C7': did you mean 'c7'?)", for a message."""
+    import difflib
+    shown = ", ".join(repr(c) for c in missing[:5]) + (f" and {len(missing) - 5} more" if len(missing) > 5 else "")
+    by_lower: Dict[str, List[str]] = {}
+    for c in have:
+        by_lower.setdefault(c.lower(), []).append(c)
+    hints = []
+    for c in missing[:3]:
+        close = [h for x in difflib.get_close_matches(c.lower(), list(by_lower), n=3, cutoff=0.6) for h in by_lower[x]]
+        if close:
+            hints.append(f"{c!r}: did you mean {' or '.join(repr(h) for h in close[:3])}?")
+    one = len(missing) == 1
+    return (f"{'column' if one else 'columns'} {shown} {'is' if one else 'are'} missing (the file has {len(have)} "
+            f"columns{'; ' + '; '.join(hints) if hints else ''})")
 
 
 def some_files(paths: Sequence[str], most: int = 3) -> str:
