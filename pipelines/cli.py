@@ -384,7 +384,7 @@ cmd_run = _job_command("run_all")
 
 def cmd_demo(args, beam_args):
     from pipelines import demo  # Beam: the demo runs the jobs (see the imports)
-    return demo.main(args.output, args.overwrite, args.examples, beam_args, days=args.days, serving=args.serving)
+    return demo.main(args.output, args.examples, beam_args, days=args.days, serving=args.serving)
 
 
 def summary(m, output: str, unseen_days: int = 1) -> str:

@@ -14,20 +14,29 @@ as it is and trains on, beside a cold start of the same steps (held-out log loss
 model is the one exported.
 
 `run_demo(output, ...)` is the whole thing;
-`tpu-embed demo --output DIR [--examples N] [--days 1|2] [--no-serving] [--overwrite]`.
+`tpu-embed demo --output DIR [--examples N] [--days 1|2] [--no-serving]`.
+
+The output directory: the demo writes into an empty (or new) directory, or one an earlier demo wrote (its
+`demo.json`, written first): then it replaces what a demo writes there (`DEMO_ENTRIES`: data/, spec.yaml,
+the artifacts, checkpoints/, model/, report/, demo.json) and keeps every other file, so a second `make demo`
+runs as the first. A directory with files and no `demo.json` is refused (nothing deleted). One demo at a
+time per directory: it holds `LOCK` (flock, released when the process ends, killed or not); a second is
+refused naming the first.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import errno
 import glob
 import json
 import os
 import shutil
+import socket
 import sys
 import time
-from typing import Any, Callable, Dict, List, Optional, Sequence
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence
 
 import numpy as np
 
@@ -42,8 +51,14 @@ from tpu_embed.artifact import tfrecord
 from tpu_embed.artifact.manifest import read_manifest
 from tpu_embed.artifact.spec import load_spec
 
-MARKER = "demo.json"  # in the output directory: what --overwrite may delete
+MARKER = "demo.json"  # in the output directory: written first, it makes the directory a demo's
 DATA_DIR, ARTIFACT_DIR, REPORT_DIR, MODEL_DIR = "data", "artifact", "report", "model"
+CHECKPOINT_DIR, SPEC_FILE = "checkpoints", "spec.yaml"
+# What a demo writes at the top of its output, every one of them (`--days 2`: artifact-day1, -day2): what the next
+# demo replaces.
+DEMO_ENTRIES = (MARKER, SPEC_FILE, DATA_DIR, ARTIFACT_DIR, f"{ARTIFACT_DIR}-day1", f"{ARTIFACT_DIR}-day2",
+                CHECKPOINT_DIR, MODEL_DIR, REPORT_DIR)
+LOCK = ".tpu-embed-demo.lock"  # held while a demo runs
 
 
 class DemoError(RuntimeError):
@@ -66,16 +81,75 @@ class DemoConfig:
 
 # ---------------------------------------------------------------- output directory
 
-def prepare_output(output: str, overwrite: bool) -> None:
-    if os.path.exists(output) and os.listdir(output):
-        if not overwrite:
-            raise DemoError(f"{output} already exists (from an earlier demo?); pass --overwrite to replace it, "
-                            "or choose another --output.")
-        if not os.path.exists(os.path.join(output, MARKER)):
-            raise DemoError(f"{output} is not empty and was not written by `tpu-embed demo` (no {MARKER}); "
-                            "--overwrite only replaces demo outputs. Choose another --output.")
-        shutil.rmtree(output)
+def prepare_output(output: str) -> List[str]:
+    """Make `output` ready for a demo: new or empty, or an earlier demo's, whose entries (`DEMO_ENTRIES`) are
+    deleted; DemoError (nothing deleted) if it holds files and no demo.json. Returns what was deleted."""
+    if os.path.exists(output) and not os.path.isdir(output):
+        raise DemoError(f"--output {output} is a file, not a directory. Choose another --output.")
+    names = sorted(n for n in os.listdir(output) if n != LOCK) if os.path.isdir(output) else []
+    if names and MARKER not in names:
+        shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+        raise DemoError(f"--output {output} holds files that `tpu-embed demo` did not write ({shown}; no {MARKER}): "
+                        "the demo writes into a new or empty directory, or replaces an earlier demo's. Choose "
+                        "another --output.")
+    deleted = []
+    for name in names:
+        if name in DEMO_ENTRIES:
+            path = os.path.join(output, name)
+            if os.path.isdir(path) and not os.path.islink(path):
+                shutil.rmtree(path)
+            else:
+                os.remove(path)
+            deleted.append(name)
     os.makedirs(output, exist_ok=True)
+    return deleted
+
+
+_NO_FLOCK = (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL)
+
+
+@contextlib.contextmanager
+def holding(output: str) -> Iterator[None]:
+    """One demo at a time in `output`: `LOCK` locked (fcntl.flock) while the block runs, or DemoError naming the
+    demo that holds it. Where the filesystem has no locks, the block runs unlocked."""
+    import fcntl
+    if os.path.exists(output) and not os.path.isdir(output):
+        raise DemoError(f"--output {output} is a file, not a directory. Choose another --output.")
+    os.makedirs(output, exist_ok=True)
+    path = os.path.join(output, LOCK)
+    while True:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 512, 0).decode("utf-8", "replace").strip() or "another process"
+            os.close(fd)
+            raise DemoError(f"--output {output} is being written by another demo ({holder}, holding {path}). Wait "
+                            "for it to finish, or choose another --output.") from None
+        except OSError as e:
+            os.close(fd)
+            if e.errno not in _NO_FLOCK:
+                raise
+            yield  # no locks on this filesystem
+            return
+        try:
+            same = os.path.samestat(os.fstat(fd), os.stat(path))
+        except FileNotFoundError:
+            same = False
+        if same:
+            break
+        os.close(fd)  # removed by the demo that held it, after this one opened it: open the current file
+    try:
+        holder = f"pid {os.getpid()} on {socket.gethostname()}".encode("utf-8")
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, holder, 0)
+        yield
+    finally:
+        try:
+            os.remove(path)  # still locked: a demo waiting on this file opens the path again
+        except FileNotFoundError:
+            pass
+        os.close(fd)
 
 
 # ---------------------------------------------------------------- plan table
@@ -378,7 +452,7 @@ class _Steps:
         return f"[{self.done}/{self.total}] {text}"
 
 
-def _write_spec(output: str, patterns: Sequence[str], cfg: DemoConfig, name: str = "spec.yaml",
+def _write_spec(output: str, patterns: Sequence[str], cfg: DemoConfig, name: str = SPEC_FILE,
                 capacities: Optional[Dict[str, int]] = None) -> str:
     path = os.path.join(output, name)
     with open(path, "w") as fh:
@@ -429,14 +503,21 @@ def _train_summary(r: TrainResult) -> dict:
     return {k: v for k, v in dataclasses.asdict(r).items() if k != "losses"}
 
 
-def run_demo(output: str, *, overwrite: bool = False, cfg: Optional[DemoConfig] = None, beam_args=(),
+def run_demo(output: str, *, cfg: Optional[DemoConfig] = None, beam_args=(),
              say: Callable[[str], None] = print) -> dict:
-    """Everything `tpu-embed demo` does; returns what it produced (also written to OUTPUT/demo.json)."""
+    """Everything `tpu-embed demo` does; returns what it produced (also written to OUTPUT/demo.json). An earlier
+    demo's output in `output` is replaced (see the module docstring)."""
     cfg = cfg or DemoConfig()
     if cfg.days not in (1, 2):
         raise DemoError(f"--days {cfg.days}: the demo runs 1 day, or a lineage of 2 (--days 2).")
+    with holding(output):
+        return _run_demo(output, cfg, beam_args, say)
+
+
+def _run_demo(output: str, cfg: DemoConfig, beam_args, say: Callable[[str], None]) -> dict:
     t_start = time.time()
-    prepare_output(output, overwrite)
+    if prepare_output(output):
+        say(f"(replacing the earlier demo in {output})")
     with open(os.path.join(output, MARKER), "w") as fh:
         json.dump({"status": "running", "config": dataclasses.asdict(cfg)}, fh)
     run = _run_two_days if cfg.days == 2 else _run_one_day
@@ -505,9 +586,9 @@ def _run_one_day(output: str, cfg: DemoConfig, beam_args, say) -> dict:
     times["train"] = time.time() - t
     say(_result_line(trained.result))
 
-    check = _serving_step(artifact, trained, load_spec(spec_path).input_patterns(), output, cfg, times, say, step(
-        "serving: the model exported as one SavedModel (raw tf.train.Examples in, predictions out), "
-        "scored on the held-out rows"))
+    check = _serving_step(artifact, trained, load_spec(spec_path).input_patterns(), output, cfg, times, say, step,
+                          "serving: the model exported as one SavedModel (raw tf.train.Examples in, logits and "
+                          "probabilities out), scored on the held-out rows")
 
     say(step("profile report"))
     t = time.time()
@@ -522,7 +603,7 @@ def _run_two_days(output: str, cfg: DemoConfig, beam_args, say) -> dict:
     step = _Steps(7 + int(cfg.serving))
     data_dir, report_dir = os.path.join(output, DATA_DIR), os.path.join(output, REPORT_DIR)
     artifacts = [os.path.join(output, f"{ARTIFACT_DIR}-day{d}") for d in (1, 2)]
-    checkpoint_prefix = os.path.join(output, "checkpoints", "day1", "ckpt")
+    checkpoint_prefix = os.path.join(output, CHECKPOINT_DIR, "day1", "ckpt")
     per_day = cfg.num_examples // 2
     times: Dict[str, float] = {}
 
@@ -576,8 +657,8 @@ def _run_two_days(output: str, cfg: DemoConfig, beam_args, say) -> dict:
     say(f"      held out on day 2 after {w.train_steps} steps: log loss {w.eval_loss:.4f} warm vs "
         f"{c.eval_loss:.4f} cold, AUC {w.eval_auc:.3f} warm vs {c.eval_auc:.3f} cold")
 
-    check = _serving_step(artifacts[1], warm, spec2.input_patterns(), output, cfg, times, say, step(
-        "serving: day 2's warm model exported as one SavedModel, scored on day 2's held-out raw rows"))
+    check = _serving_step(artifacts[1], warm, spec2.input_patterns(), output, cfg, times, say, step,
+                          "serving: day 2's warm model exported as one SavedModel, scored on day 2's held-out raw rows")
 
     say(step("profile report (day 2)"))
     t = time.time()
@@ -592,12 +673,12 @@ def _run_two_days(output: str, cfg: DemoConfig, beam_args, say) -> dict:
 
 
 def _serving_step(artifact: str, trained: Trained, inputs: Sequence[str], output: str, cfg: DemoConfig,
-                  times: dict, say, heading: str) -> Optional[ServingCheck]:
+                  times: dict, say, step: _Steps, heading: str) -> Optional[ServingCheck]:
     # The held-out raw rows are found and checked against the shards even when the export is skipped (cheap).
     records = held_out_examples(artifact, trained, inputs)
     if not cfg.serving:
-        return None
-    say(heading)
+        return None  # not a step: `step` counted it only with serving
+    say(step(heading))
     t = time.time()
     check = export_and_score(artifact, trained, records, os.path.join(output, MODEL_DIR))
     times["serving"] = time.time() - t
@@ -618,11 +699,10 @@ def _vocabulary_lines(m, artifact: str) -> List[str]:
     return out
 
 
-def main(output: str, overwrite: bool, num_examples: Optional[int], beam_args=(), days: int = 1,
-         serving: bool = True) -> int:
+def main(output: str, num_examples: Optional[int], beam_args=(), days: int = 1, serving: bool = True) -> int:
     cfg = DemoConfig(days=days, serving=serving)
     if num_examples is not None:
         cfg.num_examples = num_examples
-    run_demo(output, overwrite=overwrite, cfg=cfg, beam_args=beam_args)
+    run_demo(output, cfg=cfg, beam_args=beam_args)
     sys.stdout.flush()
     return 0

@@ -96,14 +96,12 @@ def test_terminal_gets_no_tensorflow_noise_and_no_traceback(tmp_path):
         assert noise not in proc.stderr, proc.stderr
 
 
-def test_demo_refuses_to_overwrite(tmp_path, capsys):
-    from pipelines import demo
+def test_demo_refuses_a_directory_it_did_not_write(tmp_path, capsys):
     out = tmp_path / "demo"
     out.mkdir()
-    (out / demo.MARKER).write_text("{}")
     (out / "something").write_text("x")
-    _one_line_error(capsys, ["demo", "--output", str(out)], 1, "already exists", "--overwrite")
-    assert (out / "something").exists()
+    _one_line_error(capsys, ["demo", "--output", str(out)], 1, "did not write", "something", "another --output")
+    assert os.listdir(out) == ["something"]
 
 
 def test_fingerprint_does_not_depend_on_where_or_how_the_data_is_stored():

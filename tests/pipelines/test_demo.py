@@ -86,16 +86,24 @@ def test_demo_end_to_end(demo_run):
     assert json.load(open(os.path.join(out, demo.MARKER)))["status"] == "done"
 
 
-def test_demo_refuses_to_overwrite(demo_run, tmp_path):
-    out, _, _ = demo_run
-    with pytest.raises(demo.DemoError, match="--overwrite"):
-        demo.prepare_output(out, overwrite=False)
+def test_demo_replaces_only_an_earlier_demo_and_only_what_it_wrote(tmp_path):
+    """An earlier demo's entries (demo.json marks the directory) are replaced, other files kept; a directory with
+    files and no demo.json is refused, nothing deleted (the whole demo twice: test_cli_first_hour.py)."""
+    earlier = tmp_path / "earlier"
+    (earlier / "data").mkdir(parents=True)
+    (earlier / "data" / "part-0.tfrecord").write_text("x")
+    (earlier / demo.MARKER).write_text("{}")
+    (earlier / "spec.yaml").write_text("x")
+    (earlier / "notes.txt").write_text("mine")
+    assert demo.prepare_output(str(earlier)) == [demo.DATA_DIR, demo.MARKER, "spec.yaml"]
+    assert sorted(os.listdir(earlier)) == ["notes.txt"]
     other = tmp_path / "not_a_demo"
     other.mkdir()
     (other / "precious.txt").write_text("keep me")
-    with pytest.raises(demo.DemoError, match="not written by `tpu-embed demo`"):
-        demo.prepare_output(str(other), overwrite=True)
-    assert (other / "precious.txt").exists()
+    (other / "data").mkdir()
+    with pytest.raises(demo.DemoError, match="did not write"):
+        demo.prepare_output(str(other))
+    assert sorted(os.listdir(other)) == ["data", "precious.txt"]
 
 
 def test_auc():
