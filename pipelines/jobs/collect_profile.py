@@ -23,15 +23,27 @@ from tpu_embed.artifact.manifest import ManifestError, read_manifest
 log = logging.getLogger("tpu_embed.pipelines")
 
 
-def profile_collector(spec, vocab_sizes, candidate_chip_counts=None):
+def profile_collector(spec, vocab_sizes, candidate_chip_counts=None, *, warn_skipped: bool = False):
     """The job's `profiles.ProfileCollector`: the one that builds the partial profiles and merges them.
 
     `candidate_chip_counts`: the other chip counts to profile (`--candidate-chip-counts`); None: the spec's
-    `profile_candidate_chip_counts` (none unless given: the spec's topology only)."""
+    `profile_candidate_chip_counts` (none unless given: the spec's topology only). `warn_skipped`: log one
+    warning per candidate the collector leaves out (a chip count that cannot run the global batch), with its
+    reason; the driver asks for it once per run, so the run says it, not only a later `tpu-embed plan`."""
     if candidate_chip_counts is None:
         candidate_chip_counts = spec.profile_candidate_chip_counts
-    return profiles.ProfileCollector(spec.model(vocab_sizes), spec.topology,
-                                     candidate_chip_counts=tuple(candidate_chip_counts))
+    collector = profiles.ProfileCollector(spec.model(vocab_sizes), spec.topology,
+                                          candidate_chip_counts=tuple(candidate_chip_counts))
+    if warn_skipped:
+        nsc = spec.topology.num_sc_per_chip
+        for c, status in sorted(collector.candidates.items()):
+            if status.status != "skipped":
+                continue
+            fix = ("ask for a chip count whose SparseCores are a power of two" if "power of two" in status.reason else
+                   f"give a global_batch_size that is a multiple of {c * nsc}, {c} chips x {nsc} SparseCores")
+            log.warning("candidate chip count %d is not profiled: %s; `tpu-embed plan` cannot plan %d chips from this "
+                        "profile (fix: %s)", c, status.reason, c, fix)
+    return collector
 
 
 class MergeProfiles(beam.CombineFn):

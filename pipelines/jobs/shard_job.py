@@ -77,7 +77,7 @@ def build_shard_pipeline(p, cfg: JobConfig, files: Sequence[InputFile], vocab_si
             raise ValueError("no profile directory: set profile_data_directory in the spec or pass --profile-dir.")
         # A day of a lineage merges its profile into its base's (`collect_profile.base_profile`).
         window = base_profile(cfg.vocab_dir or cfg.output, pdir,
-                              profile_collector(spec, vocab_sizes, cfg.candidate_chip_counts))
+                              profile_collector(spec, vocab_sizes, cfg.candidate_chip_counts, warn_skipped=True))
         paths = built["profile"] | "Profile" >> CollectProfile(spec, vocab_sizes, pdir, cfg.candidate_chip_counts,
                                                                window and window.base_directory)
         file_pcolls.append(paths | "ProfileFileInfo" >> beam.FlatMap(profile_file_infos, cfg.output)
