@@ -352,7 +352,7 @@ class Claim:
         or OutputError naming the run that holds it; (False, None) where the filesystem cannot lock."""
         import fcntl
         while True:
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o666)
+            fd = os.open(tio.local_path(self.path), os.O_RDWR | os.O_CREAT, 0o666)
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
@@ -368,7 +368,7 @@ class Claim:
                     return False, None  # no locks here: the object-store rules
                 raise
             try:
-                same = os.path.samestat(os.fstat(fd), os.stat(self.path))
+                same = os.path.samestat(os.fstat(fd), os.stat(tio.local_path(self.path)))
             except FileNotFoundError:
                 same = False
             if not same:  # removed (by the run that held it) after it was opened: open the current one

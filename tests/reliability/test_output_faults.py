@@ -186,6 +186,17 @@ def test_a_second_claim_is_refused_while_the_first_holds_the_directory(tmp_path)
         pass
 
 
+def test_a_file_url_output_is_locked_as_its_local_path(work, reference, monkeypatch, capsys):
+    out = os.path.join(work, "as_url")
+    monkeypatch.chdir(work)
+    with output.claim(out, "run", False):  # the same directory, named as a path, is busy
+        assert cli.main([*RUN, "--output", f"file://{out}"]) == 1
+        assert BUSY in capsys.readouterr().err
+    assert cli.main([*RUN, "--output", f"file://{out}"]) == 0, capsys.readouterr().err
+    assert not os.path.exists(os.path.join(out, verify.RUN_MARKER))
+    _accepted(out, reference)
+
+
 # ---------------------------------------------------------------- a user's files, a failed run, leftovers
 
 def test_user_files_kept_failed_run_rerun_without_overwrite_and_leftovers_swept(work, reference, monkeypatch,

@@ -112,13 +112,14 @@ def is_url(path: str) -> bool:
     return protocol(path) != ""
 
 
-def _local(path: str) -> str:
+def local_path(path: str) -> str:
+    """A local path or file:// URL as the path the operating system opens."""
     path = os.fspath(path)
     return path[len("file://"):] if path.startswith("file://") else path
 
 
 def is_absolute(path: str) -> bool:
-    return is_url(path) or os.path.isabs(_local(path))
+    return is_url(path) or os.path.isabs(local_path(path))
 
 
 def join(base: str, *parts: str) -> str:
@@ -157,7 +158,7 @@ def relpath(path: str, base: str) -> Optional[str]:
         if path.rstrip("/") == base:
             return "."
         return path[len(base) + 1:] if path.startswith(base + "/") else None
-    rel = os.path.relpath(os.path.abspath(_local(path)), os.path.abspath(_local(base)))
+    rel = os.path.relpath(os.path.abspath(local_path(path)), os.path.abspath(local_path(base)))
     return None if rel == ".." or rel.startswith(".." + os.sep) else rel
 
 
@@ -222,14 +223,14 @@ def _full(fs, p: str, proto: str) -> str:
 
 def exists(path: str) -> bool:
     if not is_url(path):
-        return os.path.exists(_local(path))
+        return os.path.exists(local_path(path))
     fs, p = filesystem(path)
     return bool(fs.exists(p))
 
 
 def isfile(path: str) -> bool:
     if not is_url(path):
-        return os.path.isfile(_local(path))
+        return os.path.isfile(local_path(path))
     fs, p = filesystem(path)
     return bool(fs.isfile(p))
 
@@ -237,7 +238,7 @@ def isfile(path: str) -> bool:
 def read_bytes(path: str) -> bytes:
     """The whole file. FileNotFoundError (naming the path) if there is none."""
     if not is_url(path):
-        with open(_local(path), "rb") as fh:
+        with open(local_path(path), "rb") as fh:
             return fh.read()
     fs, p = filesystem(path)
     try:
@@ -253,7 +254,7 @@ def read_text(path: str, encoding: str = "utf-8") -> str:
 def open_read(path: str) -> IO[bytes]:
     """A binary file object for streaming reads (use as a context manager)."""
     if not is_url(path):
-        return open(_local(path), "rb")
+        return open(local_path(path), "rb")
     fs, p = filesystem(path)
     try:
         return fs.open(p, "rb")
@@ -277,7 +278,7 @@ def sha256_of(path: str) -> str:
 
 def size(path: str) -> int:
     if not is_url(path):
-        return os.path.getsize(_local(path))
+        return os.path.getsize(local_path(path))
     fs, p = filesystem(path)
     return int(fs.size(p))
 
@@ -285,7 +286,7 @@ def size(path: str) -> int:
 def list_files(pattern: str) -> List[FileStat]:
     """Files matching a glob pattern (or the one file it names), sorted by path, with their sizes."""
     if not is_url(pattern):
-        local = _local(pattern)
+        local = local_path(pattern)
         paths = _glob.glob(local, recursive=True) if _GLOB_CHARS.search(local) else [local]
         return [FileStat(p, os.path.getsize(p)) for p in sorted(paths) if os.path.isfile(p)]
     proto = protocol(pattern)
@@ -316,7 +317,7 @@ def glob(pattern: str) -> List[str]:
 def makedirs(path: str) -> None:
     """Create a local directory (and parents); object stores have no directories: no-op."""
     if not is_url(path):
-        os.makedirs(_local(path), exist_ok=True)
+        os.makedirs(local_path(path), exist_ok=True)
 
 
 def _chunks(data: Data) -> Iterable[bytes]:
@@ -332,7 +333,7 @@ def write_atomic(path: str, data: Data, *, durable: bool = True) -> Written:
     h = hashlib.sha256() if durable else None
     n = 0
     if not is_url(path):
-        local = _local(path)
+        local = local_path(path)
         directory = os.path.dirname(os.path.abspath(local))
         os.makedirs(directory, exist_ok=True)
         tmp = os.path.join(directory, f".tmp-{uuid.uuid4().hex}-{os.path.basename(local)}")
@@ -377,7 +378,7 @@ def open_write(path: str) -> IO[bytes]:
     For a job's own transient files under unique names, which it refers to only once they are closed (not
     atomic, no fsync; on object stores the object appears when the file is closed)."""
     if not is_url(path):
-        local = _local(path)
+        local = local_path(path)
         os.makedirs(os.path.dirname(os.path.abspath(local)), exist_ok=True)
         return open(local, "xb")
     fs, p = filesystem(path)
@@ -392,7 +393,7 @@ def move(src: str, dst: str, *, durable: bool = True) -> None:
     if is_url(src) != is_url(dst) or (is_url(src) and protocol(src) != protocol(dst)):
         raise ValueError(f"move: {src} and {dst} are not on one store")
     if not is_url(src):
-        s, d = _local(src), _local(dst)
+        s, d = local_path(src), local_path(dst)
         os.makedirs(os.path.dirname(os.path.abspath(d)), exist_ok=True)
         if durable:
             fd = os.open(s, os.O_RDONLY)
@@ -420,7 +421,7 @@ def delete(path: str, *, missing_ok: bool = True) -> None:
     """Delete one file."""
     if not is_url(path):
         try:
-            os.unlink(_local(path))
+            os.unlink(local_path(path))
         except FileNotFoundError:
             if not missing_ok:
                 raise
@@ -437,7 +438,7 @@ def delete(path: str, *, missing_ok: bool = True) -> None:
 def delete_tree(path: str) -> None:
     """Delete a directory (a prefix, on object stores) and everything under it; missing: nothing to do."""
     if not is_url(path):
-        shutil.rmtree(_local(path), ignore_errors=False, onerror=_ignore_missing)
+        shutil.rmtree(local_path(path), ignore_errors=False, onerror=_ignore_missing)
         return
     fs, p = filesystem(path)
     names = [f.path for f in list_files(join(path, "**"))]
