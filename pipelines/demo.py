@@ -423,7 +423,7 @@ def export_and_score(artifact: str, trained: Trained, records: Sequence[bytes], 
         # line that TF_CPP_MIN_LOG_LEVEL does not hide); the call's errors still raise.
         with quiet.muted_stderr() if i == 0 else contextlib.nullcontext():
             out = serve(examples=tf.constant(list(records[i:i + batch_size])))
-        scores.append(out["predictions"].numpy())
+        scores.append(out["logits"].numpy())  # the model's output: the shards' eval_scores are logits too
         valid.append(out["valid"].numpy())
     s, ok = np.concatenate(scores), np.concatenate(valid)
     if not ok.all():

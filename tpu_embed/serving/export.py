@@ -3,21 +3,28 @@
     tpu_embed.serving.export_saved_model("build/criteo", host_embedding, model, "export/criteo")
 
     loaded = tf.saved_model.load("export/criteo")        # plain TensorFlow: tpu_embed is not needed
-    loaded.signatures["serving_default"](examples=serialized_tf_examples)   # {"predictions", "valid"}
-    loaded.signatures["raw"](C1=tf.constant(["68fd1e64"]), I1=tf.constant(["3"]), ...)
+    out = loaded.signatures["serving_default"](examples=serialized_tf_examples)
+    out["probabilities"], out["logits"], out["valid"]    # float32 [batch], float32 [batch], bool [batch]
+    loaded.signatures["raw"](C1=tf.constant(["68fd1e64"]), I1=tf.constant(["3"]), ...)   # every column
 
 Signatures:
 
 * `serving_default`: `examples`, serialized `tf.train.Example`s [batch] (any value kind per key, as the offline
   TFRecord reader takes them);
 * `raw`: one string tensor [batch] per column the spec reads (label excluded), a CSV cell's text: multivalent
-  values joined by the feature's delimiter, numbers as text, blank for no value.
+  values joined by the feature's delimiter, numbers as text, blank for no value. Every column is an input: a
+  SavedModel signature has no optional inputs (TensorFlow refuses a call without one: "missing required
+  arguments: zip"), so a column without values is given as blanks; rows whose keys vary are for
+  `serving_default`, where a missing key is no value.
 
-Both return `predictions` (the model's output, float32 [batch]) and `valid` (bool [batch]: False where the
-offline jobs would not have used the record; `tpu_embed.serving.mapping`); an empty batch gives empty ones,
-an Example with no features the prediction of a row without values (alone as beside others), and `raw` columns
-of unequal length are refused naming them (docs/how-to/serve.md). The lookup is the SparseCore math
-of `HostEmbedding` (each value's gain from its table's combiner and weight, equal ids summed), over the
+Both return `predictions` (the model's output as it is, float32 [batch]) and `valid` (bool [batch]: False
+where the offline jobs would not have used the record; `tpu_embed.serving.mapping`). As `model_output=` says
+what the model returns (`MODEL_OUTPUTS`), a binary classifier's also return `logits` and `probabilities` (the
+sigmoid of the logits; of a model that returns probabilities, their logits log(p / (1 - p)), p clipped to
+[1e-7, 1 - 1e-7]); a model of other values (a regression) returns `predictions` only. An empty batch gives
+empty ones, an Example with no features the prediction of a row without values (alone as beside others),
+and `raw` columns of unequal length are refused naming them (docs/how-to/serve.md). The lookup is the
+SparseCore math of `HostEmbedding` (each value's gain from its table's combiner and weight, equal ids summed), over the
 trained tables: SparseCore and tensor-core features alike, sequence features [batch, sequence_length, dim].
 """
 
@@ -30,7 +37,11 @@ import tensorflow as tf
 from tpu_embed.serving.mapping import RawFeatureMapping
 from tpu_embed.serving.plan import load_for_serving
 
-__all__ = ["ServingModel", "embedding_lookup", "export_saved_model"]
+__all__ = ["ServingModel", "embedding_lookup", "export_saved_model", "MODEL_OUTPUTS"]
+
+# What a model returns -> the outputs it adds to `predictions` and `valid`.
+MODEL_OUTPUTS = {"logits": ("logits", "probabilities"), "probabilities": ("logits", "probabilities"), "values": ()}
+_P_CLIP = 1e-7  # probabilities -> logits: p clipped to [_P_CLIP, 1 - _P_CLIP], so 0 and 1 give finite logits
 
 
 def _gains(weights: tf.RaggedTensor, combiner: str) -> tf.RaggedTensor:
@@ -76,12 +87,19 @@ class ServingModel(tf.Module):
       model: a callable taking `model_inputs(mapped, activations)` and returning [batch] predictions.
       model_inputs: builds the model's input from the mapping's output and {feature: activation}; default
         `{"dense": mapped["dense"], "embeddings": activations}` (`tpu_embed.training.dlrm`'s input).
+      model_output: what the model returns: "logits" (a binary classifier's, as `tpu_embed.training.dlrm`
+        trained with a sigmoid cross-entropy; the default), "probabilities", or "values" (anything else, e.g.
+        a regression's ratings). It decides the outputs (module docstring).
     """
 
     def __init__(self, artifact_dir: str, tables: Mapping[str, Any], model: Any,
                  model_inputs: Optional[Callable[[Mapping[str, Any], Mapping[str, tf.Tensor]], Any]] = None,
-                 name: str = "tpu_embed_serving"):
+                 name: str = "tpu_embed_serving", model_output: str = "logits"):
+        if model_output not in MODEL_OUTPUTS:
+            raise ValueError(f"model_output={model_output!r}: say what the model returns, one of "
+                             f"{list(MODEL_OUTPUTS)} (a binary classifier's logits or probabilities, or other values).")
         super().__init__(name=name)
+        self._model_output = model_output
         artifact, plan = load_for_serving(artifact_dir)  # its vocabulary files checked against the manifest
         self._spec = artifact.spec
         self.mapping = RawFeatureMapping(plan)
@@ -108,8 +126,14 @@ class ServingModel(tf.Module):
         return out
 
     def predict(self, mapped: Mapping[str, Any]) -> Dict[str, tf.Tensor]:
-        predictions = self.model(self._model_inputs(mapped, self.activations(mapped)))
-        return {"predictions": tf.cast(predictions, tf.float32), "valid": mapped["valid"]}
+        predictions = tf.cast(self.model(self._model_inputs(mapped, self.activations(mapped))), tf.float32)
+        out = {"predictions": predictions, "valid": mapped["valid"]}
+        if self._model_output == "logits":
+            out.update(logits=tf.identity(predictions), probabilities=tf.math.sigmoid(predictions))
+        elif self._model_output == "probabilities":
+            p = tf.clip_by_value(predictions, _P_CLIP, 1.0 - _P_CLIP)
+            out.update(logits=tf.math.log(p) - tf.math.log1p(-p), probabilities=tf.identity(predictions))
+        return out
 
     def _examples(self, examples):
         return self.predict(self.mapping.map_examples(examples))
@@ -119,8 +143,8 @@ class ServingModel(tf.Module):
 
 
 def export_saved_model(artifact: str, embedding: Any, model: Any, path: str, *,
-                       model_inputs: Optional[Callable[[Mapping[str, Any], Mapping[str, tf.Tensor]], Any]] = None
-                       ) -> str:
+                       model_inputs: Optional[Callable[[Mapping[str, Any], Mapping[str, tf.Tensor]], Any]] = None,
+                       model_output: str = "logits") -> str:
     """Write one SavedModel at `path` mapping raw features as the shards did and predicting with `model`.
 
     Args:
@@ -130,6 +154,8 @@ def export_saved_model(artifact: str, embedding: Any, model: Any, path: str, *,
       model: the dense model: `model(model_inputs(mapped, activations))` -> [batch] predictions.
       path: where to write the SavedModel (local or an object store TensorFlow can write).
       model_inputs: see `ServingModel`.
+      model_output: what `model` returns: "logits" (default), "probabilities" or "values" (see `ServingModel`):
+        both signatures return `predictions` and `valid`, and for the first two `logits` and `probabilities`.
 
     Returns `path`. The vocabulary files are copied in as assets: the SavedModel needs neither the artifact
     nor tpu_embed to load and run (`tf.saved_model.load`, `saved_model_cli run`, TensorFlow Serving). They are
@@ -142,7 +168,7 @@ def export_saved_model(artifact: str, embedding: Any, model: Any, path: str, *,
         tables = embedding.embedding_tables
     else:
         tables = dict(embedding)
-    module = ServingModel(artifact, tables, model, model_inputs)
+    module = ServingModel(artifact, tables, model, model_inputs, model_output=model_output)
     tf.saved_model.save(module, path, signatures={
         "serving_default": module.examples.get_concrete_function(),
         "raw": module.raw.get_concrete_function()})
