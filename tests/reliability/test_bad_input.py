@@ -84,7 +84,8 @@ def test_truncated_tfrecord_fails_by_default(tmp_path, examples_200):
 @pytest.mark.parametrize("name,data,fmt,match", [
     ("header_only.csv", "label,x,cat,id\n", "csv", r"hold no records \(an empty data set\)"),
     ("zero.csv", "", "csv", r"whole file: empty_file"),
-    ("nolabel.csv", "x,cat,id\n1,a,3\n", "csv", r"nolabel.csv whole file: missing_columns: columns \['label'\]"),
+    ("nolabel.csv", "x,cat,id\n1,a,3\n", "csv",
+     r"nolabel.csv whole file: missing_columns: column 'label' is missing \(the file has 3 columns\)"),
     ("unterminated.csv", 'label,x,cat,id\n1,1,"a,3\n0,2,b,4\n', "csv",
      r"unterminated.csv record 2: framing_lost: unterminated quote.*line 2.*Fix: close the quote"),
     ("junk.tfrecord", None, "tfrecord",
