@@ -547,13 +547,26 @@ def _run_demo(output: str, cfg: DemoConfig, beam_args, say: Callable[[str], None
     width = max(len(p) for p, _ in produced)
     for path, what in produced:
         say(f"  {path.ljust(width)}  {what}")
+    exe = command_as_typed()
     say("Next:")
-    say(f"  tpu-embed inspect {artifact}")
+    say(f"  {exe} inspect {artifact}")
     say(f"  open {html}")
     if cfg.days == 1:
-        say("  tpu-embed demo --days 2 --output build/demo2   # two days: append, restore, train on")
-    say("  tpu-embed run --spec examples/criteo/spec.yaml --output build/criteo   # the same on your own spec")
+        say(f"  {exe} demo --days 2 --output build/demo2   # two days: append, restore, train on")
+    say(f"  {exe} run --spec examples/criteo/spec.yaml --output build/criteo   # the same on your own spec")
     return summary
+
+
+def command_as_typed() -> str:
+    """How the user can type `tpu-embed` again: the bare name where it is on PATH as this very script, else the
+    script's path as run (`make demo` runs `.venv/bin/tpu-embed`, whose folder is not on PATH)."""
+    script = sys.argv[0] if sys.argv and os.path.basename(sys.argv[0]) == "tpu-embed" else None
+    if script is None:
+        return "tpu-embed"
+    on_path = shutil.which("tpu-embed")
+    if on_path and os.path.realpath(on_path) == os.path.realpath(script):
+        return "tpu-embed"
+    return os.path.relpath(script) if not os.path.relpath(script).startswith("..") else script
 
 
 def _run_one_day(output: str, cfg: DemoConfig, beam_args, say) -> dict:

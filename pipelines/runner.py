@@ -356,8 +356,9 @@ def vocab_sizes_for(cfg: jobs.JobConfig) -> Dict[str, int]:
     except ManifestNotFoundError:
         m = None
     if m is None or m.vocabularies is None:
-        raise FileNotFoundError(f"{vdir} has no vocabulary manifest: run `tpu-embed vocab --spec ... --output "
-                                f"{vdir}` first (or `tpu-embed run`).")
+        raise FileNotFoundError(f"{vdir} has no vocabulary manifest: pass --vocab DIR naming the artifact whose "
+                                f"vocabularies to use, or run `tpu-embed vocab --spec ... --output {vdir}` first (or "
+                                "`tpu-embed run`).")
     if m.spec_fingerprint != cfg.spec.fingerprint:
         # ManifestError: a one-line user error that exits 1, as a missing vocabulary manifest does (exit 2 is
         # for how the command was called).

@@ -286,3 +286,21 @@ def test_the_demo_runs_twice_into_one_directory(tmp_path, capsys):
     with demo.holding(out):
         _failed(capsys, argv, "is being written by another demo", f"pid {os.getpid()}")
     assert sorted(os.listdir(out)) == ["artifact", "data", "demo.json", "notes.txt", "report", "spec.yaml"]
+
+
+def test_shard_without_a_vocabulary_names_the_vocab_flag(tmp_path, capsys):
+    _failed(capsys, ["shard", "--spec", _spec(tmp_path), "--output", str(tmp_path / "shards")], "pass --vocab DIR")
+
+
+def test_the_demo_suggests_the_command_as_the_user_can_type_it(monkeypatch, tmp_path):
+    from pipelines import demo
+    script = tmp_path / ".venv" / "bin" / "tpu-embed"
+    script.parent.mkdir(parents=True)
+    script.write_text("")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr("sys.argv", [".venv/bin/tpu-embed", "demo"])
+    monkeypatch.setenv("PATH", "/usr/bin:/bin")  # make demo's .venv/bin is not on PATH
+    assert demo.command_as_typed() == ".venv/bin/tpu-embed"
+    monkeypatch.setenv("PATH", f"{script.parent}:/usr/bin:/bin")
+    script.chmod(0o755)
+    assert demo.command_as_typed() == "tpu-embed"
