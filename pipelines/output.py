@@ -159,8 +159,14 @@ def _rel(output: str, path: str) -> str:
 
 
 def _control(rel: str) -> bool:
-    """A control file of a job command (the run marker, a write probe): not part of what the directory holds."""
-    return rel == RUN_MARKER or (("/" not in rel) and rel.startswith(WRITE_CHECK_PREFIX))
+    """A control file of a job command (the run marker, a write probe, also while another run's probe is being
+    written under its temporary name): not part of what the directory holds."""
+    if "/" in rel:
+        return False
+    name = rel
+    if name.startswith(TMP_PREFIX):  # `.tmp-<32 hex>-<name>`, as tio.write_atomic names it
+        name = name[len(TMP_PREFIX) + 33:]
+    return rel == RUN_MARKER or name.startswith(WRITE_CHECK_PREFIX)
 
 
 def _contents(output: str) -> List[str]:

@@ -186,6 +186,15 @@ def test_a_second_claim_is_refused_while_the_first_holds_the_directory(tmp_path)
         pass
 
 
+def test_another_runs_write_probe_under_its_temporary_name_is_no_file_of_the_directory(tmp_path):
+    # Two runs started at once: one checks the directory while the other's write probe is a `.tmp-` file.
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / f".tmp-{'ab' * 16}-{output.WRITE_CHECK_PREFIX}{'cd' * 16}").write_bytes(b"ok")
+    with output.claim(str(out), "run", False):
+        pass
+
+
 def test_a_file_url_output_is_locked_as_its_local_path(work, reference, monkeypatch, capsys):
     out = os.path.join(work, "as_url")
     monkeypatch.chdir(work)

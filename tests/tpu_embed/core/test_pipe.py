@@ -68,11 +68,13 @@ HELPER = textwrap.dedent("""
 
 def test_a_helper_process_answers_and_imports_nothing_else_of_tpu_embed():
     """The oracles run it in a venv without tpu_embed's dependencies: the protocol imports the standard library
-    alone (tpu_embed's package __init__s are lazy), and prints in the helper never reach the messages."""
+    alone (tpu_embed's package __init__s are lazy; `import tpu_embed` adds only core.quiet, its logging switch, also
+    standard library alone), and prints in the helper never reach the messages."""
     helper = pipe.Helper([sys.executable, "-c", HELPER, ROOT], name="test helper")
     try:
         got = helper([1, "two"])
-        assert got == {"echo": [1, "two"], "modules": ["tpu_embed", "tpu_embed.core", "tpu_embed.core.pipe"]}
+        assert got == {"echo": [1, "two"], "modules": ["tpu_embed", "tpu_embed.core", "tpu_embed.core.pipe",
+                                                          "tpu_embed.core.quiet"]}
         assert helper("again")["echo"] == "again"
         with pytest.raises(RuntimeError, match="test helper died"):
             helper("exit")
