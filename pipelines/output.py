@@ -362,7 +362,7 @@ class Claim:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
-                info = _parse(_read_fd(fd))
+                info = tverify.parse_run_marker(_read_fd(fd))
                 os.close(fd)
                 raise OutputError(
                     f"--output {self.output} is being written by another run, {tverify.describe_run(info)}, which "
@@ -382,7 +382,7 @@ class Claim:
                 continue
             self._fd = fd
             raw = _read_fd(fd)
-            return True, (_parse(raw) if raw else None)
+            return True, (tverify.parse_run_marker(raw) if raw else None)
 
     def _marked(self) -> Optional[dict]:
         """Without a lock (object stores): the previous run's marker (None if none), or OutputError if that run
@@ -502,11 +502,3 @@ def _read_fd(fd: int) -> bytes:
         if not chunk:
             return out
         out += chunk
-
-
-def _parse(raw: bytes) -> dict:
-    try:
-        d = json.loads(raw.decode("utf-8"))
-    except ValueError:
-        return {}
-    return d if isinstance(d, dict) else {}

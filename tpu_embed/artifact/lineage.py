@@ -252,12 +252,9 @@ def check_base_files(directory: str, m: Manifest) -> None:
         elif entry.kind not in BASE_KINDS:
             continue
         try:
-            verify.check_file(directory, entry, "sha256")
+            verify.check_file(directory, entry, "sha256", fix=_BASE_FIX)
         except verify.ArtifactDamagedError as e:
-            said = str(e)
-            if said.endswith(verify._FIX):  # the fix for an artifact a run writes; a base's is another
-                said = said[:-len(verify._FIX)].rstrip()
-            raise LineageError(f"--base {directory} is damaged: {said} {_BASE_FIX}") from e
+            raise LineageError(f"--base {directory} is damaged: {e}") from e
 
 
 def _base_spec_dict(directory: str, m: Manifest) -> dict:

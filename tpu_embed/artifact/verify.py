@@ -71,6 +71,11 @@ def read_run_marker(artifact_dir: str) -> Optional[dict]:
         raw = tio.read_bytes(tio.join(artifact_dir, RUN_MARKER))
     except (FileNotFoundError, IsADirectoryError):
         return None
+    return parse_run_marker(raw)
+
+
+def parse_run_marker(raw: bytes) -> dict:
+    """A run marker's bytes as its fields ({} if they are not a JSON object: a run killed while it wrote them)."""
     try:
         d = json.loads(raw.decode("utf-8"))
     except ValueError:
@@ -116,10 +121,12 @@ def _what(entry: FileEntry) -> str:
     return f"{entry.kind} file"
 
 
-def check_file(artifact_dir: str, entry: FileEntry, level: str = "size", *, hash_small: bool = True) -> None:
+def check_file(artifact_dir: str, entry: FileEntry, level: str = "size", *, hash_small: bool = True,
+               fix: str = _FIX) -> None:
     """Existence and size (and, for the small kinds or level "sha256", content) of one listed file; at level
     "size", of spec.yaml and plan.json their existence only (`SIZE_EXEMPT`). `hash_small=False`: the small
-    kinds are not hashed at level "size" (existence and size only)."""
+    kinds are not hashed at level "size" (existence and size only). `fix`: the advice that ends the message
+    (default: re-make or restore the artifact)."""
     if level == "none":
         return
     path = path_of(artifact_dir, entry)
@@ -129,19 +136,19 @@ def check_file(artifact_dir: str, entry: FileEntry, level: str = "size", *, hash
         size = None
     if size is None:
         raise ArtifactDamagedError(f"{path}: the manifest lists this {_what(entry)} but it is missing: the "
-                                   f"artifact is incomplete (an interrupted run or copy?). {_FIX}")
+                                   f"artifact is incomplete (an interrupted run or copy?). {fix}")
     if level == "size" and entry.kind in SIZE_EXEMPT:
         return
     if size != entry.bytes:
         raise ArtifactDamagedError(f"{path}: {_what(entry)} has {size} bytes, the manifest lists {entry.bytes}: it "
-                                   f"was truncated, replaced or rewritten after the manifest. {_FIX}")
+                                   f"was truncated, replaced or rewritten after the manifest. {fix}")
     if level == "sha256" or (hash_small and entry.kind in SMALL_KINDS):
         digest = tio.sha256_of(path)
         if digest != entry.sha256:
             raise ArtifactDamagedError(
                 f"{path}: {_what(entry)} has sha256 {digest[:16]}…, the manifest lists {entry.sha256[:16]}…: it was "
                 f"edited or damaged after the artifact was written{_VOCAB_NOTE if entry.kind == 'vocabulary' else ''}"
-                f". {_FIX}")
+                f". {fix}")
 
 
 def check_files(artifact_dir: str, m: Manifest, level: str = "size", *, kinds: Optional[Iterable[str]] = None,
