@@ -465,10 +465,7 @@ def cmd_inspect(args, beam_args):
         run = verify.read_run_marker(args.artifact)
         if run is None:
             raise
-        raise verify.ArtifactUnfinishedError(
-            f"{args.artifact} is an unfinished artifact with no manifest yet: {verify.describe_run(run)} has not "
-            "finished writing it (it is still running, or it was killed or failed). Wait for that run, or re-run "
-            "the same command with this --output (no --overwrite needed).") from None
+        raise verify.unfinished_error(args.artifact, run, "an unfinished artifact with no manifest yet") from None
     if args.steps is not None and args.steps < 0:
         raise UserError(f"--steps {args.steps}: give a number of records, 0 or more.")
     if args.unseen_days < 1:

@@ -99,10 +99,15 @@ def check_finished(m: Manifest, artifact_dir: Optional[str] = None) -> None:
     if info is None:
         return
     where = artifact_dir if artifact_dir is not None else tio.dirname(m.source)
-    raise ArtifactUnfinishedError(
-        f"{where} is an unfinished artifact: {describe_run(info if isinstance(info, dict) else None)} has not "
-        "finished writing it (it is still running, or it was killed or failed). Wait for that run, or re-run the "
-        "same command with this --output (no --overwrite needed).")
+    raise unfinished_error(where, info if isinstance(info, dict) else None)
+
+
+def unfinished_error(where: str, info: Optional[dict], what: str = "an unfinished artifact") -> ArtifactUnfinishedError:
+    """The one-line refusal of a directory that a job command (`info`: its run marker's fields) has not finished."""
+    return ArtifactUnfinishedError(
+        f"{where} is {what}: {describe_run(info)} has not finished writing it (it is still running, or it was "
+        "killed or failed). Wait for that run, or re-run the same command with this --output (no --overwrite "
+        "needed).")
 
 
 def check_level(level: str) -> str:
