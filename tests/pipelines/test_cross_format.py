@@ -28,6 +28,7 @@ from hypothesis import strategies as st
 from pipelines import runner
 from pipelines.jobs import JobConfig
 from pipelines.read.records import DataError
+from tests.reliability.artifacts import artifact_bytes
 from tpu_embed.artifact import tfrecord
 from tpu_embed.artifact.spec import parse_spec
 
@@ -277,18 +278,6 @@ def run(d, fmt, name, nan_weights="drop"):
     return spec, out
 
 
-def artifact_files(out) -> dict:
-    """{relative path: bytes} of every file under vocab/ and shards/."""
-    got = {}
-    for sub in ("vocab", "shards"):
-        for root, _, names in os.walk(os.path.join(out, sub)):
-            for n in names:
-                p = os.path.join(root, n)
-                with open(p, "rb") as fh:
-                    got[os.path.relpath(p, out)] = fh.read()
-    return got
-
-
 def manifest_facts(out) -> dict:
     """What of the manifest does not depend on where the input came from."""
     with open(os.path.join(out, "manifest.json")) as fh:
@@ -317,11 +306,11 @@ def dead_letters(out, m) -> list:
 
 def assert_same_artifacts(outs: dict):
     (first, a), *others = outs.items()
-    files = artifact_files(a)
+    files = artifact_bytes(a)
     assert any(p.startswith("vocab/") for p in files) and any(p.startswith("shards/") for p in files)
     facts = manifest_facts(a)
     for fmt, b in others:
-        got = artifact_files(b)
+        got = artifact_bytes(b)
         assert sorted(got) == sorted(files), (first, fmt)
         for p in files:
             if got[p] != files[p]:

@@ -64,6 +64,19 @@ def tree(d) -> dict:
     return out
 
 
+def artifact_bytes(out) -> dict:
+    """{relative path: bytes} of every file under out's vocab/ and shards/: what two runs of the same data must
+    write alike, whatever the input format."""
+    got = {}
+    for sub in ("vocab", "shards"):
+        for root, _, names in os.walk(os.path.join(out, sub)):
+            for n in names:
+                p = os.path.join(root, n)
+                with open(p, "rb") as fh:
+                    got[os.path.relpath(p, out)] = fh.read()
+    return got
+
+
 def copy(src, dst):
     shutil.copytree(src, dst)
     return str(dst)

@@ -11,7 +11,6 @@ shard bytes.
 
 from __future__ import annotations
 
-import os
 import re
 
 import pyarrow as pa
@@ -23,6 +22,7 @@ from pipelines.jobs import JobConfig
 from pipelines.mapping.ids import PolicyError
 from pipelines.read.records import DataError
 from tests.reliability.accounting import assert_counts_add_up
+from tests.reliability.artifacts import artifact_bytes
 from tests.reliability.inputs import make_spec, tfrecord_file
 
 FORMATS = ["csv", "tfrecord", "parquet"]
@@ -87,16 +87,6 @@ def write_rows(d, fmt, rows, keys):
 def record_of(fmt, i):
     """The dead-letter record number of row i: CSV's line (header = line 1), else the 0-based index."""
     return i + 2 if fmt == "csv" else i
-
-
-def artifact_bytes(out):
-    got = {}
-    for sub in ("vocab", "shards"):
-        for root, _, names in os.walk(os.path.join(out, sub)):
-            for n in names:
-                with open(os.path.join(root, n), "rb") as fh:
-                    got[os.path.relpath(os.path.join(root, n), out)] = fh.read()
-    return got
 
 
 KEYS = ("label", "x", "cat", "w", "id")

@@ -22,6 +22,7 @@ from pipelines.jobs import JobConfig
 from pipelines.read import tfrecord_reader
 from pipelines.read.records import DeadLetter, InputFile, InputSplit, RawBatch
 from tests.reliability.accounting import assert_counts_add_up
+from tests.reliability.artifacts import artifact_bytes
 from tests.reliability.inputs import make_spec, tfrecord_file
 
 CHUNK = 8  # records per decoded batch (and per block of rows drawn with one kind per key)
@@ -135,18 +136,6 @@ def run(tmp_path, fmt, name):
     out = str(tmp_path / name)
     runner.run_all(JobConfig(spec=spec_for(tmp_path, fmt), output=out, chunk_rows=CHUNK))
     return out
-
-
-def artifact_bytes(out):
-    """{path under vocab/ or shards/: bytes}."""
-    got = {}
-    for sub in ("vocab", "shards"):
-        for root, _, names in os.walk(os.path.join(out, sub)):
-            for n in names:
-                p = os.path.join(root, n)
-                with open(p, "rb") as fh:
-                    got[os.path.relpath(p, out)] = fh.read()
-    return got
 
 
 def summary(out):
