@@ -205,7 +205,7 @@ def build_parser() -> argparse.ArgumentParser:
                 "and the report. A second demo into the same --output replaces what the first one wrote (other "
                 "files there are kept)."))
     sp.add_argument("--output", default="build/demo", help="where everything goes (default build/demo)")
-    # Before a demo replaced its own earlier output by itself, this flag asked for it: still accepted.
+    # Accepted, hidden: a demo replaces its own earlier output anyway, and scripts that pass it keep working.
     sp.add_argument("--overwrite", action="store_true", help=argparse.SUPPRESS)
     sp.add_argument("--examples", type=int, default=None, help="synthetic examples to generate (default 500000)")
     sp.add_argument("--days", type=int, choices=(1, 2), default=1,
