@@ -41,7 +41,9 @@ def read_parquet(split: InputSplit, columns: List[str], *, chunk_rows: int, **_)
             return
         fh.seek(0)
         try:
-            pf = pq.ParquetFile(fh)
+            # pre_buffer=False: pre-buffering reads ahead on Arrow's I/O thread pool (through this Python file
+            # object), and a pool worker alive when the process exits can abort it (exit 134).
+            pf = pq.ParquetFile(fh, pre_buffer=False)
             md = pf.metadata
             have = pf.schema_arrow.names
         except (pa.ArrowException, OSError, ValueError) as e:

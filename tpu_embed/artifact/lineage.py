@@ -86,7 +86,10 @@ def token_counts_bytes(table: pa.Table) -> bytes:
 
 def parse_token_counts(data: bytes, source: str = "<token counts>") -> pa.Table:
     try:
-        table = pq.read_table(pa.BufferReader(data), use_threads=False)
+        # ParquetFile.read, not pq.read_table: read_table scans through Arrow's dataset layer, whose readahead
+        # starts Arrow's thread pools even with use_threads=False, and a pool worker alive when the process
+        # exits can abort it ("terminate called without an active exception", exit 134).
+        table = pq.ParquetFile(pa.BufferReader(data), pre_buffer=False).read(use_threads=False)
     except (pa.ArrowInvalid, OSError) as e:
         raise ManifestError(f"{source} is not a token-count file ({e}): the artifact is damaged; re-run the "
                             "job that wrote it.") from None
