@@ -16,6 +16,8 @@ from tpu_embed.core import quiet as _quiet
 _quiet.install_unless_user_chose()  # before anything imports TensorFlow
 
 if TYPE_CHECKING:  # the lazy names below, visible to type checkers and the API reference's static analysis
+    from tpu_embed.artifact.load import load_artifact
+    from tpu_embed.artifact.spec import load_spec
     from tpu_embed.compat.config_spec import EmbeddingConfigSpec
     from tpu_embed.compat.feature_column import embedding_column, shared_embedding_columns
     from tpu_embed.core.optimizers import (
@@ -25,14 +27,21 @@ if TYPE_CHECKING:  # the lazy names below, visible to type checkers and the API 
         StochasticGradientDescentParameters,
     )
     from tpu_embed.core.topology import Topology
+    from tpu_embed.serving.export import export_saved_model
+    from tpu_embed.sparsecore import preprocess
     from tpu_embed.training.host_embedding import HostEmbedding
     from tpu_embed.training.input import input_fn
+    from tpu_embed.training.remap import remap
 
 __version__ = "0.1.0"  # the one place the version is written: pyproject.toml reads it (setuptools attr)
 
 _EXPORTS = {
-    # Topology and the SparseCore core (numpy only).
+    # The spec and the artifacts the jobs write.
+    "load_spec": "tpu_embed.artifact.spec",
+    "load_artifact": "tpu_embed.artifact.load",
+    # Topology and the SparseCore core (numpy only): CSR buffers from ids, as TF's kernels make them.
     "Topology": "tpu_embed.core.topology",
+    "preprocess": "tpu_embed.sparsecore",
     # Seed API (TensorFlow feature columns and the estimator-era spec).
     "embedding_column": "tpu_embed.compat.feature_column",
     "shared_embedding_columns": "tpu_embed.compat.feature_column",
@@ -44,6 +53,9 @@ _EXPORTS = {
     # Training side.
     "input_fn": "tpu_embed.training.input",
     "HostEmbedding": "tpu_embed.training.host_embedding",
+    "remap": "tpu_embed.training.remap",
+    # Serving: the SavedModel that maps raw features as the shards do.
+    "export_saved_model": "tpu_embed.serving.export",
 }
 
 # Written out (not computed from _EXPORTS) so that static analysis reads it; tests/docs/test_api_reference.py
@@ -57,7 +69,12 @@ __all__ = [
     "StochasticGradientDescentParameters",
     "Topology",
     "embedding_column",
+    "export_saved_model",
     "input_fn",
+    "load_artifact",
+    "load_spec",
+    "preprocess",
+    "remap",
     "shared_embedding_columns",
     "sparsecore",
 ]
