@@ -592,7 +592,8 @@ static int enc_rehash(enc_column *e) {
   for (int64_t i = 0; i < e->m; i++) {
     uint64_t s = e->hashes[i] & mask;
     while (slots[s].pos1) s = (s + 1) & mask;
-    token_slot_set(&slots[s], e->ddata.data + e->doff[i], e->doff[i + 1] - e->doff[i], e->hashes[i], i);
+    token_slot_set_in(&slots[s], e->ddata.data + e->doff[i], e->doff[i + 1] - e->doff[i],
+                      e->ddata.data + e->ddata.cap, e->hashes[i], i);
   }
   free(e->slots);
   e->slots = slots;
@@ -600,10 +601,10 @@ static int enc_rehash(enc_column *e) {
   return 0;
 }
 
-static int enc_add(enc_column *e, const uint8_t *p, int64_t n, uint64_t h) {
+static int enc_add(enc_column *e, const uint8_t *p, int64_t n, const uint8_t *end, uint64_t h) {
   if ((uint64_t)(e->m + 1) * 2 > e->nslots && enc_rehash(e) < 0) return -1;
   uint64_t s = 0;
-  int64_t i = token_probe(e->slots, e->nslots - 1, e->doff, e->ddata.data, p, n, h, &s);
+  int64_t i = token_probe_in(e->slots, e->nslots - 1, e->doff, e->ddata.data, p, n, end, h, &s);
   if (i < 0) {
     if (e->m + 2 > e->mcap) {
       int64_t cap = e->mcap * 2;
@@ -617,7 +618,7 @@ static int enc_add(enc_column *e, const uint8_t *p, int64_t n, uint64_t h) {
     if (column_put(&e->ddata, p, n) < 0) return -1;
     e->hashes[e->m] = h;
     e->doff[e->m + 1] = e->ddata.used;
-    token_slot_set(&e->slots[s], p, n, h, e->m);
+    token_slot_set_in(&e->slots[s], p, n, end, h, e->m);
     i = e->m++;
   }
   if (e->ncodes == e->ccap) {
@@ -631,50 +632,82 @@ static int enc_add(enc_column *e, const uint8_t *p, int64_t n, uint64_t h) {
   return 0;
 }
 
-/* A record's tokens wait here, their slots asked for, until the record is split: each of a Criteo row's 26
- * columns has its own table, and a probe of a table larger than the cache missed it; asked for ahead, the
- * misses overlap the splitting. Added in the order met, so codes and dictionaries are the same. */
-#define ENC_PENDING 64
+/* Where a field's value lies in the batch's bytes: [s, e) from its start. */
+typedef struct {
+  uint32_t s, e;
+} field_span;
+
+/* plain_fields splits ENC_BLOCK records (tens of kilobytes: in the cache still), then encodes their values
+ * column by column. */
+#define ENC_BLOCK 256
+
+/* A column's tokens are hashed (their slots asked for) a batch of ENC_TOKENS at a time, then probed in order:
+ * a probe of a table larger than the cache misses it, and asked for ahead the misses overlap. The values of
+ * a block of records are encoded column by column (`enc_column_values`), so each table stays in the cache
+ * between its tokens (a Criteo row's 26 tables in turn did not). */
+#define ENC_TOKENS 256
 
 typedef struct {
-  enc_column *e;
   const uint8_t *p;
   int64_t n;
   uint64_t h;
 } enc_token;
 
 typedef struct {
-  enc_token t[ENC_PENDING];
+  enc_column *e;
+  const uint8_t *end;  /* the end of the bytes the tokens are in */
+  enc_token t[ENC_TOKENS];
   int n;
-} enc_pending;
+} enc_tokens;
 
-static int enc_flush(enc_pending *q) {
+static int enc_probe_all(enc_tokens *q) {
   for (int i = 0; i < q->n; i++)
-    if (enc_add(q->t[i].e, q->t[i].p, q->t[i].n, q->t[i].h) < 0) return -1;
+    if (enc_add(q->e, q->t[i].p, q->t[i].n, q->end, q->t[i].h) < 0) return -1;
   q->n = 0;
   return 0;
 }
 
-static int enc_defer(enc_pending *q, enc_column *e, const uint8_t *p, int64_t n) {
-  if (q->n == ENC_PENDING && enc_flush(q) < 0) return -1;
-  uint64_t h = hash_bytes(p, n);
+static inline int enc_push(enc_tokens *q, const uint8_t *p, int64_t n) {
+  if (q->n == ENC_TOKENS && enc_probe_all(q) < 0) return -1;
+  uint64_t h = hash_bytes_in(p, n, q->end);
 #if defined(__GNUC__) || defined(__clang__)
-  __builtin_prefetch(&e->slots[h & (e->nslots - 1)]);
+  __builtin_prefetch(&q->e->slots[h & (q->e->nslots - 1)]);
 #endif
-  q->t[q->n++] = (enc_token){e, p, n, h};
+  q->t[q->n++] = (enc_token){p, n, h};
   return 0;
 }
 
-static int enc_value(enc_pending *q, enc_column *e, const uint8_t *s, const uint8_t *end) {
-  if (e->split > 255) return s < end ? enc_defer(q, e, s, end - s) : 0;
-  const uint8_t *t = s;
-  for (const uint8_t *r = s;; r++) {
-    if (r == end || *r == (uint8_t)e->split) {
-      if (r > t && enc_defer(q, e, t, r - t) < 0) return -1;
-      if (r == end) return 0;
-      t = r + 1;
+/* Encodes the values b[spans[r].s, spans[r].e) of records r = 0..nrec-1 in order, their tokens as `split`
+ * says (see enc_column); offs[r + 1]: offs[0] + the tokens of records 0..r. Returns -1 when out of memory. */
+static int enc_column_values(enc_column *e, const uint8_t *b, const uint8_t *end, const field_span *spans,
+                             Py_ssize_t nrec, int64_t *offs, enc_tokens *q) {
+  q->e = e;
+  q->end = end;
+  q->n = 0;
+  int64_t ntok = offs[0];
+  for (Py_ssize_t r = 0; r < nrec; r++) {
+    const uint8_t *s = b + spans[r].s, *v = b + spans[r].e;
+    if (e->split > 255) {
+      if (s < v) {
+        if (enc_push(q, s, v - s) < 0) return -1;
+        ntok++;
+      }
+    } else {
+      const uint8_t *t = s;
+      for (const uint8_t *c = s;; c++) {
+        if (c == v || *c == (uint8_t)e->split) {
+          if (c > t) {
+            if (enc_push(q, t, c - t) < 0) return -1;
+            ntok++;
+          }
+          if (c == v) break;
+          t = c + 1;
+        }
+      }
     }
+    offs[r + 1] = ntok;
   }
+  return enc_probe_all(q);
 }
 
 static void enc_free(enc_column *e) {
@@ -739,6 +772,7 @@ static PyObject *plain_fields(PyObject *self, PyObject *args) {
   enc_column *encs = NULL;
   int64_t **offs = NULL;
   PyObject **offs_obj = NULL;
+  field_span **spans = NULL;
   Py_ssize_t nout = 0;
   const int32_t *w = (const int32_t *)want.buf;
   if (nfields < 1 || want.len != nfields * (Py_ssize_t)sizeof(int32_t) || nrec < 0 || delim < 0 || delim > 255 ||
@@ -757,10 +791,15 @@ static PyObject *plain_fields(PyObject *self, PyObject *args) {
     PyErr_SetString(PyExc_ValueError, "plain_fields: split must hold one int32 per output column");
     goto done;
   }
+  if ((uint64_t)data.len > UINT32_MAX) {  /* field spans are 32-bit: the pyarrow way reads such a batch */
+    result = Py_NewRef(Py_None);
+    goto done;
+  }
   cols = calloc((size_t)(nout ? nout : 1), sizeof(column_bytes));
   encs = calloc((size_t)(nout ? nout : 1), sizeof(enc_column));
   offs = calloc((size_t)(nout ? nout : 1), sizeof(int64_t *));
-  if (!cols || !encs || !offs) {
+  spans = calloc((size_t)(nout ? nout : 1), sizeof(field_span *));
+  if (!cols || !encs || !offs || !spans) {
     PyErr_NoMemory();
     goto done;
   }
@@ -775,7 +814,8 @@ static PyObject *plain_fields(PyObject *self, PyObject *args) {
       encs[c].mcap = 256;
       encs[c].doff = malloc(256 * sizeof(int64_t));
       encs[c].hashes = malloc(256 * sizeof(uint64_t));
-      if (!encs[c].doff || !encs[c].hashes || enc_rehash(&encs[c]) < 0) {
+      spans[c] = malloc(ENC_BLOCK * sizeof(field_span));
+      if (!encs[c].doff || !encs[c].hashes || !spans[c] || enc_rehash(&encs[c]) < 0) {
         PyErr_NoMemory();
         goto done;
       }
@@ -803,8 +843,8 @@ static PyObject *plain_fields(PyObject *self, PyObject *args) {
   stop['\n'] = 2;
   stop['"'] = 3;
   stop['\r'] = 3;
-  enc_pending pending;  /* the record's tokens for the encoded columns, added once it is split */
-  pending.n = 0;
+  enc_tokens *tokens = malloc(sizeof(enc_tokens));  /* an encoded column's tokens, hashed, waiting for probes */
+  if (!tokens) nomem = 1, plain = 0;
   uint8_t inquote[256] = {0};  /* bytes that end a quoted value, or make it not plain */
   inquote['"'] = inquote['\n'] = inquote['\r'] = 1;
   const uint8_t *p = b;
@@ -839,30 +879,37 @@ static PyObject *plain_fields(PyObject *self, PyObject *args) {
           break;
         }
       }
-      if (f < nfields && w[f] >= 0 &&
-          (encs[w[f]].split >= 0 ? enc_value(&pending, &encs[w[f]], s, e) : column_put(&cols[w[f]], s, e - s)) < 0) {
-        nomem = 1;
-        plain = 0;
-        break;
+      if (f < nfields && w[f] >= 0) {
+        if (encs[w[f]].split >= 0) {  /* encoded column by column below */
+          spans[w[f]][r % ENC_BLOCK] = (field_span){(uint32_t)(s - b), (uint32_t)(e - b)};
+        } else if (column_put(&cols[w[f]], s, e - s) < 0) {
+          nomem = 1;
+          plain = 0;
+          break;
+        }
       }
       f++;
       if (kind == 2) break;
       p++;  /* past the delimiter */
     }
     if (!plain) break;
-    if (enc_flush(&pending) < 0) {
-      nomem = 1;
-      plain = 0;
-      break;
-    }
     if (f != nfields) {
       plain = 0;  /* a short or long record (an empty line is one field): pyarrow's letters */
       break;
     }
     r++;
-    for (Py_ssize_t c = 0; c < nout; c++) offs[c][r] = encs[c].split >= 0 ? encs[c].ncodes : cols[c].used;
+    for (Py_ssize_t c = 0; c < nout; c++)
+      if (encs[c].split < 0) offs[c][r] = cols[c].used;
     p++;  /* past the \n (or the end) */
+    if (r % ENC_BLOCK == 0 || (r == nrec && p >= end)) {
+      Py_ssize_t r0 = (r - 1) / ENC_BLOCK * ENC_BLOCK;
+      for (Py_ssize_t c = 0; c < nout && !nomem; c++)
+        if (encs[c].split >= 0 && enc_column_values(&encs[c], b, end, spans[c], r - r0, offs[c] + r0, tokens) < 0)
+          nomem = 1;
+      if (nomem) plain = 0;
+    }
   }
+  free(tokens);
   Py_END_ALLOW_THREADS
   if (nomem) {
     PyErr_NoMemory();
@@ -908,6 +955,9 @@ done:
   if (offs_obj)
     for (Py_ssize_t c = 0; c < nout; c++) Py_XDECREF(offs_obj[c]);
   free(offs_obj);
+  if (spans)
+    for (Py_ssize_t c = 0; c < nout; c++) free(spans[c]);
+  free(spans);
   free(cols);
   free(offs);
   PyBuffer_Release(&data);

@@ -27,8 +27,8 @@
 #define PREFETCH 16
 
 static inline uint64_t prefetch_slot(const token_slot *slots, uint64_t mask, const uint8_t *data, const int64_t *off,
-                                     Py_ssize_t j) {
-  uint64_t h = hash_bytes(data + off[j], off[j + 1] - off[j]);
+                                     Py_ssize_t j, const uint8_t *end) {
+  uint64_t h = hash_bytes_in(data + off[j], off[j + 1] - off[j], end);
 #if defined(__GNUC__) || defined(__clang__)
   __builtin_prefetch(&slots[h & mask]);
 #endif
@@ -64,7 +64,7 @@ static PyObject *build(PyObject *self, PyObject *args) {
     return NULL;
   }
   const int64_t *voff = (const int64_t *)b[0].buf;
-  const uint8_t *vdata = (const uint8_t *)b[1].buf;
+  const uint8_t *vdata = (const uint8_t *)b[1].buf, *vend = vdata + b[1].len;
   token_slot *slots = (token_slot *)b[2].buf;
   uint64_t mask = (uint64_t)(b[2].len / (Py_ssize_t)sizeof(token_slot)) - 1;
   for (Py_ssize_t i = 0; i < nv; i++) {
@@ -78,8 +78,9 @@ static PyObject *build(PyObject *self, PyObject *args) {
   for (Py_ssize_t i = 0; i < nv; i++) {
     const uint8_t *p = vdata + voff[i];
     int64_t n = voff[i + 1] - voff[i];
-    uint64_t h = hash_bytes(p, n), empty = 0;
-    if (token_probe(slots, mask, voff, vdata, p, n, h, &empty) < 0) token_slot_set(&slots[empty], p, n, h, i);
+    uint64_t h = hash_bytes_in(p, n, vend), empty = 0;
+    if (token_probe_in(slots, mask, voff, vdata, p, n, vend, h, &empty) < 0)
+      token_slot_set_in(&slots[empty], p, n, vend, h, i);
   }
   Py_END_ALLOW_THREADS
   release(b, 3);
@@ -110,19 +111,19 @@ static PyObject *lookup(PyObject *self, PyObject *args) {
     }
   }
   const int64_t *voff = (const int64_t *)b[0].buf;
-  const uint8_t *vdata = (const uint8_t *)b[1].buf, *tdata = (const uint8_t *)b[4].buf;
+  const uint8_t *vdata = (const uint8_t *)b[1].buf, *tdata = (const uint8_t *)b[4].buf, *tend = tdata + b[4].len;
   const token_slot *slots = (const token_slot *)b[2].buf;
   int64_t *out = (int64_t *)b[5].buf;
   uint64_t mask = (uint64_t)(b[2].len / (Py_ssize_t)sizeof(token_slot)) - 1;
   Py_BEGIN_ALLOW_THREADS
   uint64_t ahead[PREFETCH];  /* the hashes of the next tokens, their slots asked for ahead */
-  for (Py_ssize_t j = 0; j < nt && j < PREFETCH; j++) ahead[j] = prefetch_slot(slots, mask, tdata, toff, j);
+  for (Py_ssize_t j = 0; j < nt && j < PREFETCH; j++) ahead[j] = prefetch_slot(slots, mask, tdata, toff, j, tend);
   for (Py_ssize_t j = 0; j < nt; j++) {
     const uint8_t *p = tdata + toff[j];
     int64_t n = toff[j + 1] - toff[j];
     uint64_t empty, h = ahead[j % PREFETCH];
-    if (j + PREFETCH < nt) ahead[j % PREFETCH] = prefetch_slot(slots, mask, tdata, toff, j + PREFETCH);
-    out[j] = token_probe(slots, mask, voff, vdata, p, n, h, &empty);
+    if (j + PREFETCH < nt) ahead[j % PREFETCH] = prefetch_slot(slots, mask, tdata, toff, j + PREFETCH, tend);
+    out[j] = token_probe_in(slots, mask, voff, vdata, p, n, tend, h, &empty);
   }
   Py_END_ALLOW_THREADS
   release(b, 6);
@@ -152,7 +153,7 @@ static PyObject *count(PyObject *self, PyObject *args) {
   uint8_t *data = (uint8_t *)b[1].buf;
   token_slot *slots = (token_slot *)b[2].buf;
   const int64_t *toff = (const int64_t *)b[5].buf, *tcounts = (const int64_t *)b[7].buf;
-  const uint8_t *tdata = (const uint8_t *)b[6].buf;
+  const uint8_t *tdata = (const uint8_t *)b[6].buf, *tend = tdata + b[6].len;
   Py_ssize_t m = b[2].len / (Py_ssize_t)sizeof(token_slot), nt = b[5].len / 8 - 1;
   Py_ssize_t cap = b[3].len / 8;
   if (b[0].len / 8 - 1 < cap) cap = b[0].len / 8 - 1;
@@ -181,14 +182,15 @@ static PyObject *count(PyObject *self, PyObject *args) {
   Py_ssize_t j = start;
   Py_BEGIN_ALLOW_THREADS
   uint64_t ahead[PREFETCH];  /* as in lookup */
-  for (Py_ssize_t k = j; k < nt && k < j + PREFETCH; k++) ahead[k % PREFETCH] = prefetch_slot(slots, mask, tdata, toff, k);
+  for (Py_ssize_t k = j; k < nt && k < j + PREFETCH; k++)
+    ahead[k % PREFETCH] = prefetch_slot(slots, mask, tdata, toff, k, tend);
   for (; j < nt; j++) {
     const uint8_t *p = tdata + toff[j];
     int64_t len = toff[j + 1] - toff[j];
     int64_t c = weighted ? tcounts[j] : 1;
     uint64_t h = ahead[j % PREFETCH], empty = 0;
-    if (j + PREFETCH < nt) ahead[j % PREFETCH] = prefetch_slot(slots, mask, tdata, toff, j + PREFETCH);
-    int64_t i = token_probe(slots, mask, off, data, p, len, h, &empty);
+    if (j + PREFETCH < nt) ahead[j % PREFETCH] = prefetch_slot(slots, mask, tdata, toff, j + PREFETCH, tend);
+    int64_t i = token_probe_in(slots, mask, off, data, p, len, tend, h, &empty);
     if (i >= 0) {
       counts[i] += c;
       if (codes) codes[j] = (int32_t)i;
@@ -200,7 +202,7 @@ static PyObject *count(PyObject *self, PyObject *args) {
     used += len;
     off[n + 1] = used;
     counts[n] = c;
-    token_slot_set(&slots[empty], p, len, h, n);
+    token_slot_set_in(&slots[empty], p, len, tend, h, n);
     n++;
   }
   Py_END_ALLOW_THREADS

@@ -160,6 +160,67 @@ def test_encoded_columns_are_what_the_parser_makes_of_the_strings(case, data):
         assert tokens.equals(want.tokens) and tokens.type == want.tokens.type
 
 
+def _parser_tokens(plain_table, nrec, column, token_delimiter):
+    """What `parse._categorical` makes of a column read as strings (the reference of an encoded column)."""
+    from pipelines.read import parse
+    from pipelines.read.records import RawBatch
+    strings = RawBatch(0, "x.csv", 0, np.arange(nrec, dtype=np.int64), {column: plain_table.column(column).chunk(0)})
+    feature = type("F", (), {"name": column, "column": column, "delimiter": token_delimiter, "weight_column": None})
+    return parse._categorical(strings, feature, parse._Problems(strings))
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_encoded_columns_of_large_batches(seed):
+    """Batches the size the reader gives: the native splitter encodes a block of records column by column
+    (hundreds of records and tokens at a time, tables grown many times over), every field quoted or not,
+    multivalent columns of many tokens, tokens of 1 to 20 bytes (shorter than, as long as and longer than a
+    slot's 8 stored bytes), blank values and blank tokens, and a short token at the very end of the bytes (the
+    last record without a line break): the same tokens and encoded arrays as the parser makes of the strings."""
+    rng = np.random.default_rng(seed)
+    nrec = int(rng.integers(600, 2500))
+    alphabet = np.frombuffer(b"0123456789abcdefXYZ_-.", np.uint8)
+
+    def token(k):
+        return bytes(alphabet[rng.integers(0, alphabet.size, k)])
+
+    pools = {  # per column: few distinct tokens (a hot table) or many (tables grown past thousands of slots)
+        "few": [token(int(rng.integers(1, 4))) for _ in range(7)],
+        "many": [token(int(rng.integers(1, 21))) for _ in range(5000)],
+        "eight": [token(8) for _ in range(300)] + [token(9) for _ in range(300)] + [token(7) for _ in range(300)],
+    }
+    kinds = ["few", "many", "eight", "many|", "few;"]  # "|" and ";": multivalent, split on that byte
+    lines = []
+    for r in range(nrec):
+        fields = [str(r)]
+        for kind in kinds:
+            pool, sep = pools[kind.rstrip("|;")], kind[-1] if kind[-1] in "|;" else None
+            if sep is None:
+                value = b"" if rng.random() < 0.15 else pool[int(rng.zipf(1.3)) % len(pool)]
+            else:  # 0..40 tokens, some blank ("a||b")
+                value = sep.encode().join(b"" if rng.random() < 0.1 else pool[int(rng.integers(len(pool)))]
+                                          for _ in range(int(rng.integers(0, 41))))
+            fields.append(b'"' + value + b'"' if rng.random() < 0.7 else value)
+        lines.append(b",".join(f if isinstance(f, bytes) else f.encode() for f in fields))
+    lines[-1] = lines[-1].rsplit(b",", 1)[0] + b',"a"'  # a one-byte token, quoted, the file's last bytes
+    data = b"\n".join(lines)
+    names = ["id"] + [f"c{i}" for i in range(len(kinds))]
+    columns = names[1:]
+    encode = {c: (k[-1] if k[-1] in "|;" else None) for c, k in zip(columns, kinds)}
+    got = csv_reader._plain_table(data, names, columns, ",", nrec, encode)
+    plain, _ = csv_reader._plain_table(data, names, columns, ",", nrec)
+    want, invalid = _reference(data, names, columns, ",", nrec)
+    assert got is not None and not invalid and plain.equals(want)
+    table, encoded = got
+    assert set(encoded) == set(columns) and table.num_columns == 0
+    for c, token_delimiter in encode.items():
+        reference = _parser_tokens(plain, nrec, c, token_delimiter)
+        delim, lengths, tokens = encoded[c]
+        np.testing.assert_array_equal(lengths, reference.lengths)
+        assert tokens.equals(reference.tokens), c
+    last = encoded["c4"][2]
+    assert last.dictionary[last.indices[-1].as_py()].as_py() == b"a"
+
+
 def test_a_token_delimiter_of_more_than_one_byte_is_left_as_strings():
     table, encoded = csv_reader._plain_table(b"a::b,x\n", ["s", "t"], ["s", "t"], ",", 1, {"s": "::", "t": None})
     assert list(encoded) == ["t"] and table.column_names == ["s"]
