@@ -229,17 +229,20 @@ def _scalar_float(raw: RawBatch, column: str, fill: Optional[float], what: str, 
         probs.flag(multi, "wrong_type",
                    lambda r: f"{what} column {column!r} has {int(lengths[r])} values, expected one")
     parsed, blank, bad = parse_floats(values)
-    rows = _value_rows(lengths)
-    out = np.zeros(n, np.float64)
-    present = np.zeros(n, bool)
-    first = np.ones(rows.size, bool)
-    if rows.size > 1:
-        first[1:] = rows[1:] != rows[:-1]
-    use = first & ~blank
-    out[rows[use]] = parsed[use]
-    present[rows[use]] = True
-    bad_rows = np.zeros(n, bool)
-    bad_rows[rows[first & bad]] = True
+    if len(values) == n and not multi.any():  # one value per row (a CSV column): each row's value is its own
+        out, present, bad_rows = parsed, ~blank, bad  # parse_floats gives 0.0 where blank or bad
+    else:
+        rows = _value_rows(lengths)
+        out = np.zeros(n, np.float64)
+        present = np.zeros(n, bool)
+        first = np.ones(rows.size, bool)
+        if rows.size > 1:
+            first[1:] = rows[1:] != rows[:-1]
+        use = first & ~blank
+        out[rows[use]] = parsed[use]
+        present[rows[use]] = True
+        bad_rows = np.zeros(n, bool)
+        bad_rows[rows[first & bad]] = True
     if bad_rows.any():
         py = values.to_pylist() if _is_stringlike(t) else None
         starts = np.concatenate([[0], np.cumsum(lengths)])
@@ -252,8 +255,8 @@ def _scalar_float(raw: RawBatch, column: str, fill: Optional[float], what: str, 
     if fill is None:
         if missing.any():
             probs.flag(missing, "missing_value", lambda r: f"{what} column {column!r} is blank and has no fill")
-    else:
-        out[missing] = fill
+    elif missing.any():
+        out = np.where(missing, fill, out)
     return out.astype(np.float32)
 
 

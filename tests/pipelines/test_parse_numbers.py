@@ -57,3 +57,24 @@ def test_values_and_masks():
     assert blank.tolist() == [False, True, False, False, False] and not bad.any()
     values, blank, bad = parse.parse_floats(pa.array(["1", "x", " 2 "], pa.large_string()))  # general way
     assert values.tolist() == [1.0, 0.0, 2.0] and bad.tolist() == [False, True, False] and not blank.any()
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.one_of(plain, st.just(""), other), min_size=1, max_size=30), st.sampled_from([None, 0.0, -2.5]))
+def test_a_column_of_one_value_per_row_parses_as_a_list_column(values, fill):
+    """`_scalar_float`'s way for a column of one value per row (a CSV column: each row's value is its own) gives
+    what its way for list columns (the first value of each row) gives: the same floats, and the same rows
+    dead-lettered with the same reasons and details, blanks filled or missing."""
+    from pipelines.read.records import RawBatch
+    n = len(values)
+    scalar = pa.array(values, pa.large_string())
+    listed = pa.array([[v] for v in values] + [[]], pa.list_(pa.large_string()))  # a row of no value: list way
+    results = []
+    for col, rows in ((scalar, n), (listed, n + 1)):
+        raw = RawBatch(0, "x.csv", 0, np.arange(rows, dtype=np.int64), {"d": col})
+        probs = parse._Problems(raw)
+        out = parse._scalar_float(raw, "d", fill, "dense", probs)
+        results.append((out[:n], probs.bad[:n], {r: v for r, v in probs.letters.items() if r < n}))
+    (a, bad_a, letters_a), (b, bad_b, letters_b) = results
+    assert np.array_equal(a.view(np.uint32), b.view(np.uint32))
+    assert np.array_equal(bad_a, bad_b) and letters_a == letters_b
