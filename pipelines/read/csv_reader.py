@@ -27,6 +27,7 @@ from pipelines.read.csv_scan import (
     csv_native,
     delimiter_byte,
     range_summary,
+    run_end,
 )
 from pipelines.read.records import (
     DeadLetter,
@@ -41,6 +42,7 @@ from pipelines.read.source import Source
 from pipelines.token_index import encoded_from_buffers
 
 CSV_BATCH_BYTES = 32 << 20  # a CSV batch is at most chunk_rows records or about this many bytes
+HEAD_SCAN_BYTES = 64 << 10  # the first part of a file scanned for its header
 
 
 @dataclasses.dataclass
@@ -59,8 +61,11 @@ def _csv_head(src: Source, f: InputFile, columns: List[str], delimiter: str
     sc = Scanner(src, 0, 0, delimiter_byte(delimiter), bof)
     first_break = header_break = None
     lines = 0
+    limit = 0  # scanned in growing parts from 64 KiB: the header is one line of a file of any size
     while True:
-        got = sc.step()
+        if sc.pos >= limit:
+            limit = run_end(src, min(src.size, max(2 * limit, HEAD_SCAN_BYTES)))
+        got = sc.step(limit)
         if got is None:
             break
         breaks, record = got

@@ -268,7 +268,7 @@ def csv_bof(src: Source) -> int:
     return 3 if src.read(0, 3) == BOM else 0
 
 
-def _run_end(src: Source, p: int) -> int:
+def run_end(src: Source, p: int) -> int:
     """p, or the end of the run of quote characters that goes on at p (small reads from p - 1 on)."""
     if p <= 0 or src.read(p - 1, 1) != b'"':
         return p
@@ -287,7 +287,7 @@ def range_summary(src: Source, lo: int, hi: int, delim: int, bof: int) -> Tuple[
     The quote runs counted are those that start in [lo, hi), to their end; a run going on at lo belongs
     to the range before.
     """
-    limit = _run_end(src, hi)
+    limit = run_end(src, hi)
     sc = Scanner(src, lo, 0, delim, bof, both=True, records=False)
     sc.skip_run()
     while sc.step(limit) is not None:
