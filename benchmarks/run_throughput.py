@@ -1,7 +1,8 @@
 """Throughput of `tpu-embed run`, with the defaults a user gets, side by side with the floor of reading the same
 data on one core, and with the same work in one process.
 
-    .venv/bin/python benchmarks/run_throughput.py [--workload csv|tfrecord] [--examples N] [--workers 1]
+    .venv/bin/python benchmarks/run_throughput.py [--workload csv|quoted|quoted-tfrecord|tfrecord] [--examples N]
+        [--workers 1]
         [--out build/bench] [--modes floor,single,beam] [--candidates N,N,...]
 
 Workloads (deterministic seeds):
@@ -10,15 +11,25 @@ Workloads (deterministic seeds):
   blanks, 26 categorical columns of Zipf-distributed hex ids (up to ~10^6 values; `frequency_threshold: 2`),
   two of them multivalent ('|'-separated, 1-5 values), in 4 CSV files; global batch 4096 on 4 chips x 4
   SparseCores, with large pinned limits (`bench_spec`).
+* `quoted` (1 M examples unless --examples): a wide CSV as pyarrow and pandas write it, every field quoted
+  (blanks as ""): label, 13 dense columns with blanks, 26 categorical columns of hex tokens, column j drawn
+  from a Zipf(1.1) over its own number of distinct values, 50 ... 500,000 (geometric steps), 10 % blanks; 4
+  files, about 213 bytes a row. Frequency vocabularies with 1 OOV bucket: 10 columns (C7, C9, ..., C25) keep
+  tokens seen twice or more, so their other tokens are OOV; the other 16 keep every token. Same topology,
+  batch and pinned limits as `csv` (`bench_spec(..., "quoted")`).
+* `quoted-tfrecord` (500 k examples unless --examples): the first rows of `quoted` as tf.train.Examples in 4
+  TFRecord files (label and dense values as int64, tokens as bytes, a blank field a missing key); the same
+  spec on TFRecord input.
 * `tfrecord` (500 k examples unless --examples): `tpu-embed demo`'s data set and spec (pipelines/demo_data.py: 8
   TFRecord files of tf.train.Example, 13 dense and 30 categorical features, multivalent, weighted and sequence
   ones among them; global batch 2048, no pinned limits: `run` plans them from its own profile).
 
 Modes, each in a child process of its own (wall time, CPU time and peak RSS of it and its children):
 
-* `floor` (`pyarrow` for csv, `tfxbsl` for tfrecord): reading the files on one core, counting every
-  categorical column and mapping every value to its vocabulary index (`pyarrow_baseline`, `tfxbsl_baseline`).
-* `single` (csv only): the work of the jobs in one process without Beam (`single_process`).
+* `floor` (`pyarrow` for the CSV workloads, `tfxbsl` for the TFRecord ones): reading the files on one core,
+  counting every categorical column and mapping every value to its vocabulary index (`pyarrow_baseline`,
+  `tfxbsl_baseline`, both counting and mapping with `_count_and_map`).
+* `single` (the CSV workloads): the work of the jobs in one process without Beam (`single_process`).
 * `beam`: `runner.run_all` as `tpu-embed run` runs it with its defaults (the profile covers the spec's own
   topology, or the chip counts of --candidates; the transform output written, its graph already in the cache,
   as for every run of a spec after its first). Both jobs do the same work as `single`: read + parse, exact
@@ -79,17 +90,100 @@ def generate(out_dir: str, examples: int, files: int = 4, seed: int = 1234) -> N
         pacsv.write_csv(pa.table(cols), os.path.join(out_dir, f"part-{fi:03d}.csv"))
 
 
-def bench_spec(data_dir: str, batch: int):
+QUOTED_CARDINALITIES = np.round(np.geomspace(50, 500_000, NUM_CAT)).astype(np.int64)  # distinct values of C1..C26
+QUOTED_OOV = tuple(f"C{j}" for j in range(7, 26, 2))  # the 10 columns whose vocabulary keeps tokens seen >= 2 times
+
+
+def _zipf_ranks(rng, card: int, n: int, s: float = 1.1) -> np.ndarray:
+    """n draws from 1..card with P(r) proportional to r**-s."""
+    cdf = np.cumsum(np.arange(1, card + 1, dtype=np.float64) ** -s)
+    return np.searchsorted(cdf / cdf[-1], rng.random(n), side="right") + 1
+
+
+def generate_quoted(out_dir: str, examples: int, files: int = 4, seed: int = 4321) -> None:
+    """The `quoted` workload: every field quoted, as pyarrow's writer with quoting_style="all_valid" (and
+    pandas with quoting=csv.QUOTE_ALL) write it; each categorical column's hex tokens are a random permutation
+    of its ids, so a hot token is not always a short one."""
+    rng = np.random.default_rng(seed)
+    os.makedirs(out_dir, exist_ok=True)
+    per = examples // files
+    for fi in range(files):
+        n = per if fi < files - 1 else examples - per * (files - 1)
+        cols = {"label": pa.array((rng.random(n) < 0.25).astype(np.int64).astype(str))}
+        for j in range(13):
+            s = rng.zipf(1.5, n).astype(np.int64).astype(str).astype(object)
+            s[rng.random(n) < 0.2] = ""
+            cols[f"I{j + 1}"] = pa.array(s, pa.string())
+        for j, card in enumerate(QUOTED_CARDINALITIES):
+            perm = rng.permutation(int(card))
+            s = np.char.mod("%x", perm[_zipf_ranks(rng, int(card), n) - 1]).astype(object)
+            s[rng.random(n) < 0.1] = ""
+            cols[f"C{j + 1}"] = pa.array(s, pa.string())
+        pacsv.write_csv(pa.table(cols), os.path.join(out_dir, f"part-{fi:03d}.csv"),
+                        pacsv.WriteOptions(quoting_style="all_valid"))
+
+
+def generate_quoted_tfrecord(csv_dir: str, out_dir: str, examples: int, files: int = 4) -> None:
+    """The `quoted-tfrecord` workload: the first `examples` rows of the `quoted` workload's files (in
+    csv_dir) as tf.train.Examples in `files` TFRecord files: label and dense columns as one int64 each,
+    categorical columns as one bytes token each; a blank field is a missing key, as a writer of such
+    Examples leaves it."""
+    import pyarrow.compute as pc
+
+    from pipelines.read import splits
+    from tpu_embed.artifact import tfrecord
+    from tpu_embed.artifact.example_wire import encode_example, varint
+    os.makedirs(out_dir, exist_ok=True)
+    names = ["label"] + [f"I{j + 1}" for j in range(13)] + [f"C{j + 1}" for j in range(NUM_CAT)]
+    kinds = {n: "bytes" if n.startswith("C") else "int64" for n in names}
+    tables, have = [], 0
+    for f in splits.list_input_files([os.path.join(csv_dir, "*.csv")]):
+        if have >= examples:
+            break
+        t = pacsv.read_csv(f.path, convert_options=pacsv.ConvertOptions(column_types={n: pa.string() for n in names}))
+        tables.append(t.slice(0, examples - have))
+        have += tables[-1].num_rows
+    table = pa.concat_tables(tables)
+    cache = {n: {} for n in names}  # (key, value) -> its Example entry: tokens repeat (Zipf)
+
+    def entry(n, v):
+        e = cache[n].get(v)
+        if e is None:
+            value = [v.encode()] if kinds[n] == "bytes" else [int(v)]
+            e = cache[n][v] = encode_example({n: (kinds[n], value)})[2:]  # the entry without the Example's head
+        return e
+
+    bounds = np.linspace(0, table.num_rows, files + 1).astype(int)
+    for k in range(files):
+        part = table.slice(int(bounds[k]), int(bounds[k + 1] - bounds[k]))
+        cols = [(n, pc.fill_null(part.column(n), "").to_pylist()) for n in sorted(names)]
+        with open(os.path.join(out_dir, f"part-{k:05d}.tfrecord"), "wb") as fh:
+            out = []
+            for i in range(part.num_rows):
+                body = b"".join([entry(n, v[i]) for n, v in cols if v[i] != ""])
+                out.append(tfrecord.frame(b"\x0a" + varint(len(body)) + body))
+                if len(out) == 16384:
+                    fh.write(b"".join(out))
+                    out = []
+            fh.write(b"".join(out))
+
+
+def bench_spec(data_dir: str, batch: int, workload: str = "csv"):
+    """The spec of the `csv` workload, or with workload="quoted" (or "quoted-tfrecord") of that one: the same
+    topology, batch and limits; its vocabularies keep the tokens seen twice or more in QUOTED_OOV's columns,
+    every token in the others, and it has no multivalent column."""
     from tpu_embed.artifact.spec import parse_spec
     cat = []
     for j in range(NUM_CAT):
         name = f"C{j + 1}"
-        d = {"name": name, "vocabulary": {"type": "frequency", "frequency_threshold": 2, "num_oov_buckets": 1}}
-        if name in MULTIVALENT:
+        threshold = 2 if workload == "csv" or name in QUOTED_OOV else None
+        d = {"name": name, "vocabulary": {"type": "frequency", "frequency_threshold": threshold, "num_oov_buckets": 1}}
+        if name in MULTIVALENT and workload == "csv":
             d["delimiter"] = "|"
         cat.append(d)
+    fmt, ext = ("tfrecord", "tfrecord") if workload.endswith("tfrecord") else ("csv", "csv")
     raw = {
-        "name": "bench", "inputs": {"format": "csv", "patterns": [os.path.join(data_dir, "*.csv")]},
+        "name": "bench", "inputs": {"format": fmt, "patterns": [os.path.join(data_dir, "*." + ext)]},
         "label": {"column": "label"}, "dense": [f"I{j + 1}" for j in range(13)], "categorical": cat,
         "defaults": {"table": {"dim": 16}}, "optimizer": {"type": "adagrad", "learning_rate": 0.05},
         "topology": {"num_chips": 4, "num_sc_per_chip": 4, "num_hosts": 1}, "global_batch_size": batch,
@@ -187,44 +281,53 @@ def single_process(spec, out: str, candidates) -> int:
 def pyarrow_baseline(spec) -> int:
     """Read the CSV files with pyarrow on one core and map every categorical column to vocabulary ids.
 
-    The floor the jobs are compared with: `pyarrow.csv.read_csv` with explicit column types,
-    `pyarrow.compute.value_counts` per categorical column (multivalent ones split on '|'), the
-    vocabulary (tokens seen >= 2 times, by count) and `index_in` of every value.
+    The floor the jobs are compared with: `pyarrow.csv.read_csv` of every column as strings (explicit
+    column types, so nothing is inferred), then per categorical feature its values (a multivalent column's
+    split on its delimiter) counted, its vocabulary made (blank left out, tokens with the feature's
+    frequency_threshold, by count) and every value mapped to its index in it (`_count_and_map`).
     """
-    import glob
-
     import pyarrow.compute as pc
     pa.set_cpu_count(1)
     pa.set_io_thread_count(1)
-    files = sorted(glob.glob(spec.input_patterns()[0]))
-    names = ["label"] + [f"I{j + 1}" for j in range(13)] + [f"C{j + 1}" for j in range(NUM_CAT)]
+    from pipelines.read import splits
+    files = splits.list_input_files(spec.input_patterns())
+    with open(files[0].path, "rb") as fh:
+        names = pacsv.read_csv(fh, read_options=pacsv.ReadOptions(use_threads=False, block_size=1 << 16),
+                               convert_options=pacsv.ConvertOptions(include_columns=[])).column_names
     types = {n: pa.string() for n in names}
-    tables = [pacsv.read_csv(f, read_options=pacsv.ReadOptions(use_threads=False),
-                             convert_options=pacsv.ConvertOptions(column_types=types)) for f in files]
     rows = 0
     per_column = collections.defaultdict(list)
-    for t in tables:
+    for f in files:
+        t = pacsv.read_csv(f.path, read_options=pacsv.ReadOptions(use_threads=False),
+                           convert_options=pacsv.ConvertOptions(column_types=types))
         rows += t.num_rows
-        for j in range(NUM_CAT):
-            name = f"C{j + 1}"
-            col = t.column(name)
-            if name in MULTIVALENT:
-                col = pc.list_flatten(pc.split_pattern(col, "|"))
-            per_column[name].append(col)
-    _count_and_map(per_column, 2)
+        for feat in spec.categorical:
+            col = t.column(feat.column)
+            if feat.delimiter is not None:
+                col = pc.list_flatten(pc.split_pattern(col, feat.delimiter))
+            per_column[feat.name].append(col)
+        del t
+    _count_and_map(per_column, {f.name: f.vocabulary.frequency_threshold or 1 for f in spec.categorical})
     return rows
 
 
-def _count_and_map(per_column, threshold: int) -> None:
-    """Per column: `value_counts` of all its values, the vocabulary (count >= threshold) and `index_in` of every
-    value (pyarrow.compute, one core)."""
+def _count_and_map(per_column, thresholds) -> None:
+    """Per column: its values dictionary-encoded (one hash pass over them), the counts of the distinct ones
+    from the codes, the vocabulary (blank left out, count >= the column's threshold, by count descending) and
+    every value's index in it through the codes (-1: not in it; pyarrow.compute and numpy, one core)."""
     import pyarrow.compute as pc
-    for cols in per_column.values():
+    for name, cols in per_column.items():
         values = pa.chunked_array([c for cc in cols for c in (cc.chunks if hasattr(cc, "chunks") else [cc])])
-        vc = pc.value_counts(values).flatten()
-        vocab = pc.filter(vc[0], pc.greater_equal(vc[1], threshold))
-        ids = pc.index_in(values, value_set=vocab)
-        assert len(ids) == len(values)
+        enc = pc.dictionary_encode(values).combine_chunks()
+        codes = enc.indices.to_numpy()
+        counts = np.bincount(codes, minlength=len(enc.dictionary))
+        counts[pc.equal(pc.binary_length(enc.dictionary), 0).to_numpy(zero_copy_only=False)] = 0  # a blank: no token
+        kept = np.flatnonzero(counts >= thresholds[name])
+        order = kept[np.argsort(-counts[kept], kind="stable")]  # the vocabulary: its tokens enc.dictionary[order]
+        index = np.full(len(enc.dictionary), -1, np.int64)
+        index[order] = np.arange(order.size)
+        ids = index[codes]
+        assert ids.size == len(values)
 
 
 TFXBSL_BATCH = 32768  # records per DecodeBatch (the jobs' default chunk rows)
@@ -263,8 +366,7 @@ def tfxbsl_baseline(spec) -> int:
             rows += rb.num_rows
             for feat in features:
                 per_column[feat.name].append(pc.list_flatten(rb.column(rb.schema.get_field_index(feat.column))))
-    thresholds = {f.vocabulary.frequency_threshold or 1 for f in features}
-    _count_and_map(per_column, max(thresholds))
+    _count_and_map(per_column, {f.name: f.vocabulary.frequency_threshold or 1 for f in features})
     return rows
 
 
@@ -281,10 +383,17 @@ def tfrecord_spec(out: str, batch: int):
 def workload_spec(args):
     if args.workload == "tfrecord":
         return tfrecord_spec(args.out, args.batch)
-    return bench_spec(os.path.join(args.out, "data"), args.batch)
+    return bench_spec(data_dir(args), args.batch, args.workload)
 
 
-FLOORS = {"csv": "pyarrow", "tfrecord": "tfxbsl"}
+def data_dir(args) -> str:
+    return os.path.join(args.out, DATA_DIRS[args.workload])
+
+
+FLOORS = {"csv": "pyarrow", "quoted": "pyarrow", "tfrecord": "tfxbsl", "quoted-tfrecord": "tfxbsl"}
+DATA_DIRS = {"csv": "data", "quoted": "data-quoted", "tfrecord": "data-tfrecord",
+             "quoted-tfrecord": "data-quoted-tfrecord"}
+DEFAULT_EXAMPLES = {"csv": 200_000, "quoted": 1_000_000, "tfrecord": 500_000, "quoted-tfrecord": 500_000}
 
 
 def _run_mode(mode: str, args) -> dict:
@@ -341,29 +450,39 @@ def _generate(args, data: str) -> None:
     if args.workload == "tfrecord":
         from pipelines import demo_data
         demo_data.write_dataset(data, num_examples=args.examples, seed=1234)
+    elif args.workload == "quoted":
+        generate_quoted(data, args.examples)
+    elif args.workload == "quoted-tfrecord":  # from the quoted workload's 1 M rows (made first if missing)
+        csv_dir = os.path.join(args.out, DATA_DIRS["quoted"])
+        if not os.path.exists(os.path.join(csv_dir, f".complete-quoted-{DEFAULT_EXAMPLES['quoted']}")):
+            shutil.rmtree(csv_dir, ignore_errors=True)
+            generate_quoted(csv_dir, DEFAULT_EXAMPLES["quoted"])
+            open(os.path.join(csv_dir, f".complete-quoted-{DEFAULT_EXAMPLES['quoted']}"), "w").close()
+        generate_quoted_tfrecord(csv_dir, data, args.examples)
     else:
         generate(data, args.examples)
 
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--workload", choices=("csv", "tfrecord"), default="csv")
-    ap.add_argument("--examples", type=int, help="default: 200000 (csv), 500000 (tfrecord: the demo's)")
+    ap.add_argument("--workload", choices=tuple(FLOORS), default="csv")
+    ap.add_argument("--examples", type=int, help="default: 200000 (csv), 1000000 (quoted), 500000 (tfrecord: the "
+                    "demo's)")
     ap.add_argument("--batch", type=int, help="global batch; default: 4096 (csv), 2048 (tfrecord: the demo's)")
     ap.add_argument("--workers", type=int, default=1)
     ap.add_argument("--out", default=os.path.join(ROOT, "build", "bench"))
     ap.add_argument("--candidates", default="", help="profile candidate chip counts (comma-separated); default: "
                     "none given (the spec's own topology, as `tpu-embed run`)")
     ap.add_argument("--modes", default="floor,single,beam",
-                    help="which measurements, in this order (floor: pyarrow for csv, tfxbsl for tfrecord; also "
+                    help="which measurements, in this order (floor: pyarrow for CSV, tfxbsl for TFRecord; also "
                          "beam-bare, beam-cold)")
     ap.add_argument("--mode", help=argparse.SUPPRESS)  # internal: run one measurement in this process
     args = ap.parse_args()
     tfr = args.workload == "tfrecord"
-    args.examples = args.examples or (500_000 if tfr else 200_000)
+    args.examples = args.examples or DEFAULT_EXAMPLES[args.workload]
     args.batch = args.batch or (2048 if tfr else 4096)
     args.out = os.path.abspath(args.out)
-    data = os.path.join(args.out, "data-tfrecord" if tfr else "data")
+    data = data_dir(args)
     if args.mode == "generate":
         _generate(args, data)
         return
@@ -371,7 +490,7 @@ def main():
         import json
         print(json.dumps(_run_mode(args.mode, args)))
         return
-    marker = os.path.join(data, f".complete-{'tfrecord-' if tfr else ''}{args.examples}")
+    marker = os.path.join(data, f".complete-{'' if args.workload == 'csv' else args.workload + '-'}{args.examples}")
     if not os.path.exists(marker):
         shutil.rmtree(data, ignore_errors=True)
         t = time.time()
@@ -384,7 +503,7 @@ def main():
         print(f"generated {args.examples} examples in {time.time() - t:.1f} s", flush=True)
     modes = [FLOORS[args.workload] if m == "floor" else m for m in args.modes.split(",")]
     if tfr and "single" in modes:
-        modes.remove("single")  # the one-process reference is written for the CSV workload's pinned limits
+        modes.remove("single")  # the one-process reference is written for the CSV workloads' pinned limits
     if "beam" in modes:  # the spec's transform graph in the cache first (built once, not in a measured process)
         from tpu_embed.serving.transform_output import TransformGraph
         os.environ["TPU_EMBED_CACHE_DIR"] = os.path.join(args.out, "cache")
