@@ -61,8 +61,9 @@ def add_commands(subparsers, spec_loader: Optional[SpecLoader] = None) -> None:
     """
     p = subparsers.add_parser("plan", help=PLAN_HELP, description=PLAN_DESCRIPTION,
                               formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--profiles", required=True, metavar="DIR",
-                   help="profile_data_directory written by the profile job (tpu-embed profile).")
+    p.add_argument("--profiles", default=None, metavar="DIR",
+                   help="profile_data_directory written by the profile job (tpu-embed profile); required, except "
+                        "with --format jax-fdo --artifact (default there: the artifact's own, where it has one).")
     p.add_argument("--spec", metavar="SPEC_OR_LAYOUT", default=None,
                    help="configuration to plan for (spec, layout dump, model-*.json or plan file); default: the "
                         "profiled model itself. A different chip count is planned from the profile's candidate "
@@ -73,11 +74,17 @@ def add_commands(subparsers, spec_loader: Optional[SpecLoader] = None) -> None:
                    help="'plan' (default): a plan file for TensorFlow. 'jax-fdo': the profile's exact per-partition "
                         "maxima as jax-tpu-embedding's FDO statistics (fdo_stats_<host>_<time>.npz, which its "
                         "NPZFileFDOClient loads, and tpu_embed_jax_fdo.json for tpu_embed.jax.limits).")
-    p.add_argument("--jax-stacking", default="tpu_embed", choices=("tpu_embed", "none", "jax"),
-                   help="with --format jax-fdo: the stacked tables the figures are for: 'tpu_embed' (default; the "
-                        "profile's stacks, which tpu_embed.jax.limits.stack_tables builds in jax), 'none' (one "
-                        "stack per table, named by it) or 'jax' (jax's auto_stack_tables over the features in "
-                        "name order, as the jax shards stack them; refused where a stack was not profiled).")
+    p.add_argument("--jax-stacking", default=None, choices=("tpu_embed", "none", "jax"),
+                   help="with --format jax-fdo: the stacked tables the figures are for: 'tpu_embed' (default "
+                        "without --artifact; the profile's stacks, which tpu_embed.jax.limits.stack_tables builds "
+                        "in jax), 'none' (one stack per table, named by it) or 'jax' (default with --artifact; "
+                        "jax's auto_stack_tables over the features in name order, as the jax shards stack them: "
+                        "with --artifact every stack, from its manifest's maxima where the profile did not count "
+                        "it; without, refused where a stack was not profiled).")
+    p.add_argument("--artifact", default=None, metavar="DIR",
+                   help="with --format jax-fdo: the artifact whose jax shards (shards: {layout: jax} or both) the "
+                        "figures are for: its recorded stacking and per-stack maxima, and its profile directory "
+                        "unless --profiles is given.")
     p.add_argument("--quantile", default="max", metavar="Q",
                    help="quantile over steps for the chip id buffer: 'max' (default; zero drops on the profiled "
                         "data), or e.g. 'p99.9' (smaller buffer, allow_id_dropping, stated drop budget).")
@@ -106,6 +113,9 @@ def _cmd_plan(args, spec_loader) -> int:
     from profiles.model_file import load_model_config  # a command's imports (see the imports)
     if getattr(args, "format", "plan") == "jax-fdo":
         return _cmd_plan_jax_fdo(args, spec_loader)
+    if not args.profiles or args.artifact:
+        from profiles.errors import ProfileError
+        raise ProfileError("--profiles DIR is required (--artifact is for --format jax-fdo only)")
     from profiles.planner import plan
     spec = load_model_config(args.spec, spec_loader, args.profiles) if args.spec else None
     with warnings.catch_warnings():
@@ -133,28 +143,29 @@ def _cmd_plan(args, spec_loader) -> int:
 
 def _cmd_plan_jax_fdo(args, spec_loader) -> int:
     from profiles.errors import ProfileError  # a command's imports (see the imports)
-    from profiles.jax_fdo import write_jax_fdo
+    from profiles.jax_fdo import fdo_stats, write_jax_fdo
     from profiles.model_file import load_model_config
-    from profiles.store import ProfileStore
     if args.quantile != "max" or args.partition_quantile != "max" or args.headroom != 1.0:
         raise ProfileError("--format jax-fdo writes the exact observed maxima, which jax's FDO client reads as "
                            "observations: --quantile, --partition-quantile and --headroom apply to plan files only")
-    profile = ProfileStore(args.profiles).read(model=args.model)
+    stacking = args.jax_stacking or ("jax" if args.artifact else "tpu_embed")
+    stats = fdo_stats(args.profiles, stacking, model=args.model, artifact=args.artifact)
     if args.spec:
         spec = load_model_config(args.spec, spec_loader, args.profiles)
-        if spec.key != profile.model.key:
+        if spec.key != stats.model.key:
             raise ProfileError(
-                f"--spec {args.spec} is another configuration than the profiled one ({profile.model.key}): jax's "
+                f"--spec {args.spec} is another configuration than the profiled one ({stats.model.key}): jax's "
                 "exact per-partition figures exist only for the profiled tables, features and topology")
-    stats, paths = write_jax_fdo(profile, args.output, stacking=args.jax_stacking)
+    write_jax_fdo(stats, args.output)
     t = stats.model.topology
     print(f"wrote {args.output}: jax-tpu-embedding FDO statistics of {stats.steps} steps, {len(stats.stacks)} stacked "
           f"tables ({stats.stacking} stacking), {t.num_hosts} process file(s) of {t.chips_per_host} device(s) x "
           f"{t.num_sparse_cores} partitions")
-    for name, lim in stats.limits().items():
+    for name, s in stats.stacks.items():
+        lim = s.limits(t.num_sc_per_chip)
         print(f"  {name}: max_ids_per_partition={lim['max_ids_per_partition']}, max_unique_ids_per_partition="
               f"{lim['max_unique_ids_per_partition']}, suggested_coo_buffer_size_per_device="
-              f"{lim['suggested_coo_buffer_size_per_device']}")
+              f"{lim['suggested_coo_buffer_size_per_device']} (from the {s.source})")
     return 0
 
 

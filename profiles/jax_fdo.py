@@ -26,7 +26,15 @@ have the same tables in the same order as the profile's: `tpu_embed` (TensorFlow
 reproduce with `table_stacking.stack_tables` and the same names: see `tpu_embed.jax.limits.stack_tables`),
 `none` (every table its own stack, named by the table, as `embedding.prepare_feature_specs_for_training`
 leaves unstacked tables) or `jax` (`auto_stack_tables`, as `tpu_embed.jax.layout.jax_layout` computes it),
-whose stacks are exact where they are one table or a profiled stack's tables in its order, refused otherwise.
+whose stacks the profile counted where they are one table or a profiled stack's tables in its order.
+
+An artifact whose shards have the jax layout (`artifact_jax_fdo_stats`) records in its manifest, per jax stack
+it was written with, the maxima of jax's statistics over every step and host (`tpu_embed.jax.records
+.STATIC_SIZES`): exactly the limits `update_preprocessing_parameters` makes of those steps' statistics. Its
+FDO files cover every stack of its own stacking: a stack the profile counted over the artifact's own steps
+(the same maxima) gets the profile's per-partition arrays; any other the manifest's maxima, in every
+partition (`JaxStack.source` says which; jax's update takes the maximum, so the limits are the same exact
+figures, the spread over partitions is not recorded).
 
 Besides the NPZ files, `tpu_embed_jax_fdo.json` records the layout the figures hold for (stacks, tables,
 rotations, features and their global samples, topology), which `tpu_embed.jax.limits.apply_limits` checks
@@ -69,6 +77,8 @@ class JaxStack:
     max_ids: np.ndarray  # [chips, S]
     max_unique_ids: np.ndarray  # [chips, S]
     required_buffer_size: np.ndarray  # [chips, SCs per chip]
+    source: str = "profile"  # "profile": its per-partition maxima; "manifest": the artifact's recorded maxima in
+    #                          every partition (`artifact_jax_fdo_stats`)
 
     def limits(self, num_sc_per_chip: int) -> Dict[str, int]:
         """What `embedding.update_preprocessing_parameters` sets from these statistics."""
@@ -85,6 +95,7 @@ class JaxFdoStats:
     stacking: str
     steps: int
     stacks: Dict[str, JaxStack]
+    artifact: Optional[dict] = None  # {directory, spec_fingerprint} of `artifact_jax_fdo_stats`'s artifact
 
     @property
     def num_hosts(self) -> int:
@@ -116,9 +127,9 @@ class JaxFdoStats:
             "topology": {"num_chips": t.num_chips, "num_sc_per_chip": t.num_sc_per_chip, "num_hosts": t.num_hosts},
             "global_device_count": t.num_chips, "local_device_count": t.chips_per_host,
             "num_sc_per_device": t.num_sc_per_chip, "num_sparse_cores": t.num_sparse_cores,
-            "files": list(files),
+            "files": list(files), "artifact": self.artifact,
             "stacks": {name: {"tables": list(s.tables), "features": list(s.features),
-                              "limits": s.limits(t.num_sc_per_chip)}
+                              "limits": s.limits(t.num_sc_per_chip), "source": s.source}
                        for name, s in self.stacks.items()},
         }
 
@@ -157,7 +168,7 @@ def jax_fdo_stats(profile: Profile, stacking: str = "tpu_embed") -> JaxFdoStats:
             members = ", ".join(f"{tp.name}: {tp.combiner}" for tp in tables)
             raise ProfileError(
                 f"stack {name!r} mixes combiners ({members}) and jax-tpu-embedding stacks only tables of one "
-                "combiner: use the 'none' stacking (one stack per table)")
+                f"combiner: use the 'jax' stacking ({_JAX_FROM_ARTIFACT}) or 'none' (one stack per table)")
         stats = acc.tables[st.tables[0]].partitions if stacking == "none" else acc.stacks[name]
         stacks[name] = _stack(
             name, stats,
@@ -183,28 +194,38 @@ def _stack(name: str, stats: PartitionStats, tables: Tuple[dict, ...], features:
                     required_buffer_size=stats.sc_max_buffer.copy())
 
 
+# Where the figures of jax's own stacking come from when the profile did not count a stack.
+_JAX_FROM_ARTIFACT = ("`--artifact DIR` of an artifact with `shards: {layout: jax}`, whose manifest records every "
+                      "stack of jax's stacking")
+
+
+def _profiled(profile: Profile, members: Tuple[str, ...], rotations: List[int]) -> Optional[PartitionStats]:
+    """The profile's per-step counts of a jax stack of these tables at these rotations, where it counted them: one
+    table at rotation 0 (the table's own), or a profiled stack with the same tables in the same order (hence the
+    same rotations and row offsets); else None."""
+    tf_layout = layout_of(profile.model)
+    tf_name = next((name for name, st in tf_layout.stacks.items() if tuple(st.tables) == members), None)
+    if len(members) == 1 and rotations == [0]:
+        return profile.accumulator.tables[members[0]].partitions
+    if tf_name is not None and rotations == [tf_layout.tables[t].rotation for t in members]:
+        return profile.accumulator.stacks[tf_name]
+    return None
+
+
 def _jax_auto_stacks(profile: Profile) -> Dict[str, JaxStack]:
-    """jax's `auto_stack_tables` (`tpu_embed.jax.layout.jax_layout`): a stack's per-step counts are in the profile
-    where it is one table at rotation 0 (the table's own) or a profiled stack with the same tables in the same
-    order (hence the same rotations and row offsets); any other stack is refused."""
+    """jax's `auto_stack_tables` (`tpu_embed.jax.layout.jax_layout`), each stack from the profile's counts
+    (`_profiled`); a stack the profile did not count is refused."""
     from tpu_embed.jax.layout import jax_layout
-    model, acc = profile.model, profile.accumulator
-    tf_layout = layout_of(model)
-    by_members = {tuple(st.tables): name for name, st in tf_layout.stacks.items()}
+    model = profile.model
     S = model.topology.num_sparse_cores
     out: Dict[str, JaxStack] = {}
     for js in jax_layout(model).stacks:
         members = tuple(t.name for t in js.tables)
-        rotations = [t.shard_rotation for t in js.tables]
-        tf_name = by_members.get(members)
-        if len(members) == 1 and rotations == [0]:
-            stats = acc.tables[members[0]].partitions
-        elif tf_name is not None and rotations == [tf_layout.tables[t].rotation for t in members]:
-            stats = acc.stacks[tf_name]
-        else:
+        stats = _profiled(profile, members, [t.shard_rotation for t in js.tables])
+        if stats is None:
             raise ProfileError(
                 f"jax's auto-stacked table {js.name!r} ({', '.join(members)}) is no stack the profile counted (its "
-                "stacks follow TensorFlow's grouping and order): use the 'tpu_embed' or 'none' stacking")
+                f"stacks follow TensorFlow's grouping and order): use {_JAX_FROM_ARTIFACT}, or the 'none' stacking")
         out[js.name] = _stack(
             js.name, stats,
             tuple({"name": t.name, "vocabulary_size": t.vocabulary_size,
@@ -213,6 +234,76 @@ def _jax_auto_stacks(profile: Profile) -> Dict[str, JaxStack]:
                    "shard_rotation": t.shard_rotation} for t in js.tables),
             tuple({"name": f.name, "table": f.table, "global_samples": f.samples_per_sc * S} for f in js.features))
     return out
+
+
+def artifact_jax_fdo_stats(artifact_dir: str, profile: Optional[Profile] = None) -> JaxFdoStats:
+    """jax's FDO statistics for the stacking the jax shards of `artifact_dir` were written with (the stacks its
+    manifest records, `shards.format.jax`), every stack exact: the profile's per-partition arrays where `profile`
+    (of the artifact's model) counted the stack over the artifact's own steps, i.e. with the maxima the manifest
+    records; else the manifest's maxima in every partition.  Raises `ProfileError` for an artifact without the
+    jax layout, a profile of another model, and a stack no step looked up (its exact limits are 0)."""
+    from tpu_embed.artifact.load import load_artifact  # reads the manifest and the spec, not the shards
+
+    art = load_artifact(artifact_dir, verify="none")
+    fj = art.manifest.shard_format.jax
+    if fj is None:
+        raise ProfileError(
+            f"{artifact_dir}: its shards hold no jax-tpu-embedding arrays, so no stacking of jax's was recorded: "
+            "plan from its profile alone (--profiles, without --artifact), or add `shards: {layout: jax}` to the "
+            "spec and run `tpu-embed run` again")
+    model, topo = art.model, art.model.topology
+    if profile is not None and profile.model.key != model.key:
+        raise ProfileError(
+            f"the profile is of another configuration ({profile.model.key}) than {artifact_dir} ({model.key}): "
+            "give --profiles the artifact's own profile directory, or none")
+    steps = int(art.manifest.shards.steps) if art.manifest.shards is not None else 0
+    own = profile if profile is not None and profile.steps == steps else None  # covers the artifact's steps alone
+    S, nsc = topo.num_sparse_cores, topo.num_sc_per_chip
+    stacks: Dict[str, JaxStack] = {}
+    for st in fj["stacks"]:
+        name = st["name"]
+        tables = tuple({"name": t["name"], "vocabulary_size": t["vocabulary_size"],
+                        "padded_vocabulary_size": t["padded_vocabulary_size"], "dim": t["dim"],
+                        "padded_dim": t["padded_dim"], "combiner": st["combiner"],
+                        "row_offset_in_shard": t["row_offset_in_shard"], "shard_rotation": t["shard_rotation"]}
+                       for t in st["tables"])
+        features = tuple({"name": f["name"], "table": f["table"], "global_samples": int(f["samples_per_sc"]) * S}
+                         for f in st["features"])
+        recorded = (st.get("max_ids_per_partition"), st.get("max_unique_ids_per_partition"),
+                    st.get("coo_buffer_size_per_device"))
+        counted = None
+        if own is not None:
+            counted = _profiled(own, tuple(t["name"] for t in tables), [int(t["shard_rotation"]) for t in tables])
+        if counted is not None and counted.has_per_partition and recorded == _maxima(counted, nsc):
+            stacks[name] = _stack(name, counted, tables, features)
+            continue
+        if None in recorded:
+            raise ProfileError(
+                f"{artifact_dir}: its manifest records no maxima of jax stack {name!r} (its shards cover no step)"
+                f"{'' if counted is None else ' and the profile counts other steps'}: run `tpu-embed run` over "
+                "data for it again")
+        max_ids, max_unique, coo = (int(x) for x in recorded)
+        if max_ids == 0:
+            raise ProfileError(
+                f"stacked table {name!r} received no ids in the {steps} steps of {artifact_dir}: its exact limits "
+                "are 0, on which jax-tpu-embedding's preprocessing aborts (a COO buffer of 0); shard data that "
+                "looks it up")
+        stacks[name] = JaxStack(
+            name=name, tables=tables, features=features,
+            max_ids=np.full((topo.num_chips, S), max_ids, np.int64),
+            max_unique_ids=np.full((topo.num_chips, S), max_unique, np.int64),
+            required_buffer_size=np.full((topo.num_chips, nsc), coo // nsc, np.int64), source="manifest")
+    return JaxFdoStats(model, "jax", steps, stacks,
+                       artifact={"directory": artifact_dir, "spec_fingerprint": art.manifest.spec_fingerprint})
+
+
+def _maxima(stats: PartitionStats, nsc: int) -> Tuple[Optional[int], ...]:
+    """(max_ids_per_partition, max_unique_ids_per_partition, suggested_coo_buffer_size_per_device) of the counts,
+    as the manifest records them for a jax stack."""
+    assert stats.partition_max_ids is not None and stats.partition_max_unique_ids is not None
+    assert stats.sc_max_buffer is not None
+    return (int(stats.partition_max_ids.max()), int(stats.partition_max_unique_ids.max()),
+            int(stats.sc_max_buffer.max()) * nsc)
 
 
 def _check_per_partition(name: str, stats: PartitionStats) -> None:
@@ -235,22 +326,63 @@ def npz_bytes(arrays: Mapping[str, np.ndarray]) -> bytes:
     return buf.getvalue()
 
 
-def write_jax_fdo(source: Union[Profile, str], output_dir: str, *, stacking: str = "tpu_embed",
-                  model: Optional[str] = None, timestamp_ns: Optional[int] = None) -> Tuple[JaxFdoStats, List[str]]:
+def fdo_stats(source: Union[Profile, str, None], stacking: str = "tpu_embed", *, model: Optional[str] = None,
+              artifact: Optional[str] = None) -> JaxFdoStats:
+    """The statistics `write_jax_fdo` writes.
+
+    `source`: a `Profile`, a profile directory (`model`: its key or prefix when it holds several), or None.
+    Without `artifact`: `jax_fdo_stats(profile, stacking)`.  With `artifact` (an artifact directory): for the
+    'jax' stacking, `artifact_jax_fdo_stats` of it, with the profile (`source`, else the artifact's own profile
+    directory where it has one) for the per-partition arrays of the stacks it counted; for another stacking,
+    the profile (`source`, else the artifact's), which must be of the artifact's model."""
+    if isinstance(source, Profile):
+        profile: Optional[Profile] = source
+    else:
+        directory = source if source is not None else (artifact_profile_directory(artifact) if artifact else None)
+        profile = None
+        if directory is not None:
+            from profiles.store import ProfileStore  # the store's reader only where a directory is given
+            profile = ProfileStore(str(directory)).read(model=model)
+    if artifact is not None and stacking == "jax":
+        return artifact_jax_fdo_stats(artifact, profile)
+    if profile is None:
+        raise ProfileError(
+            f"{artifact}: no profile to plan the {stacking!r} stacking from (its spec has no profile_data_directory, "
+            "or the directory is gone): give --profiles DIR, or use the 'jax' stacking, which its manifest covers"
+            if artifact is not None else "no profile given: give --profiles DIR (or --artifact DIR)")
+    if artifact is not None:
+        from tpu_embed.artifact.load import load_artifact
+        key = load_artifact(artifact, verify="none").model.key
+        if profile.model.key != key:
+            raise ProfileError(f"the profile is of another configuration ({profile.model.key}) than {artifact} "
+                               f"({key}): give --profiles the artifact's own profile directory")
+    return jax_fdo_stats(profile, stacking)
+
+
+def artifact_profile_directory(artifact_dir: str) -> Optional[str]:
+    """The profile directory an artifact's manifest records (joined to the artifact when relative), where it
+    exists; else None."""
+    from tpu_embed.artifact.manifest import read_manifest
+    info = read_manifest(artifact_dir).profile
+    if info is None:
+        return None
+    d = info.directory if tio.is_absolute(info.directory) else tio.join(artifact_dir, info.directory)
+    return d if tio.exists(d) else None
+
+
+def write_jax_fdo(source: Union[Profile, str, None, JaxFdoStats], output_dir: str, *, stacking: str = "tpu_embed",
+                  model: Optional[str] = None, timestamp_ns: Optional[int] = None, artifact: Optional[str] = None
+                  ) -> Tuple[JaxFdoStats, List[str]]:
     """Write `fdo_stats_<host>_<timestamp>.npz` per host of the profile's topology, then `tpu_embed_jax_fdo.json`,
     into `output_dir`; returns the statistics and the paths written.
 
-    `source`: a `Profile` or a profile directory (`model`: its key or prefix when it holds several).  Each file
-    is written atomically.  The files this function wrote there before (listed by the earlier
+    `source`, `stacking`, `model`, `artifact`: as for `fdo_stats` (or `source` the `JaxFdoStats` to write).  Each
+    file is written atomically.  The files this function wrote there before (listed by the earlier
     `tpu_embed_jax_fdo.json`) are removed after the new ones are in place; any other `fdo_stats*.npz` there is
     refused, since jax's client would merge it with these.
     """
-    if isinstance(source, Profile):
-        profile = source
-    else:
-        from profiles.store import ProfileStore  # the store's reader only where a directory is given
-        profile = ProfileStore(str(source)).read(model=model)
-    stats = jax_fdo_stats(profile, stacking)
+    stats = source if isinstance(source, JaxFdoStats) else fdo_stats(source, stacking, model=model,
+                                                                      artifact=artifact)
     previous = _previous_files(output_dir)
     ts = time.time_ns() if timestamp_ns is None else int(timestamp_ns)
     tio.makedirs(output_dir)

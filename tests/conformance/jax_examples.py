@@ -4,13 +4,34 @@ shard job maps them: the input of the JAX conformance tests (tests/conformance/t
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Callable, Optional
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def example_artifact(tmp_path, name: str, layout: str = "both", shards: str = ""):
-    """The example spec `name` with `shards: {layout: <layout>, <shards>}`, run (`tpu-embed run`): (spec,
-    artifact dir, sizes, the steps' ExampleBlocks mapped as the shard job maps them)."""
+def differing_stacks(text: str, topology: Optional[str] = None) -> str:
+    """examples/movielens/spec.yaml edited so that TensorFlow's stacks are not jax's: occupation (sum) and title
+    (sqrtn) join age and genres (mean) in TF's width-8 Adagrad stack, while jax groups by combiner too (age and
+    genres; occupation and title each alone); user_id looks up a table `User_id`, which TF's name order puts
+    before movie_id and jax's (first appearance among the features, by feature name) after it; zip (SGD) alone in
+    both. `topology`: another `topology:` line's value."""
+    edits = [("{name: user_id, vocabulary: {type: identity, num_buckets: 6041}}",
+              "{name: user_id, vocabulary: {type: identity, num_buckets: 6041}, table: User_id}"),
+             ("{name: user_id, dim: 16}", "{name: User_id, dim: 16}"),
+             ("{name: occupation, dim: 8}", "{name: occupation, dim: 8, combiner: sum}"),
+             ("{name: title, dim: 8}", "{name: title, dim: 8, combiner: sqrtn}")]
+    if topology is not None:
+        edits.append(("topology: {num_chips: 2, num_sc_per_chip: 4, num_hosts: 2}", f"topology: {topology}"))
+    for a, b in edits:
+        assert text.count(a) == 1, a
+        text = text.replace(a, b)
+    return text
+
+
+def example_artifact(tmp_path, name: str, layout: str = "both", shards: str = "",
+                     edit: Optional[Callable[[str], str]] = None):
+    """The example spec `name` with `shards: {layout: <layout>, <shards>}` (and its text changed by `edit`), run
+    (`tpu-embed run`): (spec, artifact dir, sizes, the steps' ExampleBlocks mapped as the shard job maps them)."""
     import collections
 
     from pipelines import jobs, runner
@@ -22,6 +43,8 @@ def example_artifact(tmp_path, name: str, layout: str = "both", shards: str = ""
     from tpu_embed.artifact.spec import load_spec
 
     text = (ROOT / "examples" / name / "spec.yaml").read_text().replace("../../data/", f"{ROOT}/data/")
+    if edit is not None:
+        text = edit(text)
     tag = f"{name}-{layout}" + ("-" + shards.replace(":", "").replace(" ", "") if shards else "")
     path = tmp_path / f"{tag}.yaml"
     path.write_text(text + f"\nshards: {{layout: {layout}{', ' + shards if shards else ''}}}\n")

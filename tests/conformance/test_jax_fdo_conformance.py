@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -27,7 +28,7 @@ from hypothesis import strategies as st
 
 from profiles import ProfileCollector, ProfileStore
 from profiles.errors import ProfileError
-from profiles.jax_fdo import jax_fdo_stats, write_jax_fdo
+from profiles.jax_fdo import artifact_jax_fdo_stats, jax_fdo_stats, write_jax_fdo
 from tests.conformance.cases import feature_config as case_feature_config
 from tests.conformance.jax_oracle import JaxOracle
 from tpu_embed.core.topology import Topology
@@ -122,15 +123,21 @@ def _check(stats, fdo_dir, global_batches, jax_fdo, jax_limits):
     # Its own update of the specs gives our limits.
     assert got["limits"] == ours
 
-    # Its preprocessing of every step with those limits drops nothing, and its statistics are our files' arrays.
+    # Its preprocessing of every step with those limits drops nothing, and its statistics are our files' arrays
+    # (a stack from an artifact's manifest holds the maximum in every partition: the maximum is jax's).
     assert got["steps"] == stats.steps
     assert got["dropped"] == {name: 0 for name in stats.stacks}
-    for h, observed in enumerate(got["observed"]):
-        for field, suffix in (("max_ids", "_max_ids"), ("max_unique_ids", "_max_unique_ids"),
-                              ("required_buffer_size", "_required_buffer_size")):
-            for name in stats.stacks:
-                np.testing.assert_array_equal(observed[field][name], hosts[h][name + suffix],
-                                              err_msg=f"host {h} {field} {name}")
+    for field, suffix in (("max_ids", "_max_ids"), ("max_unique_ids", "_max_unique_ids"),
+                          ("required_buffer_size", "_required_buffer_size")):
+        for name, s in stats.stacks.items():
+            if s.source == "profile":
+                for h, observed in enumerate(got["observed"]):
+                    np.testing.assert_array_equal(observed[field][name], hosts[h][name + suffix],
+                                                  err_msg=f"host {h} {field} {name}")
+            else:
+                assert s.source == "manifest"
+                assert max(int(np.max(o[field][name])) for o in got["observed"]) == int(
+                    np.max([h[name + suffix] for h in hosts])), (field, name)
 
     # tpu_embed.jax.limits: the same stacking and limits on jax's own FeatureSpecs; a plain mapping as well.
     helper = jax_limits(req)
@@ -287,3 +294,80 @@ def test_generated_fdo_files_are_jax_tpu_embeddings_own_statistics(case, tmp_pat
         assert "received no ids" in str(e) or refusal.get(case["stacking"], "(never refused)") in str(e)
         return
     _check(stats, out, batches, jax_fdo, jax_limits)
+
+
+# ---------------------------------------------------------------- an artifact's own stacking (`plan --artifact`)
+
+# The MovieLens example with TensorFlow's stacks unlike jax's (`jax_examples.differing_stacks`), jax shards only:
+# as bundled (2 hosts of one chip), and 4 chips of 2 SparseCores on one host.
+ARTIFACT_TOPOLOGIES = {"2hosts": None, "4chips": "{num_chips: 4, num_sc_per_chip: 2, num_hosts: 1}"}
+
+
+@pytest.fixture(scope="module")
+def differing_artifacts(tmp_path_factory):
+    import functools
+
+    from tests.conformance.jax_examples import differing_stacks, example_artifact
+    built = {}
+
+    def get(name):
+        if name not in built:
+            edit = functools.partial(differing_stacks, topology=ARTIFACT_TOPOLOGIES[name])
+            spec, out, _, _ = example_artifact(tmp_path_factory.mktemp(name), "movielens", "jax", edit=edit)
+            built[name] = (spec, out)
+        return built[name]
+
+    return get
+
+
+def _recorded_limits(artifact) -> dict:
+    from tpu_embed.artifact.manifest import read_manifest
+    return {s["name"]: {"max_ids_per_partition": s["max_ids_per_partition"],
+                        "max_unique_ids_per_partition": s["max_unique_ids_per_partition"],
+                        "suggested_coo_buffer_size_per_device": s["coo_buffer_size_per_device"]}
+            for s in read_manifest(artifact).shard_format.jax["stacks"]}
+
+
+@pytest.mark.parametrize("name", sorted(ARTIFACT_TOPOLOGIES))
+def test_artifact_fdo_files_cover_the_stacking_its_shards_were_written_with(name, differing_artifacts, tmp_path,
+                                                                           jax_fdo, jax_limits, capsys):
+    from pipelines import cli
+    spec, artifact = differing_artifacts(name)
+    profiles = os.path.join(artifact, "profiles")
+    # From the profile alone, neither TF's stacks nor jax's are exact for jax: refused, naming the way out.
+    for stacking, refusal in (("tpu_embed", "mixes combiners"), ("jax", "is no stack the profile counted")):
+        code = cli.main(["plan", "--profiles", profiles, "--format", "jax-fdo", "--jax-stacking", stacking,
+                         "--output", str(tmp_path / "refused")])
+        err = capsys.readouterr().err
+        assert code == 1 and refusal in err and "--artifact DIR" in err and err.count("\n") == 1, err
+
+    # With the artifact: every stack its shards were written with, at the limits its manifest records.
+    out = tmp_path / "fdo"
+    assert cli.main(["plan", "--artifact", artifact, "--format", "jax-fdo", "--output", str(out)]) == 0
+    stats = artifact_jax_fdo_stats(artifact, ProfileStore(profiles).read())
+    written = json.loads((out / "tpu_embed_jax_fdo.json").read_text())
+    assert written["stacking"] == "jax" and written["artifact"]["directory"] == artifact
+    assert written["stacks"] == json.loads(json.dumps(stats.to_json([])["stacks"]))
+    recorded = _recorded_limits(artifact)
+    assert list(stats.stacks) == list(recorded) and stats.limits() == recorded
+    # The stacks TF's profile did not count come from the manifest, the others keep the profile's partitions.
+    sources = {n: s.source for n, s in stats.stacks.items()}
+    assert sources == {"age_genres": "manifest", "movie_id_User_id": "manifest", "occupation": "profile",
+                       "title": "profile", "zip": "profile"}, sources
+    _check(stats, out, _example_batches(spec, artifact), jax_fdo, jax_limits)
+
+    # Without a profile (a spec without profile_data_directory, or its directory gone): the manifest alone.
+
+    bare = str(tmp_path / "bare")
+    shutil.copytree(artifact, bare)
+    shutil.rmtree(os.path.join(bare, "profiles"))
+    out2 = tmp_path / "fdo-bare"
+    assert cli.main(["plan", "--artifact", bare, "--format", "jax-fdo", "--output", str(out2)]) == 0
+    alone = artifact_jax_fdo_stats(bare)
+    assert alone.limits() == recorded and {s.source for s in alone.stacks.values()} == {"manifest"}
+    _check(alone, out2, _example_batches(spec, bare), jax_fdo, jax_limits)
+    # The profile's stackings need the profile, and say so.
+    code = cli.main(["plan", "--artifact", bare, "--format", "jax-fdo", "--jax-stacking", "none",
+                     "--output", str(tmp_path / "none")])
+    err = capsys.readouterr().err
+    assert code == 1 and "no profile" in err and "'jax' stacking" in err and err.count("\n") == 1, err

@@ -1,7 +1,7 @@
 """tpu_embed.jax.input_iterator with jax itself, and tpu_embed.jax.specs.feature_specs: run in .venv-jax.
 
-What a JAX user runs: FeatureSpecs from `feature_specs(artifact, fdo_dir=<tpu-embed plan --format jax-fdo
---jax-stacking jax>)`, then `input_iterator(artifact, output="jax", feature_specs=specs)`. Each step's
+What a JAX user runs: FeatureSpecs from `feature_specs(artifact, fdo_dir=<tpu-embed plan --artifact artifact
+--format jax-fdo>)`, then `input_iterator(artifact, output="jax", feature_specs=specs)`. Each step's
 PreprocessedInput (jax-tpu-embedding's own class), as numpy and as jax.Arrays sharded over the host's CPU
 devices, equals jax-tpu-embedding's `preprocess_sparse_dense_matmul_input` of the step's host batch with the
 same FeatureSpecs (row pointers bit for bit, the COO buffers where jax writes them), with nothing dropped.
@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from tests.conformance import jax_oracle
-from tests.conformance.jax_examples import example_artifact
+from tests.conformance.jax_examples import differing_stacks, example_artifact
 from tpu_embed.core import pipe
 from tpu_embed.jax.layout import PAD_ID
 from tpu_embed.jax.records import segment_sizes
@@ -25,7 +25,10 @@ from tpu_embed.jax.records import segment_sizes
 pytestmark = pytest.mark.conformance
 
 HELPER = Path(__file__).with_name("jax_input_helper.py")
-EXAMPLES = {"criteo": "jax", "movielens": "both"}
+# name: (example spec, shards layout, edit of its text); movielens_stacks: TF's stacks unlike jax's
+# (`jax_examples.differing_stacks`), so its exact limits come from the manifest's maxima for some stacks.
+EXAMPLES = {"criteo": ("criteo", "jax", None), "movielens": ("movielens", "both", None),
+            "movielens_stacks": ("movielens", "jax", differing_stacks)}
 DEVICES = 2  # CPU devices of the helper: criteo's host has 2 chips; movielens' hosts 1 each
 
 
@@ -39,8 +42,8 @@ def helper():
 
 @pytest.fixture(scope="module")
 def artifacts(tmp_path_factory):
-    """{name: (spec, artifact, steps, jax-fdo directory)}: the example run, and its exact limits for jax's
-    stacking written by `tpu-embed plan --format jax-fdo --jax-stacking jax`."""
+    """{name: (spec, artifact, steps, jax-fdo directory)}: the example run, and the exact limits of its jax
+    stacking written by `tpu-embed plan --artifact ARTIFACT --format jax-fdo`."""
     from pipelines import cli
 
     cache: dict = {}
@@ -48,10 +51,10 @@ def artifacts(tmp_path_factory):
     def get(name):
         if name not in cache:
             tmp = tmp_path_factory.mktemp(name)
-            spec, out, _, steps = example_artifact(tmp, name, EXAMPLES[name])
+            example, layout, edit = EXAMPLES[name]
+            spec, out, _, steps = example_artifact(tmp, example, layout, edit=edit)
             fdo = str(tmp / "fdo")
-            assert cli.main(["plan", "--profiles", f"{out}/profiles", "--format", "jax-fdo", "--jax-stacking", "jax",
-                             "--output", fdo]) == 0
+            assert cli.main(["plan", "--artifact", out, "--format", "jax-fdo", "--output", fdo]) == 0
             cache[name] = (spec, out, steps, fdo)
         return cache[name]
     return get
@@ -159,6 +162,14 @@ def test_feature_specs_are_the_artifact_s_model_with_the_exact_limits(helper, ar
         plain = helper({"op": "specs", "artifact": out})
         assert {n: g["stack"] for n, g in plain["features"].items()} == {
             n: g["stack"] for n, g in got["features"].items()}
+    # Limits of another stacking than the records' are refused in one line that names the command to run.
+    from pipelines import cli
+    _, out, _, _ = artifacts("movielens_stacks")
+    other = str(tmp_path / "fdo-none")
+    assert cli.main(["plan", "--artifact", out, "--format", "jax-fdo", "--jax-stacking", "none",
+                     "--output", other]) == 0
+    got = helper({"op": "specs", "artifact": out, "fdo_dir": other})
+    assert f"tpu-embed plan --artifact {out} --format jax-fdo" in got["error"] and "\n" not in got["error"], got
     # An artifact without jax arrays is refused in one line.
     _, tf_only, _, _ = example_artifact(tmp_path, "criteo", "tensorflow")
     got = helper({"op": "specs", "artifact": tf_only})

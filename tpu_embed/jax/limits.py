@@ -1,10 +1,13 @@
 """Exact SparseCore limits for jax-tpu-embedding's feature specs, from `tpu-embed plan --format jax-fdo`.
 
-    tpu-embed plan --profiles ARTIFACT/profiles --format jax-fdo --output FDO_DIR
+    tpu-embed plan --profiles ARTIFACT/profiles --format jax-fdo --output FDO_DIR   # a stacking of the profile's
+    tpu-embed plan --artifact ARTIFACT --format jax-fdo --output FDO_DIR   # the stacking of the artifact's jax shards
 
-writes the profile's exact per-partition maxima as jax-tpu-embedding's FDO statistics
-(`fdo_stats_<process>_<time>.npz`, what its `NPZFileFDOClient` loads) and `tpu_embed_jax_fdo.json`, the
-layout they hold for.  Then, with jax-tpu-embedding's `FeatureSpec`s of the same tables and features:
+writes the exact per-partition maxima (of the profile, or of the artifact's manifest where the profile did not
+count a stack) as jax-tpu-embedding's FDO statistics (`fdo_stats_<process>_<time>.npz`, what its
+`NPZFileFDOClient` loads) and `tpu_embed_jax_fdo.json`, the layout they hold for.  Then, with
+jax-tpu-embedding's `FeatureSpec`s of the same tables and features (or `tpu_embed.jax.specs.feature_specs`,
+which makes an artifact's and applies the limits):
 
     from tpu_embed.jax import limits
     limits.stack_tables(feature_specs, FDO_DIR)   # the stacks the figures are for, by jax's own stacker

@@ -6,8 +6,10 @@ One `TableSpec` per table of the artifact's spec (vocabulary rows, width, combin
 `FeatureSpec` per SparseCore feature (its global samples per step: `[samples, 1]` in, `[samples, dim]` out),
 in the spec's feature order; stacked by jax's own `auto_stack_tables` and
 `prepare_feature_specs_for_training` (the stacking the records were written for, checked), with the exact
-limits of `tpu-embed plan --format jax-fdo --stacking jax` when `fdo_dir` is given
-(`tpu_embed.jax.limits.apply_limits`). jax and jax-tpu-embedding are imported by the function.
+limits of `tpu-embed plan --artifact ARTIFACT --format jax-fdo --output FDO_DIR` when `fdo_dir` is given
+(`tpu_embed.jax.limits.apply_limits`): every stack of that stacking, from the manifest's recorded maxima or
+the profile (`profiles.jax_fdo.artifact_jax_fdo_stats`). jax and jax-tpu-embedding are imported by the
+function.
 """
 
 from __future__ import annotations
@@ -99,5 +101,10 @@ def feature_specs(artifact_dir: str, *, fdo_dir: Optional[str] = None,
                              f"records (stacked table {name!r}: records {w}, jax {g}); the records were written for "
                              "another jax-tpu-embedding stacking")
     if fdo_dir is not None:
-        jax_limits.apply_limits(specs, fdo_dir, num_sc_per_device=nsc)
+        try:
+            jax_limits.apply_limits(specs, fdo_dir, num_sc_per_device=nsc)
+        except ValueError as e:
+            fix = f"`tpu-embed plan --artifact {artifact_dir} --format jax-fdo --output {fdo_dir}`"
+            raise ValueError(f"{fdo_dir} holds no limits for {artifact_dir}'s jax stacking ({e}): write them with "
+                             f"{fix}") from None
     return specs
