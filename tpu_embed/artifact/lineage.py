@@ -4,6 +4,8 @@
     base.tokens("C1"), base.last_days("C1")       # its vocabulary in id order, each token's last day seen
     read_token_counts("build/day2", "C1")         # pyarrow Table(token, id, count, last_day)
     check_same_lineage(["build/day1", "build/day2"])
+    dirs, manifests = window(["build/day1", "build/day2"])   # what a reader (input_fn, jax's input_iterator)
+                                                   # reads: one artifact, or a window of days (check_window)
 
 A vocabulary of mode `append` or `frozen` writes, beside its vocabulary file(s), one token-count file per
 vocabulary key, `vocab/<key>.counts.parquet` (`counts_filename`): a Parquet table with the columns
@@ -34,7 +36,8 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-from typing import Dict, List, Mapping, Optional, Sequence
+import os
+from typing import Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import pyarrow as pa
@@ -44,6 +47,7 @@ from tpu_embed.artifact import io as tio
 from tpu_embed.artifact import verify
 from tpu_embed.artifact.load import load_spec_of
 from tpu_embed.artifact.manifest import Manifest, ManifestError, read_manifest
+from tpu_embed.artifact.shard_format import ShardFormat
 from tpu_embed.core.canonical import fingerprint as _fingerprint
 
 COUNTS_SUFFIX = ".counts.parquet"
@@ -52,6 +56,8 @@ COUNTS_SCHEMA = pa.schema([("token", pa.large_binary()), ("id", pa.int64()), ("c
                            ("last_day", pa.int64())])
 FIRST_DAY = 1
 LINEAGE_ID_CHARS = 32
+
+ArtifactDirs = Union[str, Sequence[str]]  # one artifact, or a window of days of one lineage (oldest first)
 
 
 class LineageError(ManifestError):
@@ -368,3 +374,29 @@ def check_window(artifact_dirs: Sequence[str]) -> List[Manifest]:
                                    "there. A window needs mode append or frozen on every vocabulary (or the same "
                                    "vocabulary every day).")
     return ms
+
+
+def window(artifact_dirs: ArtifactDirs) -> Tuple[List[str], List[Manifest]]:
+    """The directories and manifests of what a reader reads (`tpu_embed.input_fn`, `tpu_embed.jax.input_iterator`):
+    one artifact, or a window of days (a list, checked by `check_window`)."""
+    if isinstance(artifact_dirs, (str, os.PathLike)):
+        return [str(artifact_dirs)], [read_manifest(str(artifact_dirs))]
+    dirs = [str(d) for d in artifact_dirs]
+    if len(dirs) == 1:
+        return dirs, [read_manifest(dirs[0])]
+    return dirs, check_window(dirs)
+
+
+def _format_shape(fmt: ShardFormat) -> tuple:
+    return (fmt.num_hosts, fmt.chips_per_host, fmt.host_batch_size, tuple(fmt.dense_features),
+            tuple(fmt.tensor_core_features), tuple(s for s, _, _ in fmt.stacks), tuple(fmt.layouts))
+
+
+def check_window_formats(dirs: Sequence[str], formats: Sequence[ShardFormat]) -> None:
+    """LineageError unless the days' shards are written for the same hosts, chips, batch, features, stacks and
+    layouts as the newest day's (the last): what one reader of the window's records needs."""
+    newest = formats[-1]
+    for d, f in zip(dirs, formats):
+        if _format_shape(f) != _format_shape(newest):
+            raise LineageError(f"{d}: its shards are written for other hosts, batches, features or stacks than "
+                               f"{dirs[-1]}'s: one model cannot read both. Re-shard the days with one spec.")

@@ -11,7 +11,9 @@ host's labels, example mask (0 for the examples that pad the last step, `policie
 features and tensor-core features. The records are those the shard job writes with `shards.layout: jax` or
 `both` (`tpu_embed.jax.records`); the reader is the counterpart of `tpu_embed.input_fn`: the same files
 (local or any object store, `tpu_embed.artifact.io`), compression, host index, verification, step order or
-shuffled steps (the same permutation as `input_fn(shuffle_steps=seed)`) and epochs.
+shuffled steps (the same permutation as `input_fn(shuffle_steps=seed)`), epochs, and windows of days
+(`input_iterator([day1, day2])`: the days one after the other, checked as `input_fn` checks them, with the
+window's COO buffers, the largest of its days').
 
 Decoding is numpy: each record is parsed in place (no copy of its arrays), and each COO array is copied
 once, from the record into its buffer. A background thread reads, decodes and (with `output="jax"`) puts
@@ -21,6 +23,7 @@ iterator is made, and only where they are needed.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import importlib.util
 import os
@@ -28,21 +31,23 @@ import queue
 import shutil
 import tempfile
 import threading
-from typing import Any, Container, Dict, Iterator, List, Mapping, NamedTuple, Optional, Tuple
+from typing import Any, Container, Dict, Iterator, List, Mapping, NamedTuple, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
 from tpu_embed.artifact import io as tio
 from tpu_embed.artifact import tfrecord
 from tpu_embed.artifact.example_wire import fields, int64_list
-from tpu_embed.artifact.manifest import read_manifest
+from tpu_embed.artifact.manifest import Manifest, read_manifest
 from tpu_embed.artifact.shard_records import open_by_position
 from tpu_embed.artifact.verify import check_files, check_level, check_shard_steps, path_of, verify_shard_bytes
 from tpu_embed.core.permutation import Permutation, epoch_key
 from tpu_embed.jax.layout import ALIGN, PAD_ID, round_up
+from tpu_embed.jax.records import STATIC_SIZES
 from tpu_embed.jax.records import key as record_key
 
 OUTPUTS = ("numpy", "jax")
+ArtifactDirs = Union[str, Sequence[str]]  # one artifact, or a window of days of one lineage (oldest first)
 DEFAULT_AXIS = "device"  # the mesh axis of jax-tpu-embedding's examples' data sharding
 
 
@@ -238,41 +243,64 @@ def _stream(artifact_dir: str, entries, compression: str, verify: str) -> Iterat
             yield from tfrecord.stream_records(path, compression)
 
 
-def _spill_path(tmp_holder: List[str], i: int) -> str:
+def _spill_path(tmp_holder: List[str], i: str) -> str:
     """Where file `i`'s decompressed records go: the iterator's temporary directory, made when first needed."""
     if not tmp_holder:
         tmp_holder.append(tempfile.mkdtemp(prefix="tpu_embed_jax-"))
     return os.path.join(tmp_holder[0], f"{i}.tfrecord")
 
 
-def _by_position(artifact_dir: str, entries, compression: str, verify: str, order: Iterator[int], steps: int,
-                 tmp_holder: List[str]) -> Iterator[Any]:
-    """The records of the steps in `order`, each read by its position (as `tpu_embed.input_fn(shuffle_steps=...)`
-    reads them): uncompressed files in place, a compressed one decompressed once into a temporary file."""
-    owner = {}
-    for i, e in enumerate(entries):
-        for k in range((e.last_step or 0) - (e.first_step or 0) + 1):
-            owner[(e.first_step or 0) + k] = (i, k)
-    missing = [s for s in range(steps) if s not in owner]
-    if missing:
-        raise ValueError(f"{artifact_dir}: no shard file holds step {missing[0]} (of {steps}); the manifest does "
-                         "not list every shard. Re-run `tpu-embed run` (or shard) with this --output.")
-    handles: Dict[int, Any] = {}
-    offsets: Dict[int, List[Tuple[int, int]]] = {}
+@dataclasses.dataclass(frozen=True)
+class _Day:
+    """One artifact of what the iterator reads: its manifest and this host's shard files."""
+    directory: str
+    manifest: Manifest
+    entries: List[Any]  # the manifest's shard file entries of the host
+
+    @property
+    def steps(self) -> int:
+        return int(self.manifest.shards.steps) if self.manifest.shards is not None else 0
+
+    @property
+    def compression(self) -> str:
+        return self.manifest.shard_format.compression
+
+
+def _by_position(days: Sequence[_Day], verify: str, order: Iterator[int], tmp_holder: List[str]) -> Iterator[Any]:
+    """The records of the window's steps in `order` (the days' steps one after the other), each read by its
+    position (as `tpu_embed.input_fn(shuffle_steps=...)` reads them): uncompressed files in place, a compressed
+    one decompressed once into a temporary file."""
+    owner: Dict[int, Tuple[int, int, int]] = {}  # window step -> (day, file, record in the file)
+    first = 0
+    for d, day in enumerate(days):
+        covered = set()
+        for i, e in enumerate(day.entries):
+            for k in range((e.last_step or 0) - (e.first_step or 0) + 1):
+                covered.add((e.first_step or 0) + k)
+                owner[first + (e.first_step or 0) + k] = (d, i, k)
+        missing = [s for s in range(day.steps) if s not in covered]
+        if missing:
+            raise ValueError(f"{day.directory}: no shard file holds step {missing[0]} (of {day.steps}); the manifest "
+                             "does not list every shard. Re-run `tpu-embed run` (or shard) with this --output.")
+        first += day.steps
+    handles: Dict[Tuple[int, int], Any] = {}
+    offsets: Dict[Tuple[int, int], List[Tuple[int, int]]] = {}
     try:
         for s in order:
-            i, k = owner[int(s)]
-            if i not in handles:
-                handles[i], offsets[i] = open_by_position(path_of(artifact_dir, entries[i]), entries[i], compression,
-                                                          verify, functools.partial(_spill_path, tmp_holder, i))
-            if k >= len(offsets[i]):
-                raise ValueError(f"{path_of(artifact_dir, entries[i])}: has {len(offsets[i])} records, the manifest "
-                                 f"lists steps {entries[i].first_step}..{entries[i].last_step}")
+            d, i, k = owner[int(s)]
+            day, e = days[d], days[d].entries[i]
+            path = path_of(day.directory, e)
+            if (d, i) not in handles:
+                handles[(d, i)], offsets[(d, i)] = open_by_position(
+                    path, e, day.compression, verify, functools.partial(_spill_path, tmp_holder, f"{d}-{i}"))
+            if k >= len(offsets[(d, i)]):
+                raise ValueError(f"{path}: has {len(offsets[(d, i)])} records, the manifest lists steps "
+                                 f"{e.first_step}..{e.last_step}")
             try:
-                yield tfrecord.read_payload(handles[i], *offsets[i][k])
-            except tfrecord.TFRecordError as e:
-                raise ValueError(f"{path_of(artifact_dir, entries[i])}: step {int(s)}: {e.problem} at byte "
-                                 f"{e.offset}") from None
+                yield tfrecord.read_payload(handles[(d, i)], *offsets[(d, i)][k])
+            except tfrecord.TFRecordError as err:
+                raise ValueError(f"{path}: step {k + (e.first_step or 0)}: {err.problem} at byte "
+                                 f"{err.offset}") from None
     finally:
         for fh in handles.values():
             fh.close()
@@ -422,7 +450,51 @@ class JaxInputIterator:
             pass
 
 
-def input_iterator(artifact_dir: str, *, host_index: Optional[int] = None, num_epochs: Optional[int] = 1,
+def _window(artifact_dirs: ArtifactDirs) -> Tuple[List[str], List[Manifest]]:
+    """`tpu_embed.artifact.lineage.window`: one artifact, or a window of days checked as `input_fn` checks it.
+    lineage (its token counts need pyarrow) is imported for a list only: one artifact reads its manifest alone."""
+    if isinstance(artifact_dirs, (str, os.PathLike)):
+        return [str(artifact_dirs)], [read_manifest(str(artifact_dirs))]
+    if importlib.util.find_spec("pyarrow") is None:
+        raise ValueError("a window of days is checked by tpu_embed.artifact.lineage, which needs pyarrow (a "
+                         "dependency of tpu_embed), not installed here: pip install pyarrow, or read one artifact at "
+                         "a time")
+    from tpu_embed.artifact.lineage import window
+    return window(artifact_dirs)
+
+
+def jax_stacking(fmt_jax: Mapping[str, Any]) -> Dict[str, Any]:
+    """The jax records' description without the maxima the shard job records over its steps (`STATIC_SIZES`):
+    what the days of a window must share to be decoded alike (devices, stacks, their tables and features)."""
+    return dict(fmt_jax, stacks=[{k: v for k, v in s.items() if k not in STATIC_SIZES} for s in fmt_jax["stacks"]])
+
+
+def window_jax_format(dirs: Sequence[str], manifests: Sequence[Manifest]) -> Dict[str, Any]:
+    """The jax records' description a window's steps are decoded to: the newest day's, each stack's recorded
+    sizes the largest of the days' (a day's step padded to a larger COO buffer is that step in it). LineageError
+    unless the days' shards agree as `input_fn` needs (`check_window_formats`) and their jax records are stacked
+    alike."""
+    from tpu_embed.artifact.lineage import LineageError, check_window_formats
+    fmts = [m.shard_format for m in manifests]
+    check_window_formats(dirs, fmts)
+    jaxes = [f.jax for f in fmts]
+    newest = jaxes[-1]
+    assert newest is not None
+    for d, fj in zip(dirs, jaxes):
+        if fj is None or jax_stacking(fj) != jax_stacking(newest):
+            raise LineageError(f"{d}: its jax records are stacked otherwise than {dirs[-1]}'s (another jax stacking "
+                               "of the tables): one model cannot read both. Re-shard the days with one spec.")
+    stacks = []
+    for i, s in enumerate(newest["stacks"]):
+        s = dict(s)
+        for k in STATIC_SIZES:
+            known = [int(fj["stacks"][i][k]) for fj in jaxes if fj is not None and fj["stacks"][i].get(k) is not None]
+            s[k] = max(known) if known else None
+        stacks.append(s)
+    return dict(newest, stacks=stacks)
+
+
+def input_iterator(artifact_dir: ArtifactDirs, *, host_index: Optional[int] = None, num_epochs: Optional[int] = 1,
                    shuffle_steps: Optional[int] = None, output: str = "numpy", sharding: Any = None,
                    feature_specs: Any = None, coo_buffer_sizes: Optional[Mapping[str, int]] = None,
                    has_leading_dimension: bool = False, prefetch: int = 2, verify: str = "size",
@@ -442,13 +514,21 @@ def input_iterator(artifact_dir: str, *, host_index: Optional[int] = None, num_e
     * COO buffer size per device of each stack (a static shape for `jax.jit`): `coo_buffer_sizes` {stack:
       size}, else jax's `compute_coo_buffer_size_per_device(feature_specs)` when stacked jax-tpu-embedding
       `feature_specs` are given (their stacks are checked against the records'; set their limits with
-      `tpu_embed.jax.limits.apply_limits` from `tpu-embed plan --format jax-fdo --stacking jax`), else the
+      `tpu_embed.jax.limits.apply_limits` from `tpu-embed plan --artifact ... --format jax-fdo`), else the
       size recorded in the manifest, else each step's least size (which changes from step to step). A size
       too small for a step is a ValueError naming the step: jax would drop ids there.
     * `has_leading_dimension`: arrays [local devices, ...] (for `jax.pmap`) instead of flat (for `jax.jit`), as
       jax's argument of that name.
     * `prefetch`: steps decoded ahead in a background thread (0: decoded in the caller's thread).
     * `verify` ("none" | "size" | "sha256") and `expected_fingerprint`: as `tpu_embed.input_fn`.
+
+    `artifact_dir`: one artifact, or a window of days of one lineage, oldest first (`[day1, day2, day3]`), read
+    as `tpu_embed.input_fn` reads one: the days one after the other (`JaxStep.step` is the step within its
+    day), or with `shuffle_steps` the window's steps permuted together, after the checks of `input_fn` (one
+    lineage, days in order, the same table rows, topology and layouts, every older vocabulary a prefix of the
+    newest day's, the same hosts, batch and features: `tpu_embed.artifact.lineage.check_window` and
+    `check_window_formats`) and that the days' jax records are stacked alike; every step is padded to the
+    window's COO buffers (each stack's largest over the days). `expected_fingerprint` is the newest day's.
 
     An artifact whose records hold no jax arrays is refused in one line that names the spec key to set.
     """
@@ -462,16 +542,21 @@ def input_iterator(artifact_dir: str, *, host_index: Optional[int] = None, num_e
     if not isinstance(prefetch, int) or prefetch < 0:
         raise ValueError(f"prefetch must be an integer >= 0, got {prefetch!r}")
     check_level(verify)
-    manifest = read_manifest(artifact_dir)
+    dirs, manifests = _window(artifact_dir)
+    newest_dir, manifest = dirs[-1], manifests[-1]
     if expected_fingerprint is not None and manifest.spec_fingerprint != expected_fingerprint:
-        raise ValueError(f"{artifact_dir} was made for spec {manifest.spec_fingerprint}, not "
+        raise ValueError(f"{newest_dir} was made for spec {manifest.spec_fingerprint}, not "
                          f"{expected_fingerprint}: regenerate the shards with this spec.")
+    for d, m in zip(dirs, manifests):
+        if m.shard_format.jax is None:
+            raise ValueError(f"{d}: its shards hold no jax-tpu-embedding arrays (shards.layout "
+                             f"{'/'.join(m.shard_format.layouts)}): add `shards: {{layout: jax}}` (or `both`, to keep "
+                             "TensorFlow's too) to the spec and run `tpu-embed run` again.")
     fmt = manifest.shard_format
-    if fmt.jax is None:
-        raise ValueError(f"{artifact_dir}: its shards hold no jax-tpu-embedding arrays (shards.layout "
-                         f"{'/'.join(fmt.layouts)}): add `shards: {{layout: jax}}` (or `both`, to keep TensorFlow's "
-                         "too) to the spec and run `tpu-embed run` again.")
+    if len(dirs) > 1:
+        fmt = dataclasses.replace(fmt, jax=window_jax_format(dirs, manifests))
     fj = fmt.jax
+    assert fj is not None
     jax_mod: Any = None
     if output == "jax":
         if importlib.util.find_spec("jax") is None:
@@ -483,12 +568,12 @@ def input_iterator(artifact_dir: str, *, host_index: Optional[int] = None, num_e
     if host_index is None:
         host_index = int(jax_mod.process_index()) if jax_mod is not None else 0
     if not 0 <= int(host_index) < fmt.num_hosts:
-        raise ValueError(f"host_index {host_index} is not a host of {artifact_dir} ({fmt.num_hosts} hosts)")
+        raise ValueError(f"host_index {host_index} is not a host of {newest_dir} ({fmt.num_hosts} hosts)")
     sizes: Dict[str, Optional[int]] = {s["name"]: s.get("coo_buffer_size_per_device") for s in fj["stacks"]}
     if coo_buffer_sizes is not None:
         unknown = sorted(set(coo_buffer_sizes) - set(sizes))
         if unknown:
-            raise ValueError(f"coo_buffer_sizes names {unknown[:3]}, which are not jax stacks of {artifact_dir} "
+            raise ValueError(f"coo_buffer_sizes names {unknown[:3]}, which are not jax stacks of {newest_dir} "
                              f"({sorted(sizes)[:5]})")
         sizes.update({k: int(v) for k, v in coo_buffer_sizes.items()})
     elif feature_specs is not None:
@@ -501,7 +586,7 @@ def input_iterator(artifact_dir: str, *, host_index: Optional[int] = None, num_e
             sharding = NamedSharding(Mesh(np.array(jax_mod.devices()), (DEFAULT_AXIS,)), PartitionSpec(DEFAULT_AXIS))
         local = len(sharding.addressable_devices)
         if local != int(fj["local_devices"]):
-            raise ValueError(f"the sharding has {local} devices on this process; {artifact_dir}'s jax records are for "
+            raise ValueError(f"the sharding has {local} devices on this process; {newest_dir}'s jax records are for "
                              f"{fj['local_devices']} local devices ({fj['num_devices']} in all, {fmt.num_hosts} "
                              "host(s)): run with as many devices, or shard again for this topology.")
         make = jax_mod.make_array_from_process_local_data
@@ -519,24 +604,26 @@ def input_iterator(artifact_dir: str, *, host_index: Optional[int] = None, num_e
         def wrap(rps, eids, sids, gains, nmb):
             return pre_cls(smi_cls(rps, eids, sids, gains), nmb)
 
-    entries = manifest.shard_files(int(host_index))
-    if verify != "none":
-        check_shard_steps(manifest, int(host_index))
-        check_files(artifact_dir, manifest, "size", kinds=("shard",), host=int(host_index))
-    compression = fmt.compression
-    steps = int(manifest.shards.steps) if manifest.shards is not None else 0
+    days = []
+    for d, m in zip(dirs, manifests):
+        if verify != "none":
+            check_shard_steps(m, int(host_index))
+            check_files(d, m, "size", kinds=("shard",), host=int(host_index))
+        days.append(_Day(d, m, m.shard_files(int(host_index))))
+    steps = sum(day.steps for day in days)
     tmp_holder: List[str] = []
 
     def records() -> Iterator[Tuple[int, Any]]:
         epoch = 0
         while num_epochs is None or epoch < num_epochs:
             if shuffle_steps is None:
-                source = _stream(artifact_dir, entries, compression, verify)
+                for day in days:
+                    for data in _stream(day.directory, day.entries, day.compression, verify):
+                        yield epoch, data
             else:
-                source = _by_position(artifact_dir, entries, compression, verify,
-                                      iter(step_order(steps, shuffle_steps, epoch).tolist()), steps, tmp_holder)
-            for data in source:
-                yield epoch, data
+                order = iter(step_order(steps, shuffle_steps, epoch).tolist())
+                for data in _by_position(days, verify, order, tmp_holder):
+                    yield epoch, data
             epoch += 1
 
     decoder = _Decoder(fmt, sizes, has_leading_dimension)

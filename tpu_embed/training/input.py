@@ -22,14 +22,14 @@ import dataclasses
 import os
 import shutil
 import tempfile
-from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
 from tpu_embed.artifact import io as tio
 from tpu_embed.artifact import tfrecord
-from tpu_embed.artifact.lineage import LineageError, check_window
-from tpu_embed.artifact.manifest import Manifest, read_manifest
+from tpu_embed.artifact.lineage import ArtifactDirs, check_window_formats, window
+from tpu_embed.artifact.manifest import Manifest
 from tpu_embed.artifact.shard_format import ShardFormat
 from tpu_embed.artifact.shard_records import open_by_position, shard_files
 from tpu_embed.artifact.verify import (
@@ -44,24 +44,6 @@ from tpu_embed.training.parse import parse_fn
 
 READERS = ("auto", "tensorflow", "io")
 
-ArtifactDirs = Union[str, Sequence[str]]  # one artifact, or a window of days of one lineage (oldest first)
-
-
-def window(artifact_dirs: ArtifactDirs) -> Tuple[List[str], List[Manifest]]:
-    """The directories and manifests of one artifact or of a window (checked: `check_window`)."""
-    if isinstance(artifact_dirs, (str, os.PathLike)):
-        return [str(artifact_dirs)], [read_manifest(str(artifact_dirs))]
-    dirs = [str(d) for d in artifact_dirs]
-    if len(dirs) == 1:
-        return dirs, [read_manifest(dirs[0])]
-    return dirs, check_window(dirs)
-
-
-def _format_shape(fmt: ShardFormat) -> tuple:
-    return (fmt.num_hosts, fmt.chips_per_host, fmt.host_batch_size, tuple(fmt.dense_features),
-            tuple(fmt.tensor_core_features), tuple(s for s, _, _ in fmt.stacks), tuple(fmt.layouts))
-
-
 def window_format(dirs: Sequence[str], manifests: Sequence[Manifest]) -> ShardFormat:
     """The format a window's elements are parsed to: the newest day's, with each stack's buffers the largest
     of the window (a day's plan is made from its profile, which covers its base's days too, so the newest
@@ -69,10 +51,7 @@ def window_format(dirs: Sequence[str], manifests: Sequence[Manifest]) -> ShardFo
     features and stacks must agree."""
     fmts = [m.shard_format for m in manifests]
     newest = fmts[-1]
-    for d, f in zip(dirs, fmts):
-        if _format_shape(f) != _format_shape(newest):
-            raise LineageError(f"{d}: its shards are written for other hosts, batches, features or stacks than "
-                               f"{dirs[-1]}'s: one model cannot read both. Re-shard the days with one spec.")
+    check_window_formats(dirs, fmts)
     sizes = [{s: (rows, ids) for s, rows, ids in f.stacks} for f in fmts]  # per day: {stack: buffer sizes}
     stacks = tuple((name, max(d[name][0] for d in sizes), max(d[name][1] for d in sizes))
                    for name, _, _ in newest.stacks)
