@@ -9,15 +9,24 @@ from typing import Callable, Optional
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def differing_stacks(text: str, topology: Optional[str] = None) -> str:
+# Wide enough that movie_id's and User_id's activations are 1 MiB each per SparseCore (2 samples per SparseCore,
+# x 131072 x 4 bytes): TensorFlow keeps each table alone (a stack stays strictly under 2 MiB), jax stacks them
+# (its limit is inclusive).
+WIDE_DIM = 131072
+
+
+def differing_stacks(text: str, topology: Optional[str] = None, tf_alone: bool = False) -> str:
     """examples/movielens/spec.yaml edited so that TensorFlow's stacks are not jax's: occupation (sum) and title
     (sqrtn) join age and genres (mean) in TF's width-8 Adagrad stack, while jax groups by combiner too (age and
     genres; occupation and title each alone); user_id looks up a table `User_id`, which TF's name order puts
     before movie_id and jax's (first appearance among the features, by feature name) after it; zip (SGD) alone in
-    both. `topology`: another `topology:` line's value."""
+    both. `topology`: another `topology:` line's value. `tf_alone`: movie_id and User_id `WIDE_DIM` wide, which
+    TF keeps each alone and jax stacks together (16 examples a step on 8 SparseCores)."""
+    dim = WIDE_DIM if tf_alone else 16
     edits = [("{name: user_id, vocabulary: {type: identity, num_buckets: 6041}}",
               "{name: user_id, vocabulary: {type: identity, num_buckets: 6041}, table: User_id}"),
-             ("{name: user_id, dim: 16}", "{name: User_id, dim: 16}"),
+             ("{name: user_id, dim: 16}", f"{{name: User_id, dim: {dim}}}"),
+             ("{name: movie_id, dim: 16}", f"{{name: movie_id, dim: {dim}}}"),
              ("{name: occupation, dim: 8}", "{name: occupation, dim: 8, combiner: sum}"),
              ("{name: title, dim: 8}", "{name: title, dim: 8, combiner: sqrtn}")]
     if topology is not None:

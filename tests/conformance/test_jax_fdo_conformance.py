@@ -299,8 +299,10 @@ def test_generated_fdo_files_are_jax_tpu_embeddings_own_statistics(case, tmp_pat
 # ---------------------------------------------------------------- an artifact's own stacking (`plan --artifact`)
 
 # The MovieLens example with TensorFlow's stacks unlike jax's (`jax_examples.differing_stacks`), jax shards only:
-# as bundled (2 hosts of one chip), and 4 chips of 2 SparseCores on one host.
-ARTIFACT_TOPOLOGIES = {"2hosts": None, "4chips": "{num_chips: 4, num_sc_per_chip: 2, num_hosts: 1}"}
+# as bundled (2 hosts of one chip), 4 chips of 2 SparseCores on one host, and with two tables TF keeps alone and
+# jax stacks ({case: (topology, tf_alone)}).
+ARTIFACT_TOPOLOGIES = {"2hosts": (None, False), "4chips": ("{num_chips: 4, num_sc_per_chip: 2, num_hosts: 1}", False),
+                       "tf_alone": (None, True)}
 
 
 @pytest.fixture(scope="module")
@@ -312,7 +314,8 @@ def differing_artifacts(tmp_path_factory):
 
     def get(name):
         if name not in built:
-            edit = functools.partial(differing_stacks, topology=ARTIFACT_TOPOLOGIES[name])
+            topology, tf_alone = ARTIFACT_TOPOLOGIES[name]
+            edit = functools.partial(differing_stacks, topology=topology, tf_alone=tf_alone)
             spec, out, _, _ = example_artifact(tmp_path_factory.mktemp(name), "movielens", "jax", edit=edit)
             built[name] = (spec, out)
         return built[name]
@@ -334,6 +337,10 @@ def test_artifact_fdo_files_cover_the_stacking_its_shards_were_written_with(name
     from pipelines import cli
     spec, artifact = differing_artifacts(name)
     profiles = os.path.join(artifact, "profiles")
+    from tpu_embed.artifact.load import load_artifact
+    from tpu_embed.sparsecore import layout_of
+    tf_stacks = set(layout_of(load_artifact(artifact).model).stacks)
+    assert {"User_id", "movie_id"} <= tf_stacks if ARTIFACT_TOPOLOGIES[name][1] else "User_id_movie_id" in tf_stacks
     # From the profile alone, neither TF's stacks nor jax's are exact for jax: refused, naming the way out.
     for stacking, refusal in (("tpu_embed", "mixes combiners"), ("jax", "is no stack the profile counted")):
         code = cli.main(["plan", "--profiles", profiles, "--format", "jax-fdo", "--jax-stacking", stacking,

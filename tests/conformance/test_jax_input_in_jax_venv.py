@@ -10,6 +10,7 @@ The side that runs in the jax venv is tests/conformance/jax_input_helper.py.
 
 from __future__ import annotations
 
+import functools
 import json
 from pathlib import Path
 
@@ -26,9 +27,11 @@ pytestmark = pytest.mark.conformance
 
 HELPER = Path(__file__).with_name("jax_input_helper.py")
 # name: (example spec, shards layout, edit of its text); movielens_stacks: TF's stacks unlike jax's
-# (`jax_examples.differing_stacks`), so its exact limits come from the manifest's maxima for some stacks.
+# (`jax_examples.differing_stacks`), so its exact limits come from the manifest's maxima for some stacks;
+# movielens_tf_alone: the same with two tables TF keeps alone and jax stacks.
 EXAMPLES = {"criteo": ("criteo", "jax", None), "movielens": ("movielens", "both", None),
-            "movielens_stacks": ("movielens", "jax", differing_stacks)}
+            "movielens_stacks": ("movielens", "jax", differing_stacks),
+            "movielens_tf_alone": ("movielens", "jax", functools.partial(differing_stacks, tf_alone=True))}
 DEVICES = 2  # CPU devices of the helper: criteo's host has 2 chips; movielens' hosts 1 each
 
 
