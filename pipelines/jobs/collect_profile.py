@@ -24,19 +24,22 @@ from tpu_embed.artifact.manifest import ManifestError, read_manifest
 log = logging.getLogger("tpu_embed.pipelines")
 
 
-def profile_collector(spec, vocab_sizes, candidate_chip_counts=None, *, warn_skipped: bool = False):
+def profile_collector(spec, vocab_sizes, candidate_chip_counts=None, *, warn_skipped: bool = False,
+                      frequency_ids=None):
     """The job's `profiles.ProfileCollector`: the one that builds the partial profiles and merges them.
 
     `candidate_chip_counts`: the other chip counts to profile (`--candidate-chip-counts`); None: the spec's
     `profile_candidate_chip_counts` (none unless given: the spec's topology only). `warn_skipped`: log one
     warning per candidate the collector leaves out (a chip count that cannot run the global batch), with its
-    reason; the driver asks for it once per run, so the run says it, not only a later `tpu-embed plan`."""
+    reason; the driver asks for it once per run, so the run says it, not only a later `tpu-embed plan`.
+    `frequency_ids`: {table: frequency-order id of each id} of balanced vocabularies
+    (`pipelines.mapping.balanced_ids.load_frequency_ids`): the stacks are also counted in frequency order."""
     if candidate_chip_counts is None:
         candidate_chip_counts = spec.profile_candidate_chip_counts
     # It also keeps the steps (all, or a sample beyond a budget) that `tpu-embed plan` re-partitions for other
     # chip counts, SparseCores per chip, batch sizes and stackings (profiles/whatif_steps.py).
     collector = WhatIfCollector(spec.model(vocab_sizes), spec.topology,
-                                candidate_chip_counts=tuple(candidate_chip_counts))
+                                candidate_chip_counts=tuple(candidate_chip_counts), frequency_ids=frequency_ids)
     if warn_skipped:
         nsc = spec.topology.num_sc_per_chip
         for c, status in sorted(collector.candidates.items()):
@@ -164,14 +167,16 @@ class CollectProfile(beam.PTransform):
     profiles.ProfileStore(directory). `candidate_chip_counts` as given to BuildShards."""
 
     def __init__(self, spec, vocab_sizes, directory: str, candidate_chip_counts=None,
-                 base_directory: Optional[str] = None):
-        """`base_directory`: a base profile to merge this one into (`ProfileWindow.base_directory`)."""
+                 base_directory: Optional[str] = None, frequency_ids=None):
+        """`base_directory`: a base profile to merge this one into (`ProfileWindow.base_directory`);
+        `frequency_ids` as for `profile_collector`."""
         super().__init__()
         self.spec, self.vocab_sizes, self.directory = spec, vocab_sizes, directory
         self.candidates, self.base_directory = candidate_chip_counts, base_directory
+        self.frequency_ids = frequency_ids
 
     def expand(self, partials):
-        collector = profile_collector(self.spec, self.vocab_sizes, self.candidates)
+        collector = profile_collector(self.spec, self.vocab_sizes, self.candidates, frequency_ids=self.frequency_ids)
         streams = partials if isinstance(partials, (tuple, list)) else (partials,)
         return (tuple(streams) | "Partials" >> beam.Flatten()
                 | "Merge" >> beam.CombineGlobally(MergeProfiles(collector)).without_defaults()

@@ -33,7 +33,8 @@ SCHEMA_VERSION = 1
 KIND = "tpu_embed.artifact"
 FILENAME = "manifest.json"
 
-FileKind = Literal["vocabulary", "shard", "dead_letter", "spec", "profile", "plan", "token_counts", "transform_output"]
+FileKind = Literal["vocabulary", "shard", "dead_letter", "spec", "profile", "plan", "token_counts", "transform_output",
+                   "frequency_ids"]
 
 
 class ManifestError(ValueError):
@@ -126,6 +127,11 @@ class VocabularyInfo(_Section):
     capacity_overflow_tokens: Optional[int] = None  # of them, those that qualified but found the capacity full
     capacity_overflow_count: Optional[int] = None
     counts_file: Optional[str] = None  # vocab/<key>.counts.parquet: token, id, count, last_day
+    # `partition: {ids: balanced}` (pipelines.mapping.balanced_ids): how the ids were assigned: `order`
+    # (balanced, or frequency with `why`), the `layout` and `stack` balanced for, `num_sparse_cores`, the table's
+    # `rotation`, `fixed_ids` (a base's, kept), `frequency_ids` (the file: per id, its frequency-order id) and
+    # `stack_lookups_balance` (busiest destination / mean over the counted lookups, both orders).
+    ids: Optional[Dict[str, Any]] = None
 
 
 class LineageBase(_Section):
