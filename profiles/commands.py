@@ -117,12 +117,15 @@ def _cmd_plan(args, spec_loader) -> int:
     if not args.profiles or args.artifact:
         from profiles.errors import ProfileError
         raise ProfileError("--profiles DIR is required (--artifact is for --format jax-fdo only)")
+    from profiles.balance import balance_lines, with_balance
     from profiles.planner import plan
     spec = load_model_config(args.spec, spec_loader, args.profiles) if args.spec else None
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # printed below from the plan, once each
         p = plan(args.profiles, spec, quantile=args.quantile, headroom=args.headroom,
                  partition_quantile=args.partition_quantile, min_steps=args.min_steps, model=args.model)
+    p = with_balance(p, args.profiles, quantile=args.quantile, partition_quantile=args.partition_quantile,
+                     headroom=args.headroom)
     p.write(args.output)
     for w in p.warnings:
         print(f"warning: {w}", file=sys.stderr)
@@ -135,6 +138,8 @@ def _cmd_plan(args, spec_loader) -> int:
     m = p.memory
     print(f"memory per SparseCore (model): {m['planned_bytes_per_sc']} B planned vs "
           f"{m['tf_default_bytes_per_sc']} B with TF defaults")
+    for line in balance_lines(p.balance):
+        print(line)
     covered = [t["num_chips"] for t in p.topologies if t["status"] in ("main", "profiled")]
     if covered:
         print(f"chip counts the profile covers: {', '.join(map(str, covered))} (another needs a profile with "

@@ -62,6 +62,9 @@ class Plan:
     warnings: List[str]
     model: Optional[Dict[str, Any]] = None  # the ModelConfig planned for (JSON), for reports
     schema_version: int = PLAN_SCHEMA_VERSION
+    # Per stack the balance of frequency order and balanced ids, with the floor (profiles.balance); None where
+    # the plan was not made from a profile of its own configuration that counted it.
+    balance: Optional[Dict[str, Any]] = None
 
     # ------------------------------------------------------------ training side
 
@@ -94,6 +97,7 @@ class Plan:
             "stacks": {k: v.to_json() for k, v in self.stacks.items()},
             "tables": self.tables, "stacking": self.stacking, "topologies": self.topologies,
             "memory": self.memory, "warnings": self.warnings, "model": self.model,
+            **({"balance": self.balance} if self.balance is not None else {}),
         }
 
     @classmethod
@@ -115,7 +119,7 @@ class Plan:
                 disable_table_stacking=bool(sc.get("disable_table_stacking", False)),
                 stacks={k: StackPlan.from_json(v) for k, v in d["stacks"].items()},
                 tables=d["tables"], stacking=d["stacking"], topologies=d["topologies"], memory=d["memory"],
-                warnings=list(d.get("warnings", [])), model=d.get("model"))
+                warnings=list(d.get("warnings", [])), model=d.get("model"), balance=d.get("balance"))
         except (KeyError, TypeError, ValueError) as e:
             raise CorruptProfileError(f"{path}: plan file is missing or has a malformed field ({e!r}). "
                                       "Re-run `tpu-embed plan`.") from None
