@@ -155,3 +155,31 @@ def test_the_spec_batch_sizes_improve(runs, example):
             continue
         assert o["balanced"]["step_balance"] < o["frequency"]["step_balance"], name
         assert o["balanced"]["data_balance"] < o["frequency"]["data_balance"], name
+
+
+def test_an_append_lineage_keeps_every_id_and_stays_a_window(tmp_path):
+    """Two days of `mode: append` (with capacities) and balanced ids through the jobs: day 2 keeps day 1's tokens at
+    their ids (its vocabulary files start with day 1's), its new tokens take the next ids in the order that keeps
+    the balance, and the days read as one window."""
+    from tests.helpers import lineage_days
+    from tpu_embed.artifact import lineage
+
+    d = str(tmp_path)
+    lineage_days.split(d, 2)
+    outs = []
+    for k in (1, 2):
+        out = os.path.join(d, f"out{k}")
+        spec = lineage_days.spec([f"day{k}.csv"], d, partition={"ids": "balanced"})
+        runner.run_all(JobConfig(spec=spec, output=out, base=outs[-1] if outs else None))
+        outs.append(out)
+    m1, m2 = read_manifest(outs[0]), read_manifest(outs[1])
+    grew = 0
+    for key, v2 in m2.vocabularies.items():
+        day1 = pvocab.read_vocabulary_file(open(os.path.join(outs[0], v2.files[0]), "rb").read())
+        day2 = pvocab.read_vocabulary_file(open(os.path.join(outs[1], v2.files[0]), "rb").read())
+        assert day2[:len(day1)] == day1, key
+        assert v2.ids["order"] == "balanced" and v2.ids["fixed_ids"] == m1.vocabularies[key].tokens
+        assert v2.size == m1.vocabularies[key].size  # the capacity: OOV ids where they were
+        grew += len(day2) - len(day1)
+    assert grew > 0
+    lineage.check_window(outs)
