@@ -20,11 +20,12 @@ import numpy as np
 
 from profiles.config import CandidateUnavailable, GlobalConfig, rescaled
 from profiles.counting import (
-    DedupedTable,
     candidate_table_counts,
     core_table_counts,
     dedup_table,
+    hottest_per_table,
     one_chip_model,
+    relabelled_stack_counts,
     stack_counts,
 )
 from profiles.idcounts import IdCounts
@@ -153,8 +154,8 @@ class ProfileCollector:
         # Main topology: the core's own per-chip counts, tables alone, then stacks (all added at once); per stack
         # the step's hottest id (after dedup) for the balance floor.
         layout = layout_of(m)
-        deduped = {t.name: dedup_table(m, t.name, global_ids) for t in m.tables}
-        hottest = {name: max(hottest_count(deduped[t]) for t in st.tables) for name, st in layout.stacks.items()}
+        per_table = hottest_per_table(m, global_ids)
+        hottest = {name: max(per_table[t] for t in st.tables) for name, st in layout.stacks.items()}
         table_counts = core_table_counts(global_ids, m, self._one_chip)
         stacked = stack_counts(layout, table_counts)
         PartitionStats.add_step_many([acc.tables[n].partitions for n in table_counts] +
@@ -163,15 +164,14 @@ class ProfileCollector:
                                      [None] * len(table_counts) + [hottest[n] for n in stacked])
         if self.frequency_ids and all(acc.stacks[n].frequency_order is not None for n in stacked):
             # The same steps with frequency-order ids: a table's (sample, id) pairs are the same pairs relabelled,
-            # so only their destinations change (`candidate_table_counts` counts them on the main topology).
-            counts = {n: (candidate_table_counts(m, n, relabelled(deduped[n], self.frequency_ids[n]))
-                          if n in self.frequency_ids else c) for n, c in table_counts.items()}
-            freq = stack_counts(layout, counts)
+            # so only their destinations (and which ids are equal) change.
+            freq = relabelled_stack_counts(m, global_ids, self.frequency_ids)
             PartitionStats.add_step_many([acc.stacks[n].frequency_order for n in freq],  # type: ignore[misc]
                                          list(freq.values()), step, [hottest[n] for n in freq])
 
         # Candidate chip counts: one dedup per table, then a vectorised count per candidate.
         if self._candidate_models:
+            deduped = {t.name: dedup_table(m, t.name, global_ids) for t in m.tables}
             for c, cm in self._candidate_models.items():
                 counts = {t.name: candidate_table_counts(cm, t.name, deduped[t.name]) for t in m.tables}
                 stacked = stack_counts(layout_of(cm), counts)
@@ -236,20 +236,3 @@ class ProfileCollector:
                 if int(v) < 0:
                     raise ValueError(f"oov_counts[{k!r}] = {v} must be >= 0.")
 
-
-def hottest_count(dd: DedupedTable) -> int:
-    """The lookups of a table's hottest id in one step, after dedup (its (feature, sample, id) triples)."""
-    if not dd.id.size:
-        return 0
-    top = int(dd.id.max())
-    if top < 4 * dd.id.size + 1024:
-        return int(np.bincount(dd.id).max())
-    return int(np.unique(dd.id, return_counts=True)[1].max())
-
-
-def relabelled(dd: DedupedTable, new_ids: np.ndarray) -> DedupedTable:
-    """`dd` with each id i < len(new_ids) replaced by new_ids[i] (the others kept: OOV buckets)."""
-    ids = dd.id.copy()
-    inside = ids < new_ids.size
-    ids[inside] = new_ids[ids[inside]]
-    return DedupedTable(dd.feature, dd.row, ids)
