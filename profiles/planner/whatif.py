@@ -28,6 +28,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from profiles.config import CandidateUnavailable
+from profiles.planner.estimate import ID_ENTRY_BYTES, ROW_ELEMENT_BYTES
 from profiles.whatif_steps import BLOCK_STEPS, WhatIfSteps
 from tpu_embed.core.model import ModelConfig
 from tpu_embed.core.topology import Topology, is_power_of_two
@@ -86,6 +87,9 @@ class StackLoad:
     max_chip_buffer: int = 0  # id slots of the fullest chip buffer (max_ids_per_chip_per_sample x samples)
     busiest_ids: int = 0  # sum over steps of the busiest destination SparseCore's ids
     busiest_rows: int = 0  # sum over steps of the most rows one destination gathers (its cells' unique ids)
+    # Sum over steps of the busiest destination's traffic under the cost model (profiles.planner.cost): its ids x
+    # ID_ENTRY_BYTES (token id, sample id, gain read) + its rows x padded width x ROW_ELEMENT_BYTES (rows gathered).
+    busiest_traffic: int = 0
     mean_ids: float = 0.0  # sum over steps of the mean destination's ids
     floor_ids: float = 0.0  # sum over steps of max(hottest single id's ids, mean): no id assignment goes below
     worst_balance: float = 0.0  # the largest busiest / mean of one step
@@ -260,12 +264,13 @@ def evaluate(placement: Placement, replay: ReplaySteps, *, per_partition: bool =
             load.partition_max_unique_ids = np.zeros((chips, S), np.int64)
             load.sc_max_buffer = np.zeros((chips, nsc), np.int64)
     members = [np.array([tables[t] for t in st.tables], np.int64) for st in placement.stacks]
+    row_bytes = np.array([st.padded_dim * ROW_ELEMENT_BYTES for st in placement.stacks], np.int64)
     for bs in steps:
-        _add_step(out, bs, stack_of, rotation, block, aligned, members, nst, chips, nsc, per_partition)
+        _add_step(out, bs, stack_of, rotation, block, aligned, members, row_bytes, nst, chips, nsc, per_partition)
     return {st.name: load for st, load in zip(placement.stacks, out)}
 
 
-def _add_step(out: List[StackLoad], bs: _BatchStep, stack_of, rotation, block, aligned: bool, members,
+def _add_step(out: List[StackLoad], bs: _BatchStep, stack_of, rotation, block, aligned: bool, members, row_bytes,
               nst: int, chips: int, nsc: int, per_partition: bool) -> None:
     S, K = chips * nsc, bs.substeps
     nsrc = K * chips * nsc  # source SparseCores of every substep, in order
@@ -315,6 +320,8 @@ def _add_step(out: List[StackLoad], bs: _BatchStep, stack_of, rotation, block, a
     dest_rows = np.bincount(g * S + d, weights=c_uq, minlength=G * S).reshape(G, S)
     total = dest_ids.sum(axis=1)
     busiest = dest_ids.max(axis=1)
+    traffic = (dest_ids * ID_ENTRY_BYTES + dest_rows * np.repeat(row_bytes, K)[:, None]).max(axis=1) \
+        if G else np.zeros(0)
     mean = total / S
     hot = np.stack([bs.hot[m].max(axis=0) if m.size else np.zeros(K, np.int64) for m in members]).reshape(G) \
         if members else np.zeros(0, np.int64)
@@ -330,6 +337,7 @@ def _add_step(out: List[StackLoad], bs: _BatchStep, stack_of, rotation, block, a
         load.max_chip_buffer = max(load.max_chip_buffer, int(chip_buf[sl].max()))
         load.busiest_ids += int(busiest[sl].sum())
         load.busiest_rows += int(dest_rows[sl].max(axis=1).sum())
+        load.busiest_traffic += int(traffic[sl].sum())
         load.mean_ids += float(mean[sl].sum())
         load.floor_ids += float(np.maximum(hot[sl], mean[sl]).sum())
         with np.errstate(divide="ignore", invalid="ignore"):
