@@ -181,7 +181,8 @@ DESCRIPTIONS: Dict[str, str] = {
                      "stacking; read with `tpu_embed.jax.records.decode_step`) or `both`. `jax` and `both` need "
                      "2 or 4 SparseCores per chip. [JAX layout](../explanation/jax.md).",
     "partition": "How the vocabulary job numbers the frequency vocabularies' tokens for SparseCore. Fingerprinted "
-                 "only when `ids: balanced` (a spec without it keeps its fingerprint).",
+                 "only when `ids: balanced` (a spec without it keeps its fingerprint). "
+                 "[Balance the SparseCores](../how-to/balance-sparsecores.md).",
     "partition.ids": "`frequency` (the default: the hottest token id 0, as `tft.vocabulary` writes it) or "
                      "`balanced`: ids chosen so that every destination SparseCore of a stack receives about the same "
                      "number of lookups, for the stacking, rotations and SparseCores of the layout being written "
