@@ -155,6 +155,9 @@ def _cmd_plan(args, spec_loader) -> int:
     if covered:
         print(f"chip counts the profile covers: {', '.join(map(str, covered))} (another needs a profile with "
               "--candidate-chip-counts)")
+    from profiles.planner.variants import what_if_lines
+    for line in what_if_lines(p.what_if):
+        print(line)
     if snippet is not None:
         from profiles.planner.proposal import proposal_lines
         for line in proposal_lines(p.proposal or {}):
