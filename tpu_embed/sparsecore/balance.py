@@ -123,7 +123,7 @@ def assign_ids(tables: Sequence[TableDemand], num_sparse_cores: int) -> Dict[str
             loads[best] += c
             dest[order[a]] = best
             continue
-        k = _fill(np.array(loads, np.int64), np.array(room, np.int64), c, b - a)
+        k = _fill(loads, room, c, b - a)
         for d in np.flatnonzero(k).tolist():
             room[d] -= int(k[d])
             loads[d] += c * int(k[d])
@@ -146,30 +146,42 @@ def assign_ids(tables: Sequence[TableDemand], num_sparse_cores: int) -> Dict[str
     return out
 
 
-def _fill(load: np.ndarray, room: np.ndarray, c: int, m: int) -> np.ndarray:
+def _fill(load: List[int], room: List[int], c: int, m: int) -> np.ndarray:
     """[S] how many of `m` tokens of count `c` each destination takes when they are placed one by one on the
     least-loaded destination with room (ties: the lowest): the `m` smallest of the pairs
-    (load[d] + c * j, d), j < room[d]."""
+    (load[d] + c * j, d), j < room[d].
+
+    With base = the least load among destinations with room, load[d] = base + r[d] + c * a[d] (0 <= r[d] < c),
+    so pair j of destination d is (base + r[d] + c * (a[d] + j), d): the pairs come in rounds k = a[d] + j, each
+    round in (r[d], d) order. The rounds that fill are counted by walking where destinations start (a[d]) and
+    stop (a[d] + room[d]) taking one per round; the last round is shared out in (r[d], d) order."""
+    S = len(load)
+    out = np.zeros(S, np.int64)
+    avail = [d for d in range(S) if room[d] > 0]
     if c == 0:  # any place is as good: the lowest destinations with room
-        k = np.minimum(room, np.maximum(0, m - (np.cumsum(room) - room)))
-        return k.astype(np.int64)
-    avail = room > 0
-    lo = int(load[avail].min())  # the smallest value: at least one pair <= lo
-    hi = int((load + c * (room - 1))[avail].max())  # every pair <= hi
-
-    def at_most(level: int) -> np.ndarray:
-        return np.clip((level - load) // c + 1, 0, room)
-
-    # The smallest level with at least m pairs <= it (binary search, integers).
-    while lo < hi:
-        mid = (lo + hi) // 2
-        if int(at_most(mid).sum()) >= m:
-            hi = mid
-        else:
-            lo = mid + 1
-    k = at_most(lo - 1)  # every pair below the level
-    short = m - int(k.sum())
-    tie = (at_most(lo) - k) > 0  # destinations with a pair at the level: the lowest take the rest
-    take = np.flatnonzero(tie)[:short]
-    k[take] += 1
-    return k
+        for d in avail:
+            out[d] = min(room[d], m)
+            m -= int(out[d])
+        return out
+    base = min(load[d] for d in avail)
+    a = {d: (load[d] - base) // c for d in avail}
+    events: Dict[int, int] = {}  # round -> change of the number of destinations taking one per round
+    for d in avail:
+        events[a[d]] = events.get(a[d], 0) + 1
+        events[a[d] + room[d]] = events.get(a[d] + room[d], 0) - 1
+    points = sorted(events)
+    taken, active, last = 0, 0, 0  # tokens placed before round `points[i]`, destinations active, that round
+    for i, p in enumerate(points):
+        active += events[p]
+        nxt = points[i + 1] if i + 1 < len(points) else p
+        if active and taken + active * (nxt - p) >= m:
+            last = p + (m - taken - 1) // active  # the round the m-th token is placed in
+            taken += active * (last - p)
+            break
+        taken += active * (nxt - p)
+    for d in avail:
+        out[d] = min(max(last - a[d], 0), room[d])  # its rounds before the last
+    share = sorted((((load[d] - base) % c, d) for d in avail if a[d] <= last < a[d] + room[d]))
+    for _, d in share[:m - taken]:
+        out[d] += 1
+    return out
