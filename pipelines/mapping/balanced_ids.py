@@ -42,6 +42,7 @@ from tpu_embed.sparsecore.balance import TableDemand, assign_ids, destination_lo
 
 FREQUENCY_IDS_SUFFIX = ".frequency_ids.npy"
 FREQUENCY_IDS_KIND = "frequency_ids"
+_EMPTY = np.zeros(0, np.int64)
 
 
 def frequency_ids_filename(key: str) -> str:
@@ -180,9 +181,6 @@ def fixed_table_ids(spec, table: str, counts: pa.Table) -> Tuple[np.ndarray, np.
         return _EMPTY, _EMPTY
     u, inverse = np.unique(ids, return_inverse=True)
     return u.astype(np.int64), np.bincount(inverse.reshape(-1), weights=n, minlength=u.size).astype(np.int64)
-
-
-_EMPTY = np.zeros(0, np.int64)
 
 
 def assign(spec, drafts: Mapping[str, VocabularyDraft],
