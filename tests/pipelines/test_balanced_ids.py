@@ -169,3 +169,15 @@ def test_fixed_tables_count_where_their_ids_are():
     assert a.info["stack"] == "a_h_u" and a.info["rotation"] == 0
     on_zero = sorted(np.asarray(draft.counts)[a.ids % 4 == 0].tolist())
     assert on_zero == [1, 1]
+
+
+def test_the_tft_engine_is_refused_in_one_line():
+    import pytest
+
+    from pipelines.jobs.compute_vocabulary import ComputeVocabulary
+    from pipelines.user_errors import UserError
+    spec = parse_spec({"inputs": {"format": "csv", "patterns": ["x.csv"]}, "categorical": ["a"],
+                       "tables": [{"name": "a", "dim": 8}], "optimizer": {"type": "sgd", "learning_rate": 0.1},
+                       "global_batch_size": 8, "partition": {"ids": "balanced"}})
+    with pytest.raises(UserError, match=r"`partition: \{ids: balanced\}` needs the combine engine"):
+        ComputeVocabulary(spec, "out", engine="tft")
