@@ -88,6 +88,31 @@ def test_cost_model_equals_a_small_case_computed_by_hand():
     assert proposal.sampling["text"] == "exact: all 1 steps"
 
 
+def test_jax_groups_merge_tables_of_two_widths_where_the_traffic_drops():
+    """2 chips x 4 SparseCores; a (width 8) and b (width 16), one optimizer and combiner: jax's auto_stack_tables
+    keeps them apart (two widths).  Every sample looks up id 0 of each: 16 ids per step, 8 rows (one per source
+    SparseCore).  Apart: a 16 x 12 + 8 x 8 x 4 = 448 B, b 16 x 12 + 8 x 16 x 4 = 704 B on one SparseCore each.
+    Stacked (b rotated by 4, padded to 16): SparseCores 0 and 4 carry 704 B each, so the step's 1152 B become
+    704 B with one kernel; within the activation limit only.  (Both tables have a dominant token: no table is
+    small enough to move here.)"""
+    a = TableConfig("a", 8, 8, "sum", optimizer_group="sgd")
+    b = TableConfig("b", 8, 16, "sum", optimizer_group="sgd")
+    model = ModelConfig((FeatureConfig("fa", a, (8,)), FeatureConfig("fb", b, (8,))), Topology(2, 4))
+    zeros = _ids(np.arange(16), np.zeros(16))
+    profile = _profile(model, [{"fa": zeros, "fb": zeros}] * 3)
+    proposal = propose_placements(profile, profile.accumulator.what_if, tensor_core_max_bytes=0)
+    by_label = {c.label: c for c in proposal.costs}
+    auto, groups = by_label["jax-auto"], by_label["jax-groups"]
+    assert auto.candidate.groups == (("a",), ("b",)) and auto.traffic_bytes == 448 + 704
+    assert groups.candidate.groups == (("a", "b"),) and groups.traffic_bytes == 704 and groups.kernels == 1
+    assert groups.stacks[0].padded_dim == 16 and groups.stacks[0].rotations == (0, 4)
+    assert proposal.jax is groups
+    # 16 samples x 16 wide x 4 B / 8 SparseCores = 128 B of activations per table: a limit of 255 B keeps them apart.
+    tight = propose_placements(profile, profile.accumulator.what_if, tensor_core_max_bytes=0,
+                               activation_mem_bytes_limit=255)
+    assert "jax-groups" not in {c.label for c in tight.costs} and tight.jax.label == "jax-auto"
+
+
 # ---------------------------------------------------------------- TensorCore moves and the written configs
 
 def _dominant_token_model(per_chip_batch=16):
