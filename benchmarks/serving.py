@@ -119,7 +119,7 @@ def _tft_serving(spec, rows, columns, out_dir):
         def __init__(self):
             super().__init__()
             self.layer = tft_output.transform_features_layer()
-            self.raw_spec = tft_output.raw_feature_spec()
+            self.raw_spec = feature_spec  # the raw metadata the job was given
 
         @tf.function(input_signature=[tf.TensorSpec([None], tf.string)])
         def serve(self, serialized):

@@ -2,8 +2,10 @@
 
 `tpu_embed.serving.mapping` (`RawFeatureMapping`, `MappingPlan`, `map_raw`, `parse_examples`,
 `vocabulary_tables`): raw tensors or serialized tf.train.Examples -> the ids, weights and dense values the
-shards hold. `tpu_embed.serving.export` (`export_saved_model`, `ServingModel`, `embedding_lookup`): one
-SavedModel from serialized tf.train.Examples (or raw CSV-like strings) to predictions.
+shards hold, over the columns stacked per kind (`tpu_embed.serving.columns`); `tpu_embed.serving.examples`
+parses serialized Examples as the kinds the training data held, or as any kind. `tpu_embed.serving.export`
+(`export_saved_model`, `ServingModel`, `embedding_lookup`): one SavedModel from serialized tf.train.Examples
+(or raw CSV-like strings) to predictions.
 `tpu_embed.serving.transform_output` (`write_transform_output`): the mapping as tf.Transform output, the
 directory `tft.TFTransformOutput` reads. `tpu_embed.serving.numbers`: the offline jobs' number rules as
 TensorFlow ops.

@@ -16,7 +16,8 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence
 
 import tensorflow as tf
 
-__all__ = ["Column", "Stacked", "as_column", "batch_rows", "concat_rows", "rows_of", "stack"]
+__all__ = ["Column", "Stacked", "as_column", "batch_rows", "block_of_rows", "concat_rows", "rows_of", "stack",
+           "value_rowids"]
 
 
 @dataclasses.dataclass
@@ -181,3 +182,18 @@ def concat_rows(parts: Sequence[tf.RaggedTensor]) -> tf.RaggedTensor:
     if len(parts) == 1:
         return parts[0]
     return tf.concat(list(parts), axis=1)
+
+
+def value_rowids(x: tf.RaggedTensor) -> tf.Tensor:
+    """`x.value_rowids()` ([values] int64: each value's row) by a segment sum of the rows' starts and a cumsum
+    (TensorFlow's repeats every row's index through a boolean mask: several times slower)."""
+    splits = x.row_splits
+    n = tf.shape(x.flat_values, out_type=splits.dtype)[0]
+    inner = splits[1:-1]
+    return tf.cumsum(tf.math.unsorted_segment_sum(tf.ones_like(inner), inner, n + 1)[:n])
+
+
+def block_of_rows(blocks: int, nrows: tf.Tensor) -> tf.Tensor:
+    """[blocks * nrows] int64: the block of each row of `blocks` blocks of `nrows` rows (a gather by a value's row
+    gives its block without an integer division, which TensorFlow does slowly)."""
+    return tf.reshape(tf.tile(tf.range(blocks, dtype=tf.int64)[:, None], tf.stack([1, nrows])), [-1])

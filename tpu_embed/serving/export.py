@@ -9,8 +9,10 @@
 
 Signatures:
 
-* `serving_default`: `examples`, serialized `tf.train.Example`s [batch] (any value kind per key, as the offline
-  TFRecord reader takes them);
+* `serving_default`: `examples`, serialized `tf.train.Example`s [batch], each key parsed as the kind of values
+  the training data held (the manifest's `value_kinds`; `tpu_embed.serving.examples`): another kind fails the
+  call in one line naming the key, the Example and both kinds; a key of several kinds is parsed as any kind;
+* `examples_any_kind`: the same, any value kind per key, as the offline TFRecord reader takes them;
 * `raw`: one string tensor [batch] per column the spec reads (label excluded), a CSV cell's text: multivalent
   values joined by the feature's delimiter, numbers as text, blank for no value. Every column is an input: a
   SavedModel signature has no optional inputs (TensorFlow refuses a call without one: "missing required
@@ -24,8 +26,11 @@ sigmoid of the logits; of a model that returns probabilities, their logits log(p
 [1e-7, 1 - 1e-7]); a model of other values (a regression) returns `predictions` only. An empty batch gives
 empty ones, an Example with no features the prediction of a row without values (alone as beside others),
 and `raw` columns of unequal length are refused naming them (docs/how-to/serve.md). The lookup is the
-SparseCore math of `HostEmbedding` (each value's gain from its table's combiner and weight, equal ids summed), over the
-trained tables: SparseCore and tensor-core features alike, sequence features [batch, sequence_length, dim].
+SparseCore math of `HostEmbedding` (each value's gain from its table's combiner and weight, equal ids summed), over
+the trained tables: SparseCore and tensor-core features alike, sequence features [batch, sequence_length, dim];
+the tables are saved stacked per embedding width, every feature of a width looked up by one gather and one
+segment sum. The SavedModel holds the signatures' functions, the tables, the model's variables and the
+vocabulary assets (not the model as an object: its signatures need only its variables).
 """
 
 from __future__ import annotations
@@ -35,6 +40,7 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
 
 import tensorflow as tf
 
+from tpu_embed.serving.columns import block_of_rows
 from tpu_embed.serving.mapping import Mapped, RawFeatureMapping
 from tpu_embed.serving.plan import load_for_serving
 
@@ -139,8 +145,7 @@ def _activations(spec: Any, mapped: Mapped, stacked: _StackedTables) -> Dict[str
     feats = mapped.layout.features
     nfeat = len(feats)
     nrows = mapped.nrows
-    safe_rows = tf.maximum(nrows, 1)
-    segment = mapped.ids.value_rowids()  # per value: its feature's position * nrows + its row
+    segment = mapped.rowids  # per value: its feature's position * nrows + its row
     weights = tf.ones_like(mapped.ids.flat_values, tf.float32) if mapped.weights is None else mapped.weights
     dim_of = [int(stacked.values[f.table].shape[1]) for f in feats]
     combiner = [_COMBINERS[spec.table(f.table).combiner] for f in feats]
@@ -148,6 +153,7 @@ def _activations(spec: Any, mapped: Mapped, stacked: _StackedTables) -> Dict[str
     place = None  # per value: its place in its row (sequence features)
     if any(seq):
         place = tf.range(tf.size(segment, out_type=tf.int64)) - tf.gather(mapped.ids.row_splits, segment)
+    block = block_of_rows(nfeat, nrows)  # per row of `mapped.ids`: its feature's position
 
     def per_feature(vals: Sequence[Any], dtype: tf.DType, feature: tf.Tensor) -> tf.Tensor:
         return tf.gather(tf.constant(list(vals), dtype), feature)
@@ -159,12 +165,27 @@ def _activations(spec: Any, mapped: Mapped, stacked: _StackedTables) -> Dict[str
             continue
         ids, w, seg, at = mapped.ids.flat_values, weights, segment, place
         if len(members) < nfeat:  # this width's values only
-            inside = per_feature([dim_of[k] == d for k in range(nfeat)], tf.bool, segment // safe_rows)
+            inside = per_feature([dim_of[k] == d for k in range(nfeat)], tf.bool, tf.gather(block, segment))
             ids, w, seg = tf.boolean_mask(ids, inside), tf.boolean_mask(w, inside), tf.boolean_mask(seg, inside)
             at = None if place is None else tf.boolean_mask(place, inside)
-        feature, row = seg // safe_rows, seg % safe_rows
+        feature = tf.gather(block, seg)
         offsets = [stacked.row_offset[f.table] for f in feats]
-        table_rows = tf.gather(stacked.variables[d], ids + per_feature(offsets, tf.int64, feature))
+        rows_of_tables = ids + per_feature(offsets, tf.int64, feature)
+        if mapped.weights is None and not any(seq) and len(members) == nfeat:
+            # Every value a gain of 1 before its combiner: one fused gather and sum per bag, then each bag scaled
+            # (mean: 1 / its values, sqrtn: 1 / their square root; 0 for an empty bag).
+            summed = tf.sparse.segment_sum(stacked.variables[d], rows_of_tables, seg, num_segments=nfeat * nrows)
+            count = tf.cast(mapped.ids.row_lengths(), tf.float32)
+            code = tf.repeat(tf.constant(combiner, tf.int32), nrows)
+            scale = tf.where(tf.equal(code, 0), tf.ones_like(count), tf.where(
+                tf.equal(count, 0.0), tf.zeros_like(count),
+                1.0 / tf.where(tf.equal(code, 1), count, tf.sqrt(count))))
+            per_feature_rows = tf.reshape(summed * scale[:, None], [nfeat, nrows, d])
+            for f, a in zip(feats, tf.unstack(per_feature_rows, num=nfeat), strict=True):
+                out[f.name] = a
+            continue
+        row = seg - feature * nrows
+        table_rows = tf.gather(stacked.variables[d], rows_of_tables)
         # Each value's gain: a bag's weight scaled by its combiner over the bag (sum: 1, mean: 1 / sum of the
         # weights, sqrtn: 1 / sqrt of the sum of their squares; 0 where that sum is 0); a sequence position's
         # combiner over its one value.
@@ -202,13 +223,21 @@ def _activations(spec: Any, mapped: Mapped, stacked: _StackedTables) -> Dict[str
             total = total + base * nrows
         summed = tf.math.unsorted_segment_sum(table_rows * gain[:, None], slot, total)
         if bags:
-            block = summed if not seqs else summed[:len(bags) * nrows]
-            for k, a in zip(bags, tf.unstack(tf.reshape(block, [len(bags), nrows, d]), num=len(bags)), strict=True):
+            bag_part = summed if not seqs else summed[:len(bags) * nrows]
+            for k, a in zip(bags, tf.unstack(tf.reshape(bag_part, [len(bags), nrows, d]), num=len(bags)),
+                            strict=True):
                 out[feats[k].name] = a
         for k in seqs:
             lo = (len(bags) + seq_base[k]) * nrows
             out[feats[k].name] = tf.reshape(summed[lo:lo + seq[k] * nrows], [nrows, seq[k], d])
     return out
+
+
+class _Untracked:
+    """A value a `tf.Module` holds without saving it as an object of the SavedModel."""
+
+    def __init__(self, value: Any):
+        self.value = value
 
 
 class ServingModel(tf.Module):
@@ -243,13 +272,50 @@ class ServingModel(tf.Module):
                              f"{sorted(tables)}.")
         self._stacked = _StackedTables(artifact.spec, tables, used)
         self.tables = {f"dim{d}": v for d, v in self._stacked.variables.items()}  # tracked: saved with the model
-        self.model = model
+        self._model = _Untracked(model)
         self._model_inputs = model_inputs or _default_model_inputs
-        self.examples = tf.function(self._examples, input_signature=[tf.TensorSpec([None], tf.string, "examples")])
-        self.examples_any_kind = tf.function(self._examples_any_kind,
-                                             input_signature=[tf.TensorSpec([None], tf.string, "examples")])
-        self.raw = tf.function(self._raw, input_signature=[
-            {c: tf.TensorSpec([None], tf.string, c) for c in self.mapping.columns}])
+        # Without autograph: the functions have no Python control flow over tensors (conversion costs seconds).
+        # Untracked: the SavedModel holds their signatures' concrete functions only (saving a tf.function traces
+        # it again).
+        examples = [tf.TensorSpec([None], tf.string, "examples")]
+        self._functions = _Untracked({
+            "examples": tf.function(self._examples, input_signature=examples, autograph=False),
+            "examples_any_kind": tf.function(self._examples_any_kind, input_signature=examples, autograph=False),
+            "raw": tf.function(self._raw, input_signature=[
+                {c: tf.TensorSpec([None], tf.string, c) for c in self.mapping.columns}], autograph=False)})
+
+    @property
+    def model(self) -> Any:
+        return self._model.value
+
+    def examples(self, examples: Any) -> Dict[str, tf.Tensor]:
+        """`serving_default`: serialized tf.train.Examples, each column parsed as the kind the training data held
+        (`tpu_embed.serving.examples`)."""
+        return self._functions.value["examples"](examples)
+
+    def examples_any_kind(self, examples: Any) -> Dict[str, tf.Tensor]:
+        """`examples_any_kind`: serialized tf.train.Examples, any value kind per key."""
+        return self._functions.value["examples_any_kind"](examples)
+
+    def raw(self, raw: Mapping[str, Any]) -> Dict[str, tf.Tensor]:
+        """`raw`: one [batch] string tensor per column."""
+        return self._functions.value["raw"](raw)
+
+    def signatures(self) -> Dict[str, Any]:
+        """{name: concrete function} of the SavedModel's signatures, traced. The model's variables (made by its
+        first call) are then held as `model_variables` and saved, not the model: a Keras model saved as an object
+        traces every layer's call again for its own restore (seconds), which the signatures do not need. A model
+        without `variables` is held as it is."""
+        functions = self._functions.value
+        out = {"serving_default": functions["examples"].get_concrete_function(),
+               "examples_any_kind": functions["examples_any_kind"].get_concrete_function(),
+               "raw": functions["raw"].get_concrete_function()}
+        variables = getattr(self.model, "variables", None)
+        if variables is not None:
+            self.model_variables = list(variables)
+        else:
+            self.model_object = self.model
+        return out
 
     def activations(self, mapped: Mapped) -> Dict[str, tf.Tensor]:
         """{feature: [batch, dim] (a sequence feature's [batch, sequence_length, dim])} of a `Mapped` batch."""
@@ -303,8 +369,5 @@ def export_saved_model(artifact: str, embedding: Any, model: Any, path: str, *,
     else:
         tables = dict(embedding)
     module = ServingModel(artifact, tables, model, model_inputs, model_output=model_output)
-    tf.saved_model.save(module, path, signatures={
-        "serving_default": module.examples.get_concrete_function(),
-        "examples_any_kind": module.examples_any_kind.get_concrete_function(),
-        "raw": module.raw.get_concrete_function()})
+    tf.saved_model.save(module, path, signatures=module.signatures())
     return path

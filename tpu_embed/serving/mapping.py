@@ -54,10 +54,12 @@ from tpu_embed.serving.columns import (
     Stacked,
     as_column,
     batch_rows,
+    block_of_rows,
     concat_rows,
     rows_of,
     stack,
     stack_strings,
+    value_rowids,
 )
 from tpu_embed.serving.examples import parse_examples, parse_for_plan
 from tpu_embed.serving.plan import DensePlan, FeaturePlan, MappingPlan, load_for_serving
@@ -176,6 +178,7 @@ class Mapped:
     weights: Optional[tf.Tensor]  # float32 [ids' values]: 1.0 for features without weights; None if none has
     dense: tf.Tensor  # float32 [nrows, num_dense]
     valid: tf.Tensor  # bool [nrows]
+    rowids: tf.Tensor  # int64 [ids' values]: `ids.value_rowids()`, made once
 
     def feature_ids(self) -> Dict[str, Any]:
         """{"ids": {feature: int64 ragged [batch, None]}, "weights": {weighted feature: float32 ragged}}: one
@@ -199,14 +202,11 @@ class Mapped:
 
 # ---------------------------------------------------------------- steps over stacked columns
 
-def _flat_rows(x: tf.RaggedTensor, nrows: tf.Tensor) -> tf.Tensor:
-    """Per value of `x` ([k * nrows, None]): its row of the batch (its row of `x` mod nrows)."""
-    return x.value_rowids() % tf.maximum(nrows, 1)
-
-
-def _any_per_row(flags: tf.Tensor, rows: tf.Tensor, nrows: tf.Tensor) -> tf.Tensor:
-    """bool [nrows]: rows with a flag set (`flags` and `rows`: per value)."""
-    return tf.math.unsorted_segment_max(tf.cast(flags, tf.int32), rows, nrows) > 0
+def _any_per_row(flags: tf.Tensor, rowids: tf.Tensor, blocks: int, nrows: tf.Tensor) -> tf.Tensor:
+    """bool [nrows]: rows of the batch with a flag set (`flags` per value, `rowids` its row of a [blocks * nrows,
+    None] ragged tensor)."""
+    per_row = tf.math.unsorted_segment_max(tf.cast(flags, tf.int32), rowids, blocks * nrows) > 0
+    return tf.reduce_any(tf.reshape(per_row, [blocks, nrows]), axis=0)
 
 
 def _split(strings: tf.RaggedTensor, delimiter: Optional[str]) -> tf.RaggedTensor:
@@ -288,8 +288,10 @@ def _not_utf8(strings: Sequence[tf.RaggedTensor], nrows: tf.Tensor, ascii: tf.Te
     byte sequence a value leaves unfinished)."""
     def check():
         flat = tf.concat([s.flat_values for s in strings], axis=0) if len(strings) > 1 else strings[0].flat_values
-        rows = (tf.concat([_flat_rows(s, nrows) for s in strings], axis=0) if len(strings) > 1
-                else _flat_rows(strings[0], nrows))
+        rows = [value_rowids(s) for s in strings]
+        rows = [r - nrows * tf.gather(block_of_rows(s.nrows() // tf.maximum(nrows, 1), nrows), r)
+                for s, r in zip(strings, rows, strict=True)]  # each value's row of the batch
+        rows = tf.concat(rows, axis=0) if len(rows) > 1 else rows[0]
         joined = tf.strings.unsorted_segment_join(flat, rows, nrows, separator="\n")
         return tf.not_equal(tf.strings.unicode_transcode(joined, "UTF-8", "UTF-8", errors="replace",
                                                          replacement_char=0xFFFD), joined)
@@ -349,8 +351,8 @@ def _groups(features: Sequence[FeaturePlan]) -> List[Tuple[int, int, str, Any]]:
     return out
 
 
-def _ids(features: Sequence[FeaturePlan], tokens: tf.RaggedTensor, tables: Mapping[str, Any], nrows: tf.Tensor,
-         ascii: tf.Tensor) -> Tuple[tf.Tensor, Optional[tf.Tensor], Optional[tf.Tensor]]:
+def _ids(features: Sequence[FeaturePlan], tokens: tf.RaggedTensor, rowids: tf.Tensor, tables: Mapping[str, Any],
+         nrows: tf.Tensor, ascii: tf.Tensor) -> Tuple[tf.Tensor, Optional[tf.Tensor], Optional[tf.Tensor]]:
     """(int64 id, keep or None, flag or None) of every token of `tokens` ([len(features) * nrows, None], features
     grouped by rule as `Layout` orders them). Per group of `_groups` one op (a vocabulary's lookup, a hash); what
     follows a lookup (the OOV id, dropping unknown tokens) once for every vocabulary of 0 or 1 OOV buckets.
@@ -383,7 +385,7 @@ def _ids(features: Sequence[FeaturePlan], tokens: tf.RaggedTensor, tables: Mappi
         elif rule == "hash":
             parts.append((tf.strings.to_hash_bucket_fast(piece, int(arg)), None, None))
         else:
-            parts.append(_identity_ids(part, piece, tokens, nrows, ascii, start, at, k))
+            parts.append(_identity_ids(part, piece, rowids, len(features), nrows, ascii, start, at, k))
     if lookups:
         _finish_lookups(features, groups, lookups, parts, tables, sizes)
 
@@ -431,7 +433,7 @@ def _finish_lookups(features: Sequence[FeaturePlan], groups: Sequence[Tuple[int,
         parts[k] = (i, kept, None)
 
 
-def _identity_ids(part: Sequence[FeaturePlan], piece: tf.Tensor, tokens: tf.RaggedTensor, nrows: tf.Tensor,
+def _identity_ids(part: Sequence[FeaturePlan], piece: tf.Tensor, rowids: tf.Tensor, nfeat: int, nrows: tf.Tensor,
                   ascii: tf.Tensor, start: int, at: Optional[tf.Tensor], k: int):
     """(ids, keep, flag) of identity features' tokens: the integer where it is in [0, num_buckets), else the
     default, else dropped (and flagged under `policies.invalid_ids: error`)."""
@@ -440,7 +442,7 @@ def _identity_ids(part: Sequence[FeaturePlan], piece: tf.Tensor, tokens: tf.Ragg
         buckets: Any = int(part[0].num_buckets or 0)
         default: Any = -1 if part[0].default_value is None else int(part[0].default_value)
     else:  # per token: its feature's bounds and default
-        local = tokens.value_rowids() // tf.maximum(nrows, 1)
+        local = tf.gather(block_of_rows(nfeat, nrows), rowids)
         local = (local if at is None else local[at[k]:at[k + 1]]) - start
         buckets = tf.gather(tf.constant([int(f.num_buckets or 0) for f in part], tf.int64), local)
         default = tf.gather(tf.constant([-1 if f.default_value is None else int(f.default_value) for f in part],
@@ -457,8 +459,8 @@ def _identity_ids(part: Sequence[FeaturePlan], piece: tf.Tensor, tokens: tf.Ragg
     return tf.where(ok | ~has_default, value, default), keep, (~keep if error else None)
 
 
-def _weights(layout: Layout, tokens: tf.RaggedTensor, numbers_: tf.RaggedTensor, nrows: tf.Tensor
-             ) -> Tuple[tf.Tensor, tf.Tensor]:
+def _weights(layout: Layout, tokens: tf.RaggedTensor, rowids: tf.Tensor, numbers_: tf.RaggedTensor,
+             nrows: tf.Tensor) -> Tuple[tf.Tensor, tf.Tensor]:
     """(float64 weight of every token, False where its row is a weight mismatch) of the features' tokens: a
     weighted feature's value gets its weight (NaN where blank or unparsable), others 1.0. A weighted feature's
     row whose values and weights differ in number is a `weight_mismatch` dead letter: it keeps no value."""
@@ -472,12 +474,13 @@ def _weights(layout: Layout, tokens: tf.RaggedTensor, numbers_: tf.RaggedTensor,
     # Per row of the features: its row of `w` (rows without weights: an appended empty row).
     w_lengths = tf.concat([w.row_lengths(), tf.zeros([1], tf.int64)], axis=0)
     w_starts = tf.concat([w.row_splits[:-1], tf.zeros([1], tf.int64)], axis=0)
-    w_row = tf.where(weighted, block * nrows + tf.range(nfeat * nrows, dtype=tf.int64) % tf.maximum(nrows, 1),
+    row_in_block = tf.range(nfeat * nrows, dtype=tf.int64) - block_of_rows(nfeat, nrows) * nrows
+    w_row = tf.where(weighted, block * nrows + row_in_block,
                      tf.size(w_lengths, out_type=tf.int64) - 1)
     n_w = tf.size(w_values, out_type=tf.int64)
     mismatch = weighted & tf.not_equal(tf.gather(w_lengths, w_row), tokens.row_lengths())
     # Each token's weight: its row's weights from the same position.
-    token_row = tokens.value_rowids()
+    token_row = rowids
     position = tf.range(tf.size(tokens.flat_values, out_type=tf.int64)) - tf.gather(tokens.row_splits, token_row)
     has = tf.gather(weighted & ~mismatch, token_row)
     index = tf.where(has, tf.gather(w_starts, tf.gather(w_row, token_row)) + position, n_w)
@@ -488,70 +491,72 @@ def _weights(layout: Layout, tokens: tf.RaggedTensor, numbers_: tf.RaggedTensor,
 def map_stacked(plan: MappingPlan, layout: Layout, tokens_of: Stacked, numbers_of: Stacked,
                 tables: Mapping[str, Any]) -> Mapped:
     """The mapping of a batch whose columns are stacked: `tokens_of` holds `layout.token_columns`, `numbers_of`
-    `layout.number_columns`, both of `nrows` rows."""
+    `layout.number_columns`, both of `nrows` rows.
+
+    Every token is mapped (a blank one, or one of a mismatched row, too: its id is computed and dropped), and
+    what the offline jobs drop (blanks, weight mismatches, unknown tokens without OOV buckets, identity values
+    that are no id, NaN weights under `drop` / `error`, values beyond a sequence's length) is dropped by one mask
+    at the end, so the strings are not copied to be filtered."""
     nrows = tokens_of.nrows
     feats = layout.features
     valid = tf.ones([nrows], tf.bool)
-    strings = _strings([tokens_of, numbers_of])
-    ascii = _all_ascii(strings)
-    if plan.utf8_text and strings:
-        valid &= ~_not_utf8(strings, nrows, ascii)
-    nums = _numbers(numbers_of, layout.number_sources, ascii) if layout.number_sources else None
+    token_strings, number_strings = _strings([tokens_of]), _strings([numbers_of])
+    ascii_numbers = _all_ascii(number_strings)
+    ascii_tokens = None  # whether the tokens are ASCII: for the UTF-8 check and identity values only
+    if plan.utf8_text or any(f.kind == "identity" for f in feats):
+        ascii_tokens = _all_ascii(token_strings)
+    if plan.utf8_text and token_strings + number_strings:
+        valid &= ~_not_utf8(token_strings + number_strings, nrows, ascii_numbers & ascii_tokens)
+    nums = _numbers(numbers_of, layout.number_sources, ascii_numbers) if layout.number_sources else None
     dense, flagged = _dense(plan, layout, nums, nrows)
     valid &= ~flagged
     if not feats:
-        return Mapped(layout, nrows, _empty(0, tf.int64), None, dense, valid)
+        return Mapped(layout, nrows, _empty(0, tf.int64), None, dense, valid, tf.zeros([0], tf.int64))
     tokens = rows_of(_tokens(tokens_of, layout.token_sources), list(layout.feature_token_source), nrows,
                      len(layout.token_sources))
-    weights = None
+    rowids = value_rowids(tokens)  # per token: its feature's position * nrows + its row
     keep = tf.not_equal(tokens.flat_values, "")  # blank values are no value
+    weights = None
     if layout.weighted:
-        weights, mismatch = _weights(layout, tokens, nums, nrows)
+        weights, mismatch = _weights(layout, tokens, rowids, nums, nrows)
         valid &= ~tf.reduce_any(tf.reshape(mismatch, [len(feats), nrows]), axis=0)
-        keep &= ~tf.gather(mismatch, tokens.value_rowids())
-    tokens = _mask(tokens, keep)
-    if weights is not None:
-        weights = tf.boolean_mask(weights, keep)
-    ids, keep, flags = _ids(feats, tokens, tables, nrows, ascii)
+        keep &= ~tf.gather(mismatch, rowids)
+    ids, kept, flags = _ids(feats, tokens, rowids, tables, nrows,
+                            tf.constant(True) if ascii_tokens is None else ascii_tokens)
     if flags is not None:
-        valid &= ~_any_per_row(flags, _flat_rows(tokens, nrows), nrows)
+        valid &= ~_any_per_row(flags & keep, rowids, len(feats), nrows)
+    if kept is not None:
+        keep &= kept
     if weights is not None:
-        nan = ~tf.math.is_finite(weights)
-        if keep is not None:
-            nan &= keep
+        nan = ~tf.math.is_finite(weights) & keep
         policy = _policy([feats[k] for k in layout.weighted], "nan_weights")
         if policy == "zero":
             weights = tf.where(nan, tf.zeros_like(weights), weights)
         else:
-            keep = ~nan if keep is None else keep & ~nan
+            keep &= ~nan
             if policy == "error":
-                valid &= ~_any_per_row(nan, _flat_rows(tokens, nrows), nrows)
+                valid &= ~_any_per_row(nan, rowids, len(feats), nrows)
     truncate = [f.truncate for f in feats]
     if any(truncate):
         # A token's place among its row's kept tokens: the first `truncate` are kept.
-        kept = tf.ones_like(ids, tf.int64) if keep is None else tf.cast(keep, tf.int64)
-        before = tf.cumsum(kept, exclusive=True)
-        at_start = tf.gather(tf.concat([before, [tf.reduce_sum(kept)]], axis=0), tokens.row_splits[:-1])
-        row = tokens.value_rowids()
-        place = before - tf.gather(at_start, row)
-        limit = tf.gather(tf.constant([t or -1 for t in truncate], tf.int64), row // tf.maximum(nrows, 1))
-        inside = (limit < 0) | (place < limit)
-        keep = inside if keep is None else keep & inside
-    out = tokens.with_flat_values(ids)
-    if keep is not None:
-        out = _mask(out, keep)
-        if weights is not None:
-            weights = tf.boolean_mask(weights, keep)
+        count = tf.cast(keep, tf.int64)
+        before = tf.cumsum(count, exclusive=True)
+        at_start = tf.gather(tf.concat([before, [tf.reduce_sum(count)]], axis=0), tokens.row_splits[:-1])
+        place = before - tf.gather(at_start, rowids)
+        limit = tf.gather(tf.repeat(tf.constant([t or -1 for t in truncate], tf.int64), nrows), rowids)
+        keep &= (limit < 0) | (place < limit)
+    out, out_rowids = _mask(tokens.with_flat_values(ids), rowids, keep)
     if weights is not None:
-        weights = tf.cast(weights, tf.float32)
-    return Mapped(layout, nrows, out, weights, dense, valid)
+        weights = tf.cast(tf.boolean_mask(weights, keep), tf.float32)
+    return Mapped(layout, nrows, out, weights, dense, valid, out_rowids)
 
 
-def _mask(x: tf.RaggedTensor, keep: tf.Tensor) -> tf.RaggedTensor:
-    """`x` ([rows, None]) with the values where `keep` only, rows kept; made from its values' rows, which it
-    keeps for the steps after (`value_rowids()` costs nothing more)."""
-    return tf.RaggedTensor.from_value_rowids(tf.boolean_mask(x.flat_values, keep),
-                                             tf.boolean_mask(x.value_rowids(), keep), x.nrows(), validate=False)
+def _mask(x: tf.RaggedTensor, rowids: tf.Tensor, keep: tf.Tensor) -> Tuple[tf.RaggedTensor, tf.Tensor]:
+    """(`x` ([rows, None]) with the values where `keep` only, rows kept; their rows): the rows' lengths by a
+    segment sum of `keep` over `rowids` (`x.value_rowids()`)."""
+    lengths = tf.math.unsorted_segment_sum(tf.cast(keep, tf.int64), rowids, x.nrows())
+    return (tf.RaggedTensor.from_row_lengths(tf.boolean_mask(x.flat_values, keep), lengths, validate=False),
+            tf.boolean_mask(rowids, keep))
 
 
 def map_columns(plan: MappingPlan, columns: Mapping[str, Column], nrows: tf.Tensor, tables: Mapping[str, Any],
