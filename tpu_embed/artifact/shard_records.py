@@ -281,3 +281,25 @@ def open_by_position(path: str, entry: FileEntry, compression: str, verify: str,
     with open(local, "wb") as out:
         out.write(data)
     return open(local, "rb"), table
+
+
+def window_step_owners(days: Sequence) -> Tuple[Dict[int, Tuple[int, int, int]], int]:
+    """Where each step of a window (the days' steps one after the other) is stored: {window step: (day, file,
+    record in the file)} over the days' shard entries (each day has `directory`, `steps` and `entries`, the shard
+    files of one host with their first and last step), and the window's number of steps. ValueError naming the
+    day and the step if no shard file holds a step. Readers that read steps by position use it
+    (`tpu_embed.input_fn`, `tpu_embed.jax.input_iterator`, with `shuffle_steps`)."""
+    owner: Dict[int, Tuple[int, int, int]] = {}
+    first = 0
+    for d, day in enumerate(days):
+        covered = set()
+        for i, e in enumerate(day.entries):
+            for k in range((e.last_step or 0) - (e.first_step or 0) + 1):
+                covered.add((e.first_step or 0) + k)
+                owner[first + (e.first_step or 0) + k] = (d, i, k)
+        missing = [s for s in range(day.steps) if s not in covered]
+        if missing:
+            raise ValueError(f"{day.directory}: no shard file holds step {missing[0]} (of {day.steps}); the manifest "
+                             "does not list every shard. Re-run `tpu-embed run` (or shard) with this --output.")
+        first += day.steps
+    return owner, first

@@ -39,7 +39,7 @@ from tpu_embed.artifact import io as tio
 from tpu_embed.artifact import tfrecord
 from tpu_embed.artifact.example_wire import fields, int64_list
 from tpu_embed.artifact.manifest import Manifest, read_manifest
-from tpu_embed.artifact.shard_records import open_by_position
+from tpu_embed.artifact.shard_records import open_by_position, window_step_owners
 from tpu_embed.artifact.verify import check_files, check_level, check_shard_steps, path_of, verify_shard_bytes
 from tpu_embed.core.permutation import Permutation, epoch_key
 from tpu_embed.jax.layout import ALIGN, PAD_ID, round_up
@@ -270,19 +270,7 @@ def _by_position(days: Sequence[_Day], verify: str, order: Iterator[int], tmp_ho
     """The records of the window's steps in `order` (the days' steps one after the other), each read by its
     position (as `tpu_embed.input_fn(shuffle_steps=...)` reads them): uncompressed files in place, a compressed
     one decompressed once into a temporary file."""
-    owner: Dict[int, Tuple[int, int, int]] = {}  # window step -> (day, file, record in the file)
-    first = 0
-    for d, day in enumerate(days):
-        covered = set()
-        for i, e in enumerate(day.entries):
-            for k in range((e.last_step or 0) - (e.first_step or 0) + 1):
-                covered.add((e.first_step or 0) + k)
-                owner[first + (e.first_step or 0) + k] = (d, i, k)
-        missing = [s for s in range(day.steps) if s not in covered]
-        if missing:
-            raise ValueError(f"{day.directory}: no shard file holds step {missing[0]} (of {day.steps}); the manifest "
-                             "does not list every shard. Re-run `tpu-embed run` (or shard) with this --output.")
-        first += day.steps
+    owner, _ = window_step_owners(days)  # window step -> (day, file, record in the file)
     handles: Dict[Tuple[int, int], Any] = {}
     offsets: Dict[Tuple[int, int], List[Tuple[int, int]]] = {}
     try:

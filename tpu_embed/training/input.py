@@ -31,7 +31,7 @@ from tpu_embed.artifact import tfrecord
 from tpu_embed.artifact.lineage import ArtifactDirs, check_window_formats, window
 from tpu_embed.artifact.manifest import Manifest
 from tpu_embed.artifact.shard_format import ShardFormat
-from tpu_embed.artifact.shard_records import open_by_position, shard_files
+from tpu_embed.artifact.shard_records import open_by_position, shard_files, window_step_owners
 from tpu_embed.artifact.verify import (
     check_files,
     check_level,
@@ -261,20 +261,7 @@ def step_order(steps: int, seed: int, epoch: int) -> np.ndarray:
 def _shuffled_records(days: Sequence[_Day], verify: str, seed: int, num_epochs: Optional[int]):
     """(day index, serialized record), epoch after epoch, each epoch in `step_order` of the window's steps (the
     days' steps one after the other); read by position (see `input_fn`)."""
-    owner = {}  # window step -> (day, file index, record index in the file)
-    first = 0
-    for d, day in enumerate(days):
-        covered = set()
-        for i, e in enumerate(day.entries):
-            for k in range((e.last_step or 0) - (e.first_step or 0) + 1):
-                covered.add((e.first_step or 0) + k)
-                owner[first + (e.first_step or 0) + k] = (d, i, k)
-        missing = [s for s in range(day.steps) if s not in covered]
-        if missing:
-            raise ValueError(f"{day.directory}: no shard file holds step {missing[0]} (of {day.steps}); the manifest "
-                             "does not list every shard. Re-run `tpu-embed run` (or shard) with this --output.")
-        first += day.steps
-    steps = first
+    owner, steps = window_step_owners(days)  # window step -> (day, file, record in the file)
     tmp = tempfile.mkdtemp(prefix="tpu_embed_shuffle-") if any(day.fmt.compression != "none" for day in days) else None
     handles: Dict[Tuple[int, int], Any] = {}
     offsets: Dict[Tuple[int, int], List[Tuple[int, int]]] = {}  # (day, file) -> [(payload offset, length)] per record
