@@ -81,10 +81,11 @@ def add_commands(subparsers, spec_loader: Optional[SpecLoader] = None) -> None:
                         "jax's auto_stack_tables over the features in name order, as the jax shards stack them: "
                         "with --artifact every stack, from its manifest's maxima where the profile did not count "
                         "it; without, refused where a stack was not profiled).")
-    p.add_argument("--artifact", default=None, metavar="DIR",
+    p.add_argument("--artifact", default=None, nargs="+", metavar="DIR",
                    help="with --format jax-fdo: the artifact whose jax shards (shards: {layout: jax} or both) the "
                         "figures are for: its recorded stacking and per-stack maxima, and its profile directory "
-                        "unless --profiles is given.")
+                        "unless --profiles is given. Several: a window of days of one lineage, oldest first, as "
+                        "tpu_embed.jax.input_iterator reads it (each stack's maxima over the days).")
     p.add_argument("--quantile", default="max", metavar="Q",
                    help="quantile over steps for the chip id buffer: 'max' (default; zero drops on the profiled "
                         "data), or e.g. 'p99.9' (smaller buffer, allow_id_dropping, stated drop budget).")

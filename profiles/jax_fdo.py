@@ -48,7 +48,7 @@ import io
 import json
 import time
 import zipfile
-from typing import Dict, List, Mapping, Optional, Tuple, Union
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
@@ -95,7 +95,8 @@ class JaxFdoStats:
     stacking: str
     steps: int
     stacks: Dict[str, JaxStack]
-    artifact: Optional[dict] = None  # {directory, spec_fingerprint} of `artifact_jax_fdo_stats`'s artifact
+    artifact: Optional[dict] = None  # {directory, spec_fingerprint[, window]} of `artifact_jax_fdo_stats`'s artifact
+    #                                  (the newest day of a window, and the window's days)
 
     @property
     def num_hosts(self) -> int:
@@ -236,27 +237,41 @@ def _jax_auto_stacks(profile: Profile) -> Dict[str, JaxStack]:
     return out
 
 
-def artifact_jax_fdo_stats(artifact_dir: str, profile: Optional[Profile] = None) -> JaxFdoStats:
+def artifact_jax_fdo_stats(artifact_dir: Union[str, Sequence[str]], profile: Optional[Profile] = None
+                           ) -> JaxFdoStats:
     """jax's FDO statistics for the stacking the jax shards of `artifact_dir` were written with (the stacks its
     manifest records, `shards.format.jax`), every stack exact: the profile's per-partition arrays where `profile`
     (of the artifact's model) counted the stack over the artifact's own steps, i.e. with the maxima the manifest
     records; else the manifest's maxima in every partition.  Raises `ProfileError` for an artifact without the
-    jax layout, a profile of another model, and a stack no step looked up (its exact limits are 0)."""
-    from tpu_embed.artifact.load import load_artifact  # reads the manifest and the spec, not the shards
+    jax layout, a profile of another model, and a stack no step looked up (its exact limits are 0).
 
-    art = load_artifact(artifact_dir, verify="none")
-    fj = art.manifest.shard_format.jax
+    `artifact_dir` may be a window of days of one lineage, oldest first (as `tpu_embed.jax.input_iterator`
+    reads one, checked as it checks it): each stack's maxima are then the largest of the days'
+    (`tpu_embed.jax.input.window_jax_format`), and the profile counts the window's steps where it covers
+    exactly those days (a lineage day's profile merged with its bases')."""
+    from tpu_embed.artifact.lineage import window  # reads manifests and the spec, not the shards
+    from tpu_embed.artifact.load import load_artifact
+    from tpu_embed.artifact.manifest import ManifestError
+    from tpu_embed.jax.input import window_jax_format
+
+    try:
+        dirs, manifests = window(artifact_dir)
+        fj = window_jax_format(dirs, manifests) if len(dirs) > 1 else manifests[0].shard_format.jax
+    except ManifestError as e:
+        raise ProfileError(str(e)) from None
+    where = dirs[-1] if len(dirs) == 1 else f"the window {dirs[0]} .. {dirs[-1]}"
+    art = load_artifact(dirs[-1], verify="none")
     if fj is None:
         raise ProfileError(
-            f"{artifact_dir}: its shards hold no jax-tpu-embedding arrays, so no stacking of jax's was recorded: "
+            f"{where}: its shards hold no jax-tpu-embedding arrays, so no stacking of jax's was recorded: "
             "plan from its profile alone (--profiles, without --artifact), or add `shards: {layout: jax}` to the "
             "spec and run `tpu-embed run` again")
     model, topo = art.model, art.model.topology
     if profile is not None and profile.model.key != model.key:
         raise ProfileError(
-            f"the profile is of another configuration ({profile.model.key}) than {artifact_dir} ({model.key}): "
+            f"the profile is of another configuration ({profile.model.key}) than {where} ({model.key}): "
             "give --profiles the artifact's own profile directory, or none")
-    steps = int(art.manifest.shards.steps) if art.manifest.shards is not None else 0
+    steps = sum(int(m.shards.steps) if m.shards is not None else 0 for m in manifests)
     own = profile if profile is not None and profile.steps == steps else None  # covers the artifact's steps alone
     S, nsc = topo.num_sparse_cores, topo.num_sc_per_chip
     stacks: Dict[str, JaxStack] = {}
@@ -279,13 +294,13 @@ def artifact_jax_fdo_stats(artifact_dir: str, profile: Optional[Profile] = None)
             continue
         if None in recorded:
             raise ProfileError(
-                f"{artifact_dir}: its manifest records no maxima of jax stack {name!r} (its shards cover no step)"
+                f"{where}: its manifest records no maxima of jax stack {name!r} (its shards cover no step)"
                 f"{'' if counted is None else ' and the profile counts other steps'}: run `tpu-embed run` over "
                 "data for it again")
         max_ids, max_unique, coo = (int(x) for x in recorded)
         if max_ids == 0:
             raise ProfileError(
-                f"stacked table {name!r} received no ids in the {steps} steps of {artifact_dir}: its exact limits "
+                f"stacked table {name!r} received no ids in the {steps} steps of {where}: its exact limits "
                 "are 0, on which jax-tpu-embedding's preprocessing aborts (a COO buffer of 0); shard data that "
                 "looks it up")
         stacks[name] = JaxStack(
@@ -293,8 +308,10 @@ def artifact_jax_fdo_stats(artifact_dir: str, profile: Optional[Profile] = None)
             max_ids=np.full((topo.num_chips, S), max_ids, np.int64),
             max_unique_ids=np.full((topo.num_chips, S), max_unique, np.int64),
             required_buffer_size=np.full((topo.num_chips, nsc), coo // nsc, np.int64), source="manifest")
-    return JaxFdoStats(model, "jax", steps, stacks,
-                       artifact={"directory": artifact_dir, "spec_fingerprint": art.manifest.spec_fingerprint})
+    recorded_by: Dict[str, Any] = {"directory": dirs[-1], "spec_fingerprint": art.manifest.spec_fingerprint}
+    if len(dirs) > 1:
+        recorded_by["window"] = list(dirs)
+    return JaxFdoStats(model, "jax", steps, stacks, artifact=recorded_by)
 
 
 def _maxima(stats: PartitionStats, nsc: int) -> Tuple[Optional[int], ...]:
@@ -327,18 +344,20 @@ def npz_bytes(arrays: Mapping[str, np.ndarray]) -> bytes:
 
 
 def fdo_stats(source: Union[Profile, str, None], stacking: str = "tpu_embed", *, model: Optional[str] = None,
-              artifact: Optional[str] = None) -> JaxFdoStats:
+              artifact: Union[str, Sequence[str], None] = None) -> JaxFdoStats:
     """The statistics `write_jax_fdo` writes.
 
     `source`: a `Profile`, a profile directory (`model`: its key or prefix when it holds several), or None.
-    Without `artifact`: `jax_fdo_stats(profile, stacking)`.  With `artifact` (an artifact directory): for the
-    'jax' stacking, `artifact_jax_fdo_stats` of it, with the profile (`source`, else the artifact's own profile
-    directory where it has one) for the per-partition arrays of the stacks it counted; for another stacking,
-    the profile (`source`, else the artifact's), which must be of the artifact's model."""
+    Without `artifact`: `jax_fdo_stats(profile, stacking)`.  With `artifact` (an artifact directory, or a window
+    of days, oldest first): for the 'jax' stacking, `artifact_jax_fdo_stats` of it, with the profile (`source`,
+    else the (newest) artifact's own profile directory where it has one) for the per-partition arrays of the
+    stacks it counted; for another stacking, the profile (`source`, else the artifact's), which must be of the
+    artifact's model."""
+    newest = None if artifact is None else artifact if isinstance(artifact, str) else list(artifact)[-1]
     if isinstance(source, Profile):
         profile: Optional[Profile] = source
     else:
-        directory = source if source is not None else (artifact_profile_directory(artifact) if artifact else None)
+        directory = source if source is not None else (artifact_profile_directory(newest) if newest else None)
         profile = None
         if directory is not None:
             from profiles.store import ProfileStore  # the store's reader only where a directory is given
@@ -347,14 +366,14 @@ def fdo_stats(source: Union[Profile, str, None], stacking: str = "tpu_embed", *,
         return artifact_jax_fdo_stats(artifact, profile)
     if profile is None:
         raise ProfileError(
-            f"{artifact}: no profile to plan the {stacking!r} stacking from (its spec has no profile_data_directory, "
+            f"{newest}: no profile to plan the {stacking!r} stacking from (its spec has no profile_data_directory, "
             "or the directory is gone): give --profiles DIR, or use the 'jax' stacking, which its manifest covers"
-            if artifact is not None else "no profile given: give --profiles DIR (or --artifact DIR)")
-    if artifact is not None:
+            if newest is not None else "no profile given: give --profiles DIR (or --artifact DIR)")
+    if newest is not None:
         from tpu_embed.artifact.load import load_artifact
-        key = load_artifact(artifact, verify="none").model.key
+        key = load_artifact(newest, verify="none").model.key
         if profile.model.key != key:
-            raise ProfileError(f"the profile is of another configuration ({profile.model.key}) than {artifact} "
+            raise ProfileError(f"the profile is of another configuration ({profile.model.key}) than {newest} "
                                f"({key}): give --profiles the artifact's own profile directory")
     return jax_fdo_stats(profile, stacking)
 
@@ -371,8 +390,8 @@ def artifact_profile_directory(artifact_dir: str) -> Optional[str]:
 
 
 def write_jax_fdo(source: Union[Profile, str, None, JaxFdoStats], output_dir: str, *, stacking: str = "tpu_embed",
-                  model: Optional[str] = None, timestamp_ns: Optional[int] = None, artifact: Optional[str] = None
-                  ) -> Tuple[JaxFdoStats, List[str]]:
+                  model: Optional[str] = None, timestamp_ns: Optional[int] = None,
+                  artifact: Union[str, Sequence[str], None] = None) -> Tuple[JaxFdoStats, List[str]]:
     """Write `fdo_stats_<host>_<timestamp>.npz` per host of the profile's topology, then `tpu_embed_jax_fdo.json`,
     into `output_dir`; returns the statistics and the paths written.
 

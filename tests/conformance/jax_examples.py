@@ -41,14 +41,7 @@ def example_artifact(tmp_path, name: str, layout: str = "both", shards: str = ""
                      edit: Optional[Callable[[str], str]] = None):
     """The example spec `name` with `shards: {layout: <layout>, <shards>}` (and its text changed by `edit`), run
     (`tpu-embed run`): (spec, artifact dir, sizes, the steps' ExampleBlocks mapped as the shard job maps them)."""
-    import collections
-
-    from pipelines import jobs, runner
     from pipelines.cli import main as cli_main
-    from pipelines.jobs import map_to_ids
-    from pipelines.mapping import ids as mapping
-    from pipelines.read import parse, records, splits
-    from pipelines.sharding.batches import ExampleBlock
     from tpu_embed.artifact.spec import load_spec
 
     text = (ROOT / "examples" / name / "spec.yaml").read_text().replace("../../data/", f"{ROOT}/data/")
@@ -60,6 +53,20 @@ def example_artifact(tmp_path, name: str, layout: str = "both", shards: str = ""
     out = str(tmp_path / tag)
     cli_main(["run", "--spec", str(path), "--output", out])
     spec = load_spec(str(path))
+    return (spec, out, *mapped_steps(spec, out))
+
+
+def mapped_steps(spec, out: str):
+    """(vocabulary sizes, the steps' ExampleBlocks) of the artifact `out` made from `spec`: its input read and
+    mapped with the artifact's vocabularies as the shard job maps it (a lineage day's too), batched into steps."""
+    import collections
+
+    from pipelines import jobs, runner
+    from pipelines.jobs import map_to_ids
+    from pipelines.mapping import ids as mapping
+    from pipelines.read import parse, records, splits
+    from pipelines.sharding.batches import ExampleBlock
+
     cfg = jobs.JobConfig(spec=spec, output=out)
     sizes = runner.vocab_sizes_for(cfg)
     vocabs = map_to_ids.load_vocabularies(spec, out)
@@ -75,7 +82,7 @@ def example_artifact(tmp_path, name: str, layout: str = "both", shards: str = ""
     if spec.policies.tail == "pad" and block.num_examples % B:
         rest = block.slice(len(steps) * B, block.num_examples)
         steps.append(ExampleBlock.concat([rest, ExampleBlock.padding(B - rest.num_examples, len(spec.dense), rest)]))
-    return spec, out, sizes, steps
+    return sizes, steps
 
 
 def oracle_request(spec, sizes, steps, lead: bool) -> dict:

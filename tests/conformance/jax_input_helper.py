@@ -9,9 +9,9 @@ as the artifact's host has (XLA_FLAGS). Requests, by "op":
 * "iterate": `input_iterator(artifact, output=..., feature_specs=<feature_specs(artifact, fdo_dir)> or None,
   host_index=..., has_leading_dimension=...)`, and beside it jax-tpu-embedding's own
   `preprocess_sparse_dense_matmul_input` of the request's host features (`specs_from`: the FeatureSpecs of
-  another artifact; `unstacked`: one FeatureSpec not stacked) ("steps": per step {feature:
-  (row_splits, ids, weights)}) with the same FeatureSpecs: per step both as numpy, the class of `sparse`, and
-  for jax.Arrays their sharding (devices and index of each shard).
+  another artifact; `limits`: other limits set on them; `unstacked`: one FeatureSpec not stacked) ("steps": per
+  step {feature: (row_splits, ids, weights)}) with the same FeatureSpecs: per step both as numpy, the class of
+  `sparse`, and for jax.Arrays their sharding (devices and index of each shard).
 * "optimizer": `jax_optimizer` of an `OptimizerConfig.from_dict(request["optimizer"])`: its class and
   numeric fields, or {"error": message}.
 * "train_dry_run": examples/train_jax.py's `main([...])` with --dry-run; its summary.
@@ -112,6 +112,9 @@ def handle(req):
         specs = None
         if req.get("with_specs"):  # `specs_from`: another artifact's FeatureSpecs (a mismatch to refuse)
             specs = feature_specs(req.get("specs_from", req["artifact"]), fdo_dir=req.get("fdo_dir"))
+            if req.get("limits"):  # other limits on them: {stack: StackLimits fields}
+                from tpu_embed.jax.limits import apply_limits
+                apply_limits(specs, req["limits"])
         if req.get("unstacked"):
             from jax_tpu_embedding.sparsecore.lib.nn import embedding_spec as es
             t = es.TableSpec(vocabulary_size=8, embedding_dim=8, initializer=jax.nn.initializers.zeros,

@@ -378,3 +378,69 @@ def test_artifact_fdo_files_cover_the_stacking_its_shards_were_written_with(name
                      "--output", str(tmp_path / "none")])
     err = capsys.readouterr().err
     assert code == 1 and "no profile" in err and "'jax' stacking" in err and err.count("\n") == 1, err
+
+
+def test_window_fdo_files_cover_every_day_of_the_window(tmp_path_factory, jax_fdo, jax_limits):
+    """`plan --artifact DAY1 DAY2 --format jax-fdo`: the limits of a window of days as
+    `tpu_embed.jax.input_iterator([day1, day2])` reads it (each stack's maxima over the days), on a two-day
+    lineage whose jax stacks are not TF's (genres sums, the other tables mean: one TF stack, two jax stacks).
+    jax's client loads them, its update sets them, and its preprocessing of every step of both days drops
+    nothing and reaches them."""
+    from pipelines import cli, runner
+    from pipelines.jobs import JobConfig
+    from pipelines.sharding import step_records
+    from tests.conformance.jax_examples import mapped_steps
+    from tests.helpers import lineage_days
+    from tpu_embed.artifact.manifest import read_manifest
+    from tpu_embed.jax import layout as J
+    from tpu_embed.sparsecore import layout_of
+
+    d = str(tmp_path_factory.mktemp("fdo-window"))
+    lineage_days.split(d, parts=2)
+    outs, specs = [], []
+    for k in (1, 2):
+        spec = lineage_days.spec([f"day{k}.csv"], d, tables=[{"name": "genres", "dim": 8, "combiner": "sum"}],
+                                 shards={"layout": "jax"})
+        outs.append(f"{d}/day{k}")
+        specs.append(spec)
+        runner.run_all(JobConfig(spec=spec, output=outs[-1], base=outs[-2] if k > 1 else None))
+    ms = [read_manifest(o) for o in outs]
+    model = ProfileStore(os.path.join(outs[-1], "profiles")).read().model
+    assert list(layout_of(model).stacks) == ["genres_occupation_title_user_id_zip"]
+    assert ms[-1].profile.days == [1, 2]  # day 2's profile merged day 1's: it covers the window's steps
+
+    fdo = tmp_path_factory.mktemp("fdo-window-files")
+    assert cli.main(["plan", "--artifact", *outs, "--format", "jax-fdo", "--output", str(fdo)]) == 0
+    stats = artifact_jax_fdo_stats(outs, ProfileStore(os.path.join(outs[-1], "profiles")).read())
+    written = json.loads((fdo / "tpu_embed_jax_fdo.json").read_text())
+    assert written["artifact"]["window"] == outs and written["steps"] == sum(m.shards.steps for m in ms)
+    assert written["stacks"] == json.loads(json.dumps(stats.to_json([])["stacks"]))
+    per_day = [_recorded_limits(o) for o in outs]
+    window = {n: {k: max(p[n][k] for p in per_day) for k in per_day[0][n]} for n in per_day[0]}
+    assert stats.limits() == window
+    assert {n: s.source for n, s in stats.stacks.items()} == {"genres": "profile",
+                                                              "occupation_title_user_id_zip": "manifest"}
+    # One day's limits alone do not hold the other's steps (else the window would show nothing).
+    assert any(window[n] != per_day[k][n] for n in window for k in (0, 1)), per_day
+
+    jl = J.jax_layout(model)
+    local = [[{n: (hf.row_splits, hf.ids, hf.weights)
+               for n, hf in step_records.jax_host_features(b, spec, jl, h).items()}
+              for h in range(model.topology.num_hosts)]
+             for spec, out in zip(specs, outs) for b in mapped_steps(spec, out)[1]]
+    got = jax_fdo(dict(_description(stats, fdo), local_batches=local))
+    assert "error" not in got, got["error"]
+    assert got["limits"] == window
+    assert got["steps"] == stats.steps and got["dropped"] == {n: 0 for n in stats.stacks}
+    hosts = [stats.host_arrays(h) for h in range(model.topology.num_hosts)]
+    for field, suffix in (("max_ids", "_max_ids"), ("max_unique_ids", "_max_unique_ids"),
+                          ("required_buffer_size", "_required_buffer_size")):
+        for name, s in stats.stacks.items():
+            reached = max(int(np.max(o[field][name])) for o in got["observed"])
+            assert reached == int(np.max([h[name + suffix] for h in hosts])), (field, name)
+            if s.source == "profile":  # the merged profile's partitions are jax's over both days
+                for h, observed in enumerate(got["observed"]):
+                    np.testing.assert_array_equal(observed[field][name], hosts[h][name + suffix])
+    helper = jax_limits(_description(stats, fdo))
+    assert "error" not in helper, helper["error"]
+    assert helper["limits"] == window

@@ -235,3 +235,24 @@ def test_feature_specs_stacked_otherwise_are_refused(helper, artifacts):
     assert "stacked otherwise than the artifact's jax records" in got["error"] and "\n" not in got["error"]
     got = helper(dict(base, with_specs=False, unstacked=True))
     assert "are not stacked" in got["error"] and "\n" not in got["error"]
+
+
+def test_feature_specs_with_limits_below_the_records_are_refused(helper, artifacts):
+    """FeatureSpecs whose limits are below what the records reach (the maxima the manifest records; a window's:
+    the largest of its days') are refused in one line before any step is read: jax's preprocessing with them
+    would drop ids the records hold."""
+    from tpu_embed.artifact.manifest import read_manifest
+
+    _, out, _, fdo = artifacts("movielens_stacks")
+    stacks = read_manifest(out).shard_format.jax["stacks"]
+    exact = {s["name"]: {"max_ids_per_partition": s["max_ids_per_partition"],
+                         "max_unique_ids_per_partition": s["max_unique_ids_per_partition"],
+                         "suggested_coo_buffer_size_per_device": s["coo_buffer_size_per_device"]} for s in stacks}
+    base = {"op": "iterate", "artifact": out, "fdo_dir": fdo, "output": "numpy", "with_specs": True}
+    assert "error" not in helper(dict(base, limits=exact))  # the records' own maxima hold every step
+    low = stacks[0]["name"]
+    for field in ("max_ids_per_partition", "max_unique_ids_per_partition"):
+        lowered = {**exact, low: dict(exact[low], **{field: exact[low][field] - 1})}
+        got = helper(dict(base, limits=lowered))
+        assert f"jax stack {low!r}" in got.get("error", "") and "are below what the steps of" in got["error"], got
+        assert "tpu-embed plan --artifact" in got["error"] and "\n" not in got["error"]

@@ -314,9 +314,12 @@ def step_order(steps: int, seed: int, epoch: int) -> np.ndarray:
 
 # ---------------------------------------------------------------- the iterator
 
-def _jax_sizes(feature_specs: Any, fj: Mapping[str, Any]) -> Dict[str, int]:
+def _jax_sizes(feature_specs: Any, fj: Mapping[str, Any], where: str) -> Dict[str, int]:
     """jax-tpu-embedding's own COO buffer sizes for stacked `feature_specs`, after checking that their stacks are
-    the artifact's."""
+    the artifact's and that their limits hold every step the records (`where`: the artifact or window) hold: the
+    maxima the shard job recorded (over a window, the largest of its days') are at most the specs'
+    `max_ids_per_partition` / `max_unique_ids_per_partition`; jax's preprocessing with lower limits would drop
+    ids, or stop, where the records keep them all."""
     import jax
     from jax_tpu_embedding.sparsecore.lib.nn import embedding
 
@@ -335,6 +338,19 @@ def _jax_sizes(feature_specs: Any, fj: Mapping[str, Any]) -> Dict[str, int]:
         raise ValueError(f"the feature specs are stacked otherwise than the artifact's jax records (stacked tables "
                          f"{sorted(theirs)[:4]} vs {sorted(ours)[:4]}; first difference {diff[:1]}): stack them with "
                          "jax's auto_stack_tables over the spec's features in the spec's order")
+    limits = {}
+    for f in leaves:
+        st = f.table_spec.stacked_table_spec
+        limits[st.stack_name] = (int(st.max_ids_per_partition), int(st.max_unique_ids_per_partition))
+    for s in fj["stacks"]:
+        reached = (s.get("max_ids_per_partition"), s.get("max_unique_ids_per_partition"))
+        if None not in reached and (reached[0] > limits[s["name"]][0] or reached[1] > limits[s["name"]][1]):
+            raise ValueError(
+                f"jax stack {s['name']!r}: the feature specs' max_ids_per_partition / max_unique_ids_per_partition "
+                f"({limits[s['name']][0]} / {limits[s['name']][1]}) are below what the steps of {where} reach "
+                f"({reached[0]} / {reached[1]}): jax would drop ids there. Set the limits of these records: "
+                "feature_specs(..., fdo_dir=) of `tpu-embed plan --artifact DIR [DIR ...] --format jax-fdo` with "
+                "every day read")
     return {k: int(v) for k, v in embedding.compute_coo_buffer_size_per_device(
         feature_specs, global_device_count=int(fj["num_devices"]), num_sc_per_device=int(fj["num_sc_per_device"])
     ).items()}
@@ -513,8 +529,10 @@ def input_iterator(artifact_dir: ArtifactDirs, *, host_index: Optional[int] = No
       PartitionSpec("device"))`. Its devices of this process must be the artifact's local devices.
     * COO buffer size per device of each stack (a static shape for `jax.jit`): `coo_buffer_sizes` {stack:
       size}, else jax's `compute_coo_buffer_size_per_device(feature_specs)` when stacked jax-tpu-embedding
-      `feature_specs` are given (their stacks are checked against the records'; set their limits with
-      `tpu_embed.jax.limits.apply_limits` from `tpu-embed plan --artifact ... --format jax-fdo`), else the
+      `feature_specs` are given (their stacks are checked against the records', and their limits against
+      the maxima the records reach, of every day of a window; set them with `feature_specs(artifact,
+      fdo_dir=...)` or `tpu_embed.jax.limits.apply_limits` from `tpu-embed plan --artifact DIR [DIR ...]
+      --format jax-fdo`, every day of the window given), else the
       size recorded in the manifest, else each step's least size (which changes from step to step). A size
       too small for a step is a ValueError naming the step: jax would drop ids there.
     * `has_leading_dimension`: arrays [local devices, ...] (for `jax.pmap`) instead of flat (for `jax.jit`), as
@@ -577,7 +595,7 @@ def input_iterator(artifact_dir: ArtifactDirs, *, host_index: Optional[int] = No
                              f"({sorted(sizes)[:5]})")
         sizes.update({k: int(v) for k, v in coo_buffer_sizes.items()})
     elif feature_specs is not None:
-        sizes.update(_jax_sizes(feature_specs, fj))
+        sizes.update(_jax_sizes(feature_specs, fj, newest_dir if len(dirs) == 1 else f"the window {dirs}"))
 
     put = None
     if jax_mod is not None:
