@@ -180,6 +180,16 @@ DESCRIPTIONS: Dict[str, str] = {
                      "`preprocess_sparse_dense_matmul_input` returns for a host's devices, with its own table "
                      "stacking; read with `tpu_embed.jax.records.decode_step`) or `both`. `jax` and `both` need "
                      "2 or 4 SparseCores per chip. [JAX layout](../explanation/jax.md).",
+    "partition": "How the vocabulary job numbers the frequency vocabularies' tokens for SparseCore. Fingerprinted "
+                 "only when `ids: balanced` (a spec without it keeps its fingerprint). "
+                 "[Balance the SparseCores](../how-to/balance-sparsecores.md).",
+    "partition.ids": "`frequency` (the default: the hottest token id 0, as `tft.vocabulary` writes it) or "
+                     "`balanced`: ids chosen so that every destination SparseCore of a stack receives about the same "
+                     "number of lookups, for the stacking, rotations and SparseCores of the layout being written "
+                     "(`shards.layout: jax`: jax-tpu-embedding's; `tensorflow` and `both`: TensorFlow's) on the "
+                     "spec's `topology` (`tpu_embed.sparsecore.balance`). The vocabulary files list the tokens in id "
+                     "order, so everything that reads them follows; the manifest's `vocabularies.<key>.ids` records "
+                     "the assignment. Needs the combine vocabulary engine (the default).",
     "training": "Training-side settings. Not fingerprinted: the artifacts do not depend on them.",
     "training.pipeline_execution_with_tensor_core": "`TPUEmbeddingV2(pipeline_execution_with_tensor_core=...)`: "
                                                     "SparseCore runs ahead of the TensorCore, embedding updates "
@@ -264,6 +274,8 @@ BAD: Dict[str, Dict[str, Any]] = {
     "shards": {"shards": "gzip"},
     "shards.compression": {"shards": {"compression": "lz4"}},
     "shards.layout": {"shards": {"layout": "pytorch"}},
+    "partition": {"partition": "balanced"},
+    "partition.ids": {"partition": {"ids": "by_frequency"}},
     "training.pipeline_execution_with_tensor_core": {"training": {"pipeline_execution_with_tensor_core": 1}},
 }
 

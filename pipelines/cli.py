@@ -420,6 +420,7 @@ def summary(m, output: str, unseen_days: int = 1) -> str:
         if policy:  # values changed or left out by a policy (records kept): never only in the manifest
             lines.append("values dropped/changed by policies: " + ", ".join(f"{k} {n}" for k, n in policy.items()))
     lines.extend(limits_table(m))
+    lines.extend(balance_table(m, output))
     if m.profile is not None:
         lines.append(f"profile: {m.profile.files_written} files in {m.profile.directory}")
     kinds: dict = {}
@@ -452,6 +453,22 @@ def limits_table(m) -> list:
     lines += ["  " + "  ".join(c.ljust(w) if i < 2 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths)))
               for r in rows]
     return lines
+
+
+def balance_table(m, output: str) -> list:
+    """The balance per stacked table that the artifact's plan.json records (`profiles.balance`): frequency order
+    and balanced ids side by side, with the floor; nothing without a plan that has it."""
+    plan_files = [f.path for f in m.files if f.kind == "plan"]
+    if not plan_files:
+        return []
+    from profiles import load_plan  # a command's imports (see the imports)
+    from profiles.balance import balance_lines
+    from tpu_embed.artifact import io as tio
+    try:
+        plan = load_plan(tio.join(output, plan_files[0]))
+    except (OSError, ValueError):
+        return []  # `inspect` says what is missing or damaged
+    return balance_lines(plan.balance, {k: list(v.tables) for k, v in (m.stacks or {}).items()})
 
 
 def cmd_inspect(args, beam_args):

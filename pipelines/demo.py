@@ -1,8 +1,10 @@
 """`tpu-embed demo`: raw data to a trained model in one command (a few minutes on 2 cores).
 
     1. data      a synthetic Criteo-like data set (pipelines/demo_data.py), TFRecord of tf.train.Example
-    2. jobs      vocabularies, then shards + profile in one pass, then the plan of that profile (local Beam)
-    3. plan      per stacked table: limits against TF's defaults, memory, drops, load balance
+    2. jobs      vocabularies (balanced ids: `partition: {ids: balanced}`), then shards + profile in one pass, then
+                 the plan of that profile (local Beam)
+    3. plan      per stacked table: limits against TF's defaults, memory, drops, load balance; and the balance of
+                 frequency order against the balanced ids, the same steps counted both ways
     4. train     a DLRM (tpu_embed.training.dlrm) with HostEmbedding from the shards; held-out AUC
     5. serving   the model exported as one SavedModel (tpu_embed.serving.export_saved_model), which scores the
                  held-out rows' raw tf.train.Examples: its AUC against the shards' (skipped with serving=False)
@@ -45,6 +47,7 @@ from pipelines.jobs import JobConfig
 from pipelines.lineage_report import lineage_lines
 from pipelines.sharding.planned_limits import PLAN_FILE
 from profiles import load_plan
+from profiles.balance import balance_lines
 from profiles.display import short_stack_name
 from profiles.report import write_report
 from tpu_embed.artifact import tfrecord
@@ -184,7 +187,7 @@ def plan_lines(plan, stack_tables: Dict[str, List[str]]) -> List[str]:
     if over:
         out.append(f"  with TF's defaults {len(over)} stacked table(s) would fail a step: the limits were measured, "
                    "not guessed")
-    out.append("  balance = busiest destination SparseCore / mean (1.00 is perfect)")
+    out.append("  balance = busiest destination SparseCore / mean over the whole run (1.00 is perfect)")
     return out
 
 
@@ -489,7 +492,10 @@ def _run_jobs(spec, artifact: str, examples: int, beam_args, say, times: dict, k
 
 def _say_plan(artifact: str, m, say) -> None:
     plan = load_plan(os.path.join(artifact, PLAN_FILE))
-    for line in plan_lines(plan, {k: list(v.tables) for k, v in (m.stacks or {}).items()}):
+    stacks = {k: list(v.tables) for k, v in (m.stacks or {}).items()}
+    for line in plan_lines(plan, stacks):
+        say(line)
+    for line in balance_lines(plan.balance, stacks):  # frequency order -> balanced ids, with the floor
         say(line)
 
 

@@ -237,6 +237,9 @@ topology: {{num_chips: 4, num_sc_per_chip: 4, num_hosts: 1}}
 global_batch_size: {global_batch_size}
 profile_data_directory: profiles
 policies: {{tail: drop}}
+# Ids chosen so that every destination SparseCore receives about the same number of lookups (frequency order puts
+# every table's hottest tokens on consecutive SparseCores); docs/how-to/balance-sparsecores.md.
+partition: {{ids: balanced}}
 # No `limits`: `run` plans them from the profile of the same pass (exact maxima) and records them.
 """
 

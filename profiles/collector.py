@@ -19,7 +19,15 @@ from typing import Any, Dict, Iterable, Mapping, Optional, Sequence, Tuple
 import numpy as np
 
 from profiles.config import CandidateUnavailable, GlobalConfig, rescaled
-from profiles.counting import candidate_table_counts, core_table_counts, dedup_table, one_chip_model, stack_counts
+from profiles.counting import (
+    candidate_table_counts,
+    core_table_counts,
+    dedup_table,
+    hottest_per_table,
+    one_chip_model,
+    relabelled_stack_counts,
+    stack_counts,
+)
 from profiles.idcounts import IdCounts
 from profiles.profile import CandidateStatus, Profile, ProfileAccumulator
 from profiles.stats import DEFAULT_SERIES_STEPS, FeatureStats, PartitionStats, ShardLoad, TableStats, deep_copy
@@ -36,7 +44,8 @@ DEFAULT_CANDIDATE_CHIP_COUNTS: Tuple[int, ...] = ()
 class ProfileCollector:
     def __init__(self, feature_config: Any, topology: Optional[Topology] = None, *,
                  candidate_chip_counts: Sequence[int] = DEFAULT_CANDIDATE_CHIP_COUNTS,
-                 series_steps: int = DEFAULT_SERIES_STEPS, oov_ids_in_batch: bool = True):
+                 series_steps: int = DEFAULT_SERIES_STEPS, oov_ids_in_batch: bool = True,
+                 frequency_ids: Optional[Mapping[str, np.ndarray]] = None):
         """`feature_config`: a `tpu_embed.core.model.ModelConfig`, or TF feature configs + `topology` as for
         `tpu_embed.sparsecore.stack_tables` (output_shape = the per-chip batch shape).
         `candidate_chip_counts`: other chip counts (same SCs per chip, same global batch) to compute
@@ -44,9 +53,16 @@ class ProfileCollector:
         that cannot run the batch are recorded as skipped, with the reason.  `series_steps`: how many
         per-step maxima to keep for plots (quantiles always use every step).
         `oov_ids_in_batch`: True if the out-of-vocabulary lookups counted in `oov_counts` are in the batch
-        (mapped to OOV buckets), False if they were dropped upstream; it sets the OOV rate's denominator."""
+        (mapped to OOV buckets), False if they were dropped upstream; it sets the OOV rate's denominator.
+        `frequency_ids`: {table: ids[i], the frequency-order id of the table's id i} for tables whose ids are
+        balanced (`partition: {ids: balanced}`; ids past the array keep theirs: the OOV buckets); the main
+        topology's stacks are then also counted with those ids (`PartitionStats.frequency_order`)."""
         model = from_tf_feature_config(feature_config, topology)
         self.model = model
+        self.frequency_ids = {str(t): np.asarray(ids, np.int64) for t, ids in (frequency_ids or {}).items()}
+        unknown = sorted(set(self.frequency_ids) - {t.name for t in model.tables})
+        if unknown:
+            raise ValueError(f"frequency_ids for tables {unknown} that the model does not have")
         self._one_chip = one_chip_model(model)  # the main topology's counts in one core call per table
         self.series_steps = int(series_steps)
         self.oov_ids_in_batch = bool(oov_ids_in_batch)
@@ -87,8 +103,12 @@ class ProfileCollector:
                 partitions=PartitionStats.empty(g.num_chips, g.num_sc_per_chip, heat_map=True, per_partition=True),
                 candidates={c: PartitionStats.empty(c, g.num_sc_per_chip) for c in self._candidate_models})
         stacks = {name: PartitionStats.empty(g.num_chips, g.num_sc_per_chip, heat_map=True,
-                                             series_steps=self.series_steps, per_partition=True)
+                                             series_steps=self.series_steps, per_partition=True, step_balance=True)
                   for name in layout_of(m).stacks}
+        if self.frequency_ids:
+            for ps in stacks.values():
+                ps.frequency_order = PartitionStats.empty(g.num_chips, g.num_sc_per_chip, heat_map=True,
+                                                          step_balance=True)
         cand = {c: {name: PartitionStats.empty(c, g.num_sc_per_chip) for name in layout_of(cm).stacks}
                 for c, cm in self._candidate_models.items()}
         return ProfileAccumulator(m.key, 0, tables, stacks, cand)
@@ -131,12 +151,23 @@ class ProfileCollector:
                 all_ids.append(fid.ids)
             ts.id_counts.add(np.concatenate(all_ids) if all_ids else np.zeros(0, np.int64))
 
-        # Main topology: the core's own per-chip counts, tables alone, then stacks (all added at once).
+        # Main topology: the core's own per-chip counts, tables alone, then stacks (all added at once); per stack
+        # the step's hottest id (after dedup) for the balance floor.
+        layout = layout_of(m)
+        per_table = hottest_per_table(m, global_ids)
+        hottest = {name: max(per_table[t] for t in st.tables) for name, st in layout.stacks.items()}
         table_counts = core_table_counts(global_ids, m, self._one_chip)
-        stacked = stack_counts(layout_of(m), table_counts)
+        stacked = stack_counts(layout, table_counts)
         PartitionStats.add_step_many([acc.tables[n].partitions for n in table_counts] +
                                      [acc.stacks[n] for n in stacked],
-                                     list(table_counts.values()) + list(stacked.values()), step)
+                                     list(table_counts.values()) + list(stacked.values()), step,
+                                     [None] * len(table_counts) + [hottest[n] for n in stacked])
+        if self.frequency_ids and all(acc.stacks[n].frequency_order is not None for n in stacked):
+            # The same steps with frequency-order ids: a table's (sample, id) pairs are the same pairs relabelled,
+            # so only their destinations (and which ids are equal) change.
+            freq = relabelled_stack_counts(m, global_ids, self.frequency_ids)
+            PartitionStats.add_step_many([acc.stacks[n].frequency_order for n in freq],  # type: ignore[misc]
+                                         list(freq.values()), step, [hottest[n] for n in freq])
 
         # Candidate chip counts: one dedup per table, then a vectorised count per candidate.
         if self._candidate_models:
@@ -204,3 +235,4 @@ class ProfileCollector:
             for k, v in oov_counts.items():
                 if int(v) < 0:
                     raise ValueError(f"oov_counts[{k!r}] = {v} must be >= 0.")
+

@@ -98,6 +98,16 @@ def add_commands(subparsers, spec_loader: Optional[SpecLoader] = None) -> None:
                    help="model key (prefix) when the directory holds profiles of several models.")
     p.add_argument("--min-steps", type=int, default=100, metavar="N",
                    help="warn if the profile covers fewer than N steps (default 100).")
+    p.add_argument("--propose", action="store_true",
+                   help="compare placements on the profile's recorded steps under the cost model of "
+                        "docs/explanation/partitioning.md: TensorFlow's stacking, disable_table_stacking, "
+                        "jax-tpu-embedding's stack groups, small tables whose hottest token sets a stack's floor "
+                        "moved to the TensorCore; print the table, record it in the plan (proposal) and write the "
+                        "chosen configurations to PLAN_proposal.py beside the plan (SparseCoreEmbeddingConfig "
+                        "keyword arguments; jax stack groups and limits).")
+    p.add_argument("--tensor-core-max-bytes", type=int, default=None, metavar="B",
+                   help="with --propose: the largest table (rows x width x 4 B) it moves to the TensorCore "
+                        "(default 65536).")
     p.set_defaults(func=lambda args: _cmd_plan(args, spec_loader))
 
     r = subparsers.add_parser("report", help=REPORT_HELP, description=REPORT_DESCRIPTION,
@@ -117,12 +127,16 @@ def _cmd_plan(args, spec_loader) -> int:
     if not args.profiles or args.artifact:
         from profiles.errors import ProfileError
         raise ProfileError("--profiles DIR is required (--artifact is for --format jax-fdo only)")
+    from profiles.balance import balance_lines, with_balance
     from profiles.planner import plan
     spec = load_model_config(args.spec, spec_loader, args.profiles) if args.spec else None
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # printed below from the plan, once each
         p = plan(args.profiles, spec, quantile=args.quantile, headroom=args.headroom,
                  partition_quantile=args.partition_quantile, min_steps=args.min_steps, model=args.model)
+    p = with_balance(p, args.profiles, quantile=args.quantile, partition_quantile=args.partition_quantile,
+                     headroom=args.headroom)
+    snippet = _propose(p, args) if getattr(args, "propose", False) else None
     p.write(args.output)
     for w in p.warnings:
         print(f"warning: {w}", file=sys.stderr)
@@ -135,11 +149,49 @@ def _cmd_plan(args, spec_loader) -> int:
     m = p.memory
     print(f"memory per SparseCore (model): {m['planned_bytes_per_sc']} B planned vs "
           f"{m['tf_default_bytes_per_sc']} B with TF defaults")
+    for line in balance_lines(p.balance):
+        print(line)
     covered = [t["num_chips"] for t in p.topologies if t["status"] in ("main", "profiled")]
     if covered:
         print(f"chip counts the profile covers: {', '.join(map(str, covered))} (another needs a profile with "
               "--candidate-chip-counts)")
+    from profiles.planner.variants import what_if_lines
+    for line in what_if_lines(p.what_if):
+        print(line)
+    if snippet is not None:
+        from profiles.planner.proposal import proposal_lines
+        for line in proposal_lines(p.proposal or {}):
+            print(line)
+        print(f"wrote {snippet}: sparse_core_config() and stack_feature_specs(feature_specs) with the chosen "
+              "configurations")
     return 0
+
+
+def _propose(p, args) -> str:
+    """Attach the placement comparison to plan `p` and write the chosen configurations beside the plan file;
+    returns that file's path."""
+    import os
+
+    from profiles.errors import ProfileError
+    from profiles.jsonio import atomic_write_text
+    from profiles.planner.placements import TENSOR_CORE_MAX_TABLE_BYTES
+    from profiles.planner.proposal import proposal_snippet, propose_placements
+    from profiles.store import ProfileStore
+    from profiles.whatif_steps import read_what_if_steps, what_if_path
+    profile = ProfileStore(args.profiles).read(model=p.model_key)
+    if profile.model.key != p.model_key:
+        raise ProfileError(f"--propose compares placements of the profiled configuration only: {args.profiles} "
+                           f"holds no profile of the planned one ({p.model_key}); drop --spec")
+    steps = read_what_if_steps(args.profiles, profile.model)
+    if steps is None:
+        raise ProfileError(f"--propose needs the recorded steps {what_if_path(args.profiles, profile.model.key)}, "
+                           "which the profile job writes beside the profile: re-run `tpu-embed run` (or `tpu-embed "
+                           "profile`) with this version")
+    limit = TENSOR_CORE_MAX_TABLE_BYTES if args.tensor_core_max_bytes is None else args.tensor_core_max_bytes
+    p.proposal = propose_placements(profile, steps, tensor_core_max_bytes=limit).to_json()
+    path = os.path.splitext(args.output)[0] + "_proposal.py"
+    atomic_write_text(path, proposal_snippet(p.proposal, p.model_key))
+    return path
 
 
 def _cmd_plan_jax_fdo(args, spec_loader) -> int:

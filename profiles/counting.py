@@ -189,6 +189,106 @@ def candidate_table_counts(candidate: ModelConfig, table: str, dd: DedupedTable)
     return CellCounts(chips, nsc, S, cells.astype(np.int64), ids.astype(np.int64), uniq.astype(np.int64))
 
 
+def _deduped(fid: FeatureIds) -> Tuple[np.ndarray, np.ndarray]:
+    """(rows, ids) of a feature's step with equal (sample, id) pairs once; sorted by (row, id) where deduplicated."""
+    rows, ids = fid.rows.astype(np.int64, copy=False), fid.ids.astype(np.int64, copy=False)
+    if rows.size < 2 or not bool((rows[1:] == rows[:-1]).any()):  # one id per sample at most: nothing repeats
+        return rows, ids
+    key = _pack2(rows, ids)
+    if key is not None:
+        key = np.sort(key)
+        key = key[np.concatenate([[True], key[1:] != key[:-1]])]
+        shift = _bits(int(ids.max()))
+        return key >> shift, key & ((1 << shift) - 1)
+    order = np.lexsort((ids, rows))
+    r, d = rows[order], ids[order]
+    keep = np.ones(r.size, bool)
+    keep[1:] = (r[1:] != r[:-1]) | (d[1:] != d[:-1])
+    return r[keep], d[keep]
+
+
+def hottest_per_table(model: ModelConfig, global_ids: Mapping[str, FeatureIds]) -> Dict[str, int]:
+    """Per table, the lookups of its hottest id in one step after dedup (equal (sample, id) pairs of a feature
+    counted once, as the core merges them): the floor of a step's busiest destination. One sort of every table's
+    ids at once (each table's ids offset past the previous tables'); a feature is deduplicated only where a
+    sample holds several ids."""
+    names = [t.name for t in model.tables]
+    base = np.zeros(len(names) + 1, np.int64)
+    np.cumsum([t.vocabulary_size for t in model.tables], out=base[1:])
+    index = {n: i for i, n in enumerate(names)}
+    parts = []
+    for f in model.features:
+        fid = global_ids[f.name]
+        if not fid.ids.size:
+            continue
+        _, ids = _deduped(fid)
+        parts.append(ids + base[index[f.table.name]])
+    out = dict.fromkeys(names, 0)
+    if not parts:
+        return out
+    keys = np.concatenate(parts)
+    keys = np.sort(keys.astype(np.uint32) if base[-1] <= 1 << 32 else keys)  # uint32 sorts ~3x faster
+    starts = np.flatnonzero(np.concatenate([[True], keys[1:] != keys[:-1]]))
+    runs = np.diff(np.append(starts, keys.size))
+    table_of = np.searchsorted(base, keys[starts].astype(np.int64), side="right") - 1
+    best = np.zeros(len(names), np.int64)
+    np.maximum.at(best, table_of, runs)
+    return dict(zip(names, best.tolist()))
+
+
+def relabelled_stack_counts(model: ModelConfig, global_ids: Mapping[str, FeatureIds],
+                            new_ids: Mapping[str, np.ndarray]) -> Dict[str, CellCounts]:
+    """Each stack's counts on the main topology had every id `i < len(new_ids[table])` of a table been
+    `new_ids[table][i]` (the others kept): what `stack_counts` gives of the relabelled steps, for all stacks
+    at once (one sort of the step's distinct (table, SparseCore, id) triples, bincounts per cell)."""
+    layout = layout_of(model)
+    topo = model.topology
+    nsc, S, chips = topo.num_sc_per_chip, topo.num_sparse_cores, topo.num_chips
+    scs = chips * nsc
+    tables = [t.name for t in model.tables]
+    index = {n: i for i, n in enumerate(tables)}
+    stacks = list(layout.stacks)
+    stack_of = np.array([stacks.index(layout.tables[n].stack) for n in tables], np.int64)
+    rotation = np.array([layout.tables[n].rotation for n in tables], np.int64)
+    base = np.zeros(len(tables) + 1, np.int64)
+    np.cumsum([t.vocabulary_size for t in model.tables], out=base[1:])
+    t_parts, sc_parts, id_parts = [], [], []
+    for f in model.features:
+        fid = global_ids[f.name]
+        if not fid.ids.size:
+            continue
+        rows, ids = _deduped(fid)
+        perm = new_ids.get(f.table.name)
+        if perm is not None and perm.size:
+            ids = ids.copy()
+            inside = ids < perm.size
+            ids[inside] = perm[ids[inside]]
+        t_parts.append(np.full(ids.size, index[f.table.name], np.int64))
+        sc_parts.append(rows // (f.samples // nsc))  # samples split in contiguous blocks over the SparseCores
+        id_parts.append(ids)
+    cells_per_stack = scs * S
+    out = {}
+    if t_parts:
+        t, sc, ids = np.concatenate(t_parts), np.concatenate(sc_parts), np.concatenate(id_parts)
+        flat = stack_of[t] * cells_per_stack + sc * S + ((ids + rotation[t]) & (S - 1))
+        n_ids = np.bincount(flat, minlength=len(stacks) * cells_per_stack)
+        key = np.sort((base[t] + ids) * scs + sc)  # distinct (table, SparseCore, id): a cell's unique ids
+        key = key[np.concatenate([[True], key[1:] != key[:-1]])]
+        q, usc = key // scs, key % scs
+        ut = np.searchsorted(base, q, side="right") - 1
+        uflat = stack_of[ut] * cells_per_stack + usc * S + ((q - base[ut] + rotation[ut]) & (S - 1))
+        n_unique = np.bincount(uflat, minlength=len(stacks) * cells_per_stack)
+    for i, name in enumerate(stacks):
+        if not t_parts:
+            out[name] = _empty(chips, nsc, S)
+            continue
+        part = slice(i * cells_per_stack, (i + 1) * cells_per_stack)
+        cells = np.flatnonzero(n_ids[part])
+        out[name] = CellCounts(chips, nsc, S, cells.astype(np.int64), n_ids[part][cells].astype(np.int64),
+                               n_unique[part][cells].astype(np.int64))
+    return out
+
+
 # ---------------------------------------------------------------- stacks from tables
 
 def stack_counts(layout: SparseCoreLayout, table_counts: Mapping[str, CellCounts]) -> Dict[str, CellCounts]:

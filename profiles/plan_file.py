@@ -62,6 +62,15 @@ class Plan:
     warnings: List[str]
     model: Optional[Dict[str, Any]] = None  # the ModelConfig planned for (JSON), for reports
     schema_version: int = PLAN_SCHEMA_VERSION
+    # Per stack the balance of frequency order and balanced ids, with the floor (profiles.balance); None where
+    # the plan was not made from a profile of its own configuration that counted it.
+    balance: Optional[Dict[str, Any]] = None
+    # Placements compared under the cost model and the configurations chosen (`tpu-embed plan --propose`,
+    # profiles.planner.proposal); None without --propose.
+    proposal: Optional[Dict[str, Any]] = None
+    # Other chip counts, SparseCores per chip and batches from the profile job's recorded steps, each with its
+    # sampling (profiles.planner.variants); None where the profile has no recorded steps.
+    what_if: Optional[Dict[str, Any]] = None
 
     # ------------------------------------------------------------ training side
 
@@ -94,6 +103,9 @@ class Plan:
             "stacks": {k: v.to_json() for k, v in self.stacks.items()},
             "tables": self.tables, "stacking": self.stacking, "topologies": self.topologies,
             "memory": self.memory, "warnings": self.warnings, "model": self.model,
+            **({"balance": self.balance} if self.balance is not None else {}),
+            **({"proposal": self.proposal} if self.proposal is not None else {}),
+            **({"what_if": self.what_if} if self.what_if is not None else {}),
         }
 
     @classmethod
@@ -115,7 +127,8 @@ class Plan:
                 disable_table_stacking=bool(sc.get("disable_table_stacking", False)),
                 stacks={k: StackPlan.from_json(v) for k, v in d["stacks"].items()},
                 tables=d["tables"], stacking=d["stacking"], topologies=d["topologies"], memory=d["memory"],
-                warnings=list(d.get("warnings", [])), model=d.get("model"))
+                warnings=list(d.get("warnings", [])), model=d.get("model"), balance=d.get("balance"),
+                proposal=d.get("proposal"), what_if=d.get("what_if"))
         except (KeyError, TypeError, ValueError) as e:
             raise CorruptProfileError(f"{path}: plan file is missing or has a malformed field ({e!r}). "
                                       "Re-run `tpu-embed plan`.") from None

@@ -19,6 +19,7 @@ from typing import Dict, List, Optional, Union
 
 import numpy as np
 
+from profiles.balance import balance_comparison
 from profiles.display import natural_sorted, short_stack_name
 from profiles.plan_file import Plan, load_plan
 from profiles.planner import plan as make_plan
@@ -153,6 +154,38 @@ def plot_sc_heatmap(profile: Profile, out_dir: str, detail_limit: int = 6) -> st
         ax.tick_params(labelsize=7)
     fig.suptitle("Ids per (local SparseCore, destination SparseCore), summed over chips and steps", fontsize=11)
     return _save(fig, out_dir, "sc_load_heatmap.png")
+
+
+def plot_balance_heatmaps(profile: Profile, out_dir: str, max_stacks: int = 6) -> Optional[str]:
+    """Per stack counted both ways (balanced ids, `partition: {ids: balanced}`), its (local SC, destination SC)
+    load relative to the mean with frequency-order ids and with the balanced ids, side by side on one colour
+    scale; None for a profile counted one way only."""
+    both = [(n, sp) for n, sp in profile.stacks.items() if sp.stats.frequency_order is not None][:max_stacks]
+    if not both:
+        return None
+    fig, axes = _figure(2 * len(both), cols=2, panel=(5.2, 2.4))
+    for i, (name, sp) in enumerate(both):
+        pair = (("frequency order", sp.stats.frequency_order), ("balanced ids", sp.stats))
+        maps = [st.sc_dest_ids for _, st in pair]  # type: ignore[union-attr]
+        rel = [m / (m.sum() / m.size) if m is not None and m.sum() else None for m in maps]
+        top = max((float(r.max()) for r in rel if r is not None), default=1.0)
+        for ax, (label, st), r in zip(axes[2 * i:2 * i + 2], pair, rel):
+            if r is None:
+                ax.text(0.5, 0.5, "no ids", ha="center", va="center", transform=ax.transAxes)
+            else:
+                im = ax.imshow(r, aspect="auto", cmap="viridis", interpolation="nearest", vmin=0, vmax=top)
+                cb = fig.colorbar(im, ax=ax, shrink=0.9)
+                cb.set_label("load / mean", fontsize=7)
+                cb.ax.tick_params(labelsize=7)
+            ax.set_title(f"{_short(name, 30)}: {label}\nper step {st.step_destination_balance():.2f}, "  # type: ignore
+                         f"floor {sp.stats.step_balance_floor() or 1.0:.2f}", fontsize=8)
+            ax.set_xlabel("destination SparseCore", fontsize=8)
+            ax.set_ylabel("local SC", fontsize=8)
+            ax.set_yticks(range(profile.global_config.num_sc_per_chip))
+            ax.tick_params(labelsize=7)
+    fig.suptitle("The same steps with frequency-order ids (left) and the artifact's balanced ids (right): ids per "
+                 "(local SparseCore, destination SparseCore), summed over chips and steps", fontsize=10)
+    return _save(fig, out_dir, "balance_heatmap.png")
 
 
 def plot_limits_over_steps(profile: Profile, plan: Plan, out_dir: str) -> str:
@@ -356,6 +389,11 @@ def write_report(profile_or_dir: Union[Profile, str, os.PathLike], plan: Union[P
     bal = plot_balance(plan, out_dir)
     if bal:
         images.insert(3, ("mod vs div partitioning", bal))
+    balance = plan.balance if plan.balance is not None else balance_comparison(profile, **{
+        k: plan.policy[k] for k in ("quantile", "partition_quantile", "headroom") if k in plan.policy})
+    both = plot_balance_heatmaps(profile, out_dir)
+    if both:
+        images.insert(3, ("Frequency order and balanced ids", both))
 
     g = profile.global_config
     parts = [f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>tpu_embed profile report</title>"
@@ -393,6 +431,21 @@ def write_report(profile_or_dir: Union[Profile, str, os.PathLike], plan: Union[P
           f"{s.drops['buffer_capacity_slots']} / {s.observed['chip_buffer_slots']['max']}",
           s.drops["drop_rate_at_most"], s.memory["planned_bytes_per_sc"] / 1024,
           s.memory["tf_default_bytes_per_sc"] / 1024, s.origin] for n, s in plan.stacks.items()]))
+    if balance:
+        parts.append("<h2>Balance per stacked table</h2>")
+        parts.append("<p>The busiest destination SparseCore against the mean, per step and summed over steps (1.00 "
+                     "is perfect), its worst step, and the floor no assignment of ids can beat (per step the larger "
+                     "of the hottest id's lookups and the mean); the limits and bytes per SparseCore a plan makes of "
+                     "them. " + ("Both orders are the same steps, counted in one pass." if balance["ids"] ==
+                                 "balanced" else "<code>partition: {ids: balanced}</code> in the spec assigns ids "
+                                 "that even the load out.") + "</p>")
+        parts.append(_table(
+            ["stack", "ids", "per step", "worst step", "over data", "floor", "floor (worst step)",
+             "max_ids_per_table", "max_unique_ids_per_table", "KiB/SC"],
+            [[short_stack_name(n, s["tables"]), order, o["step_balance"], o["worst_step_balance"], o["data_balance"],
+              s["floor"]["step_balance"], s["floor"]["worst_step"], o["max_ids_per_table"],
+              o["max_unique_ids_per_table"], o["bytes_per_sc"] / 1024]
+             for n, s in balance["stacks"].items() for order, o in s["orders"].items()]))
     for title, name in images:
         parts.append(f"<h2>{html.escape(title)}</h2><img src='{html.escape(name)}' alt='{html.escape(title)}'>")
     if plan.topologies:

@@ -207,14 +207,30 @@ class PartitionStats(_JsonEq):
     partition_max_ids: Optional[np.ndarray] = None  # [chips, S]
     partition_max_unique_ids: Optional[np.ndarray] = None  # [chips, S]
     sc_max_buffer: Optional[np.ndarray] = None  # [chips, nsc]
+    # Balance per step (main topology; None where not counted). The floor no assignment of ids can beat: a step's
+    # busiest destination receives at least its hottest id's lookups (one id lives on one SparseCore) and at least
+    # the mean; summed over steps as max(S x hottest, ids) (integers; / ids = the floor of the balance).  The worst
+    # step: the largest busiest-destination / mean of one step, and the largest floor of one step.  Merged by sums
+    # and maxima.
+    step_floor_ids: Optional[int] = None
+    worst_step_balance: Optional[float] = None
+    worst_step_floor: Optional[float] = None
+    # The same stack had its tables' ids been in frequency order (an artifact with `partition: {ids: balanced}`:
+    # its profile counts each step both ways, from the same ids); None otherwise.
+    frequency_order: Optional["PartitionStats"] = None
 
     @classmethod
     def empty(cls, num_chips: int, num_sc_per_chip: int, *, heat_map: bool = False,
-              series_steps: Optional[int] = None, per_partition: bool = False) -> "PartitionStats":
+              series_steps: Optional[int] = None, per_partition: bool = False,
+              step_balance: bool = False) -> "PartitionStats":
+        """`step_balance`: count the per-step balance figures (floor, worst step); the collector asks for them on
+        the main topology's stacks."""
         S = num_chips * num_sc_per_chip
         out = cls(num_chips, num_sc_per_chip, S, dest_ids=np.zeros(S, np.int64),
                   sc_dest_ids=np.zeros((num_sc_per_chip, S), np.int64) if heat_map else None,
                   series=StepSeries(series_steps) if series_steps else None)
+        if step_balance:
+            out.step_floor_ids, out.worst_step_balance, out.worst_step_floor = 0, 0.0, 0.0
         if per_partition:
             out.partition_max_ids = np.zeros((num_chips, S), np.int64)
             out.partition_max_unique_ids = np.zeros((num_chips, S), np.int64)
@@ -226,16 +242,19 @@ class PartitionStats(_JsonEq):
         return (self.partition_max_ids is not None and self.partition_max_unique_ids is not None
                 and self.sc_max_buffer is not None)
 
-    def add_step(self, c: CellCounts, step: int) -> None:
-        PartitionStats.add_step_many([self], [c], step)
+    def add_step(self, c: CellCounts, step: int, hottest: Optional[int] = None) -> None:
+        PartitionStats.add_step_many([self], [c], step, None if hottest is None else [hottest])
 
     @staticmethod
-    def add_step_many(stats: Sequence["PartitionStats"], counts: Sequence[CellCounts], step: int) -> None:
+    def add_step_many(stats: Sequence["PartitionStats"], counts: Sequence[CellCounts], step: int,
+                      hottest: Optional[Sequence[Optional[int]]] = None) -> None:
         """stats[i].add_step(counts[i], step) for every i (one topology): the numpy work of all of them at once.
 
         Per statistic: ids and unique ids summed and maximised over cells; every cell's values into the cell
         histograms (cells without ids as zeros); per local SC and per chip the id buffer (the cells' ids padded
-        to XLA_PAD, summed); per destination SC the ids; the heat map's (local SC, destination) ids.
+        to XLA_PAD, summed); per destination SC the ids; the heat map's (local SC, destination) ids; where the
+        statistic counts them, the step's balance, and with `hottest` (per statistic: the lookups of the step's
+        hottest id, after dedup) its floor.
         """
         if not stats:
             return
@@ -299,6 +318,19 @@ class PartitionStats(_JsonEq):
                 ps.series.record(step, mx_ids, mx_uniq, mx_chip)
             if ps.has_per_partition:
                 ps._max_per_partition(part_ids[i], part_uniq[i], sc_need[i].reshape(chips, nsc).astype(np.int64))
+            if ps.step_floor_ids is not None and sum_ids[i]:
+                h = None if hottest is None else hottest[i]
+                ps._add_step_balance(int(max_dest[i]), int(sum_ids[i]), None if h is None else int(h))
+
+    def _add_step_balance(self, busiest: int, ids: int, hottest: Optional[int]) -> None:
+        S = self.num_sparse_cores
+        self.worst_step_balance = max(self.worst_step_balance or 0.0, busiest * S / ids)
+        if hottest is None:  # no floor this step: the statistic cannot say one any more
+            self.step_floor_ids = self.worst_step_floor = None
+            return
+        floor = max(S * hottest, ids)
+        self.step_floor_ids = (self.step_floor_ids or 0) + floor
+        self.worst_step_floor = max(self.worst_step_floor or 0.0, floor / ids)
 
     def _max_per_partition(self, ids: np.ndarray, unique: np.ndarray, sc_buffer: np.ndarray) -> None:
         if self.partition_max_ids is None or self.partition_max_unique_ids is None or self.sc_max_buffer is None:
@@ -336,6 +368,15 @@ class PartitionStats(_JsonEq):
             self.series.merge_from(other.series)
         for f in ("partition_max_ids", "partition_max_unique_ids", "sc_max_buffer"):
             setattr(self, f, _max_arrays(getattr(self, f), getattr(other, f)))
+        counted = self.step_floor_ids is not None and other.step_floor_ids is not None
+        self.step_floor_ids = self.step_floor_ids + other.step_floor_ids if counted else None  # type: ignore
+        for f in ("worst_step_balance", "worst_step_floor"):
+            a, b = getattr(self, f), getattr(other, f)
+            setattr(self, f, max(a, b) if counted and a is not None and b is not None else None)
+        if self.frequency_order is None or other.frequency_order is None:
+            self.frequency_order = None  # both ways only where both sides counted both
+        else:
+            self.frequency_order.merge_from(other.frequency_order)
 
     # ------------------------------------------------------------ derived figures
 
@@ -359,6 +400,13 @@ class PartitionStats(_JsonEq):
             return 1.0
         return self.step_max_dest_ids / (self.ids / self.num_sparse_cores)
 
+    def step_balance_floor(self) -> Optional[float]:
+        """The least `step_destination_balance` any assignment of ids could reach on these steps: per step the
+        larger of the hottest id's lookups and the mean, summed, / the summed mean (None: not counted)."""
+        if self.step_floor_ids is None:
+            return None
+        return self.step_floor_ids / self.ids if self.ids else 1.0
+
     def summary(self) -> dict:
         qs = ("p50", "p99", "p99.9", "max")
         return {
@@ -372,6 +420,10 @@ class PartitionStats(_JsonEq):
             "mean_ids_per_partition": self.cell_ids.mean,
             "destination_balance": self.destination_balance(),
             "step_destination_balance": self.step_destination_balance(),
+            **({"step_balance_floor": self.step_balance_floor(), "worst_step_destination_balance":
+                self.worst_step_balance, "worst_step_floor": self.worst_step_floor}
+               if self.step_floor_ids is not None else {}),
+            **({"frequency_order": self.frequency_order.summary()} if self.frequency_order is not None else {}),
         }
 
     # ------------------------------------------------------------ JSON
@@ -391,10 +443,16 @@ class PartitionStats(_JsonEq):
             "sc_dest_ids": _list(self.sc_dest_ids),
             "series": None if self.series is None else self.series.to_json(),
             "per_partition": self._per_partition_json(),
+            # written only where counted: the files of stacks and candidates that do not count them are unchanged
+            **({"step_floor_ids": self.step_floor_ids, "worst_step_balance": self.worst_step_balance,
+                "worst_step_floor": self.worst_step_floor} if self.step_floor_ids is not None else {}),
+            **({"frequency_order": self.frequency_order.to_json()} if self.frequency_order is not None else {}),
         }
 
     @classmethod
     def from_json(cls, d: Mapping) -> "PartitionStats":
+        part_ids, part_uniq, sc_buffer = _per_partition_from_json(d.get("per_partition"), int(d["num_chips"]),
+                                                                  int(d["num_sc_per_chip"]))
         return cls(
             int(d["num_chips"]), int(d["num_sc_per_chip"]), int(d["num_sparse_cores"]), int(d["steps"]),
             int(d["ids"]), int(d["unique_ids"]),
@@ -404,7 +462,12 @@ class PartitionStats(_JsonEq):
             Histogram.from_json(d["step_max_sc_buffer"]),
             _arr(d.get("dest_ids")), int(d["step_max_dest_ids"]), _arr(d.get("sc_dest_ids")),
             None if d.get("series") is None else StepSeries.from_json(d["series"]),
-            *_per_partition_from_json(d.get("per_partition"), int(d["num_chips"]), int(d["num_sc_per_chip"])))
+            part_ids, part_uniq, sc_buffer,
+            step_floor_ids=None if d.get("step_floor_ids") is None else int(d["step_floor_ids"]),
+            worst_step_balance=None if d.get("worst_step_balance") is None else float(d["worst_step_balance"]),
+            worst_step_floor=None if d.get("worst_step_floor") is None else float(d["worst_step_floor"]),
+            frequency_order=None if d.get("frequency_order") is None else
+            PartitionStats.from_json(d["frequency_order"]))
 
 
 @dataclasses.dataclass(eq=False)

@@ -159,16 +159,18 @@ class BuildShards(beam.PTransform):
     """
 
     def __init__(self, spec, vocab_sizes, limits, output: str, steps_per_file: int = 1000,
-                 write_shards: bool = True, profile: bool = True, candidate_chip_counts=None):
+                 write_shards: bool = True, profile: bool = True, candidate_chip_counts=None, frequency_ids=None):
+        """`frequency_ids`: as for `collect_profile.profile_collector` (balanced vocabularies)."""
         super().__init__()
         self.spec, self.vocab_sizes, self.limits, self.output = spec, vocab_sizes, limits, output
         self.steps_per_file, self.write_shards, self.profile = steps_per_file, write_shards, profile
-        self.candidates = candidate_chip_counts
+        self.candidates, self.frequency_ids = candidate_chip_counts, frequency_ids
 
     def expand(self, steps_and_info):
         steps, info = steps_and_info
         streams = steps if isinstance(steps, (tuple, list)) else (steps,)
-        collector = profile_collector(self.spec, self.vocab_sizes, self.candidates) if self.profile else None
+        collector = (profile_collector(self.spec, self.vocab_sizes, self.candidates, frequency_ids=self.frequency_ids)
+                     if self.profile else None)
         build = _BuildStep(self.spec, self.vocab_sizes, self.limits, self.steps_per_file, self.write_shards,
                            self.output, collector)
         built = [stream | f"Build{i}" >> _BuildTagged(build) for i, stream in enumerate(streams)]

@@ -17,23 +17,29 @@ import apache_beam as beam
 
 import profiles
 from pipelines.output import FileInfo
+from profiles.whatif_steps import WhatIfCollector, write_what_if_steps
 from tpu_embed.artifact import io as tio
 from tpu_embed.artifact.manifest import ManifestError, read_manifest
 
 log = logging.getLogger("tpu_embed.pipelines")
 
 
-def profile_collector(spec, vocab_sizes, candidate_chip_counts=None, *, warn_skipped: bool = False):
+def profile_collector(spec, vocab_sizes, candidate_chip_counts=None, *, warn_skipped: bool = False,
+                      frequency_ids=None):
     """The job's `profiles.ProfileCollector`: the one that builds the partial profiles and merges them.
 
     `candidate_chip_counts`: the other chip counts to profile (`--candidate-chip-counts`); None: the spec's
     `profile_candidate_chip_counts` (none unless given: the spec's topology only). `warn_skipped`: log one
     warning per candidate the collector leaves out (a chip count that cannot run the global batch), with its
-    reason; the driver asks for it once per run, so the run says it, not only a later `tpu-embed plan`."""
+    reason; the driver asks for it once per run, so the run says it, not only a later `tpu-embed plan`.
+    `frequency_ids`: {table: frequency-order id of each id} of balanced vocabularies
+    (`pipelines.mapping.balanced_ids.load_frequency_ids`): the stacks are also counted in frequency order."""
     if candidate_chip_counts is None:
         candidate_chip_counts = spec.profile_candidate_chip_counts
-    collector = profiles.ProfileCollector(spec.model(vocab_sizes), spec.topology,
-                                          candidate_chip_counts=tuple(candidate_chip_counts))
+    # It also keeps the steps (all, or a sample beyond a budget) that `tpu-embed plan` re-partitions for other
+    # chip counts, SparseCores per chip, batch sizes and stackings (profiles/whatif_steps.py).
+    collector = WhatIfCollector(spec.model(vocab_sizes), spec.topology,
+                                candidate_chip_counts=tuple(candidate_chip_counts), frequency_ids=frequency_ids)
     if warn_skipped:
         nsc = spec.topology.num_sc_per_chip
         for c, status in sorted(collector.candidates.items()):
@@ -148,10 +154,12 @@ def base_profile(vocab_dir: str, profile_dir: str, collector) -> Optional[Profil
 
 
 def _write_profile(profile, directory: str, base_directory: Optional[str] = None) -> List[str]:
-    """Write `profile`, merged into the base's profile in `base_directory` where given (`ProfileWindow`)."""
+    """Write `profile`, merged into the base's profile in `base_directory` where given (`ProfileWindow`), and the
+    steps its collector kept for the what-if figures (this job's steps: a base's are not merged into them)."""
+    what_if = write_what_if_steps(directory, profile)
     if base_directory is not None:
         profile = profiles.ProfileStore(base_directory).read(model=profile.model.key).merge(profile)
-    return sorted(profiles.ProfileStore(directory).write(profile))
+    return sorted(profiles.ProfileStore(directory).write(profile) + ([what_if] if what_if else []))
 
 
 class CollectProfile(beam.PTransform):
@@ -159,14 +167,16 @@ class CollectProfile(beam.PTransform):
     profiles.ProfileStore(directory). `candidate_chip_counts` as given to BuildShards."""
 
     def __init__(self, spec, vocab_sizes, directory: str, candidate_chip_counts=None,
-                 base_directory: Optional[str] = None):
-        """`base_directory`: a base profile to merge this one into (`ProfileWindow.base_directory`)."""
+                 base_directory: Optional[str] = None, frequency_ids=None):
+        """`base_directory`: a base profile to merge this one into (`ProfileWindow.base_directory`);
+        `frequency_ids` as for `profile_collector`."""
         super().__init__()
         self.spec, self.vocab_sizes, self.directory = spec, vocab_sizes, directory
         self.candidates, self.base_directory = candidate_chip_counts, base_directory
+        self.frequency_ids = frequency_ids
 
     def expand(self, partials):
-        collector = profile_collector(self.spec, self.vocab_sizes, self.candidates)
+        collector = profile_collector(self.spec, self.vocab_sizes, self.candidates, frequency_ids=self.frequency_ids)
         streams = partials if isinstance(partials, (tuple, list)) else (partials,)
         return (tuple(streams) | "Partials" >> beam.Flatten()
                 | "Merge" >> beam.CombineGlobally(MergeProfiles(collector)).without_defaults()

@@ -14,6 +14,7 @@ import pyarrow as pa
 
 from pipelines.jobs.coders import BulkCoder, BulkElement
 from pipelines.jobs.tagged import split_tagged
+from pipelines.mapping import balanced_ids
 from pipelines.mapping import vocabulary as pvocab
 from pipelines.mapping import vocabulary_modes as modes
 from pipelines.output import write_atomic
@@ -82,20 +83,81 @@ class _WriteVocabulary(beam.DoFn):
         """Mode append / frozen: the base's ids kept (`pipelines.mapping.vocabulary_modes`), the vocabulary files
         and the key's token-count file (`tpu_embed.artifact.lineage`)."""
         v = self.spec.vocabulary_groups()[key][0].vocabulary
-        base = lineage.BaseArtifact(self.base, read_manifest(self.base)).token_counts(key) if self.base else None
+        base = _base_counts(self.base, key)
         r = modes.apply_mode(counts, base, mode=v.mode, day=self.day, top_k=v.top_k,
                              frequency_threshold=v.frequency_threshold, capacity=v.capacity)
-        tokens = r.vocabulary
-        name = "vocab/" + lineage.counts_filename(key)
-        yield "files", write_atomic(self.output, name, lineage.token_counts_bytes(r.table), records=r.table.num_rows,
-                                    extra={"kind": lineage.COUNTS_KIND, "vocabulary_key": key})
-        extra = {"mode": v.mode, "capacity": v.capacity, "tokens": r.tokens, "base_tokens": r.base_tokens,
-                 "new_tokens": r.new_tokens, "not_admitted_tokens": r.not_admitted_tokens,
-                 "not_admitted_count": r.not_admitted_count, "capacity_overflow_tokens": r.capacity_overflow_tokens,
-                 "capacity_overflow_count": r.capacity_overflow_count, "counts_file": name}
-        if v.capacity is not None:
-            extra["size"] = v.capacity  # the rows reserved: the same every day; the OOV buckets follow them
-        yield from _vocab_outputs(self.spec, self.output, key, tokens, r.covered_count, counts.num_rows, total, extra)
+        yield from _lineage_files(self.spec, self.output, key, r, r.vocabulary, r.table, counts.num_rows, total)
+
+
+def _base_counts(base: Optional[str], key: str):
+    """The base artifact's token counts of `key` (None: no base, the lineage's first day)."""
+    return lineage.BaseArtifact(base, read_manifest(base)).token_counts(key) if base else None
+
+
+def _lineage_files(spec, output, key, r, tokens, table, distinct, total, extra=None):
+    """The token-count file of a vocabulary of mode append / frozen (`table`: its token counts in id order), its
+    vocabulary files (`tokens` in id order) and its info with the mode's figures (`r`: the mode's result)."""
+    v = spec.vocabulary_groups()[key][0].vocabulary
+    name = "vocab/" + lineage.counts_filename(key)
+    yield "files", write_atomic(output, name, lineage.token_counts_bytes(table), records=table.num_rows,
+                                extra={"kind": lineage.COUNTS_KIND, "vocabulary_key": key})
+    extra = {"mode": v.mode, "capacity": v.capacity, "tokens": r.tokens, "base_tokens": r.base_tokens,
+             "new_tokens": r.new_tokens, "not_admitted_tokens": r.not_admitted_tokens,
+             "not_admitted_count": r.not_admitted_count, "capacity_overflow_tokens": r.capacity_overflow_tokens,
+             "capacity_overflow_count": r.capacity_overflow_count, "counts_file": name, **(extra or {})}
+    if v.capacity is not None:
+        extra["size"] = v.capacity  # the rows reserved: the same every day; the OOV buckets follow them
+    yield from _vocab_outputs(spec, output, key, tokens, r.covered_count, distinct, total, extra)
+
+
+@beam.typehints.with_output_types(typing.Any)
+class _DraftVocabulary(beam.DoFn):
+    """(key, token counts) -> (key, `balanced_ids.VocabularyDraft`): the vocabulary before its ids are balanced."""
+
+    def __init__(self, spec, base: Optional[str] = None, day: int = 0):
+        self.spec, self.base, self.day = spec, base, day
+
+    def process(self, kv):
+        key, counts = kv
+        v = self.spec.vocabulary_groups()[key][0].vocabulary
+        base = _base_counts(self.base, key) if v.mode != "rebuild" else None
+        yield key, balanced_ids.draft(self.spec, key, counts, base, self.day)
+
+
+def _assign_ids(drafts, spec, fixed):
+    """[(key, draft without tokens)] of every vocabulary and {table: (ids, lookups)} of the tables whose ids
+    nobody chooses -> {key: KeyAssignment} (`balanced_ids.assign`)."""
+    return balanced_ids.assign(spec, dict(drafts), fixed)
+
+
+def _fixed_ids(kv, spec):
+    table, counts = kv
+    return table, balanced_ids.fixed_table_ids(spec, table, counts)
+
+
+@beam.typehints.with_output_types(typing.Any)
+class _WriteBalanced(beam.DoFn):
+    """(key, draft) and every key's ids -> the key's vocabulary files in balanced id order, its frequency-ids file
+    (and under append / frozen its token-count file), and the key's info with the assignment's record."""
+
+    def __init__(self, spec, output: str):
+        self.spec, self.output = spec, output
+
+    def process(self, kv, assignment):
+        key, d = kv
+        a = assignment[key]
+        numbered = balanced_ids.apply(d, a)
+        extra = {"ids": a.info}
+        if a.info["order"] == "balanced":
+            name = a.info["frequency_ids"]
+            yield "files", write_atomic(self.output, name, balanced_ids.frequency_ids_bytes(numbered.frequency_ids),
+                                        records=int(numbered.frequency_ids.size),
+                                        extra={"kind": balanced_ids.FREQUENCY_IDS_KIND, "vocabulary_key": key})
+        if d.mode is not None:
+            yield from _lineage_files(self.spec, self.output, key, d.mode, numbered.tokens, numbered.table,
+                                      d.distinct, d.total, extra)
+            return
+        yield from _vocab_outputs(self.spec, self.output, key, numbered.tokens, d.kept, d.distinct, d.total, extra)
 
 
 def _vocab_outputs(spec, output, key, tokens, kept: int, distinct, total, extra=None):
@@ -127,6 +189,9 @@ class ComputeVocabulary(beam.PTransform):
         super().__init__()
         if engine not in ("combine", "tft"):
             raise ValueError(f"vocabulary engine must be 'combine' or 'tft', got {engine!r}")
+        if engine == "tft" and spec.partition.balanced_ids:
+            raise UserError("--vocab-engine tft writes its vocabularies in frequency order (tft.vocabulary chooses "
+                            "the ids): `partition: {ids: balanced}` needs the combine engine (the default).")
         if engine == "tft" and spec.lineage_groups():
             raise UserError(f"--vocab-engine tft computes vocabularies from scratch (tft.vocabulary has no base): "
                             f"the vocabularies {sorted(spec.lineage_groups())} of mode append / frozen need the "
@@ -138,6 +203,8 @@ class ComputeVocabulary(beam.PTransform):
         if self.engine == "combine":
             counts = (chunks | "Tokens" >> beam.FlatMap(pvocab.chunk_tokens, spec)
                       | "CountTokens" >> beam.CombinePerKey(TokenCountCombineFn()))
+            if spec.partition.balanced_ids:
+                return self._expand_balanced(chunks, counts)
             write = _WriteVocabulary(spec, self.output, self.base, self.day)
             written = counts | "Write" >> beam.ParDo(write)  # fused with the combine
             # Every vocabulary key gets a file, also when no record has a token for it (TFT's dummy): the
@@ -151,6 +218,28 @@ class ComputeVocabulary(beam.PTransform):
             out = split_tagged((written, uncounted) | "AllWritten" >> beam.Flatten(), ("info", "files"))
             return {"vocabularies": out["info"], "files": out["files"]}
         return self._expand_tft(chunks)
+
+    def _expand_balanced(self, chunks, counts):
+        """`partition: {ids: balanced}`: every key's draft, the ids of all of them assigned in one place
+        (`balanced_ids.assign`, from the drafts' counts), then each key's files written in that order."""
+        spec = self.spec
+        counted = beam.pvalue.AsList(counts | "CountedKeys" >> beam.Keys())
+        uncounted = (chunks.pipeline | "EveryKey" >> beam.Create(sorted(spec.vocabulary_groups()), reshuffle=False)
+                     | "Uncounted" >> beam.FlatMap(_uncounted, counted))
+        drafts = ((counts, uncounted) | "EveryCount" >> beam.Flatten()
+                  | "Draft" >> beam.ParDo(_DraftVocabulary(spec, self.base, self.day)))
+        # The lookups of the tables whose ids are the data's (identity, hashing): where their stacks start from.
+        fixed = (chunks | "FixedTokens" >> beam.FlatMap(balanced_ids.fixed_chunk_tokens, spec)
+                 | "CountFixedTokens" >> beam.CombinePerKey(TokenCountCombineFn())
+                 | "FixedIds" >> beam.Map(_fixed_ids, spec).with_output_types(typing.Any))
+        assignment = (drafts | "CountsOnly" >> beam.MapTuple(lambda k, d: (k, d.without_tokens()))
+                      | "AllDrafts" >> beam.combiners.ToList()
+                      | "AssignIds" >> beam.Map(_assign_ids, spec, beam.pvalue.AsDict(fixed))
+                      .with_output_types(typing.Any))
+        written = drafts | "WriteBalanced" >> beam.ParDo(_WriteBalanced(spec, self.output),
+                                                         beam.pvalue.AsSingleton(assignment))
+        out = split_tagged(written, ("info", "files"))
+        return {"vocabularies": out["info"], "files": out["files"]}
 
     def _expand_tft(self, chunks):
         # tensorflow-transform (and TensorFlow with it) only for the tft engine: seconds to import.

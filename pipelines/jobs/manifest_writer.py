@@ -19,6 +19,7 @@ import yaml
 
 from pipelines.jobs.counters import MAX_PREFIX, SumCounters
 from pipelines.output import write_atomic
+from pipelines.read import value_kinds
 from pipelines.read.records import InputFile
 from tpu_embed.artifact import io as tio
 from tpu_embed.artifact import lineage
@@ -104,12 +105,16 @@ def update_manifest(output: str, job: str, job_cfg: dict, *, stats: Dict[str, in
     files = list(files) + [spec_info.to_json()]
 
     maxima = {k: v for k, v in stats.items() if k.startswith(MAX_PREFIX)}
-    stats = {k: v for k, v in stats.items() if not k.startswith(MAX_PREFIX)}
+    kinds = {k: v for k, v in stats.items() if k.startswith(value_kinds.COUNTER_PREFIX)}
+    stats = {k: v for k, v in stats.items() if not k.startswith((MAX_PREFIX, value_kinds.COUNTER_PREFIX))}
     counts = _nest_counts(stats)
     jobinfo = {k: v for k, v in job_cfg.items()
                if k not in ("spec", "spec_fingerprint", "layout", "format", "lineage")}
     jobinfo["counts"] = counts
+    if kinds or "records_read" in stats:  # the job read records: the kinds their values had
+        jobinfo["value_kinds"] = value_kinds.recorded_kinds(kinds)
     m["jobs"][job] = jobinfo
+    _record_value_kinds(m)
 
     if job == "vocab":
         m["vocabularies"] = extra.get("vocabularies", {})
@@ -143,6 +148,20 @@ def update_manifest(output: str, job: str, job_cfg: dict, *, stats: Dict[str, in
     m["files"] = sorted(kept + files, key=lambda f: f["path"])
     m["features"] = _features(spec, m)
     return _write(output, m)
+
+
+def _record_value_kinds(m: dict) -> None:
+    """The manifest's `value_kinds`: every job's, joined (what serving parses Examples as); absent where no job
+    recorded them."""
+    recorded = [j["value_kinds"] for j in m["jobs"].values() if j.get("value_kinds") is not None]
+    if not recorded:
+        m.pop("value_kinds", None)
+        return
+    joined: Dict[str, set] = {}
+    for r in recorded:
+        for column, kinds in r.items():
+            joined.setdefault(column, set()).update(kinds)
+    m["value_kinds"] = {c: sorted(k) for c, k in sorted(joined.items())}
 
 
 def replace_files(output: str, kind: str, files: List[dict]) -> Manifest:

@@ -12,7 +12,7 @@ from pipelines.background import Behind, mapped, prefetched
 from pipelines.jobs.coders import BulkElement
 from pipelines.jobs.counters import inc_counters
 from pipelines.jobs.tagged import split_tagged
-from pipelines.read import csv_scan, parse, splits
+from pipelines.read import csv_scan, parse, splits, value_kinds
 from pipelines.read import spill as read_spill
 from pipelines.read.parse import ParsedChunk
 from pipelines.read.records import (
@@ -45,6 +45,7 @@ class _ReadAndParse(beam.DoFn):
         self.spill_memory_bytes = spill_memory_bytes
         self.spill_writes: Optional[Behind] = None  # the bundle's spill part writes
         self.encode = parse.encodable_columns(spec)  # columns the CSV reader may give dictionary-encoded
+        self.text_columns = spec.required_columns() if spec.inputs.format == "csv" else []  # every cell is text
 
     def process(self, split: InputSplit, csv_states=()):
         if self.replay is not None:  # the vocabulary job's read of this split, as it was yielded
@@ -100,6 +101,7 @@ class _ReadAndParse(beam.DoFn):
             if self.strict and (letters or held):
                 stop(letters + held)
             counts["records_read"] += item.num_rows
+            counts.update(value_kinds.kind_counts(item.columns, item.num_rows, self.text_columns))  # for serving
             for dl in letters:
                 counts[f"dead_letter/{dl.reason}"] += 1
                 counts["records_dead_lettered"] += 1

@@ -25,6 +25,7 @@ from pipelines.jobs.global_batches import FormGlobalBatches
 from pipelines.jobs.manifest_writer import job_json, write_manifest
 from pipelines.jobs.map_to_ids import MapToIds
 from pipelines.jobs.read_examples import ReadExamples, RecordChunkSizes
+from pipelines.mapping import balanced_ids
 from pipelines.output import FileInfo
 from pipelines.read import spill as read_spill
 from pipelines.read.records import InputFile
@@ -65,9 +66,12 @@ def build_shard_pipeline(p, cfg: JobConfig, files: Sequence[InputFile], vocab_si
     batches = mapped["blocks"] | "Batches" >> FormGlobalBatches(spec.global_batch_size, len(spec.dense),
                                                                 cfg.tail_policy, spec.shuffle and spec.shuffle.seed,
                                                                 spec.epochs, cfg.known_chunk_sizes)
+    # Balanced ids (`partition: {ids: balanced}`): the profile also counts every step in frequency order.
+    freq = (balanced_ids.load_frequency_ids(spec, cfg.vocab_dir or cfg.output)
+            if cfg.write_profile and spec.partition.balanced_ids else None)
     built = ((batches["whole"], batches["steps"]), batches["info"]) | "Shards" >> BuildShards(
         spec, vocab_sizes, limits, cfg.output, cfg.steps_per_file, cfg.write_shards, cfg.write_profile,
-        cfg.candidate_chip_counts)
+        cfg.candidate_chip_counts, frequency_ids=freq)
     extras = [batches["info"] | "BatchInfo" >> beam.Map(_batching_extra).with_output_types(typing.Any)]
     file_pcolls = [dead_files, built["files"]]
     job = "shard" if cfg.write_shards else "profile"
@@ -77,9 +81,10 @@ def build_shard_pipeline(p, cfg: JobConfig, files: Sequence[InputFile], vocab_si
             raise ValueError("no profile directory: set profile_data_directory in the spec or pass --profile-dir.")
         # A day of a lineage merges its profile into its base's (`collect_profile.base_profile`).
         window = base_profile(cfg.vocab_dir or cfg.output, pdir,
-                              profile_collector(spec, vocab_sizes, cfg.candidate_chip_counts, warn_skipped=True))
+                              profile_collector(spec, vocab_sizes, cfg.candidate_chip_counts, warn_skipped=True,
+                                                frequency_ids=freq))
         paths = built["profile"] | "Profile" >> CollectProfile(spec, vocab_sizes, pdir, cfg.candidate_chip_counts,
-                                                               window and window.base_directory)
+                                                               window and window.base_directory, frequency_ids=freq)
         file_pcolls.append(paths | "ProfileFileInfo" >> beam.FlatMap(profile_file_infos, cfg.output)
                            .with_output_types(FileInfo))
         extras.append(paths | "ProfileInfo" >> beam.Map(_profile_extra, pdir, window).with_output_types(typing.Any))

@@ -14,7 +14,7 @@ categorical features see the same tokens and dense, weight and identity columns 
 
 from __future__ import annotations
 
-from typing import List, Optional, Sequence, Tuple
+from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -108,3 +108,47 @@ def record_kinds(payloads: Sequence[bytes], keys: Sequence[str]) -> List[Optiona
             continue
         out.append(tuple([None if (v := get(k)) is None else v.WhichOneof("kind") for k in keys]))
     return out
+
+
+# ---------------------------------------------------------------- the kinds the records held (for serving)
+
+COUNTER_PREFIX = "value_kinds/"  # counters "value_kinds/<column>/<kind>": records whose column held that kind
+
+
+def kind_of_type(t: pa.DataType) -> Optional[str]:
+    """The tf.train.Feature kind (an item of KINDS) a reader column's type stands for, a list type by its values':
+    bytes and strings `bytes_list`, integers `int64_list`, floats `float_list`; None for no values (type null)
+    or another type."""
+    while pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t):
+        t = t.value_type
+    if pa.types.is_dictionary(t):
+        t = t.value_type
+    if pa.types.is_binary(t) or pa.types.is_large_binary(t) or pa.types.is_string(t) or pa.types.is_large_string(t):
+        return "bytes_list"
+    if pa.types.is_integer(t):
+        return "int64_list"
+    if pa.types.is_floating(t):
+        return "float_list"
+    return None
+
+
+def kind_counts(columns: Mapping[str, pa.Array], rows: int, text: Sequence[str] = ()) -> Dict[str, int]:
+    """{"value_kinds/<column>/<kind>": records holding a value} of one batch of `rows` records a reader gave:
+    `columns` by their types (`kind_of_type`), the `text` columns (CSV: every cell is text, whatever type the
+    reader gave it) as `bytes_list` in every record."""
+    out = {f"{COUNTER_PREFIX}{c}/bytes_list": rows for c in text}
+    for c, col in columns.items():
+        kind = kind_of_type(col.type)
+        if c not in text and kind is not None and len(col) > col.null_count:
+            out[f"{COUNTER_PREFIX}{c}/{kind}"] = len(col) - col.null_count
+    return out
+
+
+def recorded_kinds(counters: Mapping[str, int]) -> Dict[str, List[str]]:
+    """{column: its kinds, sorted} from counters of `kind_counts` (a column's name may hold '/')."""
+    out: Dict[str, set] = {}
+    for key, n in counters.items():
+        if key.startswith(COUNTER_PREFIX) and n:
+            column, kind = key[len(COUNTER_PREFIX):].rsplit("/", 1)
+            out.setdefault(column, set()).add(kind)
+    return {c: sorted(k) for c, k in sorted(out.items())}

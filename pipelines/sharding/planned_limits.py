@@ -12,7 +12,8 @@ the artifact records the planned limits:
 * `manifest.json["shards"]["format"]`: the id buffer sizes `parse_fn` pads
   to, from the planned `max_ids_per_chip_per_sample`;
 * `plan.json` in the artifact directory (the whole plan: observed figures,
-  drops, memory, balance), listed in the manifest's files.
+  drops, memory, and `balance`: per stack frequency order and balanced ids side by side with their floor,
+  `profiles.balance`), listed in the manifest's files.
 
 No step can overflow those limits: they are the maxima over every step.
 """
@@ -26,6 +27,7 @@ from pipelines.output import write_atomic
 from pipelines.sharding import limits as shard_limits
 from pipelines.sharding import step_records
 from profiles import plan as make_plan
+from profiles.balance import with_balance
 from profiles.jsonio import dumps_readable
 from tpu_embed.artifact.manifest import FILENAME, LimitsInfo, Manifest, manifest_bytes, manifest_path, read_manifest
 
@@ -48,6 +50,7 @@ def finalize(cfg, vocab_sizes) -> Optional[object]:
         warnings.simplefilter("ignore")  # recorded in plan.warnings
         plan = make_plan(cfg.resolved_profile_dir(), spec.model(vocab_sizes), quantile="max",
                          partition_quantile="max")
+    plan = with_balance(plan, cfg.resolved_profile_dir())  # frequency order and balanced ids side by side
     limits = LimitsInfo(max_ids_per_chip_per_sample=int(plan.max_ids_per_chip_per_sample),
                         max_ids_per_table={s: int(plan.max_ids_per_table[s]) for s in layout.stacks},
                         max_unique_ids_per_table={s: int(plan.max_unique_ids_per_table[s])

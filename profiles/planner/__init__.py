@@ -5,6 +5,7 @@
     estimate             expected drops and memory of each setting on the profiled data
     propose              the chosen setting per stack + the one chip-wide id buffer setting
     partition            mod vs div balance, stacking and topology comparisons
+    variants             what-if: other chip counts, SparseCores per chip and batches from the recorded steps
 
 `plan(...)` runs them and assembles a `Plan` (profiles/plan_file.py).
 """
@@ -16,8 +17,8 @@ import os
 import warnings
 from typing import Any, Optional, Sequence, Union
 
-from profiles.config import GlobalConfig
-from profiles.errors import InsufficientDataWarning, LimitOverflowWarning
+from profiles.config import CandidateUnavailable, GlobalConfig
+from profiles.errors import InsufficientDataWarning, LimitOverflowWarning, ProfileError
 from profiles.histogram import parse_quantile, quantile_label
 from profiles.model_file import load_model_config
 from profiles.plan_file import Plan, StackPlan
@@ -25,10 +26,12 @@ from profiles.planner.enumerate import STANDARD_QUANTILES, check_policy, enumera
 from profiles.planner.estimate import csr_buffer_bytes_per_sc, partition_bytes_per_sc
 from profiles.planner.partition import stacking_comparison, table_balance, topology_comparison
 from profiles.planner.propose import propose
-from profiles.planner.sources import StatisticsIndex, resolve
+from profiles.planner.sources import StatisticsIndex, matching_profile, resolve
 from profiles.planner.types import Policy, StackFigures
+from profiles.planner.variants import what_if as what_if_of
 from profiles.profile import Profile
 from profiles.store import ProfileStore
+from profiles.whatif_steps import read_what_if_steps, steps_of
 from tpu_embed.core.model import ModelConfig, from_tf_feature_config
 
 # TF's defaults (TPUEmbeddingV2.DEFAULT_MAX_IDS_PER_TABLE & co), defined once in the core.
@@ -54,7 +57,7 @@ def _target_from_spec(spec: Any) -> Optional[ModelConfig]:
 
 def plan(source: Union[str, os.PathLike, Profile, Sequence[Profile]], spec: Any = None, *,
          quantile: str = "max", headroom: float = 1.0, partition_quantile: str = "max", min_steps: int = 100,
-         model: Optional[str] = None) -> Plan:
+         model: Optional[str] = None, what_if: bool = True) -> Plan:
     """Plan SparseCore limits from profiles.
 
     `source`: a profile directory, a `Profile`, or several.  `spec`: the
@@ -68,7 +71,10 @@ def plan(source: Union[str, os.PathLike, Profile, Sequence[Profile]], spec: Any 
     (LimitOverflowWarning otherwise).  `headroom` multiplies every observed
     figure.  Warns (InsufficientDataWarning, ConfigurationMismatchWarning,
     ConservativeBoundWarning, LimitOverflowWarning) rather than guessing
-    silently; the warnings are also recorded in the plan.
+    silently; the warnings are also recorded in the plan.  `what_if`: the
+    plan's `what_if` (`profiles.planner.variants`: other chip counts,
+    SparseCores per chip and batches) from the profile job's recorded steps,
+    where the profile has them.
     """
     policy = Policy(quantile_label(quantile), float(headroom), quantile_label(partition_quantile), int(min_steps))
     check_policy(policy)
@@ -105,8 +111,26 @@ def plan(source: Union[str, os.PathLike, Profile, Sequence[Profile]], spec: Any 
         topologies = topology_comparison(target, index.models)
     for w in caught:  # re-emit to the caller, and record in the plan
         warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
-    return _assemble(target, figures, proposal, policy, balance, stacking, topologies,
-                     [f"{w.category.__name__}: {w.message}" for w in caught])
+    out = _assemble(target, figures, proposal, policy, balance, stacking, topologies,
+                    [f"{w.category.__name__}: {w.message}" for w in caught])
+    if what_if:
+        out.what_if = _what_if(target, source, index)
+    return out
+
+
+def _what_if(target: ModelConfig, source, index: StatisticsIndex) -> Optional[dict]:
+    """`variants.what_if` of `target` from the recorded steps of its profile, where there are some."""
+    profile = matching_profile(target, index.models)
+    if profile is None:
+        return None
+    try:
+        steps = (read_what_if_steps(os.fspath(source), profile.model) if isinstance(source, (str, os.PathLike))
+                 else steps_of(profile))
+        if steps is None:
+            return None
+        return what_if_of(target, profile.model, steps, profile.steps)
+    except (ProfileError, CandidateUnavailable) as e:
+        return {"unavailable": str(e).splitlines()[0]}
 
 
 def _check_overflow(proposal) -> None:

@@ -31,13 +31,22 @@ ID_ENTRY_BYTES = 12  # int32 token id + int32 sample id + float32 gain
 ROW_ELEMENT_BYTES = 4  # float32 embedding element
 
 
+def staging_bytes(max_ids: int, max_unique: int, padded_dim: int) -> int:
+    """Partition staging per SparseCore of one stack (the memory model above)."""
+    return max_ids * ID_ENTRY_BYTES + max_unique * padded_dim * ROW_ELEMENT_BYTES
+
+
+def csr_buffer_bytes(max_ids_per_chip_per_sample: int, sample_count: int, num_sc_per_chip: int) -> int:
+    """CSR input buffer per SparseCore of one stack (the memory model above)."""
+    return max_ids_per_chip_per_sample * sample_count * ID_ENTRY_BYTES // num_sc_per_chip
+
+
 def partition_bytes_per_sc(fig: StackFigures, max_ids: int, max_unique: int) -> int:
-    return max_ids * ID_ENTRY_BYTES + max_unique * fig.spec.padded_dim * ROW_ELEMENT_BYTES
+    return staging_bytes(max_ids, max_unique, fig.spec.padded_dim)
 
 
 def csr_buffer_bytes_per_sc(fig: StackFigures, max_ids_per_chip_per_sample: int) -> int:
-    nsc = fig.global_config.num_sc_per_chip
-    return max_ids_per_chip_per_sample * fig.spec.sample_count * ID_ENTRY_BYTES // nsc
+    return csr_buffer_bytes(max_ids_per_chip_per_sample, fig.spec.sample_count, fig.global_config.num_sc_per_chip)
 
 
 def estimate(fig: StackFigures, option: LimitOption, max_ids_per_chip_per_sample: int) -> Estimate:

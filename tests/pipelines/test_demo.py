@@ -71,6 +71,18 @@ def test_demo_end_to_end(demo_run):
     # The plan table: limits against TF's defaults, memory, drop rate, balance.
     assert "(TF 256)" in text and "KiB" in text and "drop rate" in text and "balance" in text
     assert "max_ids_per_chip_per_sample" in text
+    # Balanced ids: the table of frequency order against them, and the target on the demo's data (per step
+    # within 5 % of the floor and at most 1.10 where the floor allows; max_ids_per_table >= 20 % lower where
+    # frequency order is >= 1.3x its floor).
+    assert "frequency -> balanced" in text and "floor" in text
+    from profiles import load_plan
+    balance = load_plan(summary["plan"]).balance
+    assert balance["ids"] == "balanced"
+    for name, s in balance["stacks"].items():
+        floor, f, b = s["floor"]["step_balance"], s["orders"]["frequency"], s["orders"]["balanced"]
+        assert b["step_balance"] <= 1.05 * floor and (floor > 1.10 or b["step_balance"] <= 1.10), (name, b, floor)
+        if f["step_balance"] >= 1.3 * floor:
+            assert b["max_ids_per_table"] <= 0.8 * f["max_ids_per_table"], (name, f, b)
     # Training: loss falls; held-out AUC above chance.
     t = summary["train"]
     assert t["train_steps"] == 35 and t["eval_steps"] == 4

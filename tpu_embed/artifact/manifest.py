@@ -33,7 +33,8 @@ SCHEMA_VERSION = 1
 KIND = "tpu_embed.artifact"
 FILENAME = "manifest.json"
 
-FileKind = Literal["vocabulary", "shard", "dead_letter", "spec", "profile", "plan", "token_counts", "transform_output"]
+FileKind = Literal["vocabulary", "shard", "dead_letter", "spec", "profile", "plan", "token_counts", "transform_output",
+                   "frequency_ids"]
 
 
 class ManifestError(ValueError):
@@ -99,6 +100,8 @@ class JobInfo(_Section):
     plan: Optional[str] = None
     limits: Optional[LimitsInfo] = None
     vocab_sizes: Optional[Dict[str, int]] = None
+    # {column: the tf.train.Feature kinds of its values in the records the job read} (`Manifest.value_kinds`)
+    value_kinds: Optional[Dict[str, List[str]]] = None
 
 
 class VocabularyInfo(_Section):
@@ -126,6 +129,11 @@ class VocabularyInfo(_Section):
     capacity_overflow_tokens: Optional[int] = None  # of them, those that qualified but found the capacity full
     capacity_overflow_count: Optional[int] = None
     counts_file: Optional[str] = None  # vocab/<key>.counts.parquet: token, id, count, last_day
+    # `partition: {ids: balanced}` (pipelines.mapping.balanced_ids): how the ids were assigned: `order`
+    # (balanced, or frequency with `why`), the `layout` and `stack` balanced for, `num_sparse_cores`, the table's
+    # `rotation`, `fixed_ids` (a base's, kept), `frequency_ids` (the file: per id, its frequency-order id) and
+    # `stack_lookups_balance` (busiest destination / mean over the counted lookups, both orders).
+    ids: Optional[Dict[str, Any]] = None
 
 
 class LineageBase(_Section):
@@ -285,6 +293,12 @@ class Manifest(_Section):
     profile: Optional[ProfileInfo] = None
     batching: Optional[BatchingInfo] = None
     lineage: Optional[LineageInfo] = None  # vocabulary modes append / frozen
+    # {column: the tf.train.Feature kinds ("bytes_list", "float_list", "int64_list") its values had in the records
+    # the jobs read}, over every job's `value_kinds`: CSV cells are text (bytes_list), a Parquet column the kind of
+    # its Arrow type, a TFRecord key the kinds its Features held (a key whose kinds differ within one batch of
+    # the reader is read as text: bytes_list). A column that held no value is not listed. Serving parses a column
+    # of one kind as that kind (`tpu_embed.serving.examples`); None (written before the jobs recorded it): any kind.
+    value_kinds: Optional[Dict[str, List[str]]] = None
 
     _source: str = PrivateAttr(default="<manifest>")
 

@@ -40,6 +40,7 @@ A spec file looks like this (every key is documented in docs/reference/spec.md):
     training: {pipeline_execution_with_tensor_core: false}   # TPUEmbeddingV2 flag; not fingerprinted
     shards: {compression: none,        # none | GZIP | ZLIB (shard files); not fingerprinted
              layout: tensorflow}       # tensorflow | jax | both: whose SparseCore input arrays the records hold
+    partition: {ids: frequency}        # or balanced: ids that spread the lookups evenly over the SparseCores
 
 The format is a set of pydantic models: every default is the default of its
 field, unknown keys are refused (with the allowed key a misspelled one is
@@ -427,6 +428,20 @@ class ShuffleSpec(_Model):
         fix="an integer in [0, 2**64), e.g. shuffle: {seed: 0}; another seed gives another order.")
 
 
+class PartitionSpec(_Model):
+    # How the vocabulary job numbers a frequency vocabulary's tokens (tpu_embed.sparsecore.balance): frequency
+    # order (the hottest token id 0, as tft.vocabulary writes it), or balanced ids, chosen so that every
+    # destination SparseCore of a stack receives about the same number of lookups. Fingerprinted when balanced
+    # (it changes the ids); a spec without `partition` keeps its fingerprint.
+    ids: Literal["frequency", "balanced"] = _field(
+        "frequency", fix="use frequency (the hottest token id 0, the default) or balanced (ids that spread the "
+                         "lookups evenly over the SparseCores).")
+
+    @property
+    def balanced_ids(self) -> bool:
+        return self.ids == "balanced"
+
+
 class _TopologySpec(_Model):
     num_chips: PosInt = _field(1, validation_alias=AliasChoices("num_chips", "chips"))
     num_sc_per_chip: PosInt = _field(4, validation_alias=AliasChoices("num_sc_per_chip", "sc_per_chip"))
@@ -509,6 +524,7 @@ class Spec(_Model):
     epochs: PosInt = _field(1, fix="a positive integer (epochs > 1 needs `shuffle`).")
     training: Annotated[TrainingSpec, NullIsDefault] = Field(default_factory=TrainingSpec)
     shards: Annotated[ShardsSpec, NullIsDefault] = Field(default_factory=ShardsSpec)
+    partition: Annotated[PartitionSpec, NullIsDefault] = Field(default_factory=PartitionSpec)
     name: Annotated[str, Field(strict=True)] = "spec"
     # The previous artifact of the lineage (vocabulary modes append / frozen), relative to the spec file;
     # `--base` overrides it. Not fingerprinted: like `inputs`, it says where data lives.
@@ -692,7 +708,7 @@ class Spec(_Model):
 
     def to_dict(self) -> dict:
         """The normalized spec: every default filled in, lists in spec order (manifests and fingerprints)."""
-        d = self.model_dump(mode="json", exclude={"defaults", "topology", "limits"})
+        d = self.model_dump(mode="json", exclude={"defaults", "topology", "limits", "partition"})
         for f in d["categorical"]:  # the vocabulary mode only when not rebuild: older fingerprints are unchanged
             v = f["vocabulary"]
             if v.get("mode") == "rebuild" and v.get("capacity") is None:
@@ -714,7 +730,9 @@ class Spec(_Model):
                 # only when given: the normalized form of specs without a base is unchanged
                 **({"base": self.base} if self.base is not None else {}),
                 # shuffle/epochs only when shuffled: the fingerprints of unshuffled specs are unchanged
-                **({"shuffle": d["shuffle"], "epochs": self.epochs} if self.shuffle is not None else {})}
+                **({"shuffle": d["shuffle"], "epochs": self.epochs} if self.shuffle is not None else {}),
+                # partition only when its ids are balanced: the normalized form of earlier specs is unchanged
+                **({"partition": self.partition.to_dict()} if self.partition.balanced_ids else {})}
 
     def to_yaml(self) -> str:
         return yaml.safe_dump(self.to_dict(), sort_keys=False, default_flow_style=None, width=110)

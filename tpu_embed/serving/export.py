@@ -30,11 +30,12 @@ trained tables: SparseCore and tensor-core features alike, sequence features [ba
 
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, Mapping, Optional
+import collections.abc
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
 
 import tensorflow as tf
 
-from tpu_embed.serving.mapping import RawFeatureMapping
+from tpu_embed.serving.mapping import Mapped, RawFeatureMapping
 from tpu_embed.serving.plan import load_for_serving
 
 __all__ = ["ServingModel", "embedding_lookup", "export_saved_model", "MODEL_OUTPUTS"]
@@ -78,8 +79,140 @@ def _default_model_inputs(mapped: Mapping[str, Any], activations: Mapping[str, t
     return {"dense": mapped["dense"], "embeddings": dict(activations)}
 
 
+_COMBINERS = {"sum": 0, "mean": 1, "sqrtn": 2}
+
+
+class _MappedView(collections.abc.Mapping):
+    """`Mapped` as the dict `map_raw` returns, for `model_inputs`: "dense" and "valid" as they are, "ids" and
+    "weights" split per feature only when a `model_inputs` asks for them."""
+
+    def __init__(self, mapped: Mapped):
+        self._mapped = mapped
+        self._per_feature: Optional[Dict[str, Any]] = None
+
+    def __getitem__(self, key: str) -> Any:
+        if key in ("dense", "valid"):
+            return getattr(self._mapped, key)
+        if key in ("ids", "weights"):
+            if self._per_feature is None:
+                self._per_feature = self._mapped.feature_ids()
+            return self._per_feature[key]
+        raise KeyError(key)
+
+    def __iter__(self):
+        return iter(("ids", "weights", "dense", "valid"))
+
+    def __len__(self) -> int:
+        return 4
+
+
+class _StackedTables:
+    """The trained tables the features look up, one variable per embedding width: the tables of that width one
+    after the other (`row_offset` of each), so that every feature of a width is one gather."""
+
+    def __init__(self, spec: Any, tables: Mapping[str, Any], used: Sequence[str]):
+        by_dim: Dict[int, List[str]] = {}
+        self.values = {}
+        for t in used:
+            value = tf.convert_to_tensor(tables[t])
+            by_dim.setdefault(int(value.shape[1]), []).append(t)
+            self.values[t] = value
+        self.dims = sorted(by_dim)
+        self.tables_of_dim = {d: by_dim[d] for d in self.dims}
+        self.row_offset: Dict[str, int] = {}
+        self.variables = {}
+        for d in self.dims:
+            at = 0
+            for t in by_dim[d]:
+                self.row_offset[t] = at
+                at += int(self.values[t].shape[0])
+            stacked = tf.concat([self.values[t] for t in by_dim[d]], axis=0) if len(by_dim[d]) > 1 \
+                else self.values[by_dim[d][0]]
+            # A copy: the SavedModel holds the trained values as they are now, not the training variables.
+            self.variables[d] = tf.Variable(stacked, trainable=False, name=f"tables_dim{d}")
+
+
+def _activations(spec: Any, mapped: Mapped, stacked: _StackedTables) -> Dict[str, tf.Tensor]:
+    """{feature: activation} of every feature of `mapped`, as `embedding_lookup` computes each one, for all the
+    features of one embedding width at once: one gather from that width's stacked tables and one segment sum,
+    whose segments are the bags (feature, row) and the sequence features' (feature, row, position)."""
+    feats = mapped.layout.features
+    nfeat = len(feats)
+    nrows = mapped.nrows
+    safe_rows = tf.maximum(nrows, 1)
+    segment = mapped.ids.value_rowids()  # per value: its feature's position * nrows + its row
+    weights = tf.ones_like(mapped.ids.flat_values, tf.float32) if mapped.weights is None else mapped.weights
+    dim_of = [int(stacked.values[f.table].shape[1]) for f in feats]
+    combiner = [_COMBINERS[spec.table(f.table).combiner] for f in feats]
+    seq = [f.sequence_length for f in feats]
+    place = None  # per value: its place in its row (sequence features)
+    if any(seq):
+        place = tf.range(tf.size(segment, out_type=tf.int64)) - tf.gather(mapped.ids.row_splits, segment)
+
+    def per_feature(vals: Sequence[Any], dtype: tf.DType, feature: tf.Tensor) -> tf.Tensor:
+        return tf.gather(tf.constant(list(vals), dtype), feature)
+
+    out: Dict[str, tf.Tensor] = {}
+    for d in stacked.dims:
+        members = [k for k in range(nfeat) if dim_of[k] == d]
+        if not members:
+            continue
+        ids, w, seg, at = mapped.ids.flat_values, weights, segment, place
+        if len(members) < nfeat:  # this width's values only
+            inside = per_feature([dim_of[k] == d for k in range(nfeat)], tf.bool, segment // safe_rows)
+            ids, w, seg = tf.boolean_mask(ids, inside), tf.boolean_mask(w, inside), tf.boolean_mask(seg, inside)
+            at = None if place is None else tf.boolean_mask(place, inside)
+        feature, row = seg // safe_rows, seg % safe_rows
+        offsets = [stacked.row_offset[f.table] for f in feats]
+        table_rows = tf.gather(stacked.variables[d], ids + per_feature(offsets, tf.int64, feature))
+        # Each value's gain: a bag's weight scaled by its combiner over the bag (sum: 1, mean: 1 / sum of the
+        # weights, sqrtn: 1 / sqrt of the sum of their squares; 0 where that sum is 0); a sequence position's
+        # combiner over its one value.
+        code = per_feature(combiner, tf.int32, feature)
+        gain = w
+        used = {combiner[k] for k in members}
+        if 1 in used:
+            s1 = tf.math.unsorted_segment_sum(w, seg, nfeat * nrows)
+            gain = tf.where(tf.equal(code, 1), w * tf.gather(tf.where(tf.equal(s1, 0.0), tf.zeros_like(s1),
+                                                                       1.0 / s1), seg), gain)
+        if 2 in used:
+            s2 = tf.math.unsorted_segment_sum(w * w, seg, nfeat * nrows)
+            gain = tf.where(tf.equal(code, 2), w * tf.gather(tf.where(tf.equal(s2, 0.0), tf.zeros_like(s2),
+                                                                       1.0 / tf.sqrt(s2)), seg), gain)
+        bags = [k for k in members if not seq[k]]
+        seqs = [k for k in members if seq[k]]
+        bag_index = {k: i for i, k in enumerate(bags)}
+        if not seqs and len(bags) == nfeat:
+            slot, total = seg, nfeat * nrows
+        else:
+            slot = per_feature([bag_index.get(k, 0) for k in range(nfeat)], tf.int64, feature) * nrows + row
+            total = len(bags) * nrows
+        seq_base = {}
+        if seqs:
+            is_seq = per_feature([bool(seq[k]) for k in range(nfeat)], tf.bool, feature)
+            one = tf.where(tf.equal(w, 0.0), tf.zeros_like(w), w / tf.where(tf.equal(code, 2), tf.abs(w), w))
+            gain = tf.where(is_seq & tf.not_equal(code, 0), one, gain)
+            base = 0
+            for k in seqs:
+                seq_base[k] = base
+                base += seq[k]
+            where_seq = (len(bags) * nrows + per_feature([seq_base.get(k, 0) for k in range(nfeat)], tf.int64, feature)
+                         * nrows + row * per_feature(seq, tf.int64, feature) + at)
+            slot = tf.where(is_seq, where_seq, slot)
+            total = total + base * nrows
+        summed = tf.math.unsorted_segment_sum(table_rows * gain[:, None], slot, total)
+        if bags:
+            block = summed if not seqs else summed[:len(bags) * nrows]
+            for k, a in zip(bags, tf.unstack(tf.reshape(block, [len(bags), nrows, d]), num=len(bags)), strict=True):
+                out[feats[k].name] = a
+        for k in seqs:
+            lo = (len(bags) + seq_base[k]) * nrows
+            out[feats[k].name] = tf.reshape(summed[lo:lo + seq[k] * nrows], [nrows, seq[k], d])
+    return out
+
+
 class ServingModel(tf.Module):
-    """The mapping, the tables and the model in one `tf.Module`, with the two signatures' functions.
+    """The mapping, the tables and the model in one `tf.Module`, with the signatures' functions.
 
     Args:
       artifact_dir: the artifact the model was trained from (its spec, manifest and vocabulary files).
@@ -102,32 +235,30 @@ class ServingModel(tf.Module):
         self._model_output = model_output
         artifact, plan = load_for_serving(artifact_dir)  # its vocabulary files checked against the manifest
         self._spec = artifact.spec
-        self.mapping = RawFeatureMapping(plan)
-        used = {f.table for f in artifact.spec.categorical}
-        missing = sorted(used - set(tables))
+        self.mapping = RawFeatureMapping(plan, value_kinds=artifact.manifest.value_kinds)
+        used = sorted({f.table for f in artifact.spec.categorical})
+        missing = sorted(set(used) - set(tables))
         if missing:
             raise ValueError(f"tables {missing} of the artifact's spec are not among the embedding's tables "
                              f"{sorted(tables)}.")
-        # Copies: the SavedModel holds the trained values as they are now, not the training variables.
-        self.tables = {t: tf.Variable(tf.convert_to_tensor(tables[t]), trainable=False, name=f"table_{t}")
-                       for t in sorted(used)}
+        self._stacked = _StackedTables(artifact.spec, tables, used)
+        self.tables = {f"dim{d}": v for d, v in self._stacked.variables.items()}  # tracked: saved with the model
         self.model = model
         self._model_inputs = model_inputs or _default_model_inputs
         self.examples = tf.function(self._examples, input_signature=[tf.TensorSpec([None], tf.string, "examples")])
+        self.examples_any_kind = tf.function(self._examples_any_kind,
+                                             input_signature=[tf.TensorSpec([None], tf.string, "examples")])
         self.raw = tf.function(self._raw, input_signature=[
             {c: tf.TensorSpec([None], tf.string, c) for c in self.mapping.columns}])
 
-    def activations(self, mapped: Mapping[str, Any]) -> Dict[str, tf.Tensor]:
-        out = {}
-        for f in self._spec.categorical:
-            out[f.name] = embedding_lookup(self.tables[f.table], mapped["ids"][f.name],
-                                           mapped["weights"].get(f.name), self._spec.table(f.table).combiner,
-                                           f.sequence_length)
-        return out
+    def activations(self, mapped: Mapped) -> Dict[str, tf.Tensor]:
+        """{feature: [batch, dim] (a sequence feature's [batch, sequence_length, dim])} of a `Mapped` batch."""
+        return _activations(self._spec, mapped, self._stacked)
 
-    def predict(self, mapped: Mapping[str, Any]) -> Dict[str, tf.Tensor]:
-        predictions = tf.cast(self.model(self._model_inputs(mapped, self.activations(mapped))), tf.float32)
-        out = {"predictions": predictions, "valid": mapped["valid"]}
+    def predict(self, mapped: Mapped) -> Dict[str, tf.Tensor]:
+        view = _MappedView(mapped)
+        predictions = tf.cast(self.model(self._model_inputs(view, self.activations(mapped))), tf.float32)
+        out = {"predictions": predictions, "valid": mapped.valid}
         if self._model_output == "logits":
             out.update(logits=tf.identity(predictions), probabilities=tf.math.sigmoid(predictions))
         elif self._model_output == "probabilities":
@@ -136,10 +267,13 @@ class ServingModel(tf.Module):
         return out
 
     def _examples(self, examples):
-        return self.predict(self.mapping.map_examples(examples))
+        return self.predict(self.mapping.map_examples_stacked(examples))
+
+    def _examples_any_kind(self, examples):
+        return self.predict(self.mapping.map_examples_stacked(examples, any_kind=True))
 
     def _raw(self, raw):
-        return self.predict(self.mapping(raw))
+        return self.predict(self.mapping.map_raw_stacked(raw))
 
 
 def export_saved_model(artifact: str, embedding: Any, model: Any, path: str, *,
@@ -171,5 +305,6 @@ def export_saved_model(artifact: str, embedding: Any, model: Any, path: str, *,
     module = ServingModel(artifact, tables, model, model_inputs, model_output=model_output)
     tf.saved_model.save(module, path, signatures={
         "serving_default": module.examples.get_concrete_function(),
+        "examples_any_kind": module.examples_any_kind.get_concrete_function(),
         "raw": module.raw.get_concrete_function()})
     return path

@@ -27,7 +27,14 @@ The rules are the offline jobs' (`pipelines.read.parse`, `pipelines.mapping.ids`
 
 Records the offline jobs would not use (dead letters, or values that stop the job under an `error` policy)
 are mapped anyway, so a batch keeps its rows, and flagged in `valid`; docs/how-to/serve.md says what
-each one gets. The label is not read.
+each one gets. The label is not read. A column the raw features leave out has no value in any row (as an
+Example without that key).
+
+The graph is compact: the columns are stacked (`tpu_embed.serving.columns`) and every rule runs once over all
+the features that take it (one split per delimiter, one number parse, one mask per step), features grouped by
+rule (`Layout`): the ops per feature are one lookup per frequency vocabulary and one hash per distinct
+`num_buckets`, whatever the number of columns. `map_stacked` gives the result in that form (`Mapped`: every
+feature's ids in one ragged tensor), which `tpu_embed.serving.export` looks up without splitting it per feature.
 
 `map_raw(raw, plan, tables)` is the pure function under the module (no Keras, no Python per value): a
 `tf.Transform` preprocessing function or any `tf.function` can call it with tables made by
@@ -42,10 +49,21 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 import tensorflow as tf
 
 from tpu_embed.serving import numbers
-from tpu_embed.serving.plan import DensePlan, FeaturePlan, MappingPlan
+from tpu_embed.serving.columns import (
+    Column,
+    Stacked,
+    as_column,
+    batch_rows,
+    concat_rows,
+    rows_of,
+    stack,
+    stack_strings,
+)
+from tpu_embed.serving.examples import parse_examples, parse_for_plan
+from tpu_embed.serving.plan import DensePlan, FeaturePlan, MappingPlan, load_for_serving
 
-__all__ = ["FeaturePlan", "DensePlan", "MappingPlan", "RawFeatureMapping", "map_raw", "parse_examples",
-           "vocabulary_tables"]
+__all__ = ["Column", "FeaturePlan", "DensePlan", "Layout", "Mapped", "MappingPlan", "RawFeatureMapping",
+           "map_raw", "map_stacked", "parse_examples", "vocabulary_tables"]
 
 
 class _SharedNameTextFileInitializer(tf.lookup.TextFileInitializer):
@@ -75,89 +93,120 @@ def vocabulary_tables(plan: MappingPlan, shared_names: Optional[Mapping[str, str
     return tables
 
 
-# ---------------------------------------------------------------- raw columns
+# ---------------------------------------------------------------- the layout: features grouped by rule
+
+_KIND_ORDER = {"frequency": 0, "hashing": 1, "identity": 2}
+Source = Tuple[int, Optional[str]]  # (column's place among the stacked columns, delimiter)
+
+
+def _sources(pairs: Sequence[Tuple[str, Optional[str]]], columns: Sequence[str]
+             ) -> Tuple[Tuple[Source, ...], List[int]]:
+    """(distinct (column, delimiter) sources, grouped by delimiter: no delimiter first, then each in order of
+    first use; the source of each pair)."""
+    delimiters = list(dict.fromkeys([None] + [d for _, d in pairs]))
+    distinct = list(dict.fromkeys(pairs))
+    ordered = sorted(distinct, key=lambda p: (delimiters.index(p[1]), distinct.index(p)))
+    where = {p: i for i, p in enumerate(ordered)}
+    return tuple((columns.index(c), d) for c, d in ordered), [where[p] for p in pairs]
+
+
+def _runs(values: Sequence[Any]) -> List[Tuple[int, int, Any]]:
+    """(start, end, value) of each run of equal consecutive values."""
+    out: List[Tuple[int, int, Any]] = []
+    for i, v in enumerate(values):
+        if out and out[-1][2] == v:
+            out[-1] = (out[-1][0], i + 1, v)
+        else:
+            out.append((i, i + 1, v))
+    return out
+
+
+@dataclasses.dataclass(frozen=True)
+class Layout:
+    """How `map_stacked` lays a plan's features out (TensorFlow-free): the features grouped by rule (frequency by
+    vocabulary, then hashing by `num_buckets`, then identity; spec order otherwise), the columns read as
+    categorical values and as numbers, and where each feature's tokens and weights come from."""
+
+    features: Tuple[FeaturePlan, ...]
+    token_columns: Tuple[str, ...]
+    token_sources: Tuple[Source, ...]
+    feature_token_source: Tuple[int, ...]
+    number_columns: Tuple[str, ...]  # dense columns, then weight columns
+    number_sources: Tuple[Source, ...]
+    dense_sources: Tuple[int, ...]  # the number source of each dense feature
+    weighted: Tuple[int, ...]  # features (by position) with a weight column
+    weight_sources: Tuple[int, ...]  # their number source
+
+    @classmethod
+    def of(cls, plan: MappingPlan) -> "Layout":
+        firsts: Dict[Tuple[Any, ...], int] = {}
+        for i, f in enumerate(plan.features):
+            firsts.setdefault((f.kind, f.vocabulary_key, f.num_buckets), i)
+
+        def rule(i: int):
+            f = plan.features[i]
+            k = _KIND_ORDER[f.kind]
+            if f.kind == "frequency":
+                return (k, f.num_oov_buckets, firsts[(f.kind, f.vocabulary_key, f.num_buckets)], i)
+            if f.kind == "hashing":
+                return (k, int(f.num_buckets or 0), i, i)
+            return (k, 0, i, i)
+
+        features = tuple(plan.features[i] for i in sorted(range(len(plan.features)), key=rule))
+        token_columns = tuple(dict.fromkeys(f.column for f in features))
+        token_sources, feature_token_source = _sources([(f.column, f.delimiter) for f in features], token_columns)
+        number_columns = tuple(dict.fromkeys([d.column for d in plan.dense]
+                                             + [f.weight_column for f in features if f.weight_column]))
+        weighted = tuple(i for i, f in enumerate(features) if f.weight_column)
+        pairs = [(d.column, None) for d in plan.dense] + [(features[i].weight_column, features[i].delimiter)
+                                                          for i in weighted]
+        number_sources, where = _sources(pairs, number_columns)  # type: ignore[arg-type]
+        return cls(features, token_columns, token_sources, tuple(feature_token_source), number_columns,
+                   number_sources, tuple(where[:len(plan.dense)]), weighted, tuple(where[len(plan.dense):]))
+
 
 @dataclasses.dataclass
-class Column:
-    """One raw column of a batch: its values per row, as strings, integers and / or floats ([batch, None]
-    ragged tensors; a row's values are of one kind). A raw tensor gives one kind, tf.train.Examples all three."""
+class Mapped:
+    """`map_stacked`'s result: every feature's ids in one ragged tensor, features in `layout.features` order
+    (feature k's rows at k * nrows ... (k + 1) * nrows - 1)."""
 
-    strings: Optional[tf.RaggedTensor] = None
-    ints: Optional[tf.RaggedTensor] = None
-    floats: Optional[tf.RaggedTensor] = None  # float64
-    float_texts: Optional[tf.RaggedTensor] = None  # `numbers.float_text` of `floats`, when made once for a batch
+    layout: Layout
+    nrows: tf.Tensor  # int64
+    ids: tf.RaggedTensor  # int64 [num_features * nrows, None]
+    weights: Optional[tf.Tensor]  # float32 [ids' values]: 1.0 for features without weights; None if none has
+    dense: tf.Tensor  # float32 [nrows, num_dense]
+    valid: tf.Tensor  # bool [nrows]
 
-    def parts(self) -> List[tf.RaggedTensor]:
-        return [p for p in (self.strings, self.ints, self.floats) if p is not None]
-
-
-def as_column(x: Any, name: str = "") -> Column:
-    """A raw tensor as a `Column`: [batch] (one value a row; a blank string is no value), [batch, n], ragged
-    [batch, None] or sparse [batch, n]; strings, integers or floats."""
-    if isinstance(x, Column):
-        return x
-    if isinstance(x, tf.SparseTensor):
-        x = tf.RaggedTensor.from_sparse(x)
-    elif not isinstance(x, tf.RaggedTensor):
-        x = tf.convert_to_tensor(x)
-        if x.shape.rank == 1:
-            x = x[:, None]
-        if x.shape.rank != 2:
-            raise ValueError(f"raw column {name!r}: expected a [batch] or [batch, n] tensor, got shape {x.shape}.")
-        x = tf.RaggedTensor.from_tensor(x)
-    if x.shape.rank != 2:
-        raise ValueError(f"raw column {name!r}: expected [batch, None] values, got rank {x.shape.rank}.")
-    d = x.dtype
-    if d == tf.string:
-        return Column(strings=x)
-    if d.is_integer and d not in (tf.uint64,):
-        return Column(ints=tf.cast(x, tf.int64))
-    if d.is_floating:
-        return Column(floats=tf.cast(x, tf.float64))
-    raise TypeError(f"raw column {name!r} has type {d.name}: expected strings, integers or floats.")
+    def feature_ids(self) -> Dict[str, Any]:
+        """{"ids": {feature: int64 ragged [batch, None]}, "weights": {weighted feature: float32 ragged}}: one
+        split of the values and one of the rows for all the features."""
+        feats = self.layout.features
+        num, n = len(feats), self.nrows
+        splits = self.ids.row_splits
+        lengths = tf.reshape(splits[1:] - splits[:-1], [num, n])
+        rows = tf.concat([tf.zeros([num, 1], tf.int64), tf.cumsum(lengths, axis=1)], axis=1)  # per feature
+        sizes = rows[:, -1]
+        values = tf.split(self.ids.flat_values, sizes, num=num) if num > 1 else [self.ids.flat_values]
+        weights = ([None] * num if self.weights is None
+                   else tf.split(self.weights, sizes, num=num) if num > 1 else [self.weights])
+        ids, out_weights = {}, {}
+        for f, v, w, r in zip(feats, values, weights, tf.unstack(rows, num=num), strict=True):
+            ids[f.name] = tf.RaggedTensor.from_row_splits(v, r, validate=False)
+            if f.weight_column:
+                out_weights[f.name] = tf.RaggedTensor.from_row_splits(w, r, validate=False)
+        return {"ids": ids, "weights": out_weights}
 
 
-def _rows(column: Column) -> tf.Tensor:
-    return column.parts()[0].nrows()
+# ---------------------------------------------------------------- steps over stacked columns
+
+def _flat_rows(x: tf.RaggedTensor, nrows: tf.Tensor) -> tf.Tensor:
+    """Per value of `x` ([k * nrows, None]): its row of the batch (its row of `x` mod nrows)."""
+    return x.value_rowids() % tf.maximum(nrows, 1)
 
 
-_UNEQUAL = "raw columns of unequal length: "
-_UNEQUAL_FIX = ": give every column one entry per row of the batch (a blank string for no value)."
-
-
-def _batch_rows(cols: Mapping[str, Column]) -> tf.Tensor:
-    """The rows of the batch: every column's, checked equal. Columns of unequal length are refused in one line
-    naming each column whose length is not the one most columns have, its length and that one: a `ValueError`
-    where the lengths are known when the ops are made (eager), else an assert in the graph
-    (`InvalidArgumentError` when it runs), which the rows returned depend on."""
-    names = list(cols)
-    rows = [_rows(cols[c]) for c in names]
-    known = [tf.get_static_value(r) for r in rows]
-    if all(k is not None for k in known):
-        lengths = [int(k) for k in known]
-        common = max(lengths, key=lengths.count)  # the first of the most frequent
-        if any(n != common for n in lengths):
-            ref = names[lengths.index(common)]
-            odd = ", ".join(f"{c} has {n} rows" for c, n in zip(names, lengths, strict=True) if n != common)
-            raise ValueError(f"{_UNEQUAL}{odd}, where {ref} has {common}{_UNEQUAL_FIX}")
-        return rows[0]
-    lengths = tf.stack([tf.cast(r, tf.int64) for r in rows])
-    same = tf.cast(tf.equal(lengths[:, None], lengths[None, :]), tf.int32)
-    at = tf.argmax(tf.reduce_sum(same, axis=1), output_type=tf.int32)  # the first of the most frequent
-    common = lengths[at]
-    odd = tf.not_equal(lengths, common)
-    named = tf.constant(names)  # unquoted: the assert's message escapes quotes
-    text = tf.strings.reduce_join(tf.boolean_mask(named + " has " + tf.strings.as_string(lengths) + " rows", odd),
-                                  separator=", ")
-    message = tf.strings.join([_UNEQUAL, text, ", where ", tf.gather(named, at), " has ",
-                               tf.strings.as_string(common), _UNEQUAL_FIX])
-    check = tf.debugging.Assert(~tf.reduce_any(odd), [message])
-    with tf.control_dependencies([check]):
-        return tf.identity(rows[0])
-
-
-def _concat(parts: List[tf.RaggedTensor]) -> tf.RaggedTensor:
-    return parts[0] if len(parts) == 1 else tf.concat(parts, axis=1)
+def _any_per_row(flags: tf.Tensor, rows: tf.Tensor, nrows: tf.Tensor) -> tf.Tensor:
+    """bool [nrows]: rows with a flag set (`flags` and `rows`: per value)."""
+    return tf.math.unsorted_segment_max(tf.cast(flags, tf.int32), rows, nrows) > 0
 
 
 def _split(strings: tf.RaggedTensor, delimiter: Optional[str]) -> tf.RaggedTensor:
@@ -167,273 +216,391 @@ def _split(strings: tf.RaggedTensor, delimiter: Optional[str]) -> tf.RaggedTenso
     return strings.with_flat_values(tf.strings.split(strings.flat_values, sep=delimiter)).merge_dims(1, 2)
 
 
-def _float64(column: Column, delimiter: Optional[str]) -> Tuple[tf.RaggedTensor, tf.RaggedTensor, tf.RaggedTensor]:
-    """(values, blank, bad) of a column of numbers, ragged; strings split at `delimiter`."""
+def _split_sources(strings: tf.RaggedTensor, sources: Sequence[Source], nrows: tf.Tensor, count: int
+                   ) -> tf.RaggedTensor:
+    """[len(sources) * nrows, None]: each source's column of `strings` ([count * nrows, None]) split at its
+    delimiter; `sources` are grouped by delimiter (`_sources`), so one split per delimiter."""
     parts = []
-    if column.strings is not None:
-        s = _split(column.strings, delimiter)
-        v, blank, bad = numbers.parse_float64(s.flat_values)
-        parts.append((s.with_flat_values(v), s.with_flat_values(blank), s.with_flat_values(bad)))
-    if column.ints is not None:
-        x = column.ints
-        parts.append((tf.cast(x, tf.float64), tf.zeros_like(x, tf.bool), tf.zeros_like(x, tf.bool)))
-    if column.floats is not None:
-        x = column.floats
-        ok = tf.math.is_finite(x.flat_values)
-        parts.append((x.with_flat_values(tf.where(ok, x.flat_values, tf.zeros_like(x.flat_values))),
-                      tf.zeros_like(x, tf.bool), x.with_flat_values(~ok)))
-    return tuple(_concat([p[i] for p in parts]) for i in range(3))
+    for start, end, delimiter in _runs([d for _, d in sources]):
+        parts.append(_split(rows_of(strings, [c for c, _ in sources[start:end]], nrows, count), delimiter))
+    return parts[0] if len(parts) == 1 else tf.concat(parts, axis=0)
 
 
-def _tokens(column: Column, delimiter: Optional[str]) -> tf.RaggedTensor:
-    """A categorical column's values as tokens: strings split at the delimiter, integers' decimal text,
-    floats' `repr`; blank tokens still in (they count against the weights first)."""
+def _empty(rows: tf.Tensor, dtype: tf.DType, inner: Sequence[int] = ()) -> tf.RaggedTensor:
+    return tf.RaggedTensor.from_row_lengths(tf.zeros([0, *inner], dtype), tf.zeros([rows], tf.int64),
+                                            validate=False)
+
+
+def _tokens(st: Stacked, sources: Sequence[Source]) -> tf.RaggedTensor:
+    """[len(sources) * nrows, None] token texts of the sources: strings split at the delimiter, integers' decimal
+    text, floats' `repr` (row by row in that order); blank tokens still in (they count against weights)."""
+    n, count = st.nrows, len(st.names)
+    columns = [c for c, _ in sources]
     parts = []
-    if column.strings is not None:
-        parts.append(_split(column.strings, delimiter))
-    if column.ints is not None:
-        parts.append(column.ints.with_flat_values(tf.strings.as_string(column.ints.flat_values)))
-    if column.float_texts is not None:
-        parts.append(column.float_texts)
-    elif column.floats is not None:
-        parts.append(column.floats.with_flat_values(numbers.float_text(column.floats.flat_values)))
-    return _concat(parts)
+    if st.strings is not None:
+        parts.append(_split_sources(st.strings, sources, n, count))
+    if st.ints is not None:
+        x = rows_of(st.ints, columns, n, count)
+        parts.append(x.with_flat_values(tf.strings.as_string(x.flat_values)))
+    if st.floats is not None:
+        x = rows_of(st.floats, columns, n, count)
+        parts.append(x.with_flat_values(numbers.float_text(x.flat_values)))
+    if not parts:
+        return _empty(len(sources) * n, tf.string)
+    return concat_rows(parts)
 
 
-# ---------------------------------------------------------------- the mapping
+def _numbers(st: Stacked, sources: Sequence[Source], ascii: tf.Tensor) -> tf.RaggedTensor:
+    """[len(sources) * nrows, None, 3] float64: (value, blank, bad) of each value of the sources (strings split
+    at the delimiter and parsed as `pipelines.read.parse.parse_floats`; integers; floats, bad where not finite;
+    value 0.0 where blank or bad)."""
+    n, count = st.nrows, len(st.names)
+    columns = [c for c, _ in sources]
+    parts = []
+    if st.strings is not None:
+        s = _split_sources(st.strings, sources, n, count)
+        v, blank, bad = numbers.parse_float64(s.flat_values, ascii)
+        parts.append(s.with_flat_values(tf.stack([v, tf.cast(blank, tf.float64), tf.cast(bad, tf.float64)], 1)))
+    if st.ints is not None:
+        x = rows_of(st.ints, columns, n, count).flat_values
+        zero = tf.zeros_like(x, tf.float64)
+        parts.append(rows_of(st.ints, columns, n, count).with_flat_values(
+            tf.stack([tf.cast(x, tf.float64), zero, zero], 1)))
+    if st.floats is not None:
+        r = rows_of(st.floats, columns, n, count)
+        x = r.flat_values
+        ok = tf.math.is_finite(x)
+        parts.append(r.with_flat_values(tf.stack([tf.where(ok, x, tf.zeros_like(x)), tf.zeros_like(x),
+                                                  tf.cast(~ok, tf.float64)], 1)))
+    if not parts:
+        return _empty(len(sources) * n, tf.float64, [3])
+    return concat_rows(parts)
 
-def _any_per_row(flags: tf.RaggedTensor) -> tf.Tensor:
-    return tf.reduce_any(flags, axis=1)
+
+def _strings(stacks: Sequence[Stacked]) -> List[tf.RaggedTensor]:
+    return [s.strings for s in stacks if s.strings is not None]
 
 
-def _not_utf8(column: Column) -> Optional[tf.Tensor]:
-    """bool [batch]: rows with a string value that is not UTF-8 (None: the column has no strings). Transcoding
-    replaces exactly the bytes that are not UTF-8 (as Python's strict decode rejects them), so text that
-    comes back changed was not UTF-8."""
-    if column.strings is None:
-        return None
-    flat = column.strings.flat_values
-    same = tf.equal(tf.strings.unicode_transcode(flat, "UTF-8", "UTF-8", errors="replace",
-                                                 replacement_char=0xFFFD), flat)
-    return _any_per_row(column.strings.with_flat_values(~same))
+def _not_utf8(strings: Sequence[tf.RaggedTensor], nrows: tf.Tensor, ascii: tf.Tensor) -> tf.Tensor:
+    """bool [nrows]: rows with a string value that is not UTF-8 (`ascii`: every byte of them is ASCII, so none).
+    Transcoding replaces exactly the bytes that are not UTF-8 (as Python's strict decode rejects them), so text
+    that comes back changed was not UTF-8; a row's values are transcoded joined by a newline (which ends any
+    byte sequence a value leaves unfinished)."""
+    def check():
+        flat = tf.concat([s.flat_values for s in strings], axis=0) if len(strings) > 1 else strings[0].flat_values
+        rows = (tf.concat([_flat_rows(s, nrows) for s in strings], axis=0) if len(strings) > 1
+                else _flat_rows(strings[0], nrows))
+        joined = tf.strings.unsorted_segment_join(flat, rows, nrows, separator="\n")
+        return tf.not_equal(tf.strings.unicode_transcode(joined, "UTF-8", "UTF-8", errors="replace",
+                                                         replacement_char=0xFFFD), joined)
+    return tf.cond(ascii, lambda: tf.zeros([nrows], tf.bool), check)
 
 
-def _categorical(f: FeaturePlan, raw: Mapping[str, Column], tables: Mapping[str, Any], nrows: tf.Tensor
-                 ) -> Tuple[tf.RaggedTensor, Optional[tf.RaggedTensor], tf.Tensor]:
-    """(ids, weights or None, rows the offline jobs would not use) of one feature."""
-    col = raw[f.column]
-    invalid = tf.zeros([nrows], tf.bool)
-    typed_ints = f.kind == "identity" and col.strings is None and col.floats is None and col.ints is not None
-    values: Any = col.ints if typed_ints else _tokens(col, f.delimiter)
-    weights: Any = None
-    if f.weight_column is not None:
-        w, blank, bad = _float64(raw[f.weight_column], f.delimiter)
-        w = w.with_flat_values(tf.where(blank.flat_values | bad.flat_values,
-                                        tf.constant(float("nan"), tf.float64), w.flat_values))
-        mismatch = tf.not_equal(w.row_lengths(), values.row_lengths())  # a dead letter: the row gets no values
-        invalid |= mismatch
-        values = tf.ragged.boolean_mask(values, values.with_flat_values(tf.repeat(~mismatch, values.row_lengths())))
-        weights = tf.ragged.boolean_mask(w, w.with_flat_values(tf.repeat(~mismatch, w.row_lengths())))
-        weights = weights.with_flat_values(tf.cast(weights.flat_values, tf.float32))
-    if not typed_ints:  # blank values are no value
-        nonblank = values.with_flat_values(tf.not_equal(values.flat_values, ""))
-        values = tf.ragged.boolean_mask(values, nonblank)
-        weights = None if weights is None else tf.ragged.boolean_mask(weights, nonblank)
-    flat = values.flat_values
-    keep = None
-    if f.kind == "frequency":
-        table = tables[str(f.vocabulary_key)]
-        ids = table.lookup(flat)
-        found = ids >= 0
-        size = table.size() if f.vocabulary_size is None else tf.constant(int(f.vocabulary_size), tf.int64)
-        if f.num_oov_buckets == 0:
-            keep = found
-        elif f.num_oov_buckets == 1:
-            ids = tf.where(found, ids, size)
+def _all_ascii(strings: Sequence[tf.RaggedTensor]) -> tf.Tensor:
+    """bool scalar: every byte of every string value of the batch is ASCII (`numbers.all_ascii`)."""
+    if not strings:
+        return tf.constant(True)
+    checks = [numbers.all_ascii(s.flat_values) for s in strings]
+    return checks[0] if len(checks) == 1 else tf.reduce_all(tf.stack(checks))
+
+
+def _dense(plan: MappingPlan, layout: Layout, numbers_: Optional[tf.RaggedTensor], nrows: tf.Tensor
+           ) -> Tuple[tf.Tensor, tf.Tensor]:
+    """(float32 [nrows, num_dense], rows the offline jobs would not use): each dense column's first value, the
+    fill where it is blank or missing; a record with an unparsable first value or more than one value is a dead
+    letter offline (here: the fill, and flagged). `numbers_`: `_numbers` of `layout.number_sources`."""
+    num = len(plan.dense)
+    if not num or numbers_ is None:
+        return tf.zeros([nrows, 0], tf.float32), tf.zeros([nrows], tf.bool)
+    x = rows_of(numbers_, layout.dense_sources, nrows, len(layout.number_sources))
+    lengths = x.row_lengths()
+    padded = tf.concat([x.flat_values, tf.constant([[0.0, 1.0, 0.0]], tf.float64)], axis=0)  # none: blank
+    first = tf.gather(padded, tf.where(lengths > 0, x.row_splits[:-1], tf.shape(x.flat_values, tf.int64)[0]))
+    fills = tf.repeat(tf.constant([d.fill for d in plan.dense], tf.float64), nrows)
+    bad = first[:, 2] > 0
+    value = tf.cast(tf.where((first[:, 1] > 0) | bad, fills, first[:, 0]), tf.float32)
+    flagged = tf.reduce_any(tf.reshape(bad | (lengths > 1), [num, nrows]), axis=0)
+    if num == 1:
+        return value[:, None], flagged
+    # [num, nrows] -> [nrows, num] by a gather of the values in row order
+    order = tf.reshape(tf.range(num, dtype=tf.int64)[None, :] * nrows + tf.range(nrows)[:, None], [-1])
+    return tf.reshape(tf.gather(value, order), [nrows, num]), flagged
+
+
+def _policy(features: Sequence[FeaturePlan], name: str) -> str:
+    values = {getattr(f, name) for f in features}
+    if len(values) > 1:
+        raise ValueError(f"features of one plan have different policies.{name}: {sorted(values)}")
+    return values.pop() if values else "drop"
+
+
+def _groups(features: Sequence[FeaturePlan]) -> List[Tuple[int, int, str, Any]]:
+    """(start, end, rule, its argument) of consecutive features mapped by one op: frequency features of one
+    vocabulary ("lookup", key), hashing features of one `num_buckets` ("hash", n), identity features."""
+    out: List[Tuple[int, int, str, Any]] = []
+    for start, end, kind in _runs([f.kind for f in features]):
+        part = features[start:end]
+        if kind == "frequency":
+            out += [(start + s, start + e, "lookup", k) for s, e, k in _runs([f.vocabulary_key for f in part])]
+        elif kind == "hashing":
+            out += [(start + s, start + e, "hash", n) for s, e, n in _runs([f.num_buckets for f in part])]
         else:
-            ids = tf.where(found, ids, size + tf.strings.to_hash_bucket_fast(flat, f.num_oov_buckets))
-    elif f.kind == "hashing":
-        ids = tf.strings.to_hash_bucket_fast(flat, int(f.num_buckets))  # type: ignore[arg-type]
+            out.append((start, end, "identity", None))
+    return out
+
+
+def _ids(features: Sequence[FeaturePlan], tokens: tf.RaggedTensor, tables: Mapping[str, Any], nrows: tf.Tensor,
+         ascii: tf.Tensor) -> Tuple[tf.Tensor, Optional[tf.Tensor], Optional[tf.Tensor]]:
+    """(int64 id, keep or None, flag or None) of every token of `tokens` ([len(features) * nrows, None], features
+    grouped by rule as `Layout` orders them). Per group of `_groups` one op (a vocabulary's lookup, a hash); what
+    follows a lookup (the OOV id, dropping unknown tokens) once for every vocabulary of 0 or 1 OOV buckets.
+    keep: False where the value is dropped (an unknown token without OOV buckets, an identity value that is no
+    id and has no default); flag: True where such an identity value stops the job (`policies.invalid_ids:
+    error`); None: never."""
+    groups = _groups(features)
+    flat = tokens.flat_values
+    if len(groups) == 1:
+        pieces, at, sizes = [flat], None, None
     else:
-        ids, ok = (flat, tf.ones_like(flat, tf.bool)) if typed_ints else numbers.parse_int64(flat)
-        ok &= (ids >= 0) & (ids < int(f.num_buckets))  # type: ignore[arg-type]
-        if f.default_value is not None:
-            ids = tf.where(ok, ids, tf.constant(int(f.default_value), tf.int64))
+        at = tf.gather(tokens.row_splits, tf.constant([g[0] for g in groups] + [len(features)], tf.int64) * nrows)
+        sizes = at[1:] - at[:-1]
+        pieces = tf.split(flat, sizes, num=len(groups))
+    parts: List[Tuple[tf.Tensor, Optional[tf.Tensor], Optional[tf.Tensor]]] = []
+    lookups: List[int] = []  # groups of vocabularies with 0 or 1 OOV buckets, finished together
+    for k, (piece, (start, end, rule, arg)) in enumerate(zip(pieces, groups, strict=True)):
+        part = features[start:end]
+        if rule == "lookup":
+            table = tables[str(arg)]
+            found_id = table.lookup(piece)
+            n = part[0].num_oov_buckets
+            if n <= 1:
+                lookups.append(k)
+                parts.append((found_id, None, None))
+                continue
+            size = _vocabulary_size(part[0], table)
+            parts.append((tf.where(found_id >= 0, found_id, size + tf.strings.to_hash_bucket_fast(piece, n)),
+                          None, None))
+        elif rule == "hash":
+            parts.append((tf.strings.to_hash_bucket_fast(piece, int(arg)), None, None))
         else:
-            keep = ok
-            if f.invalid_ids == "error":
-                invalid |= _any_per_row(values.with_flat_values(~ok))
+            parts.append(_identity_ids(part, piece, tokens, nrows, ascii, start, at, k))
+    if lookups:
+        _finish_lookups(features, groups, lookups, parts, tables, sizes)
+
+    def joined(i: int, fill: bool) -> Optional[tf.Tensor]:
+        if all(p[i] is None for p in parts):
+            return None
+        full = [tf.fill(tf.shape(p[0]), fill) if p[i] is None else p[i] for p in parts]
+        return full[0] if len(full) == 1 else tf.concat(full, axis=0)
+
+    ids = parts[0][0] if len(parts) == 1 else tf.concat([p[0] for p in parts], axis=0)
+    return ids, joined(1, True), joined(2, False)
+
+
+def _vocabulary_size(f: FeaturePlan, table: Any) -> tf.Tensor:
+    """A frequency vocabulary's first OOV id: the manifest's size, or the table's (a plan without sizes)."""
+    return table.size() if f.vocabulary_size is None else tf.constant(int(f.vocabulary_size), tf.int64)
+
+
+def _finish_lookups(features: Sequence[FeaturePlan], groups: Sequence[Tuple[int, int, str, Any]],
+                    lookups: Sequence[int], parts: List[Any], tables: Mapping[str, Any],
+                    sizes: Optional[tf.Tensor]) -> None:
+    """The ids of vocabularies with 0 or 1 OOV buckets from their lookups (in `parts`, replaced): the line, else
+    the vocabulary's size (1 bucket) or dropped (0), over all of them at once (they are consecutive)."""
+    firsts = [features[groups[k][0]] for k in lookups]
+    raw = parts[lookups[0]][0] if len(lookups) == 1 else tf.concat([parts[k][0] for k in lookups], axis=0)
+    found = raw >= 0
+    if all(f.vocabulary_size is not None for f in firsts):
+        size = tf.constant([int(f.vocabulary_size) for f in firsts], tf.int64)  # type: ignore[arg-type]
+    else:
+        size = tf.stack([_vocabulary_size(f, tables[str(groups[k][3])]) for f, k in zip(firsts, lookups,
+                                                                                         strict=True)])
+    per_value = (size[0] if len(lookups) == 1 else
+                 tf.repeat(size, tf.gather(sizes, lookups) if sizes is not None else tf.shape(raw, tf.int64)))
+    ids = tf.where(found, raw, per_value)
+    oov = [f.num_oov_buckets for f in firsts]
+    keep = None
+    if 0 in oov:
+        keep = found if all(n == 0 for n in oov) else found | tf.repeat(tf.constant([n > 0 for n in oov]),
+                                                                         tf.gather(sizes, lookups))
+    out = [(ids, keep)] if len(lookups) == 1 else list(zip(
+        tf.split(ids, tf.gather(sizes, lookups), num=len(lookups)),
+        [None] * len(lookups) if keep is None else tf.split(keep, tf.gather(sizes, lookups), num=len(lookups)),
+        strict=True))
+    for k, (i, kept) in zip(lookups, out, strict=True):
+        parts[k] = (i, kept, None)
+
+
+def _identity_ids(part: Sequence[FeaturePlan], piece: tf.Tensor, tokens: tf.RaggedTensor, nrows: tf.Tensor,
+                  ascii: tf.Tensor, start: int, at: Optional[tf.Tensor], k: int):
+    """(ids, keep, flag) of identity features' tokens: the integer where it is in [0, num_buckets), else the
+    default, else dropped (and flagged under `policies.invalid_ids: error`)."""
+    value, ok = numbers.parse_int64(piece, ascii)
+    if len(part) == 1:
+        buckets: Any = int(part[0].num_buckets or 0)
+        default: Any = -1 if part[0].default_value is None else int(part[0].default_value)
+    else:  # per token: its feature's bounds and default
+        local = tokens.value_rowids() // tf.maximum(nrows, 1)
+        local = (local if at is None else local[at[k]:at[k + 1]]) - start
+        buckets = tf.gather(tf.constant([int(f.num_buckets or 0) for f in part], tf.int64), local)
+        default = tf.gather(tf.constant([-1 if f.default_value is None else int(f.default_value) for f in part],
+                                        tf.int64), local)
+    ok &= (value >= 0) & (value < buckets)
+    defaults = [f.default_value is not None for f in part]
+    error = _policy(part, "invalid_ids") == "error"
+    if all(defaults):
+        return tf.where(ok, value, default), None, None
+    if not any(defaults):
+        return value, ok, (~ok if error else None)
+    has_default = tf.greater_equal(default, 0)
+    keep = ok | has_default
+    return tf.where(ok | ~has_default, value, default), keep, (~keep if error else None)
+
+
+def _weights(layout: Layout, tokens: tf.RaggedTensor, numbers_: tf.RaggedTensor, nrows: tf.Tensor
+             ) -> Tuple[tf.Tensor, tf.Tensor]:
+    """(float64 weight of every token, False where its row is a weight mismatch) of the features' tokens: a
+    weighted feature's value gets its weight (NaN where blank or unparsable), others 1.0. A weighted feature's
+    row whose values and weights differ in number is a `weight_mismatch` dead letter: it keeps no value."""
+    nfeat = len(layout.features)
+    w = rows_of(numbers_, list(layout.weight_sources), nrows, len(layout.number_sources))
+    w_values = tf.where(tf.reduce_any(w.flat_values[:, 1:] > 0, axis=1), tf.constant(float("nan"), tf.float64),
+                        w.flat_values[:, 0])
+    where = {k: j for j, k in enumerate(layout.weighted)}
+    block = tf.repeat(tf.constant([where.get(k, -1) for k in range(nfeat)], tf.int64), nrows)  # per row
+    weighted = block >= 0
+    # Per row of the features: its row of `w` (rows without weights: an appended empty row).
+    w_lengths = tf.concat([w.row_lengths(), tf.zeros([1], tf.int64)], axis=0)
+    w_starts = tf.concat([w.row_splits[:-1], tf.zeros([1], tf.int64)], axis=0)
+    w_row = tf.where(weighted, block * nrows + tf.range(nfeat * nrows, dtype=tf.int64) % tf.maximum(nrows, 1),
+                     tf.size(w_lengths, out_type=tf.int64) - 1)
+    n_w = tf.size(w_values, out_type=tf.int64)
+    mismatch = weighted & tf.not_equal(tf.gather(w_lengths, w_row), tokens.row_lengths())
+    # Each token's weight: its row's weights from the same position.
+    token_row = tokens.value_rowids()
+    position = tf.range(tf.size(tokens.flat_values, out_type=tf.int64)) - tf.gather(tokens.row_splits, token_row)
+    has = tf.gather(weighted & ~mismatch, token_row)
+    index = tf.where(has, tf.gather(w_starts, tf.gather(w_row, token_row)) + position, n_w)
+    value = tf.gather(tf.concat([w_values, tf.ones([1], tf.float64)], axis=0), index)
+    return value, mismatch
+
+
+def map_stacked(plan: MappingPlan, layout: Layout, tokens_of: Stacked, numbers_of: Stacked,
+                tables: Mapping[str, Any]) -> Mapped:
+    """The mapping of a batch whose columns are stacked: `tokens_of` holds `layout.token_columns`, `numbers_of`
+    `layout.number_columns`, both of `nrows` rows."""
+    nrows = tokens_of.nrows
+    feats = layout.features
+    valid = tf.ones([nrows], tf.bool)
+    strings = _strings([tokens_of, numbers_of])
+    ascii = _all_ascii(strings)
+    if plan.utf8_text and strings:
+        valid &= ~_not_utf8(strings, nrows, ascii)
+    nums = _numbers(numbers_of, layout.number_sources, ascii) if layout.number_sources else None
+    dense, flagged = _dense(plan, layout, nums, nrows)
+    valid &= ~flagged
+    if not feats:
+        return Mapped(layout, nrows, _empty(0, tf.int64), None, dense, valid)
+    tokens = rows_of(_tokens(tokens_of, layout.token_sources), list(layout.feature_token_source), nrows,
+                     len(layout.token_sources))
+    weights = None
+    keep = tf.not_equal(tokens.flat_values, "")  # blank values are no value
+    if layout.weighted:
+        weights, mismatch = _weights(layout, tokens, nums, nrows)
+        valid &= ~tf.reduce_any(tf.reshape(mismatch, [len(feats), nrows]), axis=0)
+        keep &= ~tf.gather(mismatch, tokens.value_rowids())
+    tokens = _mask(tokens, keep)
     if weights is not None:
-        w = weights.flat_values
-        nan = ~tf.math.is_finite(w)
+        weights = tf.boolean_mask(weights, keep)
+    ids, keep, flags = _ids(feats, tokens, tables, nrows, ascii)
+    if flags is not None:
+        valid &= ~_any_per_row(flags, _flat_rows(tokens, nrows), nrows)
+    if weights is not None:
+        nan = ~tf.math.is_finite(weights)
         if keep is not None:
             nan &= keep
-        if f.nan_weights == "zero":
-            w = tf.where(nan, tf.zeros_like(w), w)
+        policy = _policy([feats[k] for k in layout.weighted], "nan_weights")
+        if policy == "zero":
+            weights = tf.where(nan, tf.zeros_like(weights), weights)
         else:
             keep = ~nan if keep is None else keep & ~nan
-            if f.nan_weights == "error":
-                invalid |= _any_per_row(values.with_flat_values(nan))
-        weights = weights.with_flat_values(w)
-    ids = values.with_flat_values(ids)
+            if policy == "error":
+                valid &= ~_any_per_row(nan, _flat_rows(tokens, nrows), nrows)
+    truncate = [f.truncate for f in feats]
+    if any(truncate):
+        # A token's place among its row's kept tokens: the first `truncate` are kept.
+        kept = tf.ones_like(ids, tf.int64) if keep is None else tf.cast(keep, tf.int64)
+        before = tf.cumsum(kept, exclusive=True)
+        at_start = tf.gather(tf.concat([before, [tf.reduce_sum(kept)]], axis=0), tokens.row_splits[:-1])
+        row = tokens.value_rowids()
+        place = before - tf.gather(at_start, row)
+        limit = tf.gather(tf.constant([t or -1 for t in truncate], tf.int64), row // tf.maximum(nrows, 1))
+        inside = (limit < 0) | (place < limit)
+        keep = inside if keep is None else keep & inside
+    out = tokens.with_flat_values(ids)
     if keep is not None:
-        kept = values.with_flat_values(keep)
-        ids = tf.ragged.boolean_mask(ids, kept)
-        weights = None if weights is None else tf.ragged.boolean_mask(weights, kept)
-    if f.truncate:
-        ids = ids[:, :f.truncate]
-        weights = None if weights is None else weights[:, :f.truncate]
-    return ids, weights, invalid
+        out = _mask(out, keep)
+        if weights is not None:
+            weights = tf.boolean_mask(weights, keep)
+    if weights is not None:
+        weights = tf.cast(weights, tf.float32)
+    return Mapped(layout, nrows, out, weights, dense, valid)
 
 
-def _dense(d: DensePlan, column: Column, nrows: tf.Tensor) -> Tuple[tf.Tensor, tf.Tensor]:
-    """(float32 [batch] values, rows the offline jobs would not use): the first value, the fill where it is
-    blank or missing; a record with an unparsable first value or more than one value is a dead letter offline
-    (here: the fill, and flagged)."""
-    v, blank, bad = _float64(column, None)
-    n = v.row_lengths()
-    shape = tf.stack([nrows, tf.constant(1, tf.int64)])
-    first_v = v[:, :1].to_tensor(0.0, shape=shape)[:, 0]
-    first_blank = blank[:, :1].to_tensor(True, shape=shape)[:, 0]  # no value: as blank, the fill
-    first_bad = bad[:, :1].to_tensor(False, shape=shape)[:, 0]
-    value = tf.where(first_blank | first_bad, tf.constant(d.fill, tf.float64), first_v)
-    return tf.cast(value, tf.float32), first_bad | (n > 1)
+def _mask(x: tf.RaggedTensor, keep: tf.Tensor) -> tf.RaggedTensor:
+    """`x` ([rows, None]) with the values where `keep` only, rows kept; made from its values' rows, which it
+    keeps for the steps after (`value_rowids()` costs nothing more)."""
+    return tf.RaggedTensor.from_value_rowids(tf.boolean_mask(x.flat_values, keep),
+                                             tf.boolean_mask(x.value_rowids(), keep), x.nrows(), validate=False)
+
+
+def map_columns(plan: MappingPlan, columns: Mapping[str, Column], nrows: tf.Tensor, tables: Mapping[str, Any],
+                layout: Optional[Layout] = None) -> Mapped:
+    """`map_stacked` of {column: `Column`} of `nrows` rows (a column missing from `columns` has no values)."""
+    layout = layout or Layout.of(plan)
+    filled = {c: columns.get(c, Column()) for c in plan.columns}
+    return map_stacked(plan, layout, stack(filled, layout.token_columns, nrows),
+                       stack(filled, layout.number_columns, nrows), tables)
+
+
+def _is_cells(x: Any) -> bool:
+    """A [batch] string tensor: one CSV cell a row (the `raw` signature's columns)."""
+    return isinstance(x, tf.Tensor) and x.dtype == tf.string and x.shape.rank == 1
+
+
+def map_raw_stacked(raw: Mapping[str, Any], plan: MappingPlan, tables: Mapping[str, Any],
+                    layout: Optional[Layout] = None) -> Mapped:
+    """`map_raw`'s mapping as `Mapped`. When every column given is a [batch] string tensor (CSV cells: the `raw`
+    signature's), they are stacked in one op."""
+    layout = layout or Layout.of(plan)
+    given = [c for c in plan.columns if c in raw]
+    if not given:
+        raise KeyError(f"raw features have none of the columns the spec reads, {plan.columns}: give at least one "
+                       "(a column left out has no value in any row).")
+    values = {c: raw[c] if isinstance(raw[c], (tf.RaggedTensor, tf.SparseTensor, Column))
+              else tf.convert_to_tensor(raw[c]) for c in given}
+    if all(_is_cells(values[c]) for c in given):
+        nrows = batch_rows({c: tf.shape(values[c], out_type=tf.int64)[0] for c in given})
+        with tf.control_dependencies([nrows]):  # stacking unequal columns would fail first, without the names
+            return map_stacked(plan, layout, stack_strings(values, layout.token_columns, nrows),
+                               stack_strings(values, layout.number_columns, nrows), tables)
+    cols = {c: as_column(values[c], c) for c in given}
+    nrows = batch_rows({c: cols[c].parts()[0].nrows() for c in given})
+    with tf.control_dependencies([nrows]):
+        return map_columns(plan, cols, nrows, tables, layout)
+
+
+def _as_output(mapped: Mapped) -> Dict[str, Any]:
+    return {**mapped.feature_ids(), "dense": mapped.dense, "valid": mapped.valid}
 
 
 def map_raw(raw: Mapping[str, Any], plan: MappingPlan, tables: Mapping[str, Any]) -> Dict[str, Any]:
     """The pure mapping: `raw` {column: tensor or `Column`} -> {"ids": {feature: int64 ragged [batch, None]},
     "weights": {feature: float32 ragged} (weighted features), "dense": float32 [batch, num_dense],
-    "valid": bool [batch]}. Every column of `plan.columns` is needed (the label is not), each with the batch's rows
-    (columns of unequal length are refused in one line naming them and their lengths: `_batch_rows`)."""
-    missing = [c for c in plan.columns if c not in raw]
-    if missing:
-        raise KeyError(f"raw features lack columns {missing}; the spec reads {plan.columns}.")
-    cols = {c: as_column(raw[c], c) for c in plan.columns}
-    nrows = _batch_rows(cols)
-    valid = tf.ones([nrows], tf.bool)
-    if plan.utf8_text:
-        for c in plan.columns:
-            bad = _not_utf8(cols[c])
-            if bad is not None:
-                valid &= ~bad
-    ids: Dict[str, tf.RaggedTensor] = {}
-    weights: Dict[str, tf.RaggedTensor] = {}
-    for f in plan.features:
-        i, w, bad = _categorical(f, cols, tables, nrows)
-        ids[f.name] = i
-        if w is not None:
-            weights[f.name] = w
-        valid &= ~bad
-    dense_values = []
-    for d in plan.dense:
-        x, bad = _dense(d, cols[d.column], nrows)
-        dense_values.append(x)
-        valid &= ~bad
-    dense = tf.stack(dense_values, axis=1) if dense_values else tf.zeros([nrows, 0], tf.float32)
-    return {"ids": ids, "weights": weights, "dense": dense, "valid": valid}
-
-
-# ---------------------------------------------------------------- tf.train.Example
-
-def _decode(data: tf.Tensor, message: str, fields: List[str], types: List[tf.DType]):
-    """`tf.io.decode_proto` of [n] serialized messages, n >= 0. decode_proto refuses n = 0 ("Bufs argument must
-    contain at least one value": an empty batch, or Examples none of which has a feature, give no entries to
-    decode); then one empty message is decoded and its row dropped, so every output has n rows. n > 0 decodes
-    `data` as it is (the slices take every row: no copy)."""
-    n = tf.size(data)
-    data = tf.cond(n > 0, lambda: data, lambda: tf.constant([b""]))
-    sizes, values = tf.io.decode_proto(data, message, fields, types)
-    return sizes[:n], [v[:n] for v in values]
-
-
-def _ragged(values: tf.Tensor, sizes: tf.Tensor) -> tf.RaggedTensor:
-    return tf.RaggedTensor.from_tensor(values, lengths=sizes)
-
-
-def _column_index(keys: tf.Tensor, columns: Sequence[str]) -> Tuple[tf.Tensor, tf.Tensor]:
-    """(whether each key is one of `columns`, its index there): keys and columns compared by a 64-bit hash (int
-    compares, not entries x columns string compares), then each key with the column its hash found, exactly."""
-    hashes = tf.strings.to_hash_bucket_fast(keys, (1 << 63) - 1)
-    with tf.init_scope():  # the columns' hashes as constants, checked distinct (so a hash names one column)
-        column_hashes = tf.strings.to_hash_bucket_fast(tf.constant(list(columns)), (1 << 63) - 1).numpy()
-    if len(set(column_hashes.tolist())) != len(columns):
-        raise ValueError(f"columns {list(columns)} have equal 63-bit hashes: rename one of them.")
-    match = tf.equal(hashes[:, None], tf.constant(column_hashes)[None, :])
-    index = tf.argmax(tf.cast(match, tf.int32), axis=1, output_type=tf.int64)
-    known = tf.reduce_any(match, axis=1) & tf.equal(keys, tf.gather(tf.constant(list(columns)), index))
-    return known, index
-
-
-def _by_column(values: Dict[str, tf.RaggedTensor], keys: tf.Tensor, row: tf.Tensor, batch: tf.Tensor,
-               columns: Sequence[str]) -> Dict[str, Dict[str, tf.RaggedTensor]]:
-    """{column: {kind: [batch, None] values}} from per-entry values (one entry: one key of one example): each
-    example's entry of each column (the last one when a key is given twice, as a protobuf map reads it).
-
-    Every entry gets its (example, column) slot at once; the chosen entries are put in slot order and each
-    column's rows gathered from them, so the work does not grow with columns x entries."""
-    n_cols = len(columns)
-    known, index = _column_index(keys, columns)
-    slot = row * n_cols + index
-    slots = batch * n_cols
-    position = tf.range(tf.size(keys, out_type=tf.int64))
-    last = tf.math.unsorted_segment_max(tf.where(known, position, -1), tf.where(known, slot, slots), slots + 1)
-    chosen = known & tf.equal(position, tf.gather(last, slot))
-    chosen_at = tf.boolean_mask(position, chosen)
-    chosen_slot = tf.boolean_mask(slot, chosen)
-    order = tf.gather(chosen_at, tf.argsort(chosen_slot, stable=True))  # entries in slot order
-    present = tf.scatter_nd(tf.sort(chosen_slot)[:, None], tf.ones_like(chosen_slot), [slots]) > 0
-    per_kind = {}
-    for name, r in values.items():
-        picked = tf.gather(r, order)
-        lengths = tf.scatter_nd(tf.boolean_mask(tf.range(slots), present)[:, None], picked.row_lengths(), [slots])
-        per_kind[name] = tf.RaggedTensor.from_row_lengths(picked.flat_values, lengths, validate=False)
-    rows = tf.range(batch) * n_cols
-    return {c: {name: tf.gather(r, rows + j) for name, r in per_kind.items()} for j, c in enumerate(columns)}
-
-
-def parse_examples(serialized: tf.Tensor, columns: Sequence[str], text_columns: Sequence[str] = ()
-                   ) -> Dict[str, Column]:
-    """{column: Column} of serialized `tf.train.Example`s ([batch] strings), any value kind per key (bytes,
-    int64 or float lists, as the offline TFRecord reader takes them); a key missing from an example is no value.
-    Parsed with `tf.io.decode_proto` (plain TensorFlow); a record that is not an Example fails the call.
-
-    `text_columns` (a subset of `columns`) come as one string `Column` of every value's token text (bytes as
-    they are, integers' decimal text, floats' repr): right for a categorical column whose delimiter no number's
-    text contains (`MappingPlan.text_columns`), and fewer ops than three kinds."""
-    serialized = tf.reshape(tf.convert_to_tensor(serialized, tf.string), [-1])
-    batch = tf.size(serialized, out_type=tf.int64)
-    _, (features,) = _decode(serialized, "tensorflow.Example", ["features"], [tf.string])
-    sizes, (entries,) = _decode(features[:, 0], "tensorflow.Features", ["feature"], [tf.string])
-    entries = _ragged(entries, sizes[:, 0])
-    row = entries.value_rowids()
-    _, (keys, values) = _decode(entries.flat_values, "tensorflow.Features.FeatureEntry", ["key", "value"],
-                                [tf.string, tf.string])
-    keys, values = keys[:, 0], values[:, 0]
-    _, lists = _decode(values, "tensorflow.Feature", ["bytes_list", "float_list", "int64_list"],
-                       [tf.string, tf.string, tf.string])
-    kinds = {}
-    for (name, message, dtype), lst in zip((("strings", "tensorflow.BytesList", tf.string),
-                                            ("floats", "tensorflow.FloatList", tf.float32),
-                                            ("ints", "tensorflow.Int64List", tf.int64)), lists, strict=True):
-        s, (v,) = _decode(lst[:, 0], message, ["value"], [dtype])
-        kinds[name] = _ragged(tf.cast(v, tf.float64) if name == "floats" else v, s[:, 0])
-    texts = [c for c in columns if c in set(text_columns)]
-    others = [c for c in columns if c not in set(texts)]
-    out = {}
-    if texts:
-        # The entries of text columns only, each as its values' token texts (one entry has one kind).
-        is_text, _ = _column_index(keys, texts)
-        sub = {k: tf.ragged.boolean_mask(v, is_text) for k, v in kinds.items()}
-        token_texts = tf.concat([sub["strings"], sub["ints"].with_flat_values(tf.strings.as_string(
-            sub["ints"].flat_values)), sub["floats"].with_flat_values(numbers.float_text(sub["floats"].flat_values))],
-            axis=1)
-        t_keys, t_row = tf.boolean_mask(keys, is_text), tf.boolean_mask(row, is_text)
-        for c, kv in _by_column({"strings": token_texts}, t_keys, t_row, batch, texts).items():
-            out[c] = Column(**kv)
-    if others:
-        for c, kv in _by_column(kinds, keys, row, batch, others).items():
-            out[c] = Column(**kv)
-    return {c: out[c] for c in columns}
+    "valid": bool [batch]}. A column of `plan.columns` that `raw` leaves out has no value in any row (as an
+    Example without that key); the label is not read. The columns given must have the batch's rows (columns of
+    unequal length are refused in one line naming them and their lengths: `columns.batch_rows`)."""
+    return _as_output(map_raw_stacked(raw, plan, tables))
 
 
 # ---------------------------------------------------------------- the module
@@ -441,27 +608,55 @@ def parse_examples(serialized: tf.Tensor, columns: Sequence[str], text_columns: 
 class RawFeatureMapping(tf.Module):
     """The raw -> id mapping of an artifact as a `tf.Module`: vocabulary tables over its vocabulary files
     (assets when saved), `__call__(raw)` on a dict of raw tensors, `map_examples(serialized)` on serialized
-    `tf.train.Example`s; both return what `map_raw` returns."""
+    `tf.train.Example`s; both return what `map_raw` returns.
 
-    def __init__(self, plan: MappingPlan, name: str = "raw_feature_mapping"):
+    `value_kinds`: {column: the tf.train.Feature kinds its values had in the training data} (the manifest's
+    `value_kinds`): `map_examples` parses a column of one kind as that kind (`tf.io.parse_example`'s kernel),
+    and a column of several kinds as any kind (`tpu_embed.serving.examples`). None (an artifact without the
+    record): every column as any kind."""
+
+    def __init__(self, plan: MappingPlan, name: str = "raw_feature_mapping",
+                 value_kinds: Optional[Mapping[str, Sequence[str]]] = None):
         super().__init__(name=name)
         self._plan = plan
+        self._layout = Layout.of(plan)
+        self._value_kinds = None if value_kinds is None else {c: tuple(k) for c, k in value_kinds.items()}
         self.tables = vocabulary_tables(plan)
 
     @classmethod
     def from_artifact(cls, artifact_dir: str, **kwargs: Any) -> "RawFeatureMapping":
-        return cls(MappingPlan.from_artifact(artifact_dir), **kwargs)
+        """The mapping of an artifact, its vocabulary files checked (`plan.load_for_serving`), its Examples parsed
+        as the manifest's `value_kinds` say (unless `value_kinds=` is given)."""
+        artifact, plan = load_for_serving(artifact_dir)
+        kwargs.setdefault("value_kinds", artifact.manifest.value_kinds)
+        return cls(plan, **kwargs)
 
     @property
     def plan(self) -> MappingPlan:
         return self._plan
 
     @property
+    def layout(self) -> Layout:
+        return self._layout
+
+    @property
+    def value_kinds(self) -> Optional[Dict[str, Tuple[str, ...]]]:
+        return self._value_kinds
+
+    @property
     def columns(self) -> List[str]:
         return self._plan.columns
 
     def __call__(self, raw: Mapping[str, Any]) -> Dict[str, Any]:
-        return map_raw(raw, self._plan, self.tables)
+        return _as_output(self.map_raw_stacked(raw))
 
-    def map_examples(self, serialized: tf.Tensor) -> Dict[str, Any]:
-        return map_raw(parse_examples(serialized, self.columns, self._plan.text_columns), self._plan, self.tables)
+    def map_raw_stacked(self, raw: Mapping[str, Any]) -> Mapped:
+        return map_raw_stacked(raw, self._plan, self.tables, self._layout)
+
+    def map_examples(self, serialized: tf.Tensor, any_kind: bool = False) -> Dict[str, Any]:
+        """`__call__`'s result from serialized tf.train.Examples; `any_kind`: every column parsed as any kind."""
+        return _as_output(self.map_examples_stacked(serialized, any_kind))
+
+    def map_examples_stacked(self, serialized: tf.Tensor, any_kind: bool = False) -> Mapped:
+        columns, nrows = parse_for_plan(serialized, self._plan, None if any_kind else self._value_kinds)
+        return map_columns(self._plan, columns, nrows, self.tables, self._layout)

@@ -16,7 +16,7 @@ Every function is plain TensorFlow (no Python per value): it runs inside a `tf.f
 
 from __future__ import annotations
 
-from typing import Tuple
+from typing import Optional, Tuple
 
 import tensorflow as tf
 
@@ -37,6 +37,8 @@ _DIGITS = r"[0-9](?:_?[0-9])*"  # a digit part: '_' only between digits
 _INT = rf"{_ASCII_SPACE}*[+-]?{_DIGITS}{_ASCII_SPACE}*"
 _FINITE = rf"[+-]?(?:{_DIGITS}\.?|(?:{_DIGITS})?\.{_DIGITS})(?:[eE][+-]?{_DIGITS})?"
 _INT64_MAX = (1 << 63) - 1
+# What `tf.strings.to_number` reads as `float()` does: ASCII digits (no '_'), whitespace it skips around them.
+_PLAIN = r"[ \t\n\x0b\x0c\r]*[+-]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?[ \t\n\x0b\x0c\r]*"
 
 
 def _ascii_form(text: tf.Tensor) -> tf.Tensor:
@@ -53,15 +55,29 @@ def _ascii_form(text: tf.Tensor) -> tf.Tensor:
     return tf.strings.unicode_encode(cps.with_flat_values(out), "UTF-8")
 
 
+def all_ascii(text: tf.Tensor) -> tf.Tensor:
+    """bool scalar: every byte of every string of `text` (1-D) is ASCII (< 0x80), found from their bytes joined."""
+    return tf.reduce_max(tf.cast(tf.io.decode_raw(tf.strings.reduce_join(text), tf.uint8), tf.int32)) < 0x80
+
+
+def _ascii_or_form(text: tf.Tensor, ascii: Optional[tf.Tensor]) -> tf.Tensor:
+    """`_ascii_form(text)`, which is `text` itself where every byte is ASCII (`ascii`: that scalar, or None to
+    find it): the decoding is paid only by a batch with other bytes. (`_ascii_form` turns 0x7F into '?': no number
+    holds either.)"""
+    ascii = all_ascii(text) if ascii is None else ascii
+    return tf.cond(ascii, lambda: text, lambda: _ascii_form(text))
+
+
 def _strip_unicode_space(ascii_text: tf.Tensor) -> tf.Tensor:
     """`ascii_text` (an `_ascii_form`) without leading and trailing Unicode whitespace (Arrow's trim)."""
     return tf.strings.regex_replace(ascii_text, r"^[ \t\n\x0b\x0c\r\x1c-\x1f]+|[ \t\n\x0b\x0c\r\x1c-\x1f]+$", "")
 
 
-def parse_int64(text: tf.Tensor) -> Tuple[tf.Tensor, tf.Tensor]:
-    """(int64 values, ok) of a 1-D string tensor, as Python's `int(t.decode("utf-8"))` within int64 (not ok: 0)."""
+def parse_int64(text: tf.Tensor, ascii: Optional[tf.Tensor] = None) -> Tuple[tf.Tensor, tf.Tensor]:
+    """(int64 values, ok) of a 1-D string tensor, as Python's `int(t.decode("utf-8"))` within int64 (not ok: 0).
+    `ascii`: whether every byte of `text` is ASCII (`all_ascii`), if known."""
     text = tf.convert_to_tensor(text, tf.string)
-    a = _ascii_form(text)
+    a = _ascii_or_form(text, ascii)
     ok = tf.strings.regex_full_match(a, _INT)
     a = tf.where(ok, a, "0")
     negative = tf.strings.regex_full_match(a, rf"{_ASCII_SPACE}*-.*")
@@ -85,17 +101,34 @@ def parse_int64(text: tf.Tensor) -> Tuple[tf.Tensor, tf.Tensor]:
     return tf.where(ok, value, tf.zeros_like(value)), ok
 
 
-def parse_float64(text: tf.Tensor) -> Tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
+def parse_float64(text: tf.Tensor, ascii: Optional[tf.Tensor] = None) -> Tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
     """(float64 values, blank, bad) of a 1-D string tensor, as `pipelines.read.parse.parse_floats` (values 0.0
-    where blank or bad; bad: not a number, or not finite)."""
+    where blank or bad; bad: not a number, or not finite). `ascii`: whether every byte of `text` is ASCII
+    (`all_ascii`), if known.
+
+    Numbers as CSV files and tf.train.Examples mostly hold them (ASCII digits, a sign, a point, an exponent,
+    ASCII whitespace around, no '_') and empty strings are read in three ops; a batch with any other text
+    (other whitespace or digits, '_', not a number) is read by the whole rule."""
     text = tf.convert_to_tensor(text, tf.string)
-    a = _strip_unicode_space(_ascii_form(text))
-    blank = tf.equal(a, "")
-    ok = tf.strings.regex_full_match(a, _FINITE)
-    value = tf.strings.to_number(tf.where(ok, tf.strings.regex_replace(a, "_", ""), "0"), tf.float64)
-    ok &= tf.math.is_finite(value)
-    bad = ~blank & ~ok
-    return tf.where(ok, value, tf.zeros_like(value)), blank, bad
+    ascii = all_ascii(text) if ascii is None else ascii
+    plain = tf.strings.regex_full_match(text, _PLAIN)
+    empty = tf.equal(text, "")
+    simple = ascii & tf.reduce_all(plain | empty)
+
+    def plain_numbers():
+        value = tf.strings.to_number(tf.where(plain, text, "0"), tf.float64)
+        ok = plain & tf.math.is_finite(value)
+        return tf.where(ok, value, tf.zeros_like(value)), empty, ~empty & ~ok
+
+    def any_text():
+        a = _strip_unicode_space(_ascii_or_form(text, ascii))
+        blank = tf.equal(a, "")
+        ok = tf.strings.regex_full_match(a, _FINITE)
+        value = tf.strings.to_number(tf.where(ok, tf.strings.regex_replace(a, "_", ""), "0"), tf.float64)
+        ok &= tf.math.is_finite(value)
+        return tf.where(ok, value, tf.zeros_like(value)), blank, ~blank & ~ok
+
+    return tf.cond(simple, plain_numbers, any_text)
 
 
 def float_text(x: tf.Tensor) -> tf.Tensor:

@@ -77,14 +77,15 @@ def trained(tmp_path_factory, example_artifacts):
     return out
 
 
-def _example(spec, row) -> bytes:
-    """A raw CSV row as a tf.train.Example: integer text as int64 lists, other text as bytes, blanks left out."""
+def _example(spec, row, ints: bool = False) -> bytes:
+    """A raw CSV row as a tf.train.Example: text as bytes (the kind the CSV data held), with `ints` integer text as
+    int64 lists; blanks left out."""
     feats = {}
     for c in spec.required_columns():
         v = row[c]
         if v == "":
             continue
-        if v.lstrip("-").isdigit():
+        if ints and v.lstrip("-").isdigit():
             feats[c] = tf.train.Feature(int64_list=tf.train.Int64List(value=[int(v)]))
         else:
             feats[c] = tf.train.Feature(bytes_list=tf.train.BytesList(value=[v.encode()]))
@@ -106,9 +107,11 @@ import numpy as np, tensorflow as tf
 for args in json.load(open(sys.argv[1])):
     loaded = tf.saved_model.load(args["path"])
     ex = loaded.signatures["serving_default"](examples=tf.constant([bytes.fromhex(e) for e in args["examples"]]))
+    ints = loaded.signatures["examples_any_kind"](examples=tf.constant([bytes.fromhex(e) for e in args["ints"]]))
     raw = loaded.signatures["raw"](**{{c: tf.constant(v) for c, v in args["raw"].items()}})
-    np.savez(args["out"], examples=ex["predictions"].numpy(), raw=raw["predictions"].numpy(),
-             valid=np.concatenate([ex["valid"].numpy(), raw["valid"].numpy()]))
+    np.savez(args["out"], examples=ex["predictions"].numpy(), ints=ints["predictions"].numpy(),
+             raw=raw["predictions"].numpy(),
+             valid=np.concatenate([ex["valid"].numpy(), ints["valid"].numpy(), raw["valid"].numpy()]))
 """
 
 
@@ -121,6 +124,7 @@ def test_exported_models_predict_as_trained_without_tpu_embed(trained, tmp_path)
         shutil.rmtree(d, ignore_errors=True)
         columns = [c for c in spec.required_columns() if c != spec.label.column]
         calls.append({"path": moved, "examples": [_example(spec, r).hex() for r in rows],
+                      "ints": [_example(spec, r, ints=True).hex() for r in rows],
                       "raw": {c: [r[c] for r in rows] for c in columns}, "out": str(tmp_path / f"{name}.npz")})
     (tmp_path / "args.json").write_text(json.dumps(calls))
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
@@ -131,8 +135,10 @@ def test_exported_models_predict_as_trained_without_tpu_embed(trained, tmp_path)
         got = np.load(tmp_path / f"{name}.npz")
         assert got["valid"].all()
         np.testing.assert_allclose(got["examples"], want, rtol=1e-5, atol=1e-6, err_msg=name)
+        np.testing.assert_allclose(got["ints"], want, rtol=1e-5, atol=1e-6, err_msg=name)
         np.testing.assert_allclose(got["raw"], want, rtol=1e-5, atol=1e-6, err_msg=name)
-        print(f"\n[serving] {name}: {len(rows)} held-out rows, the export's predictions (serving_default and raw) "
+        print(f"\n[serving] {name}: {len(rows)} held-out rows, the export's predictions (serving_default, "
+              f"examples_any_kind with integers as int64 and raw) "
               f"equal the trained model's on their shards; max |diff| "
               f"{float(np.abs(got['examples'] - want).max()):.2e}")
 

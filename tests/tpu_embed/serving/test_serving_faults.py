@@ -52,6 +52,8 @@ def _example(features) -> bytes:
 
 FULL = {"user_id": 3299, "movie_id": 235, "genres": "Comedy|Romance", "gender": "F", "age": 1, "occupation": 1,
         "zip": "06811", "title": "Toy Story (1995)", "timestamp": 968035345.0}
+# The row as the training data held it: CSV cells, text (the manifest's value_kinds: bytes_list everywhere)
+FULL_TEXT = {k: str(int(v)) if isinstance(v, (int, float)) else v for k, v in FULL.items()}
 
 
 # ---------------------------------------------------------------- a damaged vocabulary
@@ -127,10 +129,11 @@ def test_an_empty_batch_gets_empty_outputs(exported):
         assert out["valid"].dtype == tf.bool and out["valid"].shape == [0]
 
 
-def test_an_example_with_no_features_alone_gets_what_it_gets_beside_others(exported):
+@pytest.mark.parametrize("signature", ["serving_default", "examples_any_kind"])
+def test_an_example_with_no_features_alone_gets_what_it_gets_beside_others(exported, signature):
     _, _, loaded, _ = exported
-    serve = loaded.signatures["serving_default"]
-    full = _example(FULL)
+    serve = loaded.signatures[signature]
+    full = _example(FULL_TEXT)
     empty_with_no_entries = tf.train.Example(features=tf.train.Features()).SerializeToString()
     beside = serve(examples=tf.constant([full, b"", empty_with_no_entries]))
     assert beside["valid"].numpy().all()
@@ -144,6 +147,26 @@ def test_an_example_with_no_features_alone_gets_what_it_gets_beside_others(expor
     _, _, _, columns = exported
     blank = loaded.signatures["raw"](**{c: tf.constant([""]) for c in columns})
     np.testing.assert_allclose(blank["predictions"].numpy(), [p[1]], rtol=1e-6)
+
+
+# ---------------------------------------------------------------- values of another kind than the training data's
+
+def test_a_value_of_another_kind_is_refused_by_serving_default_and_read_by_examples_any_kind(exported):
+    """MovieLens was read from CSV (every value text: `value_kinds` bytes_list). `serving_default` parses each key
+    as that kind: an int64 value fails the call in one line naming the key, the Example and both kinds (never an
+    id of another token); `examples_any_kind` reads it as the offline TFRecord reader would, as its decimal text."""
+    _, _, loaded, _ = exported
+    serve, any_kind = loaded.signatures["serving_default"], loaded.signatures["examples_any_kind"]
+    as_text = serve(examples=tf.constant([_example(FULL_TEXT)]))
+    ints = dict(FULL_TEXT, user_id=3299, age=1)
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"Key: (user_id|age), Index: 1\.  Data types don't "
+                                                             r"match\. Expected type: string, Actual type: int64"):
+        serve(examples=tf.constant([_example(FULL_TEXT), _example(ints)]))
+    got = any_kind(examples=tf.constant([_example(ints), _example(FULL_TEXT)]))
+    p = got["predictions"].numpy()
+    assert p[0] == p[1]  # the int64 Example and the text one: the same ids, the same prediction
+    np.testing.assert_allclose(p, [as_text["predictions"].numpy()[0]] * 2, rtol=1e-6)
+    assert got["valid"].numpy().all()
 
 
 # ---------------------------------------------------------------- raw columns of unequal length

@@ -61,9 +61,16 @@ def test_example_specs_serve_the_shards(example_artifacts, name):
     with open(spec.input_patterns()[0], newline="", encoding="utf-8") as fh:
         records = list(csv.DictReader(fh))
     mapping = RawFeatureMapping.from_artifact(d)
+    assert mapping.value_kinds == {c: ("bytes_list",) for c in spec.required_columns()}  # CSV cells: text
     out = mapping({c: tf.constant([r[c] for r in records]) for c in mapping.columns})
     assert out["valid"].numpy().all()
     n = assert_serves_the_shards(spec, d, out)
+    # The rows as tf.train.Examples (a blank cell: no key), parsed as the kinds the data held and as any kind.
+    examples = tf.constant([tf.train.Example(features=tf.train.Features(feature={
+        c: tf.train.Feature(bytes_list=tf.train.BytesList(value=[r[c].encode()]))
+        for c in mapping.columns if r[c] != ""})).SerializeToString() for r in records])
+    for any_kind in (False, True):
+        assert_serves_the_shards(spec, d, mapping.map_examples(examples, any_kind=any_kind))
     print(f"\n[serving] {name}: {n} examples, every feature's entries equal to the shards'")
 
 
@@ -86,7 +93,8 @@ def test_generated_specs_serve_the_shards(tmp_path_factory):
             spec = write(d, raw_spec, rows_)
         else:
             columns = write(d, raw_spec, rows_).required_columns()
-            spec, examples = write_tfrecord(d, raw_spec, rows_, column_kinds(data.draw, rows_, columns))
+            kinds = column_kinds(data.draw, rows_, columns)
+            spec, examples = write_tfrecord(d, raw_spec, rows_, kinds)
         from pipelines import runner
         from pipelines.jobs import JobConfig
         from pipelines.read.records import DataError
@@ -103,7 +111,12 @@ def test_generated_specs_serve_the_shards(tmp_path_factory):
             raw = {c: tf.constant([r[c] for r in rows_]) for c in mapping.columns}
             out = mapping(raw)
         else:
+            # The kinds the jobs recorded are the ones written (a column without a value: none), and the typed
+            # parse they select gives the shards' entries, as the parse of any kind does.
+            assert mapping.value_kinds == {c: (f"{k}_list",) for c, k in kinds.items()
+                                           if any(r[c] != b"" for r in rows_)}
             out = mapping.map_examples(tf.constant(examples))
+            assert_serves_the_shards(spec, art, mapping.map_examples(tf.constant(examples), any_kind=True))
         seen["examples"] += assert_serves_the_shards(spec, art, out)
         seen[fmt] += 1
         seen["dead"] += int((~out["valid"].numpy()).sum())
