@@ -17,8 +17,9 @@ endef
 VENV := .venv
 ORACLE_VENV := .venv-oracle
 PY := $(VENV)/bin/python
-STAMP := $(VENV)/.installed-stamp
-ORACLE_STAMP := $(ORACLE_VENV)/.installed-stamp
+# Stamps named by the interpreter: a checkout whose venvs were made with another Python installs them anew.
+STAMP := $(VENV)/.installed-py3.12
+ORACLE_STAMP := $(ORACLE_VENV)/.installed-py3.12
 
 .PHONY: demo test test-fast native lint docs install oracle jax-oracle bench clean
 
@@ -48,7 +49,7 @@ $(ORACLE_STAMP): tests/conformance/oracle-requirements.txt
 
 # jax-tpu-embedding (jax[cpu]), the JAX conformance oracle and the benchmarks' second baseline, in its own venv.
 JAX_VENV := .venv-jax
-JAX_STAMP := $(JAX_VENV)/.installed-stamp
+JAX_STAMP := $(JAX_VENV)/.installed-py3.12
 .PHONY: jax-oracle
 jax-oracle: $(JAX_STAMP)
 
