@@ -356,6 +356,43 @@ def token_lookups(artifact: str) -> Dict[str, TokenLookup]:
     return out
 
 
+def _what_if_sections(plan: Plan) -> List[str]:
+    """The plan's what-if (other configurations from the recorded steps) and, with --propose, its comparison of
+    placements, as HTML tables; each figure with its sampling."""
+    parts: List[str] = []
+    what = plan.what_if or {}
+    rows = [r for r in what.get("configurations", []) if r["status"] == "evaluated"]
+    if rows:
+        parts.append("<h2>What-if: other chips, SparseCores per chip and batches</h2>")
+        parts.append(f"<p>From the steps the profile job recorded ({html.escape(what['recorded'])}), TensorFlow's "
+                     "stacking of each configuration; sampled figures are a sample's maxima, not limits "
+                     "(<code>--candidate-chip-counts</code> profiles a chip count exactly).</p>")
+        parts.append(_table(
+            ["configuration", "chips x SCs", "global batch", "stacks", "max_ids_per_table (largest)",
+             "max_unique_ids_per_table (largest)", "max_ids_per_chip_per_sample", "KiB/SC", "balance", "floor",
+             "sampling"],
+            [[r["label"], f"{r['num_chips']} x {r['num_sc_per_chip']}", r["global_batch"], len(r["stacks"]),
+              max(s["max_ids_per_table"] for s in r["stacks"].values()),
+              max(s["max_unique_ids_per_table"] for s in r["stacks"].values()), r["max_ids_per_chip_per_sample"],
+              r["bytes_per_sc"] / 1024, r["balance"], r["floor"], r["sampling"]["text"]] for r in rows]))
+    prop = plan.proposal
+    if prop:
+        chosen = set(prop["chosen"].values())
+        parts.append("<h2>Placements compared (tpu-embed plan --propose)</h2>")
+        parts.append(f"<p>Per step, from the recorded steps ({html.escape(prop['sampling']['text'])}), under the "
+                     "cost model of docs/explanation/partitioning.md: the busiest destination SparseCore's ids, rows "
+                     "gathered and traffic summed over the stacks (one kernel each), and buffer memory; no TPU "
+                     "step time is measured.</p>")
+        parts.append(_table(
+            ["placement", "API", "kernels", "ids/step", "rows/step", "traffic KiB/step", "balance", "floor",
+             "buffer KiB/SC", "TensorCore KiB/step", "chosen"],
+            [[c["label"], c["api"], c["kernels"], c["busiest_ids_per_step"], c["busiest_unique_ids_per_step"],
+              c["traffic_bytes_per_step"] / 1024, c["balance"], c["floor"], c["buffer_bytes_per_sc"] / 1024,
+              c["tensor_core_bytes_per_step"] / 1024, "yes" if c["label"] in chosen else ""]
+             for c in prop["candidates"]]))
+    return parts
+
+
 def write_report(profile_or_dir: Union[Profile, str, os.PathLike], plan: Union[Plan, str, os.PathLike, None],
                  out_dir: Union[str, os.PathLike], artifact: Optional[str] = None) -> str:
     """Write out_dir/index.html and its PNGs; returns the HTML path.  `plan` may be None (planned
@@ -457,6 +494,7 @@ def write_report(profile_or_dir: Union[Profile, str, os.PathLike], plan: Union[P
               t.get("max_ids_per_chip_per_sample", ""),
               (t["bytes_per_sc"] / 1024) if "bytes_per_sc" in t else "",
               t.get("worst_destination_balance", ""), t.get("reason", "")] for t in plan.topologies]))
+    parts += _what_if_sections(plan)
     st = plan.stacking
     parts.append("<h2>Stacking</h2>")
     un = st.get("unstacked")

@@ -1,4 +1,5 @@
-"""Every code block of the README, the tutorial and the how-to guides runs, in order, so no page can rot.
+"""Every code block of the README, the tutorial, the how-to guides and the explanation pages in `EXPLANATION` runs,
+in order, so no page can rot.
 
 A fenced block is one of:
 
@@ -33,7 +34,9 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 HOW_TO = sorted(f"docs/how-to/{p.name}" for p in (ROOT / "docs" / "how-to").glob("*.md"))
-DOCUMENTS = ["README.md", "docs/tutorial.md", *HOW_TO]
+# Explanation pages whose blocks run too.
+EXPLANATION = ["docs/explanation/partitioning.md"]
+DOCUMENTS = ["README.md", "docs/tutorial.md", *HOW_TO, *EXPLANATION]
 # What the snippets read, relative to the repository root (the JAX venv imports tpu_embed from there).
 LINKED = ["data", "examples", "tpu_embed"]
 # Pages of which no block can run on one machine, and why (every block says it too, title="Not run…").

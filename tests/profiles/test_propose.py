@@ -201,3 +201,12 @@ def test_the_written_jax_groups_stack_feature_specs_in_jax(dominant_dir, tmp_pat
         assert evaluated[name]["tables"] == group
         assert [stacks[name][t] for t in group] == evaluated[name]["rotations"]
     assert any(len(g) > 1 for g in jx["stack_groups"].values())
+
+
+def test_the_report_shows_the_what_if_and_the_comparison(dominant_dir, tmp_path):
+    pytest.importorskip("matplotlib")
+    from profiles.report import write_report
+    _plan(dominant_dir, tmp_path / "plan.json")
+    page = Path(write_report(str(dominant_dir), str(tmp_path / "plan.json"), tmp_path / "report")).read_text()
+    assert "What-if: other chips" in page and "Placements compared" in page
+    assert "tf-default + TensorCore: flag" in page and "exact: all 8 steps" in page
