@@ -1,10 +1,25 @@
 # Set-up is two commands on a fresh machine: `make demo` and `make test`.
-PYTHON ?= python3.11
+# The interpreter is Python 3.12: `python3.12` on PATH where it runs as 3.12 (a pyenv shim runs only where pyenv
+# selects a 3.12), else pyenv's newest versions/3.12.* ($$PYENV_ROOT, default ~/.pyenv); `make PYTHON=...` overrides.
+IS_312 := -c 'import sys; sys.exit(sys.version_info[:2] != (3, 12))'
+ifeq ($(origin PYTHON),undefined)
+PYTHON := $(shell for p in python3.12 $$(ls -d "$${PYENV_ROOT:-$$HOME/.pyenv}"/versions/3.12*/bin/python3.12 \
+	2>/dev/null | sort -rV); do "$$p" $(IS_312) 2>/dev/null && { command -v "$$p"; break; }; done)
+endif
+NO_PYTHON := no Python 3.12 (python3.12 on PATH or pyenv's versions/3.12.*): install it (pyenv install 3.12, \
+	or apt-get install python3.12), or run make PYTHON=/path/to/python3.12
+# $(call venv,DIR): DIR is a venv of Python 3.12 (made anew where it holds another interpreter, e.g. an old 3.11);
+# without a Python 3.12 to make it, make stops with NO_PYTHON, one line.
+define venv
+$(if $(PYTHON),,$(if $(shell $(1)/bin/python $(IS_312) 2>/dev/null && echo ok),,$(error $(NO_PYTHON))))
+@$(1)/bin/python $(IS_312) 2>/dev/null || { rm -rf $(1) && $(PYTHON) -m venv $(1); }
+endef
 VENV := .venv
 ORACLE_VENV := .venv-oracle
 PY := $(VENV)/bin/python
-STAMP := $(VENV)/.installed-stamp
-ORACLE_STAMP := $(ORACLE_VENV)/.installed-stamp
+# Stamps named by the interpreter: a checkout whose venvs were made with another Python installs them anew.
+STAMP := $(VENV)/.installed-py3.12
+ORACLE_STAMP := $(ORACLE_VENV)/.installed-py3.12
 
 .PHONY: demo test test-fast native lint docs install oracle jax-oracle bench clean
 
@@ -13,7 +28,7 @@ install: $(STAMP)
 $(STAMP): pyproject.toml setup.py tpu_embed/sparsecore/native/_csr_native.c pipelines/native/_csv_native.c \
 		pipelines/native/_token_index.c
 	@echo "installing tpu-embed into $(VENV) (a few minutes the first time; log: $(VENV)/install.log)"
-	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(call venv,$(VENV))
 	@# pip's own output (and this machine's index warnings) go to the log; its tail is shown on failure.
 	@( $(PY) -m pip install -q --upgrade pip && \
 	   PYTHONWARNINGS=ignore $(PY) -m pip install -q -e '.[test,report,lint,docs]' ) > $(VENV)/install.log 2>&1 \
@@ -26,7 +41,7 @@ oracle: $(ORACLE_STAMP)
 
 $(ORACLE_STAMP): tests/conformance/oracle-requirements.txt
 	@echo "installing the conformance oracle (tensorflow-tpu 2.20) into $(ORACLE_VENV) (log: $(ORACLE_VENV)/install.log)"
-	@test -x $(ORACLE_VENV)/bin/python || $(PYTHON) -m venv $(ORACLE_VENV)
+	$(call venv,$(ORACLE_VENV))
 	@( $(ORACLE_VENV)/bin/python -m pip install -q --upgrade pip && \
 	   $(ORACLE_VENV)/bin/python -m pip install -q -r tests/conformance/oracle-requirements.txt ) \
 	   > $(ORACLE_VENV)/install.log 2>&1 || (tail -n 40 $(ORACLE_VENV)/install.log; exit 1)
@@ -34,13 +49,13 @@ $(ORACLE_STAMP): tests/conformance/oracle-requirements.txt
 
 # jax-tpu-embedding (jax[cpu]), the JAX conformance oracle and the benchmarks' second baseline, in its own venv.
 JAX_VENV := .venv-jax
-JAX_STAMP := $(JAX_VENV)/.installed-stamp
+JAX_STAMP := $(JAX_VENV)/.installed-py3.12
 .PHONY: jax-oracle
 jax-oracle: $(JAX_STAMP)
 
 $(JAX_STAMP): tests/conformance/jax-requirements.txt
-	@echo "installing jax-tpu-embedding 0.1.0 into $(JAX_VENV) (log: $(JAX_VENV)/install.log)"
-	@test -x $(JAX_VENV)/bin/python || $(PYTHON) -m venv $(JAX_VENV)
+	@echo "installing jax-tpu-embedding 0.2.0 into $(JAX_VENV) (log: $(JAX_VENV)/install.log)"
+	$(call venv,$(JAX_VENV))
 	@( $(JAX_VENV)/bin/python -m pip install -q --upgrade pip && \
 	   $(JAX_VENV)/bin/python -m pip install -q -r tests/conformance/jax-requirements.txt ) \
 	   > $(JAX_VENV)/install.log 2>&1 || (tail -n 40 $(JAX_VENV)/install.log; exit 1)

@@ -31,7 +31,7 @@ rounds' ratios:
   TF               TensorFlow's own kernels (`TPUEmbeddingV2._preprocess_
                    features`, tensorflow-tpu 2.20 in .venv-oracle) on the
                    headline's tf.RaggedTensors, eager and under tf.function;
-  jax              jax-tpu-embedding 0.1.0's C++ preprocessing (.venv-jax,
+  jax              jax-tpu-embedding's C++ preprocessing (0.2.0 in .venv-jax,
                    `make jax-oracle`) on the same ids: one call per global
                    batch of the 4 local chips (4 per-chip batches), in both
                    of its input forms (benchmarks/jax_preprocess.py).
@@ -225,7 +225,8 @@ def main(argv=None):
     n_ids = float(np.mean([sum(v.size for v, _ in b.values()) for b in batches]))
     vocabs = sorted(t["vocabulary_size"] for t in tables)
     print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, load average "
-          f"{os.getloadavg()[0]:.2f} at start; ours: native kernel {csr.native_available()}, "
+          f"{os.getloadavg()[0]:.2f} at start; ours: Python {platform.python_version()}, numpy {np.__version__}, "
+          f"native kernel {csr.native_available()}, "
           f"{csr.native_threads()} threads")
     print(f"workload: {UNIVALENT} univalent + {NUM_FEATURES - UNIVALENT} multivalent (1-9 ids) features, "
           f"vocabularies {vocabs[0]}..{vocabs[-1]}, dim {DIM}, {COMBINER}, Zipf(1.2); per-chip batch {args.batch}, "
@@ -286,7 +287,7 @@ def main(argv=None):
         jax_ids = float(np.mean(res["ids_per_batch"]))
         ours_packed = sum(int(internal(e)[s].ids_per_partition.sum()) for e in kernel_batches[:num_chips]
                           for s in layout.stacks)
-        print(f"jax: jax-tpu-embedding 0.1.0 (.venv-jax), local_device_count = global_device_count = {num_chips}, "
+        print(f"jax: {res['versions']} (.venv-jax), local_device_count = global_device_count = {num_chips}, "
               f"num_sc_per_device {nsc}, {len(res['stacks'])} stacked table(s), {jax_ids:.0f} ids per call "
               f"(one global batch = {num_chips} chip batches); limits from its stats: {res['limits']}; "
               f"{res['threads']} threads in its process after packing; "

@@ -14,12 +14,12 @@ every example has one id, else an object array of per-example int32 arrays), mad
 Timed, in alternating rounds (median of --rounds, each --epochs passes over every step):
 * ours: `input_iterator(artifact, num_epochs=E, prefetch=0)` (numpy output, decoded in the caller's thread:
   one thread), `for step in it: pass`; and with the default `prefetch=2` (a reader thread);
-* jax-tpu-embedding 0.1.0 (this script with --serve, in .venv-jax): `preprocess_sparse_dense_matmul_input`
+* jax-tpu-embedding (0.2.0 in .venv-jax; this script with --serve): `preprocess_sparse_dense_matmul_input`
   of each step's host batch, FeatureSpecs stacked by its `auto_stack_tables`, its limits from its own
   statistics of every step (`update_preprocessing_parameters`, nothing dropped); its C++ thread pool as it
   comes (the thread count is printed).
 "Per core" is steps per CPU-second (user + system of the whole process, every thread). Both sides' step 0
-row pointers are checked equal before timing (the same ids are packed).
+row pointers are checked equal before timing (the same ids are packed). The versions of both sides are printed.
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ import argparse
 import csv
 import dataclasses
 import os
+import platform
 import resource
 import shutil
 import statistics
@@ -112,10 +113,17 @@ class _JaxSide:
             num_sc_per_device=self.nsc, allow_id_dropping=False)
 
     def step0(self):
+        import importlib.metadata
+        import platform
+
+        import jax
+
         out, stats = self._run(self.inputs[0])
         return {"row_pointers": {k: self.np.asarray(v) for k, v in out.lhs_row_pointers.items()},
                 "dropped": sum(int(v) for v in stats.id_drop_counters.values()),
-                "threads": len(os.listdir("/proc/self/task"))}
+                "threads": len(os.listdir("/proc/self/task")),
+                "versions": f"Python {platform.python_version()}, jax-tpu-embedding "
+                            f"{importlib.metadata.version('jax-tpu-embedding')}, jax {jax.__version__}"}
 
     def bench(self, epochs):
         dropped = 0
@@ -261,6 +269,8 @@ def main(argv=None):
             helper.close()
         n = len(steps) * args.epochs
         ids = sum(ids_per_step) * args.epochs
+        print(f"machine: {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f} at start; ours: Python "
+              f"{platform.python_version()}, numpy {np.__version__}; jax side: {first['versions']}")
         print(f"workload: {args.rows} rows, {len(steps)} steps of {args.batch} examples "
               f"({statistics.mean(ids_per_step):,.0f} ids per step), {chips} chips x {spec.topology.num_sc_per_chip} "
               f"SparseCores, 1 host; {args.rounds} rounds of {args.epochs} epochs; job {job_s:.1f} s; jax's "

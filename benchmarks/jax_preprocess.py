@@ -1,12 +1,12 @@
 """jax-tpu-embedding's C++ input preprocessing on benchmarks/csr.py's batches; runs inside .venv-jax.
 
 Started by benchmarks/csr.py as a subprocess (`.venv-jax/bin/python
-benchmarks/jax_preprocess.py`, made by `make jax-bench`).  Of tpu_embed it
+benchmarks/jax_preprocess.py`, made by `make jax-oracle`).  Of tpu_embed it
 imports only the pipe protocol (`tpu_embed.core.pipe`, standard library
 alone): it is the independent side of the comparison.
 
 What runs: `embedding.preprocess_sparse_dense_matmul_input` (pybind over the
-C++ `PreprocessSparseDenseMatmulInput`, jax-tpu-embedding 0.1.0) for one
+C++ `PreprocessSparseDenseMatmulInput`, the jax-tpu-embedding of .venv-jax) for one
 host with `local_device_count = global_device_count = num_chips` and
 `num_sc_per_device` SparseCores: one call packs the global batch of every
 local chip, i.e. the per-chip batches of benchmarks/csr.py's steps taken
@@ -31,7 +31,8 @@ Protocol: `tpu_embed.core.pipe`.  Requests:
    "features": [{"name", "table"}] (features use tables by name), "num_chips",
    "num_sc_per_chip", "global_batches": [{feature: (values int64, row_splits int64)}]}
    -> {"stacks", "ids_per_batch", "packed_ids": per global batch, the ids jax packed (dedup'd,
-       padding excluded), "limits": the installed stacked-table limits, "threads": the process's threads
+       padding excluded), "limits": the installed stacked-table limits, "versions": jax-tpu-embedding's, jax's
+       and Python's, "threads": the process's threads
        after packing (its C++ pool's among them)}
   {"op": "bench", "repeats": n} -> {form: best seconds per global batch}
 """
@@ -168,8 +169,15 @@ def main():
     def handle(req):
         if req["op"] == "setup":
             b = state["bench"] = JaxBench(req)
+            import importlib.metadata
+            import platform
+
+            import jax
+
             return {"stacks": b.stacks, "ids_per_batch": b.ids_per_batch, "packed_ids": b.packed,
-                    "limits": b.limits, "threads": len(os.listdir("/proc/self/task"))}
+                    "limits": b.limits, "threads": len(os.listdir("/proc/self/task")),
+                    "versions": f"jax-tpu-embedding {importlib.metadata.version('jax-tpu-embedding')}, jax "
+                                f"{jax.__version__}, Python {platform.python_version()}"}
         if req["op"] == "bench":
             return state["bench"].bench(int(req["repeats"]))
         raise ValueError(f"unknown op {req['op']!r}")

@@ -1,4 +1,4 @@
-"""The JAX layout oracle: jax-tpu-embedding 0.1.0's own stacking and preprocessing; runs inside .venv-jax.
+"""The JAX layout oracle: jax-tpu-embedding 0.2.0's own stacking and preprocessing; runs inside .venv-jax.
 
 Started by tests/conformance/test_jax_layout_conformance.py through `jax_oracle.JaxOracle`. Of tpu_embed it
 imports only the pipe protocol (`tpu_embed.core.pipe`, standard library alone): it is the independent side.

@@ -23,7 +23,7 @@ def jax_python() -> str:
     if default.exists():
         return str(default)
     raise RuntimeError(
-        "The JAX conformance oracle needs jax-tpu-embedding==0.1.0 in its own venv: run `make jax-oracle` "
+        "The JAX conformance oracle needs jax-tpu-embedding==0.2.0 in its own venv: run `make jax-oracle` "
         "(or `make test`, which creates it), or set TPU_EMBED_JAX_PYTHON.")
 
 

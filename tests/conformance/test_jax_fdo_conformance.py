@@ -1,4 +1,4 @@
-"""`tpu-embed plan --format jax-fdo` and `tpu_embed.jax.limits` against the installed jax-tpu-embedding (0.1.0, CPU).
+"""`tpu-embed plan --format jax-fdo` and `tpu_embed.jax.limits` against the installed jax-tpu-embedding (0.2.0, CPU).
 
 For the bundled example specs (built by the real jobs) and hypothesis-generated models, the FDO files written
 from a profile must be what jax-tpu-embedding itself makes of the same data:

@@ -1,4 +1,4 @@
-"""tpu_embed.jax.input_iterator up to the device boundary, against jax-tpu-embedding 0.1.0 on CPU.
+"""tpu_embed.jax.input_iterator up to the device boundary, against jax-tpu-embedding 0.2.0 on CPU.
 
 Every step of the example specs' artifacts (criteo with `shards.layout: jax`, movielens with `both`, two
 hosts): the iterator's `sparse` arrays equal, in structure, shape, dtype and bits, what jax's own

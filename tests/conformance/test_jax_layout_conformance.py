@@ -1,4 +1,4 @@
-"""jax-tpu-embedding's SparseCore layout (tpu_embed.jax) against the installed jax-tpu-embedding 0.1.0 on CPU.
+"""jax-tpu-embedding's SparseCore layout (tpu_embed.jax) against the installed jax-tpu-embedding 0.2.0 on CPU.
 
 The oracle (jax_layout_server.py, in .venv-jax) stacks and preprocesses each case with jax's own code;
 we compare its stacking, its statistics and its four arrays per stack bit for bit (gains as raw bits),
@@ -53,6 +53,7 @@ def jax_cases(draw, max_devices=8):
                                                           ("adagrad", 0.1)]))})
     n_features = draw(st.integers(1, 5))
     weighted = draw(st.booleans())
+    tiny = weighted and draw(st.booleans())  # weights near and below float32's smallest normal, 2**-126
     steps = draw(st.integers(1, 2))
     features, dense = [], []
     for j in range(n_features):
@@ -80,12 +81,23 @@ def jax_cases(draw, max_devices=8):
                 if f["weighted"]:
                     w = rng.uniform(-2, 2, size=ids.size).astype(np.float32)
                     w[rng.random(ids.size) < 0.1] = 0.0
+                    if tiny:
+                        w = np.where(rng.random(ids.size) < 0.4, tiny_weights(rng, ids.size), w).astype(np.float32)
                 host[f["name"]] = (splits, ids, w)
             hosts_data.append(host)
         data.append(hosts_data)
     return {"tables": tables, "features": features, "num_devices": devices, "num_sc_per_device": nsc,
             "num_hosts": hosts, "dense": dense, "steps": data,
             "has_leading_dimension": draw(st.booleans())}
+
+
+def tiny_weights(rng, n: int) -> np.ndarray:
+    """float32 weights of either sign where jax's flushing of denormals shows: subnormals; normals within 4x of
+    2**-126 (quotients and sums of them fall below it); ~1e-20 (their squares underflow float32)."""
+    kind = rng.integers(0, 3, n)
+    mag = np.where(kind == 0, rng.uniform(0, 1, n) * 2.0 ** -126,
+                   np.where(kind == 1, rng.uniform(1, 4, n) * 2.0 ** -126, rng.uniform(0.5, 2, n) * 1e-20))
+    return (mag * rng.choice([-1.0, 1.0], n)).astype(np.float32)
 
 
 def model_of(case) -> ModelConfig:

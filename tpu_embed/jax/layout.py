@@ -5,12 +5,13 @@
     arrays = batches[stack].buffers(coo_buffer_size_per_device, has_leading_dimension=False)
         # (row_pointers, embedding_ids, sample_ids, gains): what preprocess_sparse_dense_matmul_input returns
 
-This is jax-tpu-embedding 0.1.0 (`nn/table_stacking.py`, `nn/embedding.py` and its C++
-`PreprocessSparseDenseMatmulInput`), transcribed:
+This is jax-tpu-embedding 0.2.0 (`nn/table_stacking.py`, `nn/embedding.py` and its C++
+`PreprocessSparseDenseMatmulInput`; 0.1.0 lays out the same arrays), transcribed:
 
 * Stacking (`auto_stack_tables`, default arguments): tables in the order they first appear among the
   features (`ModelConfig.features`, jax's `jax.tree.leaves` of a dict of feature specs keyed by feature
-  name), grouped by (width rounded up to 8, optimizer, combiner); a group is split first-fit so that no
+  name), grouped by (width rounded up to 8, optimizer, combiner; 0.2.0 also by quantization config, which
+  tpu_embed's tables leave unset); a group is split first-fit so that no
   stack's activations (padded width x samples per SparseCore x 4 bytes) exceed 2 MiB; each table's rows
   are padded to a multiple of 8 x all SparseCores; a stack's name is its tables' names joined with `_`,
   cut at 50 characters plus "..." and 12 hex digits of its sha256 when longer. Per table: a row offset
@@ -21,7 +22,8 @@ This is jax-tpu-embedding 0.1.0 (`nn/table_stacking.py`, `nn/embedding.py` and i
   contiguous blocks per device, each block in `num_sc_per_device` slices; SparseCore s of a device gets
   slice s of every feature of the stack, features in row-offset order, so its sample ids are
   `row_offset / all SparseCores + row in slice`. Gains per sample: sum `w`, mean `w / sum(w)`, sqrtn
-  `w / sqrt(sum(w^2))`, float32 sums left to right (1 / n and 1 / sqrt(n) without weights). The column
+  `w / sqrt(sum(w^2))`, float32 sums left to right (1 / n and 1 / sqrt(n) without weights), with denormals
+  flushed to zero of their sign as jax's preprocessing threads compute (`tpu_embed.jax.denormals`). The column
   rewrite is TF's; ids are sorted per local SparseCore by (destination SparseCore, column, sample, input
   order), equal (sample, column) pairs merged by adding their gains left to right; embedding id =
   column >> log2(all SparseCores). Per local SparseCore, per destination: the ids, the row pointer (the
@@ -48,6 +50,7 @@ from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 import numpy as np
 
 from tpu_embed.core.model import ModelConfig, TableConfig
+from tpu_embed.jax import denormals
 from tpu_embed.sparsecore.csr import merge_runs
 from tpu_embed.sparsecore.csr_types import LimitExceededError
 
@@ -295,30 +298,29 @@ class JaxHostBatch:
 
 
 def _row_gains(combiner: str, splits: np.ndarray, weights: Optional[np.ndarray]) -> np.ndarray:
-    """Per id, the gain of jax's ProcessCooTensors: w / divisor of its sample (float32, sums left to right)."""
+    """Per id, the gain of jax's ProcessCooTensors: w / divisor of its sample (float32, sums left to right,
+    denormals flushed as jax's preprocessing threads do: `tpu_embed.jax.denormals`)."""
     n = int(splits[-1])
     lengths = np.diff(splits)
-    if combiner == "sum":
-        return np.ones(n, np.float32) if weights is None else weights.astype(np.float32, copy=True)
+    if combiner == "sum":  # w / 1.0f: a subnormal weight becomes zero of its sign
+        return np.ones(n, np.float32) if weights is None else denormals.flush(weights).copy()
     if weights is None:  # 1 / n, or 1 / sqrt(n), per sample
         cnt = lengths.astype(np.float32)
         with np.errstate(divide="ignore"):
             per = np.float32(1) / (cnt if combiner == "mean" else np.sqrt(cnt))
         return np.repeat(per.astype(np.float32), lengths)
-    w = weights.astype(np.float32, copy=False)
+    w = denormals.flush(weights)
     starts = splits[:-1]
-    acc = np.zeros(lengths.size, np.float32 if combiner == "mean" else np.float64)
+    acc = np.zeros(lengths.size, np.float32)
     for j in range(int(lengths.max(initial=0))):
         rows = np.flatnonzero(lengths > j)
         x = w[starts[rows] + j]
         if combiner == "mean":
-            acc[rows] = (acc[rows].astype(np.float32) + x).astype(np.float32)
+            acc[rows] = denormals.add(acc[rows], x)
         else:  # C++: float sum += std::pow(w, 2) (a double): the square is exact, the sum rounded to float
-            acc[rows] = (acc[rows].astype(np.float32).astype(np.float64) + x.astype(np.float64) ** 2
-                         ).astype(np.float32)
-    div = acc.astype(np.float32) if combiner == "mean" else np.sqrt(acc.astype(np.float32))
-    with np.errstate(divide="ignore", invalid="ignore"):
-        return (w / np.repeat(div, lengths)).astype(np.float32)
+            acc[rows] = denormals.to_float32(acc[rows].astype(np.float64) + x.astype(np.float64) ** 2)
+    div = acc if combiner == "mean" else np.sqrt(acc)  # the root of a normal float32 (or 0) is normal
+    return denormals.divide(w, np.repeat(div, lengths))
 
 
 def _check_host_feature(f: JaxFeature, hf: HostFeature, samples: int) -> Tuple[np.ndarray, np.ndarray]:
@@ -402,7 +404,7 @@ def _pack_stack(layout: JaxLayout, st: JaxStack, features: Mapping[str, HostFeat
         same = np.all(cols[:, 1:] == cols[:, :-1], axis=0) if n > 1 else np.zeros(0, bool)
     seg, dest, token, row, gain = seg[order], dest[order], token[order], row[order], gain[order]
     if same.any():
-        first, gain = merge_runs(gain, same, n)
+        first, gain = merge_runs(gain, same, n, add=denormals.add)
         seg, dest, token, row = seg[first], dest[first], token[first], row[first]
     k = int(seg.size)
     part = seg * S + dest
@@ -437,6 +439,11 @@ def _pack_stack(layout: JaxLayout, st: JaxStack, features: Mapping[str, HostFeat
 
 # ---------------------------------------------------------------- the reference
 
+def _scalar(op, *args) -> np.float32:
+    """A `tpu_embed.jax.denormals` operation on scalars."""
+    return np.float32(op(*(np.asarray([a]) for a in args))[0])
+
+
 def pack_host_reference(layout: JaxLayout, features: Mapping[str, HostFeature]) -> Dict[str, JaxHostBatch]:
     """`pack_host`, transcribed id by id from jax's C++ loops (ExtractCooTensors, SortAndGroup, FillBuffer)."""
     L, nsc, S = layout.local_devices, layout.num_sc_per_device, layout.num_scs
@@ -466,24 +473,24 @@ def pack_host_reference(layout: JaxLayout, features: Mapping[str, HostFeature]) 
                         elif st.combiner == "mean":
                             div = np.float32(0)
                             for x in ws:
-                                div = np.float32(div + x)
+                                div = _scalar(denormals.add, div, x)
                         else:
                             acc = np.float32(0)
                             for x in ws:
-                                acc = np.float32(np.float64(acc) + np.float64(x) * np.float64(x))
+                                x = _scalar(denormals.flush, x)
+                                acc = _scalar(denormals.to_float32, np.float64(acc) + np.float64(x) * np.float64(x))
                             div = np.float32(np.sqrt(acc))
                         for v, x in zip(vals, ws):
                             c = ((v + f.col_shift) & (S - 1)) + (v & ~(S - 1)) + f.col_offset
-                            with np.errstate(divide="ignore", invalid="ignore"):
-                                gain = np.float32(np.float32(x) / div) if (weighted or st.combiner != "sum") \
-                                    else np.float32(1)
+                            gain = _scalar(denormals.divide, x, div) if (weighted or st.combiner != "sum") \
+                                else np.float32(1)
                             coo.append((c, r - start + row_offset, gain, len(coo)))
                 # Sort key: (destination SC, column >> log2 S, sample row, extraction index).
                 coo.sort(key=lambda e: (e[0] & (S - 1), e[0] >> (S.bit_length() - 1), e[1], e[3]))
                 grouped: List[List] = []
                 for c, r, gain, _ in coo:
                     if grouped and grouped[-1][0] == c and grouped[-1][1] == r:
-                        grouped[-1][2] = np.float32(grouped[-1][2] + gain)
+                        grouped[-1][2] = _scalar(denormals.add, grouped[-1][2], gain)
                     else:
                         grouped.append([c, r, gain])
                 rp: List[int] = []

@@ -38,14 +38,15 @@ _COMBINER_CODE = {"sum": 0, "mean": 1, "sqrtn": 2}
 _PAD_GAIN = np.float32(PAD_VALUE)
 
 
-def merge_runs(values, same_as_prev: np.ndarray, n: int):
+def merge_runs(values, same_as_prev: np.ndarray, n: int, add=np.add):
     """Merge runs of equal neighbours, adding their float32 values left to right.
 
     `same_as_prev[i]` says element i+1 equals element i.  Returns (index of
     each run's first element, float32 sum per run); `values=None` means all
     ones, whose sums are exact counts.  The sums are sequential, as TF's C++
     loops add, because numpy's pairwise reductions would round differently.
-    Only the few non-first elements are touched.
+    Only the few non-first elements are touched. `add(a, b)`: the float32
+    addition (jax's flushes denormals: `tpu_embed.jax.denormals.add`).
     """
     nf = np.flatnonzero(same_as_prev) + 1  # elements that merge into an earlier one
     starts = np.ones(n, dtype=bool)
@@ -67,11 +68,11 @@ def merge_runs(values, same_as_prev: np.ndarray, n: int):
     level = idx - np.maximum.accumulate(np.where(brk, idx, 0))
     top = int(level.max(initial=-1))
     if top == 0:
-        out[run_of_nf] += values[nf]
+        out[run_of_nf] = add(out[run_of_nf], values[nf])
     else:
         for k in range(top + 1):
             sel = level == k
-            out[run_of_nf[sel]] += values[nf[sel]]
+            out[run_of_nf[sel]] = add(out[run_of_nf[sel]], values[nf[sel]])
     return first, out
 
 
