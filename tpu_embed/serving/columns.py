@@ -16,8 +16,8 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence
 
 import tensorflow as tf
 
-__all__ = ["Column", "Stacked", "as_column", "batch_rows", "block_of_rows", "concat_rows", "rows_of", "stack",
-           "value_rowids"]
+__all__ = ["Column", "Stacked", "as_column", "batch_rows", "block_of_rows", "concat_rows", "per_row", "rows_of",
+           "stack", "value_rowids"]
 
 
 @dataclasses.dataclass
@@ -115,6 +115,9 @@ class Stacked:
     strings: Optional[tf.RaggedTensor] = None
     ints: Optional[tf.RaggedTensor] = None
     floats: Optional[tf.RaggedTensor] = None  # float64
+    # {column: its string values} where `strings` is these one after the other and no column has another kind:
+    # a rule over one column's values can take them as they were given, without slicing the stack
+    string_columns: Optional[Dict[str, tf.Tensor]] = None
 
     def kinds(self) -> Dict[str, tf.RaggedTensor]:
         return {k: v for k, v in (("strings", self.strings), ("ints", self.ints), ("floats", self.floats))
@@ -128,13 +131,18 @@ def _stack_kind(parts: Sequence[Optional[tf.RaggedTensor]], nrows: tf.Tensor) ->
         return None
     ps = [_int64_splits(parts[i]) for i in present]
     flats = [p.flat_values for p in ps]
+    complete = len(present) == len(parts)
     if len({v.dtype for v in flats}) > 1:  # floats: float32 (an Example's) and float64 columns
         flats = [tf.cast(v, tf.float64) for v in flats]
     values = flats[0] if len(flats) == 1 else tf.concat(flats, axis=0)
     if values.dtype == tf.float32:
         values = tf.cast(values, tf.float64)
-    # Every part's splits in one [P, nrows + 1] tensor: the lengths of all rows in three ops, whatever P.
+    # Every part's splits in one [P, nrows + 1] tensor: the stack's rows in a few ops, whatever P.
     splits = ps[0].row_splits[None, :] if len(ps) == 1 else tf.stack([p.row_splits for p in ps])
+    if complete:  # each part's splits shifted by the values of the parts before it
+        shifted = splits[:, 1:] + tf.cumsum(splits[:, -1], exclusive=True)[:, None]
+        return tf.RaggedTensor.from_row_splits(
+            values, tf.concat([tf.zeros([1], tf.int64), tf.reshape(shifted, [-1])], axis=0), validate=False)
     lengths = splits[:, 1:] - splits[:, :-1]
     if len(present) < len(parts):  # the rows of columns without this kind: empty
         where = {i: k for k, i in enumerate(present)}
@@ -148,6 +156,8 @@ def stack(columns: Mapping[str, Column], names: Sequence[str], nrows: tf.Tensor)
     out = Stacked(list(names), nrows)
     for kind in ("strings", "ints", "floats"):
         setattr(out, kind, _stack_kind([getattr(columns[c], kind) for c in names], nrows))
+    if out.ints is None and out.floats is None and all(columns[c].strings is not None for c in names):
+        out.string_columns = {c: columns[c].strings.flat_values for c in names}  # type: ignore[union-attr]
     return out
 
 
@@ -159,9 +169,9 @@ def stack_strings(cells: Mapping[str, tf.Tensor], names: Sequence[str], nrows: t
         return Stacked(list(names), nrows)
     flat = tf.reshape(tf.stack([cells[c] for c in given]), [-1]) if len(given) > 1 else cells[given[0]]
     if len(given) == len(names):
-        lengths = tf.ones([len(names) * nrows], tf.int64)
-    else:
-        lengths = tf.repeat(tf.constant([int(c in cells) for c in names], tf.int64), nrows)
+        strings = tf.RaggedTensor.from_row_splits(flat, tf.range(len(names) * nrows + 1), validate=False)
+        return Stacked(list(names), nrows, strings=strings, string_columns={c: cells[c] for c in names})
+    lengths = per_row([int(c in cells) for c in names], tf.int64, nrows)
     return Stacked(list(names), nrows, strings=tf.RaggedTensor.from_row_lengths(flat, lengths, validate=False))
 
 
@@ -197,3 +207,8 @@ def block_of_rows(blocks: int, nrows: tf.Tensor) -> tf.Tensor:
     """[blocks * nrows] int64: the block of each row of `blocks` blocks of `nrows` rows (a gather by a value's row
     gives its block without an integer division, which TensorFlow does slowly)."""
     return tf.reshape(tf.tile(tf.range(blocks, dtype=tf.int64)[:, None], tf.stack([1, nrows])), [-1])
+
+
+def per_row(values: Sequence[Any], dtype: tf.DType, nrows: tf.Tensor) -> tf.Tensor:
+    """[len(values) * nrows]: value i for each row of block i (a constant tiled: fewer ops than `tf.repeat`)."""
+    return tf.reshape(tf.tile(tf.constant(list(values), dtype)[:, None], tf.stack([1, nrows])), [-1])

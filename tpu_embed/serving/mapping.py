@@ -56,6 +56,7 @@ from tpu_embed.serving.columns import (
     batch_rows,
     block_of_rows,
     concat_rows,
+    per_row,
     rows_of,
     stack,
     stack_strings,
@@ -318,7 +319,7 @@ def _dense(plan: MappingPlan, layout: Layout, numbers_: Optional[tf.RaggedTensor
     lengths = x.row_lengths()
     padded = tf.concat([x.flat_values, tf.constant([[0.0, 1.0, 0.0]], tf.float64)], axis=0)  # none: blank
     first = tf.gather(padded, tf.where(lengths > 0, x.row_splits[:-1], tf.shape(x.flat_values, tf.int64)[0]))
-    fills = tf.repeat(tf.constant([d.fill for d in plan.dense], tf.float64), nrows)
+    fills = per_row([d.fill for d in plan.dense], tf.float64, nrows)
     bad = first[:, 2] > 0
     value = tf.cast(tf.where((first[:, 1] > 0) | bad, fills, first[:, 0]), tf.float32)
     flagged = tf.reduce_any(tf.reshape(bad | (lengths > 1), [num, nrows]), axis=0)
@@ -351,8 +352,18 @@ def _groups(features: Sequence[FeaturePlan]) -> List[Tuple[int, int, str, Any]]:
     return out
 
 
+def _given_tokens(features: Sequence[FeaturePlan], direct: Optional[Mapping[str, tf.Tensor]]) -> Optional[tf.Tensor]:
+    """The tokens of `features` (consecutive ones), in their order, from their columns' values as given
+    (`Stacked.string_columns`): where none splits its values at a delimiter; else None."""
+    if direct is None or any(f.delimiter is not None for f in features):
+        return None
+    values = [direct[f.column] for f in features]
+    return values[0] if len(values) == 1 else tf.concat(values, axis=0)
+
+
 def _ids(features: Sequence[FeaturePlan], tokens: tf.RaggedTensor, rowids: tf.Tensor, tables: Mapping[str, Any],
-         nrows: tf.Tensor, ascii: tf.Tensor) -> Tuple[tf.Tensor, Optional[tf.Tensor], Optional[tf.Tensor]]:
+         nrows: tf.Tensor, ascii: tf.Tensor, direct: Optional[Mapping[str, tf.Tensor]] = None
+         ) -> Tuple[tf.Tensor, Optional[tf.Tensor], Optional[tf.Tensor]]:
     """(int64 id, keep or None, flag or None) of every token of `tokens` ([len(features) * nrows, None], features
     grouped by rule as `Layout` orders them). Per group of `_groups` one op (a vocabulary's lookup, a hash); what
     follows a lookup (the OOV id, dropping unknown tokens) once for every vocabulary of 0 or 1 OOV buckets.
@@ -366,7 +377,12 @@ def _ids(features: Sequence[FeaturePlan], tokens: tf.RaggedTensor, rowids: tf.Te
     else:
         at = tf.gather(tokens.row_splits, tf.constant([g[0] for g in groups] + [len(features)], tf.int64) * nrows)
         sizes = at[1:] - at[:-1]
-        pieces = tf.split(flat, sizes, num=len(groups))
+        given = [_given_tokens(features[s:e], direct) if rule == "lookup" else None for s, e, rule, _ in groups]
+        if any(g is None for g in given):
+            pieces = tf.split(flat, sizes, num=len(groups))
+            pieces = [p if g is None else g for p, g in zip(pieces, given, strict=True)]
+        else:  # every vocabulary looks up its columns' values as they were given
+            pieces = given
     parts: List[Tuple[tf.Tensor, Optional[tf.Tensor], Optional[tf.Tensor]]] = []
     lookups: List[int] = []  # groups of vocabularies with 0 or 1 OOV buckets, finished together
     for k, (piece, (start, end, rule, arg)) in enumerate(zip(pieces, groups, strict=True)):
@@ -387,7 +403,7 @@ def _ids(features: Sequence[FeaturePlan], tokens: tf.RaggedTensor, rowids: tf.Te
         else:
             parts.append(_identity_ids(part, piece, rowids, len(features), nrows, ascii, start, at, k))
     if lookups:
-        _finish_lookups(features, groups, lookups, parts, tables, sizes)
+        parts = [_finish_lookups(features, groups, lookups, parts, tables, rowids, nrows)] + parts[len(lookups):]
 
     def joined(i: int, fill: bool) -> Optional[tf.Tensor]:
         if all(p[i] is None for p in parts):
@@ -405,10 +421,12 @@ def _vocabulary_size(f: FeaturePlan, table: Any) -> tf.Tensor:
 
 
 def _finish_lookups(features: Sequence[FeaturePlan], groups: Sequence[Tuple[int, int, str, Any]],
-                    lookups: Sequence[int], parts: List[Any], tables: Mapping[str, Any],
-                    sizes: Optional[tf.Tensor]) -> None:
-    """The ids of vocabularies with 0 or 1 OOV buckets from their lookups (in `parts`, replaced): the line, else
-    the vocabulary's size (1 bucket) or dropped (0), over all of them at once (they are consecutive)."""
+                    lookups: Sequence[int], parts: List[Any], tables: Mapping[str, Any], rowids: tf.Tensor,
+                    nrows: tf.Tensor) -> Tuple[tf.Tensor, Optional[tf.Tensor], None]:
+    """(ids, keep or None, None) of the vocabularies with 0 or 1 OOV buckets from their lookups (`parts`): the
+    line, else the vocabulary's size (1 bucket) or dropped (0), over all of them at once. They are the first
+    groups (the features `Layout` puts first), so their tokens are the first ones, each token's group its
+    row's."""
     firsts = [features[groups[k][0]] for k in lookups]
     raw = parts[lookups[0]][0] if len(lookups) == 1 else tf.concat([parts[k][0] for k in lookups], axis=0)
     found = raw >= 0
@@ -417,20 +435,20 @@ def _finish_lookups(features: Sequence[FeaturePlan], groups: Sequence[Tuple[int,
     else:
         size = tf.stack([_vocabulary_size(f, tables[str(groups[k][3])]) for f, k in zip(firsts, lookups,
                                                                                          strict=True)])
-    per_value = (size[0] if len(lookups) == 1 else
-                 tf.repeat(size, tf.gather(sizes, lookups) if sizes is not None else tf.shape(raw, tf.int64)))
-    ids = tf.where(found, raw, per_value)
     oov = [f.num_oov_buckets for f in firsts]
+    if len(lookups) == 1:
+        per_value, oov_bucket = size[0], None
+    else:
+        assert list(lookups) == list(range(len(lookups))), lookups
+        group_of_feature = [i for i, k in enumerate(lookups) for _ in range(groups[k][0], groups[k][1])]
+        group = tf.gather(per_row(group_of_feature, tf.int64, nrows), rowids[:tf.size(raw, out_type=tf.int64)])
+        per_value = tf.gather(size, group)
+        oov_bucket = tf.gather(tf.constant([n > 0 for n in oov]), group) if 0 in oov else None
+    ids = tf.where(found, raw, per_value)
     keep = None
     if 0 in oov:
-        keep = found if all(n == 0 for n in oov) else found | tf.repeat(tf.constant([n > 0 for n in oov]),
-                                                                         tf.gather(sizes, lookups))
-    out = [(ids, keep)] if len(lookups) == 1 else list(zip(
-        tf.split(ids, tf.gather(sizes, lookups), num=len(lookups)),
-        [None] * len(lookups) if keep is None else tf.split(keep, tf.gather(sizes, lookups), num=len(lookups)),
-        strict=True))
-    for k, (i, kept) in zip(lookups, out, strict=True):
-        parts[k] = (i, kept, None)
+        keep = found if all(n == 0 for n in oov) else found | oov_bucket
+    return ids, keep, None
 
 
 def _identity_ids(part: Sequence[FeaturePlan], piece: tf.Tensor, rowids: tf.Tensor, nfeat: int, nrows: tf.Tensor,
@@ -469,7 +487,7 @@ def _weights(layout: Layout, tokens: tf.RaggedTensor, rowids: tf.Tensor, numbers
     w_values = tf.where(tf.reduce_any(w.flat_values[:, 1:] > 0, axis=1), tf.constant(float("nan"), tf.float64),
                         w.flat_values[:, 0])
     where = {k: j for j, k in enumerate(layout.weighted)}
-    block = tf.repeat(tf.constant([where.get(k, -1) for k in range(nfeat)], tf.int64), nrows)  # per row
+    block = per_row([where.get(k, -1) for k in range(nfeat)], tf.int64, nrows)  # per row
     weighted = block >= 0
     # Per row of the features: its row of `w` (rows without weights: an appended empty row).
     w_lengths = tf.concat([w.row_lengths(), tf.zeros([1], tf.int64)], axis=0)
@@ -522,7 +540,7 @@ def map_stacked(plan: MappingPlan, layout: Layout, tokens_of: Stacked, numbers_o
         valid &= ~tf.reduce_any(tf.reshape(mismatch, [len(feats), nrows]), axis=0)
         keep &= ~tf.gather(mismatch, rowids)
     ids, kept, flags = _ids(feats, tokens, rowids, tables, nrows,
-                            tf.constant(True) if ascii_tokens is None else ascii_tokens)
+                            tf.constant(True) if ascii_tokens is None else ascii_tokens, tokens_of.string_columns)
     if flags is not None:
         valid &= ~_any_per_row(flags & keep, rowids, len(feats), nrows)
     if kept is not None:
@@ -543,20 +561,20 @@ def map_stacked(plan: MappingPlan, layout: Layout, tokens_of: Stacked, numbers_o
         before = tf.cumsum(count, exclusive=True)
         at_start = tf.gather(tf.concat([before, [tf.reduce_sum(count)]], axis=0), tokens.row_splits[:-1])
         place = before - tf.gather(at_start, rowids)
-        limit = tf.gather(tf.repeat(tf.constant([t or -1 for t in truncate], tf.int64), nrows), rowids)
+        limit = tf.gather(per_row([t or -1 for t in truncate], tf.int64, nrows), rowids)
         keep &= (limit < 0) | (place < limit)
-    out, out_rowids = _mask(tokens.with_flat_values(ids), rowids, keep)
+    out, at = _mask(tokens.with_flat_values(ids), rowids, keep)
     if weights is not None:
-        weights = tf.cast(tf.boolean_mask(weights, keep), tf.float32)
-    return Mapped(layout, nrows, out, weights, dense, valid, out_rowids)
+        weights = tf.cast(tf.gather(weights, at), tf.float32)
+    return Mapped(layout, nrows, out, weights, dense, valid, tf.gather(rowids, at))
 
 
 def _mask(x: tf.RaggedTensor, rowids: tf.Tensor, keep: tf.Tensor) -> Tuple[tf.RaggedTensor, tf.Tensor]:
-    """(`x` ([rows, None]) with the values where `keep` only, rows kept; their rows): the rows' lengths by a
-    segment sum of `keep` over `rowids` (`x.value_rowids()`)."""
+    """(`x` ([rows, None]) with the values where `keep` only, rows kept; the positions of those values): the
+    rows' lengths by a segment sum of `keep` over `rowids` (`x.value_rowids()`)."""
     lengths = tf.math.unsorted_segment_sum(tf.cast(keep, tf.int64), rowids, x.nrows())
-    return (tf.RaggedTensor.from_row_lengths(tf.boolean_mask(x.flat_values, keep), lengths, validate=False),
-            tf.boolean_mask(rowids, keep))
+    at = tf.where(keep)[:, 0]
+    return tf.RaggedTensor.from_row_lengths(tf.gather(x.flat_values, at), lengths, validate=False), at
 
 
 def map_columns(plan: MappingPlan, columns: Mapping[str, Column], nrows: tf.Tensor, tables: Mapping[str, Any],

@@ -107,17 +107,15 @@ def parse_float64(text: tf.Tensor, ascii: Optional[tf.Tensor] = None) -> Tuple[t
     (`all_ascii`), if known.
 
     Numbers as CSV files and tf.train.Examples mostly hold them (ASCII digits, a sign, a point, an exponent,
-    ASCII whitespace around, no '_') and empty strings are read in three ops; a batch with any other text
-    (other whitespace or digits, '_', not a number) is read by the whole rule."""
+    ASCII whitespace around, no '_') and empty strings are read by `tf.strings.to_number` after one regular
+    expression over them all (`_plain_or_empty`); a batch with any other text (other whitespace or digits, '_',
+    not a number) is read by the whole rule."""
     text = tf.convert_to_tensor(text, tf.string)
-    ascii = all_ascii(text) if ascii is None else ascii
-    plain = tf.strings.regex_full_match(text, _PLAIN)
     empty = tf.equal(text, "")
-    simple = ascii & tf.reduce_all(plain | empty)
 
     def plain_numbers():
-        value = tf.strings.to_number(tf.where(plain, text, "0"), tf.float64)
-        ok = plain & tf.math.is_finite(value)
+        value = tf.strings.to_number(tf.where(empty, "0", text), tf.float64)
+        ok = ~empty & tf.math.is_finite(value)
         return tf.where(ok, value, tf.zeros_like(value)), empty, ~empty & ~ok
 
     def any_text():
@@ -128,7 +126,17 @@ def parse_float64(text: tf.Tensor, ascii: Optional[tf.Tensor] = None) -> Tuple[t
         ok &= tf.math.is_finite(value)
         return tf.where(ok, value, tf.zeros_like(value)), blank, ~blank & ~ok
 
-    return tf.cond(simple, plain_numbers, any_text)
+    return tf.cond(_plain_or_empty(text), plain_numbers, any_text)
+
+
+def _plain_or_empty(text: tf.Tensor) -> tf.Tensor:
+    """bool scalar: every string of `text` is empty or a plain number (`_PLAIN`: which is ASCII, and which
+    `tf.strings.to_number` reads as `float()` does). One match over the strings joined by ',' (which no plain
+    number holds), and one over them joined by nothing that no string holds a ',' (so that every ',' of the
+    first is a join)."""
+    joined = tf.strings.reduce_join(text, separator=",")
+    no_comma = tf.strings.regex_full_match(tf.strings.reduce_join(text), "[^,]*")
+    return no_comma & tf.strings.regex_full_match(joined, f"(?:{_PLAIN})?(?:,(?:{_PLAIN})?)*")
 
 
 def float_text(x: tf.Tensor) -> tf.Tensor:
