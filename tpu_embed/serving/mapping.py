@@ -44,10 +44,11 @@ feature's ids in one ragged tensor), which `tpu_embed.serving.export` looks up w
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import AbstractSet, Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import tensorflow as tf
 
+from tpu_embed.artifact import io as tio
 from tpu_embed.serving import numbers
 from tpu_embed.serving.columns import (
     Column,
@@ -187,9 +188,11 @@ class Mapped:
         feats = self.layout.features
         num, n = len(feats), self.nrows
         splits = self.ids.row_splits
-        lengths = tf.reshape(splits[1:] - splits[:-1], [num, n])
-        rows = tf.concat([tf.zeros([num, 1], tf.int64), tf.cumsum(lengths, axis=1)], axis=1)  # per feature
-        sizes = rows[:, -1]
+        # Each feature's row splits: its block of the splits, shifted to start at 0.
+        starts = splits[:-1:n] if num > 1 else splits[:1]
+        ends = splits[n::n] if num > 1 else splits[-1:]
+        rows = tf.concat([tf.reshape(splits[:-1], [num, n]), ends[:, None]], axis=1) - starts[:, None]
+        sizes = ends - starts
         values = tf.split(self.ids.flat_values, sizes, num=num) if num > 1 else [self.ids.flat_values]
         weights = ([None] * num if self.weights is None
                    else tf.split(self.weights, sizes, num=num) if num > 1 else [self.weights])
@@ -251,60 +254,75 @@ def _tokens(st: Stacked, sources: Sequence[Source]) -> tf.RaggedTensor:
     return concat_rows(parts)
 
 
-def _numbers(st: Stacked, sources: Sequence[Source], ascii: tf.Tensor) -> tf.RaggedTensor:
-    """[len(sources) * nrows, None, 3] float64: (value, blank, bad) of each value of the sources (strings split
-    at the delimiter and parsed as `pipelines.read.parse.parse_floats`; integers; floats, bad where not finite;
-    value 0.0 where blank or bad)."""
+_BLANK = float("inf")  # `_numbers`' value of a blank (a number is finite)
+_BAD = float("nan")  # and of a value that is not a number, or not finite
+
+
+def _f64(x: float) -> tf.Tensor:
+    return tf.constant(x, tf.float64)
+
+
+def _numbers(st: Stacked, sources: Sequence[Source], plain: tf.Tensor) -> tf.RaggedTensor:
+    """[len(sources) * nrows, None] float64: each value of the sources (strings split at the delimiter and parsed
+    as `pipelines.read.parse.parse_floats`; integers; floats), +inf (`_BLANK`) where blank and NaN (`_BAD`)
+    where not a number or not finite: one float per value."""
     n, count = st.nrows, len(st.names)
     columns = [c for c, _ in sources]
     parts = []
     if st.strings is not None:
         s = _split_sources(st.strings, sources, n, count)
-        v, blank, bad = numbers.parse_float64(s.flat_values, ascii)
-        parts.append(s.with_flat_values(tf.stack([v, tf.cast(blank, tf.float64), tf.cast(bad, tf.float64)], 1)))
+        # split values of plain numbers are plain numbers or empty (no delimiter holds a digit, '.', ... and
+        # so splits one): the check of the unsplit strings holds for them
+        v, blank, bad = numbers.parse_float64(s.flat_values, plain=plain if _plain_delimiters(sources) else None)
+        parts.append(s.with_flat_values(tf.where(blank, _f64(_BLANK), tf.where(bad, _f64(_BAD), v))))
     if st.ints is not None:
-        x = rows_of(st.ints, columns, n, count).flat_values
-        zero = tf.zeros_like(x, tf.float64)
-        parts.append(rows_of(st.ints, columns, n, count).with_flat_values(
-            tf.stack([tf.cast(x, tf.float64), zero, zero], 1)))
+        x = rows_of(st.ints, columns, n, count)
+        parts.append(x.with_flat_values(tf.cast(x.flat_values, tf.float64)))
     if st.floats is not None:
-        r = rows_of(st.floats, columns, n, count)
-        x = r.flat_values
-        ok = tf.math.is_finite(x)
-        parts.append(r.with_flat_values(tf.stack([tf.where(ok, x, tf.zeros_like(x)), tf.zeros_like(x),
-                                                  tf.cast(~ok, tf.float64)], 1)))
+        x = rows_of(st.floats, columns, n, count)
+        parts.append(x.with_flat_values(tf.where(tf.math.is_finite(x.flat_values), x.flat_values, _f64(_BAD))))
     if not parts:
-        return _empty(len(sources) * n, tf.float64, [3])
+        return _empty(len(sources) * n, tf.float64)
     return concat_rows(parts)
 
 
-def _strings(stacks: Sequence[Stacked]) -> List[tf.RaggedTensor]:
-    return [s.strings for s in stacks if s.strings is not None]
+def _plain_delimiters(sources: Sequence[Source]) -> bool:
+    """Whether the sources' delimiters split plain numbers (digits, signs, '.', 'e', ASCII whitespace) into
+    plain numbers or empty strings only: no delimiter, or one without those characters."""
+    return all(d is None or not set(d) & set("0123456789+-.eE \t\n\x0b\x0c\r") for _, d in sources)
 
 
-def _not_utf8(strings: Sequence[tf.RaggedTensor], nrows: tf.Tensor, ascii: tf.Tensor) -> tf.Tensor:
-    """bool [nrows]: rows with a string value that is not UTF-8 (`ascii`: every byte of them is ASCII, so none).
-    Transcoding replaces exactly the bytes that are not UTF-8 (as Python's strict decode rejects them), so text
-    that comes back changed was not UTF-8; a row's values are transcoded joined by a newline (which ends any
-    byte sequence a value leaves unfinished)."""
+def _not_utf8(tokens: tf.RaggedTensor, rowids: tf.Tensor, known: Optional[tf.Tensor],
+              number_strings: Optional[tf.RaggedTensor], plain: tf.Tensor, nfeat: int, nrows: tf.Tensor) -> tf.Tensor:
+    """bool [nrows]: rows with a token or number string that is not UTF-8 (CSV specs: the reader's dead letter).
+    Known tokens (lines of a UTF-8 vocabulary) and plain numbers are UTF-8; where every token is known and every
+    number plain, nothing more is done. Else the other strings are checked: ASCII ones are UTF-8, and
+    transcoding replaces exactly the bytes that are not UTF-8 (as Python's strict decode rejects them), so text
+    that comes back changed was not UTF-8 (a row's strings are transcoded joined by a newline, which ends any
+    byte sequence a string leaves unfinished)."""
+    zeros = tf.zeros([nrows], tf.bool)
+
     def check():
-        flat = tf.concat([s.flat_values for s in strings], axis=0) if len(strings) > 1 else strings[0].flat_values
-        rows = [value_rowids(s) for s in strings]
-        rows = [r - nrows * tf.gather(block_of_rows(s.nrows() // tf.maximum(nrows, 1), nrows), r)
-                for s, r in zip(strings, rows, strict=True)]  # each value's row of the batch
-        rows = tf.concat(rows, axis=0) if len(rows) > 1 else rows[0]
-        joined = tf.strings.unsorted_segment_join(flat, rows, nrows, separator="\n")
-        return tf.not_equal(tf.strings.unicode_transcode(joined, "UTF-8", "UTF-8", errors="replace",
-                                                         replacement_char=0xFFFD), joined)
-    return tf.cond(ascii, lambda: tf.zeros([nrows], tf.bool), check)
+        at = None if known is None else tf.where(~known)[:, 0]
+        flat = tokens.flat_values if at is None else tf.gather(tokens.flat_values, at)
+        rid = rowids if at is None else tf.gather(rowids, at)
+        strings, rows = [flat], [rid - nrows * tf.gather(block_of_rows(nfeat, nrows), rid)]  # rows of the batch
+        if number_strings is not None:
+            nid = value_rowids(number_strings)
+            blocks = number_strings.nrows() // tf.maximum(nrows, 1)
+            strings.append(number_strings.flat_values)
+            rows.append(nid - nrows * tf.gather(block_of_rows(blocks, nrows), nid))
+        flat, rows = tf.concat(strings, axis=0), tf.concat(rows, axis=0)
 
+        def transcode():
+            joined = tf.strings.unsorted_segment_join(flat, rows, nrows, separator="\n")
+            return tf.not_equal(tf.strings.unicode_transcode(joined, "UTF-8", "UTF-8", errors="replace",
+                                                             replacement_char=0xFFFD), joined)
+        return tf.cond(numbers.all_ascii(flat), lambda: zeros, transcode)
 
-def _all_ascii(strings: Sequence[tf.RaggedTensor]) -> tf.Tensor:
-    """bool scalar: every byte of every string value of the batch is ASCII (`numbers.all_ascii`)."""
-    if not strings:
-        return tf.constant(True)
-    checks = [numbers.all_ascii(s.flat_values) for s in strings]
-    return checks[0] if len(checks) == 1 else tf.reduce_all(tf.stack(checks))
+    if known is None:
+        return check()
+    return tf.cond(plain & tf.reduce_all(known), lambda: zeros, check)
 
 
 def _dense(plan: MappingPlan, layout: Layout, numbers_: Optional[tf.RaggedTensor], nrows: tf.Tensor
@@ -317,11 +335,11 @@ def _dense(plan: MappingPlan, layout: Layout, numbers_: Optional[tf.RaggedTensor
         return tf.zeros([nrows, 0], tf.float32), tf.zeros([nrows], tf.bool)
     x = rows_of(numbers_, layout.dense_sources, nrows, len(layout.number_sources))
     lengths = x.row_lengths()
-    padded = tf.concat([x.flat_values, tf.constant([[0.0, 1.0, 0.0]], tf.float64)], axis=0)  # none: blank
+    padded = tf.concat([x.flat_values, tf.constant([_BLANK], tf.float64)], axis=0)  # no value: as blank
     first = tf.gather(padded, tf.where(lengths > 0, x.row_splits[:-1], tf.shape(x.flat_values, tf.int64)[0]))
     fills = per_row([d.fill for d in plan.dense], tf.float64, nrows)
-    bad = first[:, 2] > 0
-    value = tf.cast(tf.where((first[:, 1] > 0) | bad, fills, first[:, 0]), tf.float32)
+    bad = tf.math.is_nan(first)
+    value = tf.cast(tf.where(tf.math.is_finite(first), first, fills), tf.float32)
     flagged = tf.reduce_any(tf.reshape(bad | (lengths > 1), [num, nrows]), axis=0)
     if num == 1:
         return value[:, None], flagged
@@ -362,14 +380,15 @@ def _given_tokens(features: Sequence[FeaturePlan], direct: Optional[Mapping[str,
 
 
 def _ids(features: Sequence[FeaturePlan], tokens: tf.RaggedTensor, rowids: tf.Tensor, tables: Mapping[str, Any],
-         nrows: tf.Tensor, ascii: tf.Tensor, direct: Optional[Mapping[str, tf.Tensor]] = None
-         ) -> Tuple[tf.Tensor, Optional[tf.Tensor], Optional[tf.Tensor]]:
-    """(int64 id, keep or None, flag or None) of every token of `tokens` ([len(features) * nrows, None], features
-    grouped by rule as `Layout` orders them). Per group of `_groups` one op (a vocabulary's lookup, a hash); what
-    follows a lookup (the OOV id, dropping unknown tokens) once for every vocabulary of 0 or 1 OOV buckets.
-    keep: False where the value is dropped (an unknown token without OOV buckets, an identity value that is no
-    id and has no default); flag: True where such an identity value stops the job (`policies.invalid_ids:
-    error`); None: never."""
+         nrows: tf.Tensor, direct: Optional[Mapping[str, tf.Tensor]] = None, utf8: AbstractSet[str] = frozenset()
+         ) -> Tuple[tf.Tensor, Optional[tf.Tensor], Optional[tf.Tensor], Optional[tf.Tensor]]:
+    """(int64 id, keep or None, flag or None, known or None) of every token of `tokens` ([len(features) * nrows,
+    None], features grouped by rule as `Layout` orders them). Per group of `_groups` one op (a vocabulary's
+    lookup, a hash); what follows a lookup (the OOV id, dropping unknown tokens) once for every vocabulary of 0
+    or 1 OOV buckets. keep: False where the value is dropped (an unknown token without OOV buckets, an identity
+    value that is no id and has no default); flag: True where such an identity value stops the job
+    (`policies.invalid_ids: error`); known: True where the token is a line of a vocabulary of `utf8` (keys whose
+    files are UTF-8 text: the token is UTF-8); None: never."""
     groups = _groups(features)
     flat = tokens.flat_values
     if len(groups) == 1:
@@ -383,7 +402,7 @@ def _ids(features: Sequence[FeaturePlan], tokens: tf.RaggedTensor, rowids: tf.Te
             pieces = [p if g is None else g for p, g in zip(pieces, given, strict=True)]
         else:  # every vocabulary looks up its columns' values as they were given
             pieces = given
-    parts: List[Tuple[tf.Tensor, Optional[tf.Tensor], Optional[tf.Tensor]]] = []
+    parts: List[Tuple[tf.Tensor, Optional[tf.Tensor], Optional[tf.Tensor], Optional[tf.Tensor]]] = []
     lookups: List[int] = []  # groups of vocabularies with 0 or 1 OOV buckets, finished together
     for k, (piece, (start, end, rule, arg)) in enumerate(zip(pieces, groups, strict=True)):
         part = features[start:end]
@@ -393,17 +412,20 @@ def _ids(features: Sequence[FeaturePlan], tokens: tf.RaggedTensor, rowids: tf.Te
             n = part[0].num_oov_buckets
             if n <= 1:
                 lookups.append(k)
-                parts.append((found_id, None, None))
+                parts.append((found_id, None, None, None))
                 continue
             size = _vocabulary_size(part[0], table)
-            parts.append((tf.where(found_id >= 0, found_id, size + tf.strings.to_hash_bucket_fast(piece, n)),
-                          None, None))
+            found = found_id >= 0
+            parts.append((tf.where(found, found_id, size + tf.strings.to_hash_bucket_fast(piece, n)),
+                          None, None, found if arg in utf8 else None))
         elif rule == "hash":
-            parts.append((tf.strings.to_hash_bucket_fast(piece, int(arg)), None, None))
+            parts.append((tf.strings.to_hash_bucket_fast(piece, int(arg)), None, None, None))
         else:
-            parts.append(_identity_ids(part, piece, rowids, len(features), nrows, ascii, start, at, k))
+            parts.append((*_identity_ids(part, piece, rowids, len(features), nrows, start, at, k), None))
     if lookups:
-        parts = [_finish_lookups(features, groups, lookups, parts, tables, rowids, nrows)] + parts[len(lookups):]
+        every_utf8 = all(groups[k][3] in utf8 for k in lookups)
+        parts = [_finish_lookups(features, groups, lookups, parts, tables, rowids, nrows, every_utf8)] + \
+            parts[len(lookups):]
 
     def joined(i: int, fill: bool) -> Optional[tf.Tensor]:
         if all(p[i] is None for p in parts):
@@ -412,7 +434,7 @@ def _ids(features: Sequence[FeaturePlan], tokens: tf.RaggedTensor, rowids: tf.Te
         return full[0] if len(full) == 1 else tf.concat(full, axis=0)
 
     ids = parts[0][0] if len(parts) == 1 else tf.concat([p[0] for p in parts], axis=0)
-    return ids, joined(1, True), joined(2, False)
+    return ids, joined(1, True), joined(2, False), joined(3, False)
 
 
 def _vocabulary_size(f: FeaturePlan, table: Any) -> tf.Tensor:
@@ -422,11 +444,11 @@ def _vocabulary_size(f: FeaturePlan, table: Any) -> tf.Tensor:
 
 def _finish_lookups(features: Sequence[FeaturePlan], groups: Sequence[Tuple[int, int, str, Any]],
                     lookups: Sequence[int], parts: List[Any], tables: Mapping[str, Any], rowids: tf.Tensor,
-                    nrows: tf.Tensor) -> Tuple[tf.Tensor, Optional[tf.Tensor], None]:
-    """(ids, keep or None, None) of the vocabularies with 0 or 1 OOV buckets from their lookups (`parts`): the
-    line, else the vocabulary's size (1 bucket) or dropped (0), over all of them at once. They are the first
-    groups (the features `Layout` puts first), so their tokens are the first ones, each token's group its
-    row's."""
+                    nrows: tf.Tensor, known: bool) -> Tuple[tf.Tensor, Optional[tf.Tensor], None, Optional[tf.Tensor]]:
+    """(ids, keep or None, None, found where `known`, else None) of the vocabularies with 0 or 1 OOV buckets from
+    their lookups (`parts`): the line, else the vocabulary's size (1 bucket) or dropped (0), over all of them at
+    once. They are the first groups (the features `Layout` puts first), so their tokens are the first ones, each
+    token's group its row's."""
     firsts = [features[groups[k][0]] for k in lookups]
     raw = parts[lookups[0]][0] if len(lookups) == 1 else tf.concat([parts[k][0] for k in lookups], axis=0)
     found = raw >= 0
@@ -448,14 +470,14 @@ def _finish_lookups(features: Sequence[FeaturePlan], groups: Sequence[Tuple[int,
     keep = None
     if 0 in oov:
         keep = found if all(n == 0 for n in oov) else found | oov_bucket
-    return ids, keep, None
+    return ids, keep, None, found if known else None
 
 
 def _identity_ids(part: Sequence[FeaturePlan], piece: tf.Tensor, rowids: tf.Tensor, nfeat: int, nrows: tf.Tensor,
-                  ascii: tf.Tensor, start: int, at: Optional[tf.Tensor], k: int):
+                  start: int, at: Optional[tf.Tensor], k: int):
     """(ids, keep, flag) of identity features' tokens: the integer where it is in [0, num_buckets), else the
     default, else dropped (and flagged under `policies.invalid_ids: error`)."""
-    value, ok = numbers.parse_int64(piece, ascii)
+    value, ok = numbers.parse_int64(piece)
     if len(part) == 1:
         buckets: Any = int(part[0].num_buckets or 0)
         default: Any = -1 if part[0].default_value is None else int(part[0].default_value)
@@ -484,8 +506,7 @@ def _weights(layout: Layout, tokens: tf.RaggedTensor, rowids: tf.Tensor, numbers
     row whose values and weights differ in number is a `weight_mismatch` dead letter: it keeps no value."""
     nfeat = len(layout.features)
     w = rows_of(numbers_, list(layout.weight_sources), nrows, len(layout.number_sources))
-    w_values = tf.where(tf.reduce_any(w.flat_values[:, 1:] > 0, axis=1), tf.constant(float("nan"), tf.float64),
-                        w.flat_values[:, 0])
+    w_values = tf.where(tf.math.is_finite(w.flat_values), w.flat_values, _f64(_BAD))  # blank or bad: NaN
     where = {k: j for j, k in enumerate(layout.weighted)}
     block = per_row([where.get(k, -1) for k in range(nfeat)], tf.int64, nrows)  # per row
     weighted = block >= 0
@@ -507,9 +528,10 @@ def _weights(layout: Layout, tokens: tf.RaggedTensor, rowids: tf.Tensor, numbers
 
 
 def map_stacked(plan: MappingPlan, layout: Layout, tokens_of: Stacked, numbers_of: Stacked,
-                tables: Mapping[str, Any]) -> Mapped:
+                tables: Mapping[str, Any], utf8_vocabularies: AbstractSet[str] = frozenset()) -> Mapped:
     """The mapping of a batch whose columns are stacked: `tokens_of` holds `layout.token_columns`, `numbers_of`
-    `layout.number_columns`, both of `nrows` rows.
+    `layout.number_columns`, both of `nrows` rows. `utf8_vocabularies`: vocabulary keys whose files are UTF-8
+    text (`utf8_vocabulary_keys`): for the UTF-8 rule of CSV specs, a token found in one is UTF-8.
 
     Every token is mapped (a blank one, or one of a mismatched row, too: its id is computed and dropped), and
     what the offline jobs drop (blanks, weight mismatches, unknown tokens without OOV buckets, identity values
@@ -518,17 +540,15 @@ def map_stacked(plan: MappingPlan, layout: Layout, tokens_of: Stacked, numbers_o
     nrows = tokens_of.nrows
     feats = layout.features
     valid = tf.ones([nrows], tf.bool)
-    token_strings, number_strings = _strings([tokens_of]), _strings([numbers_of])
-    ascii_numbers = _all_ascii(number_strings)
-    ascii_tokens = None  # whether the tokens are ASCII: for the UTF-8 check and identity values only
-    if plan.utf8_text or any(f.kind == "identity" for f in feats):
-        ascii_tokens = _all_ascii(token_strings)
-    if plan.utf8_text and token_strings + number_strings:
-        valid &= ~_not_utf8(token_strings + number_strings, nrows, ascii_numbers & ascii_tokens)
-    nums = _numbers(numbers_of, layout.number_sources, ascii_numbers) if layout.number_sources else None
+    number_strings = numbers_of.strings
+    # Whether the number strings are all plain numbers or empty (so ASCII), for their parse and the UTF-8 check
+    plain = numbers.plain_or_empty(number_strings.flat_values) if number_strings is not None else tf.constant(True)
+    nums = _numbers(numbers_of, layout.number_sources, plain) if layout.number_sources else None
     dense, flagged = _dense(plan, layout, nums, nrows)
     valid &= ~flagged
     if not feats:
+        if plan.utf8_text:
+            valid &= ~_not_utf8(_empty(0, tf.string), tf.zeros([0], tf.int64), None, number_strings, plain, 0, nrows)
         return Mapped(layout, nrows, _empty(0, tf.int64), None, dense, valid, tf.zeros([0], tf.int64))
     tokens = rows_of(_tokens(tokens_of, layout.token_sources), list(layout.feature_token_source), nrows,
                      len(layout.token_sources))
@@ -539,8 +559,9 @@ def map_stacked(plan: MappingPlan, layout: Layout, tokens_of: Stacked, numbers_o
         weights, mismatch = _weights(layout, tokens, rowids, nums, nrows)
         valid &= ~tf.reduce_any(tf.reshape(mismatch, [len(feats), nrows]), axis=0)
         keep &= ~tf.gather(mismatch, rowids)
-    ids, kept, flags = _ids(feats, tokens, rowids, tables, nrows,
-                            tf.constant(True) if ascii_tokens is None else ascii_tokens, tokens_of.string_columns)
+    ids, kept, flags, known = _ids(feats, tokens, rowids, tables, nrows, tokens_of.string_columns, utf8_vocabularies)
+    if plan.utf8_text:
+        valid &= ~_not_utf8(tokens, rowids, known, number_strings, plain, len(feats), nrows)
     if flags is not None:
         valid &= ~_any_per_row(flags & keep, rowids, len(feats), nrows)
     if kept is not None:
@@ -563,10 +584,18 @@ def map_stacked(plan: MappingPlan, layout: Layout, tokens_of: Stacked, numbers_o
         place = before - tf.gather(at_start, rowids)
         limit = tf.gather(per_row([t or -1 for t in truncate], tf.int64, nrows), rowids)
         keep &= (limit < 0) | (place < limit)
-    out, at = _mask(tokens.with_flat_values(ids), rowids, keep)
-    if weights is not None:
-        weights = tf.cast(tf.gather(weights, at), tf.float32)
-    return Mapped(layout, nrows, out, weights, dense, valid, tf.gather(rowids, at))
+    # The mask, where it drops a value (a batch whose every value is kept skips the gathers)
+    def masked():
+        out, at = _mask(tokens.with_flat_values(ids), rowids, keep)
+        return (out.flat_values, out.row_splits, tf.gather(rowids, at),
+                tf.zeros([0]) if weights is None else tf.cast(tf.gather(weights, at), tf.float32))
+
+    def as_they_are():
+        return (ids, tokens.row_splits, rowids, tf.zeros([0]) if weights is None else tf.cast(weights, tf.float32))
+
+    values, splits, out_rowids, out_weights = tf.cond(tf.reduce_all(keep), as_they_are, masked)
+    out = tf.RaggedTensor.from_row_splits(values, splits, validate=False)
+    return Mapped(layout, nrows, out, None if weights is None else out_weights, dense, valid, out_rowids)
 
 
 def _mask(x: tf.RaggedTensor, rowids: tf.Tensor, keep: tf.Tensor) -> Tuple[tf.RaggedTensor, tf.Tensor]:
@@ -578,12 +607,12 @@ def _mask(x: tf.RaggedTensor, rowids: tf.Tensor, keep: tf.Tensor) -> Tuple[tf.Ra
 
 
 def map_columns(plan: MappingPlan, columns: Mapping[str, Column], nrows: tf.Tensor, tables: Mapping[str, Any],
-                layout: Optional[Layout] = None) -> Mapped:
+                layout: Optional[Layout] = None, utf8_vocabularies: AbstractSet[str] = frozenset()) -> Mapped:
     """`map_stacked` of {column: `Column`} of `nrows` rows (a column missing from `columns` has no values)."""
     layout = layout or Layout.of(plan)
     filled = {c: columns.get(c, Column()) for c in plan.columns}
     return map_stacked(plan, layout, stack(filled, layout.token_columns, nrows),
-                       stack(filled, layout.number_columns, nrows), tables)
+                       stack(filled, layout.number_columns, nrows), tables, utf8_vocabularies)
 
 
 def _is_cells(x: Any) -> bool:
@@ -592,7 +621,7 @@ def _is_cells(x: Any) -> bool:
 
 
 def map_raw_stacked(raw: Mapping[str, Any], plan: MappingPlan, tables: Mapping[str, Any],
-                    layout: Optional[Layout] = None) -> Mapped:
+                    layout: Optional[Layout] = None, utf8_vocabularies: AbstractSet[str] = frozenset()) -> Mapped:
     """`map_raw`'s mapping as `Mapped`. When every column given is a [batch] string tensor (CSV cells: the `raw`
     signature's), they are stacked in one op."""
     layout = layout or Layout.of(plan)
@@ -606,11 +635,11 @@ def map_raw_stacked(raw: Mapping[str, Any], plan: MappingPlan, tables: Mapping[s
         nrows = batch_rows({c: tf.shape(values[c], out_type=tf.int64)[0] for c in given})
         with tf.control_dependencies([nrows]):  # stacking unequal columns would fail first, without the names
             return map_stacked(plan, layout, stack_strings(values, layout.token_columns, nrows),
-                               stack_strings(values, layout.number_columns, nrows), tables)
+                               stack_strings(values, layout.number_columns, nrows), tables, utf8_vocabularies)
     cols = {c: as_column(values[c], c) for c in given}
     nrows = batch_rows({c: cols[c].parts()[0].nrows() for c in given})
     with tf.control_dependencies([nrows]):
-        return map_columns(plan, cols, nrows, tables, layout)
+        return map_columns(plan, cols, nrows, tables, layout, utf8_vocabularies)
 
 
 def _as_output(mapped: Mapped) -> Dict[str, Any]:
@@ -624,6 +653,20 @@ def map_raw(raw: Mapping[str, Any], plan: MappingPlan, tables: Mapping[str, Any]
     Example without that key); the label is not read. The columns given must have the batch's rows (columns of
     unequal length are refused in one line naming them and their lengths: `columns.batch_rows`)."""
     return _as_output(map_raw_stacked(raw, plan, tables))
+
+
+def utf8_vocabulary_keys(plan: MappingPlan) -> AbstractSet[str]:
+    """The vocabulary keys whose files are UTF-8 text, so every token of their tables is (a CSV spec's are: the
+    CSV reader dead-letters records that are not; a vocabulary taken from elsewhere may not be). Read once when
+    a mapping is made."""
+    keys = set()
+    for key, path in plan.vocabulary_files.items():
+        try:
+            tio.read_bytes(path).decode("utf-8")
+        except UnicodeDecodeError:
+            continue
+        keys.add(key)
+    return frozenset(keys)
 
 
 # ---------------------------------------------------------------- the module
@@ -644,6 +687,7 @@ class RawFeatureMapping(tf.Module):
         self._plan = plan
         self._layout = Layout.of(plan)
         self._value_kinds = None if value_kinds is None else {c: tuple(k) for c, k in value_kinds.items()}
+        self._utf8 = utf8_vocabulary_keys(plan) if plan.utf8_text else frozenset()
         self.tables = vocabulary_tables(plan)
 
     @classmethod
@@ -674,7 +718,7 @@ class RawFeatureMapping(tf.Module):
         return _as_output(self.map_raw_stacked(raw))
 
     def map_raw_stacked(self, raw: Mapping[str, Any]) -> Mapped:
-        return map_raw_stacked(raw, self._plan, self.tables, self._layout)
+        return map_raw_stacked(raw, self._plan, self.tables, self._layout, self._utf8)
 
     def map_examples(self, serialized: tf.Tensor, any_kind: bool = False) -> Dict[str, Any]:
         """`__call__`'s result from serialized tf.train.Examples; `any_kind`: every column parsed as any kind."""
@@ -682,4 +726,4 @@ class RawFeatureMapping(tf.Module):
 
     def map_examples_stacked(self, serialized: tf.Tensor, any_kind: bool = False) -> Mapped:
         columns, nrows = parse_for_plan(serialized, self._plan, None if any_kind else self._value_kinds)
-        return map_columns(self._plan, columns, nrows, self.tables, self._layout)
+        return map_columns(self._plan, columns, nrows, self.tables, self._layout, self._utf8)

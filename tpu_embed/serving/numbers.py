@@ -101,14 +101,15 @@ def parse_int64(text: tf.Tensor, ascii: Optional[tf.Tensor] = None) -> Tuple[tf.
     return tf.where(ok, value, tf.zeros_like(value)), ok
 
 
-def parse_float64(text: tf.Tensor, ascii: Optional[tf.Tensor] = None) -> Tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
+def parse_float64(text: tf.Tensor, ascii: Optional[tf.Tensor] = None, plain: Optional[tf.Tensor] = None
+                  ) -> Tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
     """(float64 values, blank, bad) of a 1-D string tensor, as `pipelines.read.parse.parse_floats` (values 0.0
     where blank or bad; bad: not a number, or not finite). `ascii`: whether every byte of `text` is ASCII
-    (`all_ascii`), if known.
+    (`all_ascii`), if known; `plain`: `plain_or_empty(text)`, if known.
 
     Numbers as CSV files and tf.train.Examples mostly hold them (ASCII digits, a sign, a point, an exponent,
     ASCII whitespace around, no '_') and empty strings are read by `tf.strings.to_number` after one regular
-    expression over them all (`_plain_or_empty`); a batch with any other text (other whitespace or digits, '_',
+    expression over them all (`plain_or_empty`); a batch with any other text (other whitespace or digits, '_',
     not a number) is read by the whole rule."""
     text = tf.convert_to_tensor(text, tf.string)
     empty = tf.equal(text, "")
@@ -126,17 +127,17 @@ def parse_float64(text: tf.Tensor, ascii: Optional[tf.Tensor] = None) -> Tuple[t
         ok &= tf.math.is_finite(value)
         return tf.where(ok, value, tf.zeros_like(value)), blank, ~blank & ~ok
 
-    return tf.cond(_plain_or_empty(text), plain_numbers, any_text)
+    return tf.cond(plain_or_empty(text) if plain is None else plain, plain_numbers, any_text)
 
 
-def _plain_or_empty(text: tf.Tensor) -> tf.Tensor:
+def plain_or_empty(text: tf.Tensor) -> tf.Tensor:
     """bool scalar: every string of `text` is empty or a plain number (`_PLAIN`: which is ASCII, and which
     `tf.strings.to_number` reads as `float()` does). One match over the strings joined by ',' (which no plain
-    number holds), and one over them joined by nothing that no string holds a ',' (so that every ',' of the
-    first is a join)."""
+    number holds), whose ','s are counted: as many as the joins, so that no string held one."""
     joined = tf.strings.reduce_join(text, separator=",")
-    no_comma = tf.strings.regex_full_match(tf.strings.reduce_join(text), "[^,]*")
-    return no_comma & tf.strings.regex_full_match(joined, f"(?:{_PLAIN})?(?:,(?:{_PLAIN})?)*")
+    commas = tf.reduce_sum(tf.cast(tf.equal(tf.cast(tf.io.decode_raw(joined, tf.uint8), tf.int32), 44), tf.int32))
+    joins = tf.maximum(tf.size(text) - 1, 0)
+    return tf.equal(commas, joins) & tf.strings.regex_full_match(joined, f"(?:{_PLAIN})?(?:,(?:{_PLAIN})?)*")
 
 
 def float_text(x: tf.Tensor) -> tf.Tensor:

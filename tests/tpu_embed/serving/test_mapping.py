@@ -133,6 +133,22 @@ def test_every_token_maps_as_offline(tmp_path, capacity):
     _check(spec, str(tmp_path), rows_, {"freq": VOCAB}, capacity)
 
 
+@pytest.mark.parametrize("vocab", [VOCAB, VOCAB + [b"\xff\xfe"]], ids=["utf8", "not_utf8"])
+def test_a_token_of_a_vocabulary_is_utf8_only_where_the_vocabulary_is(tmp_path, vocab):
+    """Serving takes a token found in a vocabulary whose file is UTF-8 text as UTF-8 without looking at its bytes
+    (a CSV spec's vocabularies are: the reader dead-letters records that are not). A vocabulary holding a token
+    that is not UTF-8 (taken from another artifact): the CSV record with that token is a dead letter all the
+    same. One frequency feature, so no other rule looks at the token."""
+    raw_spec = {
+        "name": "t", "inputs": {"format": "csv", "patterns": ["in.csv"]}, "label": {"column": "label"},
+        "categorical": [{"name": "freq", "vocabulary": {"num_oov_buckets": 1}}],
+        "defaults": {"table": {"dim": 4}}, "optimizer": {"type": "sgd", "learning_rate": 0.1},
+        "topology": {"num_chips": 1, "num_sc_per_chip": 1}, "global_batch_size": 1}
+    rows_ = [{"label": b"1", "freq": t} for t in TOKENS]
+    spec = write(str(tmp_path), raw_spec, rows_)
+    _check(spec, str(tmp_path), rows_, {"freq": vocab})
+
+
 def _feature(v):
     if isinstance(v, bytes):
         return tf.train.Feature(bytes_list=tf.train.BytesList(value=[v]))
