@@ -16,11 +16,14 @@ cell a bytes value, cycled to fill a batch):
   tensorflow-transform on the same rows, served as TFX serves it: `tf.io.parse_example` with the output's raw
   feature spec, then `tft.TFTransformOutput(...).transform_features_layer()`.
 
-For each batch size (1, 32, 256) the three are called in turn, call after call, so that the machine's noise
-falls on all three alike: p50 and p99 latency per call and examples/s (examples over the summed latencies).
-The ids of (b) and (c) are compared on one batch (they are the same where the vocabulary job orders tokens as
-tf.Transform does). Op counts: the graph nodes each one runs (called functions included), with and without
-constants, and how (b) grows with the spec: the same spec with its columns doubled and quadrupled.
+Each is called through a SavedModel signature, as a server calls it (tensors in, a flat dict of tensors out:
+(b)'s ragged ids and (c)'s sparse ones as their component tensors, so Python does not rebuild composite
+tensors on either side). For each batch size (1, 32, 256) the three are called in turn, call after call, so
+that the machine's noise falls on all three alike: p50 and p99 latency per call and examples/s (examples over
+the summed latencies). The ids of (b) and (c) are compared on one batch (they are the same where the
+vocabulary job orders tokens as tf.Transform does). Op counts: the graph nodes each one runs (called functions
+included), with and without constants, and how (b) grows with the spec: the same spec with its columns doubled
+and quadrupled.
 
 Prints Markdown for docs/benchmarks.md.
 """
@@ -121,15 +124,25 @@ def _tft_serving(spec, rows, columns, out_dir):
             self.layer = tft_output.transform_features_layer()
             self.raw_spec = feature_spec  # the raw metadata the job was given
 
-        @tf.function(input_signature=[tf.TensorSpec([None], tf.string)])
+        @tf.function(input_signature=[tf.TensorSpec([None], tf.string, "examples")])
         def serve(self, serialized):
-            return self.layer(tf.io.parse_example(serialized, self.raw_spec))
+            return _flat(self.layer(tf.io.parse_example(serialized, self.raw_spec)))
 
     module = TftServing()
-    counts = op_counts(module.serve.get_concrete_function())
+    concrete = module.serve.get_concrete_function()
     path = os.path.join(out_dir, "tft_serving")
-    tf.saved_model.save(module, path)
-    return tf.saved_model.load(path).serve, counts
+    tf.saved_model.save(module, path, signatures={"serving_default": concrete})
+    return tf.saved_model.load(path).signatures["serving_default"], op_counts(concrete)
+
+
+def _flat(outputs) -> dict:
+    """A signature's outputs: every tensor of `outputs` ({name: tensor, SparseTensor or RaggedTensor}), flat."""
+    import tensorflow as tf
+    out = {}
+    for name, value in outputs.items():
+        for i, t in enumerate(tf.nest.flatten(value, expand_composites=True)):
+            out[f"{name}_{i}"] = t
+    return out
 
 
 def _widened_op_counts(spec, factor, out_dir):
@@ -203,10 +216,11 @@ def main() -> None:
     export_seconds = time.perf_counter() - t
 
     mapping = RawFeatureMapping.from_artifact(artifact)
-    mapping.map = tf.function(mapping.map_examples, input_signature=[tf.TensorSpec([None], tf.string)])
-    mapping_ops = op_counts(mapping.map.get_concrete_function())
+    mapping_fn = tf.function(lambda examples: _flat(mapping.map_examples(examples)),
+                             input_signature=[tf.TensorSpec([None], tf.string, "examples")], autograph=False)
+    mapping_ops = op_counts(mapping_fn.get_concrete_function())
     mapping_path = os.path.join(args.out, "mapping")
-    tf.saved_model.save(mapping, mapping_path)
+    tf.saved_model.save(mapping, mapping_path, signatures={"serving_default": mapping_fn.get_concrete_function()})
 
     columns = mapping.columns
     with open(spec.input_patterns()[0], newline="", encoding="utf-8") as fh:
@@ -217,15 +231,17 @@ def main() -> None:
     loaded = tf.saved_model.load(model_path)
     served = loaded.signatures["serving_default"]
     model_ops = op_counts(served)
-    mapped = tf.saved_model.load(mapping_path).map
+    mapped = tf.saved_model.load(mapping_path).signatures["serving_default"]
 
     # The same ids on both sides (where the vocabulary files order tokens as tf.Transform does).
     probe = tf.constant(examples[:64])
-    ours, theirs = mapped(probe), tft_serve(probe)
-    same = all(ours["ids"][f.name].to_list() == tf.RaggedTensor.from_sparse(theirs[f.column]).to_list()
-               for f in spec.categorical if f.column == f.name)
+    ours, theirs = mapping.map_examples(probe), tft_serve(examples=probe)
+    same = all(ours["ids"][f.name].to_list() == tf.RaggedTensor.from_sparse(tf.SparseTensor(
+        theirs[f"{f.column}_0"], theirs[f"{f.column}_1"], theirs[f"{f.column}_2"])).to_list()
+        for f in spec.categorical if f.column == f.name)
 
-    fns = {"model": lambda b: served(examples=b), "mapping": mapped, "tft": tft_serve}
+    fns = {"model": lambda b: served(examples=b), "mapping": lambda b: mapped(examples=b),
+           "tft": lambda b: tft_serve(examples=b)}
     results = {}
     for batch in BATCHES:
         batches = [tf.constant([examples[(i * batch + j) % len(examples)] for j in range(batch)])
