@@ -29,7 +29,7 @@ from typing import Dict, Optional, Tuple
 from profiles.planner.estimate import ID_ENTRY_BYTES, ROW_ELEMENT_BYTES, csr_buffer_bytes, staging_bytes
 from profiles.planner.placements import Candidate, tensor_core_table_bytes, tensor_core_widths
 from profiles.planner.propose import buffer_multiple, per_sample
-from profiles.planner.whatif import ReplaySteps, StackLoad, StackShape, evaluate
+from profiles.planner.whatif import ReplaySteps, StackLoad, StackShape, evaluate, over_mean
 from profiles.profile import Profile
 from profiles.stats import PartitionStats
 from tpu_embed.sparsecore import layout_of
@@ -64,11 +64,11 @@ class StackCost:
 
     @property
     def balance(self) -> float:
-        return self.busiest_ids / self.mean_ids if self.mean_ids else 1.0
+        return over_mean(self.busiest_ids, self.mean_ids)
 
     @property
     def floor(self) -> float:
-        return self.floor_ids / self.mean_ids if self.mean_ids else 1.0
+        return over_mean(self.floor_ids, self.mean_ids)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -120,13 +120,11 @@ class PlacementCost:
 
     @property
     def balance(self) -> float:
-        mean = sum(s.mean_ids for s in self.stacks)
-        return self.busiest_ids / mean if mean else 1.0
+        return over_mean(self.busiest_ids, sum(s.mean_ids for s in self.stacks))
 
     @property
     def floor(self) -> float:
-        mean = sum(s.mean_ids for s in self.stacks)
-        return sum(s.floor_ids for s in self.stacks) / mean if mean else 1.0
+        return over_mean(sum(s.floor_ids for s in self.stacks), sum(s.mean_ids for s in self.stacks))
 
     @property
     def tensor_core_bytes(self) -> int:

@@ -18,7 +18,7 @@ from typing import List, Mapping, Optional, Tuple
 
 from profiles.config import CandidateUnavailable
 from profiles.planner.estimate import csr_buffer_bytes, staging_bytes
-from profiles.planner.whatif import ReplaySteps, chip_value, evaluate, global_batch, tf_placement, variant
+from profiles.planner.whatif import ReplaySteps, chip_value, evaluate, global_batch, over_mean, tf_placement, variant
 from profiles.whatif_steps import WhatIfSteps
 from tpu_embed.core.model import ModelConfig
 
@@ -82,8 +82,8 @@ def what_if(target: ModelConfig, source: ModelConfig, steps: WhatIfSteps, profil
         rows.append({**row, "status": "evaluated", "per_chip_batch": model.per_chip_batch,
                      "sampling": _sampling(steps, evaluated, B, batch), "stacks": stacks,
                      "max_ids_per_chip_per_sample": value, "bytes_per_sc": int(memory),
-                     "busiest_ids_per_step": busiest, "balance": busiest / mean if mean else 1.0,
-                     "floor": floor / mean if mean else 1.0})
+                     "busiest_ids_per_step": busiest, "balance": over_mean(busiest, mean),
+                     "floor": over_mean(floor, mean)})
     recorded = steps.sampling()
     if profile_steps is not None and profile_steps != steps.steps_seen:
         recorded += f" of this run; the profile covers {profile_steps}"

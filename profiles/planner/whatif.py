@@ -73,6 +73,12 @@ def tf_placement(model: ModelConfig, label: str = "tf-default", *, disable_table
         for s in layout.stacks.values()), tuple(tensor_core))
 
 
+def over_mean(total: float, mean: float) -> float:
+    """A load over the mean destination's load (balance: the busiest; floor: the hottest id's), 1.0 where no id
+    was looked up: the one definition the planner's balance and floor figures use."""
+    return total / mean if mean else 1.0
+
+
 @dataclasses.dataclass
 class StackLoad:
     """One stacked table over the steps evaluated (`evaluate`).
@@ -100,12 +106,12 @@ class StackLoad:
     @property
     def balance(self) -> float:
         """Busiest destination over the mean, summed over steps (1.0: every SparseCore equally busy)."""
-        return self.busiest_ids / self.mean_ids if self.mean_ids else 1.0
+        return over_mean(self.busiest_ids, self.mean_ids)
 
     @property
     def floor(self) -> float:
         """The balance no assignment of ids can beat: the hottest id lives on one SparseCore."""
-        return self.floor_ids / self.mean_ids if self.mean_ids else 1.0
+        return over_mean(self.floor_ids, self.mean_ids)
 
 
 # ---------------------------------------------------------------- configurations
