@@ -110,3 +110,35 @@ def oracle_request(spec, sizes, steps, lead: bool) -> dict:
             "steps": [[{n: (hf.row_splits, hf.ids, hf.weights)
                         for n, hf in step_records.jax_host_features(b, spec, jl, h).items()} for h in range(hosts)]
                       for b in steps]}
+
+
+def fdo_artifacts(tmp_path_factory, examples: dict):
+    """get(name) -> (spec, artifact, steps, jax-fdo directory) for `examples` ({name: (example, layout, edit)}):
+    the example run, and the exact limits of its jax stacking written by
+    `tpu-embed plan --artifact ARTIFACT --format jax-fdo`; made once each."""
+    from pipelines import cli
+
+    cache: dict = {}
+
+    def get(name):
+        if name not in cache:
+            tmp = tmp_path_factory.mktemp(name)
+            example, layout, edit = examples[name]
+            spec, out, _, steps = example_artifact(tmp, example, layout, edit=edit)
+            fdo = str(tmp / "fdo")
+            assert cli.main(["plan", "--artifact", out, "--format", "jax-fdo", "--output", fdo]) == 0
+            cache[name] = (spec, out, steps, fdo)
+        return cache[name]
+    return get
+
+
+def host_features(spec, out: str, steps, h: int) -> list:
+    """Each step's features of host `h` as the shard job hands them to the jax layout: {name: (row_splits, ids,
+    weights)}."""
+    from pipelines.sharding import step_records
+    from tpu_embed.artifact.load import load_artifact
+    from tpu_embed.jax import layout as J
+
+    jl = J.jax_layout(load_artifact(out).model)
+    return [{n: (hf.row_splits, hf.ids, hf.weights) for n, hf in step_records.jax_host_features(b, spec, jl, h).items()}
+            for b in steps]

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 from tests.conformance import jax_oracle
-from tests.conformance.jax_examples import differing_stacks, example_artifact
+from tests.conformance.jax_examples import differing_stacks, example_artifact, fdo_artifacts, host_features
 from tpu_embed.core import pipe
 from tpu_embed.jax.layout import PAD_ID
 from tpu_embed.jax.records import segment_sizes
@@ -45,32 +45,7 @@ def helper():
 
 @pytest.fixture(scope="module")
 def artifacts(tmp_path_factory):
-    """{name: (spec, artifact, steps, jax-fdo directory)}: the example run, and the exact limits of its jax
-    stacking written by `tpu-embed plan --artifact ARTIFACT --format jax-fdo`."""
-    from pipelines import cli
-
-    cache: dict = {}
-
-    def get(name):
-        if name not in cache:
-            tmp = tmp_path_factory.mktemp(name)
-            example, layout, edit = EXAMPLES[name]
-            spec, out, _, steps = example_artifact(tmp, example, layout, edit=edit)
-            fdo = str(tmp / "fdo")
-            assert cli.main(["plan", "--artifact", out, "--format", "jax-fdo", "--output", fdo]) == 0
-            cache[name] = (spec, out, steps, fdo)
-        return cache[name]
-    return get
-
-
-def _host_features(spec, out, steps, h):
-    from pipelines.sharding import step_records
-    from tpu_embed.artifact.load import load_artifact
-    from tpu_embed.jax import layout as J
-
-    jl = J.jax_layout(load_artifact(out).model)
-    return [{n: (hf.row_splits, hf.ids, hf.weights) for n, hf in step_records.jax_host_features(b, spec, jl, h).items()}
-            for b in steps]
+    return fdo_artifacts(tmp_path_factory, EXAMPLES)
 
 
 def _check_against_jax(a: dict, b: dict, fj: dict, where: str):
@@ -103,7 +78,7 @@ def test_jax_output_equals_jax_preprocessing_with_feature_specs(helper, artifact
     fj, L = fmt.jax, int(fmt.jax["local_devices"])
     for h in range(spec.topology.num_hosts):
         req = {"op": "iterate", "artifact": out, "fdo_dir": fdo, "with_specs": True, "host_index": h, "lead": lead,
-               "steps": _host_features(spec, out, steps, h), "local_devices": L,
+               "steps": host_features(spec, out, steps, h), "local_devices": L,
                "num_devices": int(fj["num_devices"]), "num_sc_per_device": int(fj["num_sc_per_device"])}
         got_jax = helper(dict(req, output="jax", devices=L))
         got_np = helper(dict(req, output="numpy"))

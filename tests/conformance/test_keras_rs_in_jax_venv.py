@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 from tests.conformance import jax_oracle
-from tests.conformance.jax_examples import differing_stacks, example_artifact
+from tests.conformance.jax_examples import differing_stacks, fdo_artifacts, host_features
 from tpu_embed.core import pipe
 from tpu_embed.jax.layout import PAD_ID
 from tpu_embed.jax.records import segment_sizes
@@ -41,32 +41,7 @@ def helper():
 
 @pytest.fixture(scope="module")
 def artifacts(tmp_path_factory):
-    """{name: (spec, artifact, steps, jax-fdo directory of `tpu-embed plan --artifact ARTIFACT --format jax-fdo`)},
-    made once each."""
-    from pipelines import cli
-
-    cache: dict = {}
-
-    def get(name):
-        if name not in cache:
-            tmp = tmp_path_factory.mktemp(name)
-            example, layout, edit = EXAMPLES[name]
-            spec, out, _, steps = example_artifact(tmp, example, layout, edit=edit)
-            fdo = str(tmp / "fdo")
-            assert cli.main(["plan", "--artifact", out, "--format", "jax-fdo", "--output", fdo]) == 0
-            cache[name] = (spec, out, steps, fdo)
-        return cache[name]
-    return get
-
-
-def _host_features(spec, out, steps, h):
-    from pipelines.sharding import step_records
-    from tpu_embed.artifact.load import load_artifact
-    from tpu_embed.jax import layout as J
-
-    jl = J.jax_layout(load_artifact(out).model)
-    return [{n: (f.row_splits, f.ids, f.weights) for n, f in step_records.jax_host_features(b, spec, jl, h).items()}
-            for b in steps]
+    return fdo_artifacts(tmp_path_factory, EXAMPLES)
 
 
 @pytest.mark.parametrize("name", sorted(EXAMPLES))
@@ -78,7 +53,7 @@ def test_keras_inputs_are_keras_rs_preprocessing_with_the_planned_limits(helper,
     recorded = {s["name"]: s for s in fj["stacks"]}
     for h in range(spec.topology.num_hosts):
         got = helper({"op": "compare", "artifact": out, "fdo_dir": fdo, "host_index": h,
-                      "steps": _host_features(spec, out, steps, h), "local_devices": int(fj["local_devices"]),
+                      "steps": host_features(spec, out, steps, h), "local_devices": int(fj["local_devices"]),
                       "num_devices": int(fj["num_devices"]), "num_sc_per_device": int(fj["num_sc_per_device"])})
         assert "error" not in got, got["error"]
         # keras-rs' build stacks the tables as the records were written, each stack with the planned limits
