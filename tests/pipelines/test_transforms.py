@@ -368,9 +368,11 @@ def test_a_bundle_without_steps_starts_no_profile_child(tmp_path, monkeypatch):
 
 def test_the_profile_of_partials_per_bundle_is_the_profile_of_all_steps_at_once(tmp_path):
     """BuildShards adds each bundle's steps to a partial profile in a background thread; merged, the partials
-    are the profile one collector makes from every step in order (same files, byte for byte)."""
+    are the profile one collector makes from every step in order (same files, the what-if steps' too, byte for
+    byte)."""
     import profiles
     from pipelines.sharding import step_records
+    from profiles.whatif_steps import write_what_if_steps
     rows = "".join(f"{i % 2},{i * 0.5},{'a|b' if i % 3 else 'c'},{'1|2' if i % 3 else '1'},{i % 10}\n"
                    for i in range(64))
     spec, out, sizes, layout, limits, block = _mapped_first_chunk(tmp_path, "label,x,c,w,d\n" + rows)
@@ -381,7 +383,9 @@ def test_the_profile_of_partials_per_bundle_is_the_profile_of_all_steps_at_once(
     for s, b in steps:
         _, gids, oov, _ = step_records.build_step(s, b, spec, layout, limits)
         acc = collector.add_step(acc, gids, oov, step=s)
-    want = profiles.ProfileStore(str(tmp_path / "want")).write(collector.extract_output(acc))
+    profile = collector.extract_output(acc)
+    want = profiles.ProfileStore(str(tmp_path / "want")).write(profile) + [
+        write_what_if_steps(str(tmp_path / "want"), profile)]
     with tp() as p:
         step_pc = p | "Steps" >> beam.Create(steps).with_output_types(typing.Any) | beam.Reshuffle()
         info = p | "Info" >> beam.Create([{"steps": len(steps)}])
