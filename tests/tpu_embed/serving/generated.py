@@ -143,3 +143,15 @@ def write_tfrecord(tmp: str, raw_spec, rows_, kinds):
     with open(os.path.join(tmp, "in.tfrecord"), "wb") as fh:
         fh.write(tfrecord.encode_file(examples))
     return spec, examples
+
+
+def one_value_feature(v):
+    """A tf.train.Feature holding one value of its own kind: bytes in bytes_list, an int in int64_list, else a
+    float in float_list."""
+    import tensorflow as tf
+
+    if isinstance(v, bytes):
+        return tf.train.Feature(bytes_list=tf.train.BytesList(value=[v]))
+    if isinstance(v, int):
+        return tf.train.Feature(int64_list=tf.train.Int64List(value=[v]))
+    return tf.train.Feature(float_list=tf.train.FloatList(value=[v]))

@@ -18,7 +18,7 @@ from pipelines.mapping import vocabulary as pvocab
 from pipelines.read import parse, splits
 from pipelines.read import records as precords
 from pipelines.token_index import TokenIndex
-from tests.tpu_embed.serving.generated import TOKENS, rows, specs, write
+from tests.tpu_embed.serving.generated import TOKENS, one_value_feature, rows, specs, write
 from tpu_embed.serving import MappingPlan, RawFeatureMapping
 
 N = int(os.environ.get("TPU_EMBED_HYPOTHESIS_EXAMPLES", "100"))
@@ -149,14 +149,6 @@ def test_a_token_of_a_vocabulary_is_utf8_only_where_the_vocabulary_is(tmp_path, 
     _check(spec, str(tmp_path), rows_, {"freq": vocab})
 
 
-def _feature(v):
-    if isinstance(v, bytes):
-        return tf.train.Feature(bytes_list=tf.train.BytesList(value=[v]))
-    if isinstance(v, int):
-        return tf.train.Feature(int64_list=tf.train.Int64List(value=[v]))
-    return tf.train.Feature(float_list=tf.train.FloatList(value=[v]))
-
-
 def _varint(n: int) -> bytes:
     out = b""
     while True:
@@ -173,8 +165,9 @@ def test_parse_examples_takes_every_kind_and_the_last_of_a_repeated_key():
     from tpu_embed.serving.mapping import parse_examples
 
     def ex(*parts):
-        payload = b"".join(tf.train.Features(feature={k: _feature(v) for k, v in kw.items()}).SerializeToString()
-                           for kw in parts)
+        payload = b"".join(
+            tf.train.Features(feature={k: one_value_feature(v) for k, v in kw.items()}).SerializeToString()
+            for kw in parts)
         return b"\x0a" + _varint(len(payload)) + payload
 
     rows = [ex(dict(a=b"x", b=3, c=0.5), dict(a=7)), ex(dict(b=b"y", c=2.0)), ex(),

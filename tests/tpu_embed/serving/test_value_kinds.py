@@ -10,6 +10,7 @@ import pytest
 import tensorflow as tf
 
 from pipelines.read import value_kinds
+from tests.tpu_embed.serving.generated import one_value_feature
 from tests.tpu_embed.serving.shards import assert_serves_the_shards
 from tpu_embed.artifact.spec import parse_spec
 from tpu_embed.serving import RawFeatureMapping
@@ -39,14 +40,6 @@ def test_kinds_of_reader_columns():
         "a/b": ["bytes_list", "int64_list"], "t": ["bytes_list"]}
 
 
-def _feature(v):
-    if isinstance(v, bytes):
-        return tf.train.Feature(bytes_list=tf.train.BytesList(value=[v]))
-    if isinstance(v, int):
-        return tf.train.Feature(int64_list=tf.train.Int64List(value=[v]))
-    return tf.train.Feature(float_list=tf.train.FloatList(value=[v]))
-
-
 def _write(d, first_as_ints: int):
     """8 Examples: `a` an int64 in the first `first_as_ints`, its decimal text (bytes) after; `b` int64, `x`
     float, `label` int64. Returns (spec, serialized Examples)."""
@@ -56,7 +49,7 @@ def _write(d, first_as_ints: int):
         a = i % 3 if i < first_as_ints else str(i % 3).encode()
         feats = {"a": a, "b": i, "x": i * 0.5, "label": i % 2}
         examples.append(tf.train.Example(features=tf.train.Features(
-            feature={k: _feature(v) for k, v in feats.items()})).SerializeToString())
+            feature={k: one_value_feature(v) for k, v in feats.items()})).SerializeToString())
     with open(os.path.join(d, "in.tfrecord"), "wb") as fh:
         fh.write(tfrecord.encode_file(examples))
     return parse_spec(SPEC, base_dir=d), examples
