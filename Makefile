@@ -79,9 +79,10 @@ docs: $(STAMP)
 native: $(STAMP)
 	@$(PY) -m pytest -q -p no:cacheprovider tests/test_native_extensions.py
 
+# The whole suite with the oracles; the slowest tests listed at the end, where the time goes.
 test: $(STAMP) $(ORACLE_STAMP) $(JAX_STAMP) lint docs native
 	TPU_EMBED_ORACLE_PYTHON=$(abspath $(ORACLE_VENV))/bin/python \
-	TPU_EMBED_JAX_PYTHON=$(abspath $(JAX_VENV))/bin/python $(PY) -m pytest -q
+	TPU_EMBED_JAX_PYTHON=$(abspath $(JAX_VENV))/bin/python $(PY) -m pytest -q --durations=15
 
 # The edit loop: lint and the suite without the slow end-to-end and the conformance (oracle) tests.
 test-fast: $(STAMP) lint native
