@@ -43,7 +43,7 @@ def fingerprint64_buckets(tokens: pa.Array, num_buckets: int) -> np.ndarray:
 
 
 def parse_ints(tokens: pa.Array) -> Tuple[np.ndarray, np.ndarray]:
-    """(int64 values, ok mask) for byte-string integers."""
+    """(int64 values, ok mask) for byte-string integers: Python's `int(token)` within int64."""
     n = len(tokens)
     if n == 0:
         return np.zeros(0, np.int64), np.zeros(0, bool)
@@ -53,6 +53,10 @@ def parse_ints(tokens: pa.Array) -> Tuple[np.ndarray, np.ndarray]:
         s = pa.array([v.decode("utf-8", "replace") for v in tokens.cast(pa.large_binary()).to_pylist()],
                      pa.large_string())
     try:
+        # Arrow's cast takes "0x10" as 16 where int() refuses it: hex text goes the general way (int()'s rule,
+        # which serving's parse_int64 follows), so a token's id never depends on the other tokens of its batch.
+        if pc.any(pc.match_substring(s, "x", ignore_case=True)).as_py():
+            raise pa.ArrowInvalid("hexadecimal text")
         return pc.cast(s, pa.int64()).to_numpy(zero_copy_only=False).astype(np.int64), np.ones(n, bool)
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
         out = np.zeros(n, np.int64)

@@ -12,6 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from pipelines.mapping import ids
 from pipelines.read import csv_scan, parse
 
 plain = st.builds(lambda sign, digits: sign + digits, st.sampled_from(["", "-", "+"]),
@@ -78,3 +79,23 @@ def test_a_column_of_one_value_per_row_parses_as_a_list_column(values, fill):
     (a, bad_a, letters_a), (b, bad_b, letters_b) = results
     assert np.array_equal(a.view(np.uint32), b.view(np.uint32))
     assert np.array_equal(bad_a, bad_b) and letters_a == letters_b
+
+
+def _python_int(token: str):
+    try:
+        x = int(token)
+    except ValueError:
+        return None
+    return x if -(1 << 63) <= x < (1 << 63) else None
+
+
+@settings(max_examples=300)
+@given(st.lists(st.one_of(plain, st.just(""), other, st.sampled_from(["0X1f", "-0x10", "0b11", "0o7"])), min_size=1,
+                max_size=20))
+def test_identity_ids_are_pythons_int_of_each_token_whatever_else_its_batch_holds(tokens):
+    """`ids.parse_ints` (the offline identity ids) is `int(token)` within int64, as serving's `parse_int64`: hex
+    text ("0x10") is no integer, also in a batch that Arrow's cast would take whole."""
+    values, ok = ids.parse_ints(pa.array(tokens, pa.large_string()))
+    want = [_python_int(t) for t in tokens]
+    assert ok.tolist() == [w is not None for w in want]
+    assert values.tolist() == [w if w is not None else 0 for w in want]
