@@ -20,7 +20,6 @@ Dependencies point one way: profiles -> tpu_embed (core), never back.
 """
 
 from profiles.collector import DEFAULT_CANDIDATE_CHIP_COUNTS, ProfileCollector
-from profiles.config import GlobalConfig, StackUnit, TableUnit
 from profiles.errors import (
     ConfigurationMismatchWarning,
     ConservativeBoundWarning,
@@ -39,6 +38,7 @@ from profiles.plan_file import Plan, StackPlan, load_plan
 from profiles.planner import plan
 from profiles.profile import Profile, ProfileAccumulator, StackProfile, TableProfile, merge_profiles
 from profiles.store import SCHEMA_VERSION, ProfileStore
+from profiles.units import GlobalConfig, StackUnit, TableUnit
 
 
 def merge(*profiles_: Profile) -> Profile:

@@ -18,7 +18,6 @@ from typing import Any, Dict, Iterable, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
-from profiles.config import CandidateUnavailable, GlobalConfig, rescaled
 from profiles.counting import (
     candidate_table_counts,
     core_table_counts,
@@ -31,6 +30,7 @@ from profiles.counting import (
 from profiles.idcounts import IdCounts
 from profiles.profile import CandidateStatus, Profile, ProfileAccumulator
 from profiles.stats import DEFAULT_SERIES_STEPS, FeatureStats, PartitionStats, ShardLoad, TableStats, deep_copy
+from profiles.units import CandidateUnavailable, GlobalConfig, rescaled
 from tpu_embed.core.model import ModelConfig, from_tf_feature_config
 from tpu_embed.core.topology import Topology
 from tpu_embed.sparsecore import FeatureIds, layout_of

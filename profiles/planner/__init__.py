@@ -17,7 +17,6 @@ import os
 import warnings
 from typing import Any, Optional, Sequence, Union
 
-from profiles.config import CandidateUnavailable, GlobalConfig
 from profiles.errors import InsufficientDataWarning, LimitOverflowWarning, ProfileError
 from profiles.histogram import parse_quantile, quantile_label
 from profiles.model_file import load_model_config
@@ -31,6 +30,7 @@ from profiles.planner.types import Policy, StackFigures
 from profiles.planner.variants import what_if as what_if_of
 from profiles.profile import Profile
 from profiles.store import ProfileStore
+from profiles.units import CandidateUnavailable, GlobalConfig
 from profiles.whatif_steps import read_what_if_steps, steps_of
 from tpu_embed.core.model import ModelConfig, from_tf_feature_config
 

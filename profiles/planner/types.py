@@ -5,9 +5,9 @@ from __future__ import annotations
 import dataclasses
 from typing import Dict, List, Optional
 
-from profiles.config import GlobalConfig, StackUnit
 from profiles.histogram import Histogram
 from profiles.stats import PartitionStats, ShardLoad, StepSeries
+from profiles.units import GlobalConfig, StackUnit
 
 
 @dataclasses.dataclass(frozen=True)

@@ -27,8 +27,8 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from profiles.config import CandidateUnavailable
 from profiles.planner.estimate import ID_ENTRY_BYTES, ROW_ELEMENT_BYTES
+from profiles.units import CandidateUnavailable
 from profiles.whatif_steps import BLOCK_STEPS, WhatIfSteps
 from tpu_embed.core.model import ModelConfig
 from tpu_embed.core.topology import Topology, is_power_of_two
