@@ -184,3 +184,8 @@ def merge_profiles(profiles: Iterable[Profile]) -> Profile:
             if c not in candidates or st.status == "profiled":
                 candidates[c] = st
     return Profile(first.model, dict(sorted(candidates.items())), acc)
+
+
+def merge(*profiles: Profile) -> Profile:
+    """Merge the statistics of profiles of one configuration (runs, hosts): associative, commutative."""
+    return merge_profiles(profiles)
