@@ -29,7 +29,8 @@ from profiles.counting import (
 )
 from profiles.idcounts import IdCounts
 from profiles.profile import CandidateStatus, Profile, ProfileAccumulator
-from profiles.stats import DEFAULT_SERIES_STEPS, FeatureStats, PartitionStats, ShardLoad, TableStats, deep_copy
+from profiles.stats import FeatureStats, PartitionStats, ShardLoad, TableStats, deep_copy
+from profiles.step_series import DEFAULT_SERIES_STEPS
 from profiles.units import CandidateUnavailable, GlobalConfig, rescaled
 from tpu_embed.core.model import ModelConfig, from_tf_feature_config
 from tpu_embed.core.topology import Topology

@@ -6,7 +6,8 @@ import dataclasses
 from typing import Dict, List, Optional
 
 from profiles.histogram import Histogram
-from profiles.stats import PartitionStats, ShardLoad, StepSeries
+from profiles.stats import PartitionStats, ShardLoad
+from profiles.step_series import StepSeries
 from profiles.units import GlobalConfig, StackUnit
 
 
