@@ -20,7 +20,6 @@ Dependencies point one way: profiles -> tpu_embed (core), never back.
 """
 
 from profiles.collector import DEFAULT_CANDIDATE_CHIP_COUNTS, ProfileCollector
-from profiles.config import GlobalConfig, StackUnit, TableUnit
 from profiles.errors import (
     ConfigurationMismatchWarning,
     ConservativeBoundWarning,
@@ -37,14 +36,9 @@ from profiles.errors import (
 from profiles.histogram import Histogram
 from profiles.plan_file import Plan, StackPlan, load_plan
 from profiles.planner import plan
-from profiles.profile import Profile, ProfileAccumulator, StackProfile, TableProfile, merge_profiles
+from profiles.profile import Profile, ProfileAccumulator, StackProfile, TableProfile, merge, merge_profiles
 from profiles.store import SCHEMA_VERSION, ProfileStore
-
-
-def merge(*profiles_: Profile) -> Profile:
-    """Merge the statistics of profiles of one configuration (runs, hosts): associative, commutative."""
-    return merge_profiles(profiles_)
-
+from profiles.units import GlobalConfig, StackUnit, TableUnit
 
 __all__ = [
     "ConfigurationMismatchWarning", "ConservativeBoundWarning", "CorruptProfileError",

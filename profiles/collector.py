@@ -18,7 +18,6 @@ from typing import Any, Dict, Iterable, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
-from profiles.config import CandidateUnavailable, GlobalConfig, rescaled
 from profiles.counting import (
     candidate_table_counts,
     core_table_counts,
@@ -30,7 +29,9 @@ from profiles.counting import (
 )
 from profiles.idcounts import IdCounts
 from profiles.profile import CandidateStatus, Profile, ProfileAccumulator
-from profiles.stats import DEFAULT_SERIES_STEPS, FeatureStats, PartitionStats, ShardLoad, TableStats, deep_copy
+from profiles.stats import FeatureStats, PartitionStats, ShardLoad, TableStats, deep_copy
+from profiles.step_series import DEFAULT_SERIES_STEPS
+from profiles.units import CandidateUnavailable, GlobalConfig, rescaled
 from tpu_embed.core.model import ModelConfig, from_tf_feature_config
 from tpu_embed.core.topology import Topology
 from tpu_embed.sparsecore import FeatureIds, layout_of
@@ -126,13 +127,21 @@ class ProfileCollector:
         `validate=False`: the caller has checked what `_validate` checks (the shard job's steps: their ids went
         through the CSR packer, which refuses ids outside a table and unsorted rows).
         """
-        m = self.model
-        g = m.topology
         if validate:
             self._validate(global_ids, oov_counts)
         step = acc.steps if step is None else int(step)
+        self._add_lookups(acc, global_ids, oov_counts)
+        self._add_main_partitions(acc, global_ids, step)
+        if self._candidate_models:
+            self._add_candidate_partitions(acc, global_ids, step)
+        acc.steps += 1
+        return acc
 
-        # Per feature and table: valency, hot ids, OOV. (Shard loads follow from the id counts: `extract_output`.)
+    def _add_lookups(self, acc: ProfileAccumulator, global_ids: Mapping[str, FeatureIds],
+                     oov_counts: Optional[Mapping[str, int]]) -> None:
+        """Per feature and table: valency, hot ids, OOV. (Shard loads follow from the id counts: `extract_output`.)"""
+        m = self.model
+        g = m.topology
         for t in m.tables:
             ts = acc.tables[t.name]
             ts.steps += 1
@@ -151,8 +160,10 @@ class ProfileCollector:
                 all_ids.append(fid.ids)
             ts.id_counts.add(np.concatenate(all_ids) if all_ids else np.zeros(0, np.int64))
 
-        # Main topology: the core's own per-chip counts, tables alone, then stacks (all added at once); per stack
-        # the step's hottest id (after dedup) for the balance floor.
+    def _add_main_partitions(self, acc: ProfileAccumulator, global_ids: Mapping[str, FeatureIds], step: int) -> None:
+        """Main topology: the core's own per-chip counts, tables alone, then stacks (all added at once); per stack
+        the step's hottest id (after dedup) for the balance floor."""
+        m = self.model
         layout = layout_of(m)
         per_table = hottest_per_table(m, global_ids)
         hottest = {name: max(per_table[t] for t in st.tables) for name, st in layout.stacks.items()}
@@ -169,17 +180,17 @@ class ProfileCollector:
             PartitionStats.add_step_many([acc.stacks[n].frequency_order for n in freq],  # type: ignore[misc]
                                          list(freq.values()), step, [hottest[n] for n in freq])
 
-        # Candidate chip counts: one dedup per table, then a vectorised count per candidate.
-        if self._candidate_models:
-            deduped = {t.name: dedup_table(m, t.name, global_ids) for t in m.tables}
-            for c, cm in self._candidate_models.items():
-                counts = {t.name: candidate_table_counts(cm, t.name, deduped[t.name]) for t in m.tables}
-                stacked = stack_counts(layout_of(cm), counts)
-                PartitionStats.add_step_many([acc.tables[n].candidates[c] for n in counts] +
-                                             [acc.candidate_stacks[c][n] for n in stacked],
-                                             list(counts.values()) + list(stacked.values()), step)
-        acc.steps += 1
-        return acc
+    def _add_candidate_partitions(self, acc: ProfileAccumulator, global_ids: Mapping[str, FeatureIds],
+                                  step: int) -> None:
+        """Candidate chip counts: one dedup per table, then a vectorised count per candidate."""
+        m = self.model
+        deduped = {t.name: dedup_table(m, t.name, global_ids) for t in m.tables}
+        for c, cm in self._candidate_models.items():
+            counts = {t.name: candidate_table_counts(cm, t.name, deduped[t.name]) for t in m.tables}
+            stacked = stack_counts(layout_of(cm), counts)
+            PartitionStats.add_step_many([acc.tables[n].candidates[c] for n in counts] +
+                                         [acc.candidate_stacks[c][n] for n in stacked],
+                                         list(counts.values()) + list(stacked.values()), step)
 
     def merge_accumulators(self, accumulators: Iterable[ProfileAccumulator]) -> ProfileAccumulator:
         out = self.create_accumulator()

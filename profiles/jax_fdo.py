@@ -1,6 +1,6 @@
 """A profile as jax-tpu-embedding's FDO statistics: the files its `NPZFileFDOClient` loads.
 
-jax-tpu-embedding (0.1.0) learns its SparseCore limits online: every process records the statistics that
+jax-tpu-embedding (0.2.0) learns its SparseCore limits online: every process records the statistics that
 `embedding.preprocess_sparse_dense_matmul_input` returns per step, publishes them as
 `fdo_stats_<process>_<timestamp>.npz`, and `NPZFileFDOClient.load()` takes, per key, the element-wise maximum
 over the newest file of each process; `embedding.update_preprocessing_parameters` then sets, per stacked
@@ -58,6 +58,7 @@ from profiles.profile import Profile
 from profiles.stats import PartitionStats
 from tpu_embed.artifact import io as tio
 from tpu_embed.core.model import ModelConfig
+from tpu_embed.core.topology import Topology
 from tpu_embed.jax.limits import FORMAT, SIDECAR, SUFFIX_MAX_IDS, SUFFIX_MAX_UNIQUE_IDS, SUFFIX_REQUIRED_BUFFER_SIZE
 from tpu_embed.sparsecore import layout_of
 
@@ -273,45 +274,49 @@ def artifact_jax_fdo_stats(artifact_dir: Union[str, Sequence[str]], profile: Opt
             "give --profiles the artifact's own profile directory, or none")
     steps = sum(int(m.shards.steps) if m.shards is not None else 0 for m in manifests)
     own = profile if profile is not None and profile.steps == steps else None  # covers the artifact's steps alone
-    S, nsc = topo.num_sparse_cores, topo.num_sc_per_chip
-    stacks: Dict[str, JaxStack] = {}
-    for st in fj["stacks"]:
-        name = st["name"]
-        tables = tuple({"name": t["name"], "vocabulary_size": t["vocabulary_size"],
-                        "padded_vocabulary_size": t["padded_vocabulary_size"], "dim": t["dim"],
-                        "padded_dim": t["padded_dim"], "combiner": st["combiner"],
-                        "row_offset_in_shard": t["row_offset_in_shard"], "shard_rotation": t["shard_rotation"]}
-                       for t in st["tables"])
-        features = tuple({"name": f["name"], "table": f["table"], "global_samples": int(f["samples_per_sc"]) * S}
-                         for f in st["features"])
-        recorded = (st.get("max_ids_per_partition"), st.get("max_unique_ids_per_partition"),
-                    st.get("coo_buffer_size_per_device"))
-        counted = None
-        if own is not None:
-            counted = _profiled(own, tuple(t["name"] for t in tables), [int(t["shard_rotation"]) for t in tables])
-        if counted is not None and counted.has_per_partition and recorded == _maxima(counted, nsc):
-            stacks[name] = _stack(name, counted, tables, features)
-            continue
-        if None in recorded:
-            raise ProfileError(
-                f"{where}: its manifest records no maxima of jax stack {name!r} (its shards cover no step)"
-                f"{'' if counted is None else ' and the profile counts other steps'}: run `tpu-embed run` over "
-                "data for it again")
-        max_ids, max_unique, coo = (int(x) for x in recorded)
-        if max_ids == 0:
-            raise ProfileError(
-                f"stacked table {name!r} received no ids in the {steps} steps of {where}: its exact limits "
-                "are 0, on which jax-tpu-embedding's preprocessing aborts (a COO buffer of 0); shard data that "
-                "looks it up")
-        stacks[name] = JaxStack(
-            name=name, tables=tables, features=features,
-            max_ids=np.full((topo.num_chips, S), max_ids, np.int64),
-            max_unique_ids=np.full((topo.num_chips, S), max_unique, np.int64),
-            required_buffer_size=np.full((topo.num_chips, nsc), coo // nsc, np.int64), source="manifest")
+    stacks = {st["name"]: _artifact_stack(st, topo, own, where, steps) for st in fj["stacks"]}
     recorded_by: Dict[str, Any] = {"directory": dirs[-1], "spec_fingerprint": art.manifest.spec_fingerprint}
     if len(dirs) > 1:
         recorded_by["window"] = list(dirs)
     return JaxFdoStats(model, "jax", steps, stacks, artifact=recorded_by)
+
+
+def _artifact_stack(st: Mapping[str, Any], topo: Topology, own: Optional[Profile], where: str, steps: int
+                    ) -> JaxStack:
+    """One jax stack an artifact's manifest records (`st`): the profile's per-partition arrays where `own` counted
+    it with the maxima the manifest records, else those maxima in every partition."""
+    name = st["name"]
+    S, nsc = topo.num_sparse_cores, topo.num_sc_per_chip
+    tables = tuple({"name": t["name"], "vocabulary_size": t["vocabulary_size"],
+                    "padded_vocabulary_size": t["padded_vocabulary_size"], "dim": t["dim"],
+                    "padded_dim": t["padded_dim"], "combiner": st["combiner"],
+                    "row_offset_in_shard": t["row_offset_in_shard"], "shard_rotation": t["shard_rotation"]}
+                   for t in st["tables"])
+    features = tuple({"name": f["name"], "table": f["table"], "global_samples": int(f["samples_per_sc"]) * S}
+                     for f in st["features"])
+    recorded: Tuple[Any, ...] = (st.get("max_ids_per_partition"), st.get("max_unique_ids_per_partition"),
+                                 st.get("coo_buffer_size_per_device"))
+    counted = None
+    if own is not None:
+        counted = _profiled(own, tuple(t["name"] for t in tables), [int(t["shard_rotation"]) for t in tables])
+    if counted is not None and counted.has_per_partition and recorded == _maxima(counted, nsc):
+        return _stack(name, counted, tables, features)
+    if None in recorded:
+        raise ProfileError(
+            f"{where}: its manifest records no maxima of jax stack {name!r} (its shards cover no step)"
+            f"{'' if counted is None else ' and the profile counts other steps'}: run `tpu-embed run` over "
+            "data for it again")
+    max_ids, max_unique, coo = (int(x) for x in recorded)
+    if max_ids == 0:
+        raise ProfileError(
+            f"stacked table {name!r} received no ids in the {steps} steps of {where}: its exact limits "
+            "are 0, on which jax-tpu-embedding's preprocessing aborts (a COO buffer of 0); shard data that "
+            "looks it up")
+    return JaxStack(
+        name=name, tables=tables, features=features,
+        max_ids=np.full((topo.num_chips, S), max_ids, np.int64),
+        max_unique_ids=np.full((topo.num_chips, S), max_unique, np.int64),
+        required_buffer_size=np.full((topo.num_chips, nsc), coo // nsc, np.int64), source="manifest")
 
 
 def _maxima(stats: PartitionStats, nsc: int) -> Tuple[Optional[int], ...]:

@@ -1,4 +1,5 @@
-"""JSON files: atomic writes, readable layout, and clear errors on corrupt or truncated files.
+"""JSON files: atomic writes, readable layout, and clear errors on corrupt or truncated files; equality of plain
+statistics as equality of their canonical JSON form.
 
 Local paths and object stores (gs://...) alike: the bytes go through `tpu_embed.artifact.io`.
 """
@@ -11,6 +12,19 @@ from typing import Any
 
 from profiles.errors import CorruptProfileError
 from tpu_embed.artifact import io as tio
+from tpu_embed.core.canonical import canonical_json
+
+
+class JsonEq:
+    """Equal when their canonical JSON forms (`to_json`) are."""
+
+    def to_json(self) -> dict:
+        raise NotImplementedError
+
+    def __eq__(self, other):
+        if type(other) is not type(self):
+            return NotImplemented
+        return canonical_json(self.to_json()) == canonical_json(other.to_json())
 
 
 def dumps_readable(data: Any, indent: int = 1) -> str:

@@ -13,9 +13,9 @@ from __future__ import annotations
 import dataclasses
 from typing import Dict, Iterable, Mapping, Tuple
 
-from profiles.config import GlobalConfig, StackUnit, TableUnit, rescaled, stack_key, stack_units, table_key, table_units
 from profiles.errors import ProfileMismatchError
 from profiles.stats import PartitionStats, TableStats, deep_copy, merge_candidate_stacks
+from profiles.units import GlobalConfig, StackUnit, TableUnit, rescaled, stack_key, stack_units, table_key, table_units
 from tpu_embed.core.canonical import canonical_json
 from tpu_embed.core.model import ModelConfig
 
@@ -184,3 +184,8 @@ def merge_profiles(profiles: Iterable[Profile]) -> Profile:
             if c not in candidates or st.status == "profiled":
                 candidates[c] = st
     return Profile(first.model, dict(sorted(candidates.items())), acc)
+
+
+def merge(*profiles: Profile) -> Profile:
+    """Merge the statistics of profiles of one configuration (runs, hosts): associative, commutative."""
+    return merge_profiles(profiles)

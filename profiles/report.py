@@ -15,7 +15,7 @@ import math
 import os
 import textwrap
 import warnings
-from typing import Dict, List, Optional, Union
+from typing import Dict, List, Optional, Tuple, Union
 
 import numpy as np
 
@@ -401,6 +401,23 @@ def write_report(profile_or_dir: Union[Profile, str, os.PathLike], plan: Union[P
     vocabulary files name the top ids."""
     out_dir = os.fspath(out_dir)
     tio.makedirs(out_dir)
+    profile, plan, fingerprint, tokens = _inputs(profile_or_dir, plan, artifact)
+    images = _images(profile, plan, out_dir, tokens)
+    balance = plan.balance if plan.balance is not None else balance_comparison(profile, **{
+        k: plan.policy[k] for k in ("quantile", "partition_quantile", "headroom") if k in plan.policy})
+    parts = _summary_section(profile, plan, fingerprint) + _limits_sections(plan) + _balance_section(balance)
+    for title, name in images:
+        parts.append(f"<h2>{html.escape(title)}</h2><img src='{html.escape(name)}' alt='{html.escape(title)}'>")
+    parts += _topologies_section(plan) + _what_if_sections(plan) + _stacking_section(plan)
+    parts.append("</body></html>")
+    path = tio.join(out_dir, "index.html")
+    tio.write_text_atomic(path, "\n".join(parts))
+    return path
+
+
+def _inputs(profile_or_dir: Union[Profile, str, os.PathLike], plan: Union[Plan, str, os.PathLike, None],
+            artifact: Optional[str]) -> Tuple[Profile, Plan, Optional[str], Dict[str, TokenLookup]]:
+    """The profile, its plan (made here when not given), the artifact's spec fingerprint and vocabularies."""
     if isinstance(plan, (str, os.PathLike)):
         plan = load_plan(plan)
     if isinstance(profile_or_dir, Profile):
@@ -418,6 +435,11 @@ def write_report(profile_or_dir: Union[Profile, str, os.PathLike], plan: Union[P
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # recorded in plan.warnings, shown in the page
             plan = make_plan(profile)
+    return profile, plan, fingerprint, tokens
+
+
+def _images(profile: Profile, plan: Plan, out_dir: str, tokens: Dict[str, TokenLookup]) -> List[Tuple[str, str]]:
+    """(title, PNG file name) of every plot, drawn into `out_dir`, in page order."""
     images = [("Planned limits against per-step maxima", plot_limits_over_steps(profile, plan, out_dir)),
               ("Memory per SparseCore: plan vs TF defaults", plot_memory(plan, out_dir)),
               ("Per-SparseCore load", plot_sc_heatmap(profile, out_dir)),
@@ -426,12 +448,14 @@ def write_report(profile_or_dir: Union[Profile, str, os.PathLike], plan: Union[P
     bal = plot_balance(plan, out_dir)
     if bal:
         images.insert(3, ("mod vs div partitioning", bal))
-    balance = plan.balance if plan.balance is not None else balance_comparison(profile, **{
-        k: plan.policy[k] for k in ("quantile", "partition_quantile", "headroom") if k in plan.policy})
     both = plot_balance_heatmaps(profile, out_dir)
     if both:
         images.insert(3, ("Frequency order and balanced ids", both))
+    return images
 
+
+def _summary_section(profile: Profile, plan: Plan, fingerprint: Optional[str]) -> List[str]:
+    """The page's head: what was profiled and planned, the chip counts covered, the plan's warnings."""
     g = profile.global_config
     parts = [f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>tpu_embed profile report</title>"
              f"<style>{_CSS}</style></head><body>",
@@ -451,59 +475,72 @@ def write_report(profile_or_dir: Union[Profile, str, os.PathLike], plan: Union[P
              "<code>profile_candidate_chip_counts</code> in the spec.</p>"]
     for w in plan.warnings:
         parts.append(f"<div class='warn'>{html.escape(w)}</div>")
-    parts.append("<h2>SparseCoreEmbeddingConfig</h2>")
-    parts.append(_table(["setting", "value"], [
-        ["max_ids_per_chip_per_sample", plan.max_ids_per_chip_per_sample],
-        ["allow_id_dropping", plan.allow_id_dropping],
-        ["disable_table_stacking", plan.disable_table_stacking],
-        ["ids dropped (at most, profiled data)", plan.memory.get("drop_rate_at_most", 0.0)],
-        ["steps that would fail (partition limits)", plan.memory.get("steps_failing", 0.0)]]))
-    parts.append(_table(
-        ["stack", "tables", "max_ids_per_table", "observed max", "p99.9", "max_unique_ids_per_table",
-         "observed max", "buffer slots (cap / max)", "drop rate at most", "KiB/SC planned", "KiB/SC TF default",
-         "origin"],
-        [[short_stack_name(n, s.tables), len(s.tables), s.max_ids_per_table, s.observed["max_ids"]["max"],
-          s.observed["max_ids"]["p99.9"],
-          s.max_unique_ids_per_table, s.observed["max_unique_ids"]["max"],
-          f"{s.drops['buffer_capacity_slots']} / {s.observed['chip_buffer_slots']['max']}",
-          s.drops["drop_rate_at_most"], s.memory["planned_bytes_per_sc"] / 1024,
-          s.memory["tf_default_bytes_per_sc"] / 1024, s.origin] for n, s in plan.stacks.items()]))
-    if balance:
-        parts.append("<h2>Balance per stacked table</h2>")
-        parts.append("<p>The busiest destination SparseCore against the mean, per step and summed over steps (1.00 "
-                     "is perfect), its worst step, and the floor no assignment of ids can beat (per step the larger "
-                     "of the hottest id's lookups and the mean); the limits and bytes per SparseCore a plan makes of "
-                     "them. " + ("Both orders are the same steps, counted in one pass." if balance["ids"] ==
-                                 "balanced" else "<code>partition: {ids: balanced}</code> in the spec assigns ids "
-                                 "that even the load out.") + "</p>")
-        parts.append(_table(
+    return parts
+
+
+def _limits_sections(plan: Plan) -> List[str]:
+    """The SparseCoreEmbeddingConfig settings, then each stack's limits beside what was observed."""
+    return [
+        "<h2>SparseCoreEmbeddingConfig</h2>",
+        _table(["setting", "value"], [
+            ["max_ids_per_chip_per_sample", plan.max_ids_per_chip_per_sample],
+            ["allow_id_dropping", plan.allow_id_dropping],
+            ["disable_table_stacking", plan.disable_table_stacking],
+            ["ids dropped (at most, profiled data)", plan.memory.get("drop_rate_at_most", 0.0)],
+            ["steps that would fail (partition limits)", plan.memory.get("steps_failing", 0.0)]]),
+        _table(
+            ["stack", "tables", "max_ids_per_table", "observed max", "p99.9", "max_unique_ids_per_table",
+             "observed max", "buffer slots (cap / max)", "drop rate at most", "KiB/SC planned", "KiB/SC TF default",
+             "origin"],
+            [[short_stack_name(n, s.tables), len(s.tables), s.max_ids_per_table, s.observed["max_ids"]["max"],
+              s.observed["max_ids"]["p99.9"],
+              s.max_unique_ids_per_table, s.observed["max_unique_ids"]["max"],
+              f"{s.drops['buffer_capacity_slots']} / {s.observed['chip_buffer_slots']['max']}",
+              s.drops["drop_rate_at_most"], s.memory["planned_bytes_per_sc"] / 1024,
+              s.memory["tf_default_bytes_per_sc"] / 1024, s.origin] for n, s in plan.stacks.items()])]
+
+
+def _balance_section(balance: Optional[dict]) -> List[str]:
+    """Per stacked table its balance and floor in each order of ids, and the limits a plan makes of them."""
+    if not balance:
+        return []
+    return [
+        "<h2>Balance per stacked table</h2>",
+        "<p>The busiest destination SparseCore against the mean, per step and summed over steps (1.00 "
+        "is perfect), its worst step, and the floor no assignment of ids can beat (per step the larger "
+        "of the hottest id's lookups and the mean); the limits and bytes per SparseCore a plan makes of "
+        "them. " + ("Both orders are the same steps, counted in one pass." if balance["ids"] ==
+                    "balanced" else "<code>partition: {ids: balanced}</code> in the spec assigns ids "
+                    "that even the load out.") + "</p>",
+        _table(
             ["stack", "ids", "per step", "worst step", "over data", "floor", "floor (worst step)",
              "max_ids_per_table", "max_unique_ids_per_table", "KiB/SC"],
             [[short_stack_name(n, s["tables"]), order, o["step_balance"], o["worst_step_balance"], o["data_balance"],
               s["floor"]["step_balance"], s["floor"]["worst_step"], o["max_ids_per_table"],
               o["max_unique_ids_per_table"], o["bytes_per_sc"] / 1024]
-             for n, s in balance["stacks"].items() for order, o in s["orders"].items()]))
-    for title, name in images:
-        parts.append(f"<h2>{html.escape(title)}</h2><img src='{html.escape(name)}' alt='{html.escape(title)}'>")
-    if plan.topologies:
-        parts.append("<h2>Other chip counts (same global batch, exact maxima)</h2>")
-        parts.append(_table(
+             for n, s in balance["stacks"].items() for order, o in s["orders"].items()])]
+
+
+def _topologies_section(plan: Plan) -> List[str]:
+    if not plan.topologies:
+        return []
+    return [
+        "<h2>Other chip counts (same global batch, exact maxima)</h2>",
+        _table(
             ["chips", "status", "per-chip batch", "SparseCores", "max_ids_per_chip_per_sample", "KiB/SC",
              "worst destination balance", "note"],
             [[t["num_chips"], t["status"], t.get("per_chip_batch", ""), t.get("num_sparse_cores", ""),
               t.get("max_ids_per_chip_per_sample", ""),
               (t["bytes_per_sc"] / 1024) if "bytes_per_sc" in t else "",
-              t.get("worst_destination_balance", ""), t.get("reason", "")] for t in plan.topologies]))
-    parts += _what_if_sections(plan)
+              t.get("worst_destination_balance", ""), t.get("reason", "")] for t in plan.topologies])]
+
+
+def _stacking_section(plan: Plan) -> List[str]:
     st = plan.stacking
-    parts.append("<h2>Stacking</h2>")
     un = st.get("unstacked")
-    parts.append(f"<p>{html.escape(st['mode'])}: {len(st['stacks'])} stacks, "
-                 f"{st['stacked_bytes_per_sc'] / 1024:.1f} KiB/SC"
-                 + (f"; with disable_table_stacking: {un['stacks']} stacks, {un['bytes_per_sc'] / 1024:.1f} KiB/SC "
-                    f"({html.escape(st.get('recommendation', ''))})" if un else "") + ".</p>")
-    parts.append("<p>Memory figures follow the model documented in profiles/SCHEMA.md, not a TPU measurement.</p>")
-    parts.append("</body></html>")
-    path = tio.join(out_dir, "index.html")
-    tio.write_text_atomic(path, "\n".join(parts))
-    return path
+    return ["<h2>Stacking</h2>",
+            f"<p>{html.escape(st['mode'])}: {len(st['stacks'])} stacks, "
+            f"{st['stacked_bytes_per_sc'] / 1024:.1f} KiB/SC"
+            + (f"; with disable_table_stacking: {un['stacks']} stacks, {un['bytes_per_sc'] / 1024:.1f} KiB/SC "
+               f"({html.escape(st.get('recommendation', ''))})" if un else "") + ".</p>",
+            "<p>Memory figures follow the model documented in profiles/SCHEMA.md, not a TPU measurement.</p>"]

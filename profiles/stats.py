@@ -4,8 +4,9 @@ Every class here is plain data (ints, dicts, numpy arrays, `Histogram`,
 `IdCounts`), picklable, and has `merge_from` that is exact, associative and
 commutative: integer sums, element-wise array sums, histogram count sums,
 per-id count sums.  The one exception to plain summation is `StepSeries`
-(per-step maxima kept for plots), whose merge is a union keyed by step index;
-see its docstring.  Equality is equality of the canonical JSON form.
+(per-step maxima kept for plots, profiles/step_series.py), whose merge is a
+union keyed by step index; see its docstring.  Equality is equality of the
+canonical JSON form (`profiles.jsonio.JsonEq`).
 """
 
 from __future__ import annotations
@@ -19,25 +20,14 @@ import numpy as np
 from profiles.counting import CellCounts
 from profiles.histogram import Histogram
 from profiles.idcounts import ENCODING, IdCounts, pack_ids, unpack_ids
-from tpu_embed.core.canonical import canonical_json
+from profiles.jsonio import JsonEq
+from profiles.step_series import StepSeries
 from tpu_embed.sparsecore.padding import XLA_PAD, round_up  # every (local SC, dest SC) id segment pads to it
-
-DEFAULT_SERIES_STEPS = 10_000
 
 
 def deep_copy(obj):
     """A deep copy of plain statistics; pickle is much faster than copy.deepcopy on dicts of tuples."""
     return pickle.loads(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL))
-
-
-class _JsonEq:
-    def to_json(self) -> dict:
-        raise NotImplementedError
-
-    def __eq__(self, other):
-        if type(other) is not type(self):
-            return NotImplemented
-        return canonical_json(self.to_json()) == canonical_json(other.to_json())
 
 
 def _add_arrays(a: Optional[np.ndarray], b: Optional[np.ndarray]) -> Optional[np.ndarray]:
@@ -82,94 +72,8 @@ def _list(a: Optional[np.ndarray]):
     return None if a is None else a.tolist()
 
 
-def _max3(a: Tuple[int, int, int], b: Tuple[int, int, int]) -> Tuple[int, int, int]:
-    return max(a[0], b[0]), max(a[1], b[1]), max(a[2], b[2])
-
-
-class StepSeries(_JsonEq):
-    """Per-step maxima (ids, unique ids, chip id-buffer slots), for "limit vs observed" plots.
-
-    Keyed by step index so that merging is a union: associative and
-    commutative.  If two accumulators saw the same step index (callers that do
-    not pass `step=` get a per-accumulator counter), the element-wise maximum
-    is kept.  Only the `limit` smallest step indices are kept, which is also
-    merge-order independent.  Quantiles never come from here: they come from
-    the exact histograms, which cover every step.  In JSON the four columns
-    are packed like id counts (10^4 steps of 26 stacks would otherwise be a
-    million JSON numbers to parse); decoding is lazy.
-    """
-
-    def __init__(self, limit: int = DEFAULT_SERIES_STEPS, values: Optional[Dict[int, Tuple[int, int, int]]] = None):
-        self._set(limit, values)
-
-    def _set(self, limit: int, values: Optional[Dict[int, Tuple[int, int, int]]]) -> None:
-        self.limit = int(limit)
-        self._values = dict(values) if values else {}
-        self._packed: Optional[dict] = None
-
-    @property
-    def values(self) -> Dict[int, Tuple[int, int, int]]:
-        if self._packed is not None:
-            d, self._packed = self._packed, None
-            steps = np.cumsum(unpack_ids(d["steps"]))
-            cols = [unpack_ids(d[k]) for k in ("max_ids", "max_unique_ids", "max_chip_buffer")]
-            self._values = dict(zip(steps.tolist(), zip(*(c.tolist() for c in cols))))
-        return self._values
-
-    def record(self, step: int, ids: int, unique: int, buffer: int) -> None:
-        step = int(step)
-        values = self.values
-        if len(values) >= self.limit and step > max(values):
-            return
-        old = values.get(step)
-        v = (int(ids), int(unique), int(buffer))
-        values[step] = v if old is None else _max3(old, v)
-        self._trim()
-
-    def merge_from(self, other: "StepSeries") -> None:
-        self.limit = min(self.limit, other.limit)
-        values = self.values
-        for step, v in other.values.items():
-            old = values.get(step)
-            values[step] = v if old is None else _max3(old, v)
-        self._trim()
-
-    def _trim(self):
-        if len(self._values) > self.limit:
-            keep = sorted(self._values)[: self.limit]
-            self._values = {k: self._values[k] for k in keep}
-
-    def arrays(self) -> Tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        values = self.values
-        steps = np.array(sorted(values), np.int64)
-        vals = np.array([values[s] for s in steps.tolist()], np.int64).reshape(-1, 3)
-        return steps, vals[:, 0], vals[:, 1], vals[:, 2]
-
-    def to_json(self) -> dict:
-        if self._packed is not None:
-            return dict(self._packed)
-        steps, ids, uniq, buf = self.arrays()
-        return {"limit": self.limit, "encoding": ENCODING, "length": int(steps.size),
-                "steps": pack_ids(np.diff(steps, prepend=np.int64(0)) if steps.size else steps),
-                "max_ids": pack_ids(ids), "max_unique_ids": pack_ids(uniq), "max_chip_buffer": pack_ids(buf)}
-
-    @classmethod
-    def from_json(cls, d: Mapping) -> "StepSeries":
-        if d.get("encoding") != ENCODING:
-            raise ValueError(f"step series: unknown encoding {d.get('encoding')!r}")
-        out = cls(int(d["limit"]))
-        out._packed = dict(d)
-        return out
-
-    def __getstate__(self):
-        return {"limit": self.limit, "values": self.values}
-
-    def __setstate__(self, state):
-        self._set(state["limit"], state["values"])
-
-
 @dataclasses.dataclass(eq=False)
-class PartitionStats(_JsonEq):
+class PartitionStats(JsonEq):
     """One table or stack on one topology: what every (chip, local SC, destination SC) received.
 
     Per step the profiler sees, for each cell, the ids after dedup and the
@@ -262,44 +166,14 @@ class PartitionStats(_JsonEq):
         for ps, c in zip(stats, counts, strict=True):
             if (ps.num_chips, ps.num_sc_per_chip) != (chips, nsc) or (c.num_chips, c.num_sc_per_chip) != (chips, nsc):
                 raise ValueError("cell counts of another topology")
-        k, scs = len(stats), chips * nsc
-        sizes = np.array([c.cells.size for c in counts], np.int64)
-        cells = np.concatenate([c.cells for c in counts]).astype(np.int64, copy=False)
-        ids = np.concatenate([c.ids for c in counts]).astype(np.int64, copy=False)
-        uniq = np.concatenate([c.unique for c in counts]).astype(np.int64, copy=False)
-        seg = np.repeat(np.arange(k, dtype=np.int64), sizes)
-        # Sums and maxima over each statistic's cells (ids >= 0: an empty statistic's are 0).
-        sum_ids = np.bincount(seg, weights=ids, minlength=k).astype(np.int64)
-        sum_uniq = np.bincount(seg, weights=uniq, minlength=k).astype(np.int64)
-        max_ids, max_uniq = np.zeros(k, np.int64), np.zeros(k, np.int64)
-        full = np.flatnonzero(sizes)
-        if full.size:
-            starts = (np.cumsum(sizes) - sizes)[full]
-            max_ids[full] = np.maximum.reduceat(ids, starts)
-            max_uniq[full] = np.maximum.reduceat(uniq, starts)
-        sc_global = cells // S
-        sc_need = np.bincount(seg * scs + sc_global, weights=round_up(ids, XLA_PAD), minlength=k * scs).reshape(k, scs)
-        chip_need = sc_need.reshape(k, chips, nsc).sum(axis=2).astype(np.int64)
-        max_sc, max_chip = sc_need.max(axis=1).astype(np.int64), chip_need.max(axis=1)
-        dest = np.bincount(seg * S + cells % S, weights=ids, minlength=k * S).astype(np.int64).reshape(k, S)
-        max_dest = dest.max(axis=1)
-        heat = None
-        if any(ps.sc_dest_ids is not None for ps in stats):
-            local = seg * (nsc * S) + (sc_global % nsc) * S + cells % S
-            heat = np.bincount(local, weights=ids, minlength=k * nsc * S).astype(np.int64).reshape(k, nsc, S)
-        per_partition = any(ps.has_per_partition for ps in stats)  # the max over each chip's local SCs
-        part_ids = np.zeros((k, chips, S) if per_partition else (k, 0, 0), np.int64)
-        part_uniq = np.zeros_like(part_ids)
-        if per_partition:
-            part = seg * (chips * S) + (sc_global // nsc) * S + cells % S
-            np.maximum.at(part_ids.reshape(-1), part, ids)
-            np.maximum.at(part_uniq.reshape(-1), part, uniq)
-        ends = np.cumsum(sizes)
+        f = _StepCells.of(counts, chips, nsc, S, heat_map=any(ps.sc_dest_ids is not None for ps in stats),
+                          per_partition=any(ps.has_per_partition for ps in stats))  # max over a chip's local SCs
+        sizes, ends, ids, uniq = f.sizes, f.ends, f.ids, f.uniq
         for i, (ps, c) in enumerate(zip(stats, counts)):
             ps.steps += 1
-            ps.ids += int(sum_ids[i])
-            ps.unique_ids += int(sum_uniq[i])
-            mx_ids, mx_uniq, mx_chip = int(max_ids[i]), int(max_uniq[i]), int(max_chip[i])
+            ps.ids += int(f.sum_ids[i])
+            ps.unique_ids += int(f.sum_uniq[i])
+            mx_ids, mx_uniq, mx_chip = int(f.max_ids[i]), int(f.max_uniq[i]), int(f.max_chip[i])
             ps.step_max_ids.add(mx_ids)
             ps.step_max_unique_ids.add(mx_uniq)
             empty_cells = c.num_cells - int(sizes[i])
@@ -307,20 +181,21 @@ class PartitionStats(_JsonEq):
             ps.cell_ids.add(0, empty_cells)
             ps.cell_unique_ids.add_array(uniq[ends[i] - sizes[i]:ends[i]])
             ps.cell_unique_ids.add(0, empty_cells)
-            ps.chip_buffer.add_array(chip_need[i])
-            ps.step_max_sc_buffer.add(int(max_sc[i]))
+            ps.chip_buffer.add_array(f.chip_need[i])
+            ps.step_max_sc_buffer.add(int(f.max_sc[i]))
             ps.step_max_chip_buffer.add(mx_chip)
-            ps.dest_ids = dest[i].copy() if ps.dest_ids is None else ps.dest_ids + dest[i]
-            ps.step_max_dest_ids += int(max_dest[i])
-            if ps.sc_dest_ids is not None and heat is not None and sizes[i]:
-                ps.sc_dest_ids += heat[i]
+            ps.dest_ids = f.dest[i].copy() if ps.dest_ids is None else ps.dest_ids + f.dest[i]
+            ps.step_max_dest_ids += int(f.max_dest[i])
+            if ps.sc_dest_ids is not None and f.heat is not None and sizes[i]:
+                ps.sc_dest_ids += f.heat[i]
             if ps.series is not None:
                 ps.series.record(step, mx_ids, mx_uniq, mx_chip)
             if ps.has_per_partition:
-                ps._max_per_partition(part_ids[i], part_uniq[i], sc_need[i].reshape(chips, nsc).astype(np.int64))
-            if ps.step_floor_ids is not None and sum_ids[i]:
+                ps._max_per_partition(f.part_ids[i], f.part_uniq[i],
+                                      f.sc_need[i].reshape(chips, nsc).astype(np.int64))
+            if ps.step_floor_ids is not None and f.sum_ids[i]:
                 h = None if hottest is None else hottest[i]
-                ps._add_step_balance(int(max_dest[i]), int(sum_ids[i]), None if h is None else int(h))
+                ps._add_step_balance(int(f.max_dest[i]), int(f.sum_ids[i]), None if h is None else int(h))
 
     def _add_step_balance(self, busiest: int, ids: int, hottest: Optional[int]) -> None:
         S = self.num_sparse_cores
@@ -470,8 +345,68 @@ class PartitionStats(_JsonEq):
             PartitionStats.from_json(d["frequency_order"]))
 
 
+@dataclasses.dataclass(slots=True)
+class _StepCells:
+    """One step's cell counts of several statistics of one topology, concatenated, and what
+    `PartitionStats.add_step_many` adds of them, per statistic (row i: statistic i)."""
+
+    sizes: np.ndarray  # [k] cells with ids per statistic
+    ends: np.ndarray  # [k] where each statistic's cells end in `ids` / `uniq`
+    ids: np.ndarray  # every cell's ids, statistic after statistic
+    uniq: np.ndarray
+    sum_ids: np.ndarray  # [k]
+    sum_uniq: np.ndarray
+    max_ids: np.ndarray  # [k] the largest cell
+    max_uniq: np.ndarray
+    sc_need: np.ndarray  # [k, chips x nsc] id buffer slots per SparseCore (its cells padded to XLA_PAD)
+    chip_need: np.ndarray  # [k, chips]
+    max_sc: np.ndarray  # [k]
+    max_chip: np.ndarray  # [k]
+    dest: np.ndarray  # [k, S] ids per destination SparseCore
+    max_dest: np.ndarray  # [k]
+    heat: Optional[np.ndarray]  # [k, nsc, S] (local SC, destination) ids; None unless asked for
+    part_ids: np.ndarray  # [k, chips, S] the most ids over each chip's local SCs ([k, 0, 0] unless asked for)
+    part_uniq: np.ndarray
+
+    @classmethod
+    def of(cls, counts: Sequence[CellCounts], chips: int, nsc: int, S: int, *, heat_map: bool,
+           per_partition: bool) -> "_StepCells":
+        k, scs = len(counts), chips * nsc
+        sizes = np.array([c.cells.size for c in counts], np.int64)
+        cells = np.concatenate([c.cells for c in counts]).astype(np.int64, copy=False)
+        ids = np.concatenate([c.ids for c in counts]).astype(np.int64, copy=False)
+        uniq = np.concatenate([c.unique for c in counts]).astype(np.int64, copy=False)
+        seg = np.repeat(np.arange(k, dtype=np.int64), sizes)
+        # Sums and maxima over each statistic's cells (ids >= 0: an empty statistic's are 0).
+        sum_ids = np.bincount(seg, weights=ids, minlength=k).astype(np.int64)
+        sum_uniq = np.bincount(seg, weights=uniq, minlength=k).astype(np.int64)
+        max_ids, max_uniq = np.zeros(k, np.int64), np.zeros(k, np.int64)
+        full = np.flatnonzero(sizes)
+        if full.size:
+            starts = (np.cumsum(sizes) - sizes)[full]
+            max_ids[full] = np.maximum.reduceat(ids, starts)
+            max_uniq[full] = np.maximum.reduceat(uniq, starts)
+        sc_global = cells // S
+        sc_need = np.bincount(seg * scs + sc_global, weights=round_up(ids, XLA_PAD), minlength=k * scs).reshape(k, scs)
+        chip_need = sc_need.reshape(k, chips, nsc).sum(axis=2).astype(np.int64)
+        max_sc, max_chip = sc_need.max(axis=1).astype(np.int64), chip_need.max(axis=1)
+        dest = np.bincount(seg * S + cells % S, weights=ids, minlength=k * S).astype(np.int64).reshape(k, S)
+        heat = None
+        if heat_map:
+            local = seg * (nsc * S) + (sc_global % nsc) * S + cells % S
+            heat = np.bincount(local, weights=ids, minlength=k * nsc * S).astype(np.int64).reshape(k, nsc, S)
+        part_ids = np.zeros((k, chips, S) if per_partition else (k, 0, 0), np.int64)
+        part_uniq = np.zeros_like(part_ids)
+        if per_partition:
+            part = seg * (chips * S) + (sc_global // nsc) * S + cells % S
+            np.maximum.at(part_ids.reshape(-1), part, ids)
+            np.maximum.at(part_uniq.reshape(-1), part, uniq)
+        return cls(sizes, np.cumsum(sizes), ids, uniq, sum_ids, sum_uniq, max_ids, max_uniq, sc_need, chip_need,
+                   max_sc, max_chip, dest, dest.max(axis=1), heat, part_ids, part_uniq)
+
+
 @dataclasses.dataclass(eq=False)
-class FeatureStats(_JsonEq):
+class FeatureStats(JsonEq):
     examples: int = 0
     ids: int = 0  # raw lookups (before any dedup)
     ids_per_example: Histogram = dataclasses.field(default_factory=Histogram)
@@ -496,7 +431,7 @@ class FeatureStats(_JsonEq):
 
 
 @dataclasses.dataclass(eq=False)
-class ShardLoad(_JsonEq):
+class ShardLoad(JsonEq):
     """Raw lookups per shard of S shards under 'mod' (id % S) and 'div' (id // ceil(vocab / S)).
 
     SparseCore always mod-shards; 'div' is TPUEmbedding v1's default
@@ -555,7 +490,7 @@ class ShardLoad(_JsonEq):
 
 
 @dataclasses.dataclass(eq=False)
-class TableStats(_JsonEq):
+class TableStats(JsonEq):
     """Everything profiled about one table (laid out alone: rotation 0, see counting.py)."""
 
     steps: int

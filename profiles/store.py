@@ -21,7 +21,6 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 
-from profiles.config import GlobalConfig, StackUnit, TableUnit, stack_key, stack_units, table_key, table_unit
 from profiles.errors import (
     CorruptProfileError,
     MissingProfileError,
@@ -34,6 +33,7 @@ from profiles.jsonio import atomic_write_text, dumps_readable, read_json
 from profiles.profile import CandidateStatus, Profile, ProfileAccumulator, StackProfile, TableProfile
 from profiles.stats import PartitionStats, TableStats, deep_copy
 from profiles.summary import table_summary
+from profiles.units import GlobalConfig, StackUnit, TableUnit, stack_key, stack_units, table_key, table_unit
 from tpu_embed.artifact import io as tio
 from tpu_embed.core.model import ModelConfig, from_tf_feature_config
 

@@ -12,6 +12,7 @@ from typing import Dict, Iterator, Mapping, Optional, Sequence
 import numpy as np
 
 from profiles.collector import ProfileCollector
+from profiles.stats import PartitionStats, TableStats
 from tpu_embed.core.model import FeatureConfig, TableConfig
 from tpu_embed.core.nest import flatten_with_paths
 from tpu_embed.sparsecore import FeatureIds, layout_of
@@ -80,57 +81,63 @@ def synthetic_profile(feature_config, topology, steps: int, *, seed: int = 0,
                                  series_steps=steps)
     acc = collector.create_accumulator()
     acc.steps = steps
-
-    def fill(ps, samples, series):
-        S, nsc, chips = ps.num_sparse_cores, ps.num_sc_per_chip, ps.num_chips
-        mean_cell = max(0.2, 2.2 * samples / S)  # ~2.2 ids per sample spread over S destinations
-        cells = rng.poisson(mean_cell, size=(min(steps, 8), nsc * S))
-        ps.steps = steps
-        step_max = rng.poisson(max(1.0, cells.max(axis=1).mean()), size=steps) + 1
-        step_uniq = np.maximum(1, (step_max * rng.uniform(0.5, 0.9, size=steps)).astype(np.int64))
-        ps.step_max_ids.add_array(step_max)
-        ps.step_max_unique_ids.add_array(step_uniq)
-        reps = -(-steps * chips // cells.shape[0])
-        ps.cell_ids.counts = {int(v): int(c) * reps for v, c in zip(*np.unique(cells, return_counts=True))}
-        ps.cell_unique_ids.counts = {int(v): int(c) * reps for v, c in
-                                     zip(*np.unique((cells * 0.8).astype(np.int64), return_counts=True))}
-        need = round_up(cells, XLA_PAD).reshape(cells.shape[0], nsc, S).sum(axis=(1, 2))
-        chip_need = rng.choice(need, size=steps)
-        ps.step_max_chip_buffer.add_array(chip_need)
-        ps.chip_buffer.add_array(rng.choice(need, size=min(steps * chips, 10_000)))
-        ps.step_max_sc_buffer.add_array(chip_need // nsc)
-        ps.ids = int(cells.sum()) * reps
-        ps.unique_ids = int(ps.ids * 0.8)
-        ps.dest_ids = rng.poisson(ps.ids / S, size=S).astype(np.int64)
-        ps.step_max_dest_ids = int(ps.dest_ids.max()) * steps // max(1, steps)
-        if ps.sc_dest_ids is not None:
-            ps.sc_dest_ids = rng.poisson(ps.ids / (S * nsc), size=(nsc, S)).astype(np.int64)
-        if series:
-            ps.series._values = dict(zip(range(steps), zip(step_max.tolist(), step_uniq.tolist(), chip_need.tolist())))
-
     model = collector.model
     for t in model.tables:
-        ts = acc.tables[t.name]
-        ts.steps = steps
-        feats = model.table_features(t.name)
-        samples = sum(f.samples for f in feats)
-        for f in feats:
-            fs = ts.features[f.name]
-            fs.examples = f.examples * topology.num_chips * steps
-            fs.ids_per_example.add_array(rng.integers(0, 5, size=10_000))
-            fs.ids = int(fs.examples * 2)
-        ids = ((rng.zipf(1.2, size=200_000) - 1) % t.vocabulary_size).astype(np.int64)
-        ts.id_counts.add(ids)
-        for load in ts.shard_load.values():
-            load.add(ids, t.vocabulary_size)
-        fill(ts.partitions, samples, False)
-        for c, ps in ts.candidates.items():
-            fill(ps, samples * topology.num_chips // c, False)
+        _fill_table(acc.tables[t.name], t, model.table_features(t.name), topology.num_chips, steps, rng)
     layout = layout_of(model)
     for name, ps in acc.stacks.items():
-        fill(ps, layout.stacks[name].sample_count, True)
+        _fill_partitions(ps, layout.stacks[name].sample_count, steps, rng, series=True)
     for c, stacks in acc.candidate_stacks.items():
         cl = layout_of(collector._candidate_models[c])
         for name, ps in stacks.items():
-            fill(ps, cl.stacks[name].sample_count, False)
+            _fill_partitions(ps, cl.stacks[name].sample_count, steps, rng, series=False)
     return collector.extract_output(acc)
+
+
+def _fill_table(ts: TableStats, t: TableConfig, feats: Sequence[FeatureConfig], num_chips: int, steps: int,
+                rng: np.random.Generator) -> None:
+    """One table's statistics: its features' lookups, drawn hot ids, and its partitions on every chip count."""
+    ts.steps = steps
+    samples = sum(f.samples for f in feats)
+    for f in feats:
+        fs = ts.features[f.name]
+        fs.examples = f.examples * num_chips * steps
+        fs.ids_per_example.add_array(rng.integers(0, 5, size=10_000))
+        fs.ids = int(fs.examples * 2)
+    ids = ((rng.zipf(1.2, size=200_000) - 1) % t.vocabulary_size).astype(np.int64)
+    ts.id_counts.add(ids)
+    for load in ts.shard_load.values():
+        load.add(ids, t.vocabulary_size)
+    _fill_partitions(ts.partitions, samples, steps, rng, series=False)
+    for c, ps in ts.candidates.items():
+        _fill_partitions(ps, samples * num_chips // c, steps, rng, series=False)
+
+
+def _fill_partitions(ps: PartitionStats, samples: int, steps: int, rng: np.random.Generator, *, series: bool) -> None:
+    """Drawn figures of one table or stack on one topology, around ~2.2 ids per sample over its destinations."""
+    S, nsc, chips = ps.num_sparse_cores, ps.num_sc_per_chip, ps.num_chips
+    mean_cell = max(0.2, 2.2 * samples / S)  # ~2.2 ids per sample spread over S destinations
+    cells = rng.poisson(mean_cell, size=(min(steps, 8), nsc * S))
+    ps.steps = steps
+    step_max = rng.poisson(max(1.0, cells.max(axis=1).mean()), size=steps) + 1
+    step_uniq = np.maximum(1, (step_max * rng.uniform(0.5, 0.9, size=steps)).astype(np.int64))
+    ps.step_max_ids.add_array(step_max)
+    ps.step_max_unique_ids.add_array(step_uniq)
+    reps = -(-steps * chips // cells.shape[0])
+    ps.cell_ids.counts = {int(v): int(c) * reps for v, c in zip(*np.unique(cells, return_counts=True))}
+    ps.cell_unique_ids.counts = {int(v): int(c) * reps for v, c in
+                                 zip(*np.unique((cells * 0.8).astype(np.int64), return_counts=True))}
+    need = round_up(cells, XLA_PAD).reshape(cells.shape[0], nsc, S).sum(axis=(1, 2))
+    chip_need = rng.choice(need, size=steps)
+    ps.step_max_chip_buffer.add_array(chip_need)
+    ps.chip_buffer.add_array(rng.choice(need, size=min(steps * chips, 10_000)))
+    ps.step_max_sc_buffer.add_array(chip_need // nsc)
+    ps.ids = int(cells.sum()) * reps
+    ps.unique_ids = int(ps.ids * 0.8)
+    ps.dest_ids = rng.poisson(ps.ids / S, size=S).astype(np.int64)
+    ps.step_max_dest_ids = int(ps.dest_ids.max()) * steps // max(1, steps)
+    if ps.sc_dest_ids is not None:
+        ps.sc_dest_ids = rng.poisson(ps.ids / (S * nsc), size=(nsc, S)).astype(np.int64)
+    if series:  # the stacks', which keep a series (`series_steps=steps`)
+        values = dict(zip(range(steps), zip(step_max.tolist(), step_uniq.tolist(), chip_need.tolist())))
+        ps.series._values = values  # type: ignore[union-attr]

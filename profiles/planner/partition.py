@@ -15,13 +15,13 @@ from __future__ import annotations
 import math
 from typing import Any, Dict, List
 
-from profiles.config import GlobalConfig, StackUnit, table_units
 from profiles.planner.enumerate import limit_value
 from profiles.planner.estimate import csr_buffer_bytes_per_sc, partition_bytes_per_sc
 from profiles.planner.propose import buffer_multiple
 from profiles.planner.sources import matching_profile
 from profiles.planner.types import Policy, Proposal, StackFigures, TableFigures
 from profiles.profile import Profile
+from profiles.units import GlobalConfig, StackUnit, table_units
 from tpu_embed.core.model import ModelConfig
 from tpu_embed.sparsecore.padding import round_up
 

@@ -18,10 +18,10 @@ from __future__ import annotations
 import dataclasses
 from typing import Dict, List, Sequence, Tuple
 
-from profiles.config import CandidateUnavailable
 from profiles.planner.estimate import ROW_ELEMENT_BYTES
 from profiles.planner.whatif import Placement, StackShape, tf_placement
 from profiles.profile import Profile
+from profiles.units import CandidateUnavailable
 from tpu_embed.core.model import ModelConfig, TableConfig
 from tpu_embed.jax.layout import ACTIVATION_MEM_BYTES_LIMIT, check_topology, jax_layout, round_up, stack_name
 

@@ -21,7 +21,6 @@ import dataclasses
 import pprint
 from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
-from profiles.config import CandidateUnavailable
 from profiles.display import short_stack_name
 from profiles.planner.cost import PlacementCost, placement_cost, steps_are_profile
 from profiles.planner.placements import (
@@ -38,6 +37,7 @@ from profiles.planner.placements import (
 )
 from profiles.planner.whatif import Placement, ReplaySteps, StackShape, evaluate, tf_placement
 from profiles.profile import Profile
+from profiles.units import CandidateUnavailable
 from profiles.whatif_steps import WhatIfSteps
 from tpu_embed.core.model import ModelConfig
 from tpu_embed.jax.layout import ACTIVATION_MEM_BYTES_LIMIT

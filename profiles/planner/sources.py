@@ -21,17 +21,6 @@ import dataclasses
 import warnings
 from typing import Dict, List, Optional, Tuple
 
-from profiles.config import (
-    GlobalConfig,
-    StackUnit,
-    TableUnit,
-    rescaled,
-    rescaled_global,
-    rescaled_table,
-    stack_units,
-    table_unit,
-    table_units,
-)
 from profiles.errors import (
     ConfigurationMismatchWarning,
     ConservativeBoundWarning,
@@ -43,6 +32,17 @@ from profiles.planner.types import StackFigures, TableFigures
 from profiles.profile import Profile
 from profiles.stats import PartitionStats, ShardLoad
 from profiles.store import ProfileStore
+from profiles.units import (
+    GlobalConfig,
+    StackUnit,
+    TableUnit,
+    rescaled,
+    rescaled_global,
+    rescaled_table,
+    stack_units,
+    table_unit,
+    table_units,
+)
 from tpu_embed.core.canonical import canonical_json
 from tpu_embed.core.model import ModelConfig
 from tpu_embed.sparsecore.layout import layout_of

@@ -5,9 +5,10 @@ from __future__ import annotations
 import dataclasses
 from typing import Dict, List, Optional
 
-from profiles.config import GlobalConfig, StackUnit
 from profiles.histogram import Histogram
-from profiles.stats import PartitionStats, ShardLoad, StepSeries
+from profiles.stats import PartitionStats, ShardLoad
+from profiles.step_series import StepSeries
+from profiles.units import GlobalConfig, StackUnit
 
 
 @dataclasses.dataclass(frozen=True)

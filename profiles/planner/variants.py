@@ -16,9 +16,9 @@ from __future__ import annotations
 
 from typing import List, Mapping, Optional, Tuple
 
-from profiles.config import CandidateUnavailable
 from profiles.planner.estimate import csr_buffer_bytes, staging_bytes
 from profiles.planner.whatif import ReplaySteps, chip_value, evaluate, global_batch, over_mean, tf_placement, variant
+from profiles.units import CandidateUnavailable
 from profiles.whatif_steps import WhatIfSteps
 from tpu_embed.core.model import ModelConfig
 

@@ -27,8 +27,8 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from profiles.config import CandidateUnavailable
 from profiles.planner.estimate import ID_ENTRY_BYTES, ROW_ELEMENT_BYTES
+from profiles.units import CandidateUnavailable
 from profiles.whatif_steps import BLOCK_STEPS, WhatIfSteps
 from tpu_embed.core.model import ModelConfig
 from tpu_embed.core.topology import Topology, is_power_of_two
@@ -294,10 +294,10 @@ def evaluate(placement: Placement, replay: ReplaySteps, *, per_partition: bool =
     return {st.name: load for st, load in zip(placement.stacks, out)}
 
 
-def _add_step(out: List[StackLoad], bs: _BatchStep, stack_of, rotation, block, aligned: bool, members, row_bytes,
-              nst: int, chips: int, nsc: int, per_partition: bool) -> None:
-    S, K = chips * nsc, bs.substeps
-    nsrc = K * chips * nsc  # source SparseCores of every substep, in order
+def _cells(bs: _BatchStep, stack_of, rotation, block, aligned: bool, nst: int, nsrc: int, S: int
+           ) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The non-empty cells (stack, source SparseCore of a substep, destination) of one batch step, as flat indices,
+    with their ids and unique ids (a (table, id) counted once per source SparseCore)."""
     stk = stack_of[bs.table]
     keep = stk >= 0
     stk, ids, row, feat, new_key, table = stk[keep], bs.id[keep], bs.row[keep], bs.feature[keep], \
@@ -326,7 +326,15 @@ def _add_step(out: List[StackLoad], bs: _BatchStep, stack_of, rotation, block, a
         inv = inv.reshape(-1)
         c_ids = np.bincount(inv, minlength=cells.size)
         c_uq = np.bincount(inv[first], minlength=cells.size)
-    c_ids, c_uq = c_ids.astype(np.int64), c_uq.astype(np.int64)
+    return cells, c_ids.astype(np.int64), c_uq.astype(np.int64)
+
+
+def _add_step(out: List[StackLoad], bs: _BatchStep, stack_of, rotation, block, aligned: bool, members, row_bytes,
+              nst: int, chips: int, nsc: int, per_partition: bool) -> None:
+    """Adds one batch step's figures to `out` (one `StackLoad` per stack of the placement)."""
+    S, K = chips * nsc, bs.substeps
+    nsrc = K * chips * nsc  # source SparseCores of every substep, in order
+    cells, c_ids, c_uq = _cells(bs, stack_of, rotation, block, aligned, nst, nsrc, S)
     # Cell coordinates: (stack, substep, chip, local SC, destination).
     st_of = cells // (nsrc * S)
     gsrc = (cells // S) % nsrc
@@ -368,19 +376,27 @@ def _add_step(out: List[StackLoad], bs: _BatchStep, stack_of, rotation, block, a
             ratio = np.where(mean[sl] > 0, busiest[sl] / np.where(mean[sl] > 0, mean[sl], 1), 1.0)
         load.worst_balance = max(load.worst_balance, float(ratio.max()))
     if per_partition:
-        pm_ids = np.zeros((nst, chips, S), np.int64)
-        pm_uq = np.zeros((nst, chips, S), np.int64)
-        np.maximum.at(pm_ids, (st_of, chip, d), c_ids)
-        np.maximum.at(pm_uq, (st_of, chip, d), c_uq)
-        sc_buf = np.bincount((g * chips + chip) * nsc + local, weights=padded, minlength=G * chips * nsc)
-        sc_buf = sc_buf.reshape(nst, K, chips, nsc).max(axis=1).astype(np.int64)
-        for i in range(nst):
-            load = out[i]
-            assert load.partition_max_ids is not None and load.partition_max_unique_ids is not None
-            assert load.sc_max_buffer is not None
-            np.maximum(load.partition_max_ids, pm_ids[i], out=load.partition_max_ids)
-            np.maximum(load.partition_max_unique_ids, pm_uq[i], out=load.partition_max_unique_ids)
-            np.maximum(load.sc_max_buffer, sc_buf[i], out=load.sc_max_buffer)
+        _max_per_partition(out, st_of, chip, local, d, g, c_ids, c_uq, padded, K, chips, nsc)
+
+
+def _max_per_partition(out: List[StackLoad], st_of, chip, local, d, g, c_ids, c_uq, padded, K: int, chips: int,
+                       nsc: int) -> None:
+    """jax's FDO figures of one batch step (cells by stack, chip, local SparseCore and destination) into `out`."""
+    nst, S = len(out), chips * nsc
+    G = nst * K
+    pm_ids = np.zeros((nst, chips, S), np.int64)
+    pm_uq = np.zeros((nst, chips, S), np.int64)
+    np.maximum.at(pm_ids, (st_of, chip, d), c_ids)
+    np.maximum.at(pm_uq, (st_of, chip, d), c_uq)
+    sc_buf = np.bincount((g * chips + chip) * nsc + local, weights=padded, minlength=G * chips * nsc)
+    sc_buf = sc_buf.reshape(nst, K, chips, nsc).max(axis=1).astype(np.int64)
+    for i in range(nst):
+        load = out[i]
+        assert load.partition_max_ids is not None and load.partition_max_unique_ids is not None
+        assert load.sc_max_buffer is not None
+        np.maximum(load.partition_max_ids, pm_ids[i], out=load.partition_max_ids)
+        np.maximum(load.partition_max_unique_ids, pm_uq[i], out=load.partition_max_unique_ids)
+        np.maximum(load.sc_max_buffer, sc_buf[i], out=load.sc_max_buffer)
 
 
 def chip_value(loads: Dict[str, StackLoad], placement: Placement) -> int:

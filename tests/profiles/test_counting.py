@@ -6,8 +6,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from profiles import synthetic
-from profiles.config import rescaled
 from profiles.counting import candidate_table_counts, core_table_counts, dedup_table, stack_counts
+from profiles.units import rescaled
 from tpu_embed.core.model import from_tf_feature_config
 from tpu_embed.core.topology import Topology
 from tpu_embed.sparsecore import layout_of, partition_counts, split_global_batch

@@ -19,7 +19,7 @@ from profiles import (
     ProfileStore,
     synthetic,
 )
-from profiles.config import rescaled, stack_units
+from profiles.units import rescaled, stack_units
 from tpu_embed.core.model import from_tf_feature_config
 from tpu_embed.core.topology import Topology
 from tpu_embed.sparsecore import LimitExceededError, layout_of, preprocess_with_layout, split_global_batch

@@ -12,7 +12,7 @@ import profiles
 from profiles import Histogram, ProfileCollector, merge_profiles, synthetic
 from profiles.histogram import parse_quantile, quantile_label
 from profiles.idcounts import IdCounts
-from profiles.stats import StepSeries
+from profiles.step_series import StepSeries
 from tpu_embed.core.topology import Topology
 
 small_ints = st.lists(st.integers(0, 60), max_size=80)

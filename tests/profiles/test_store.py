@@ -17,7 +17,7 @@ from profiles import (
     SchemaVersionError,
     synthetic,
 )
-from profiles.config import GlobalConfig, table_key, table_unit
+from profiles.units import GlobalConfig, table_key, table_unit
 from tpu_embed.core.canonical import fingerprint
 from tpu_embed.core.model import from_tf_feature_config
 from tpu_embed.core.topology import Topology

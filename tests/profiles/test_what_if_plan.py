@@ -48,7 +48,7 @@ def test_every_plan_has_the_what_if_and_its_exact_figures_are_the_plans(tmp_path
         st = profile.accumulator.stacks[name]
         assert s["balance"] == pytest.approx(st.step_destination_balance())
     # x2 the chips: what the exact path (--candidate-chip-counts 8, plan --spec) plans from the same pass.
-    exact = profiles.plan(str(tmp_path), profiles.config.rescaled(profile.model, 8), min_steps=1)
+    exact = profiles.plan(str(tmp_path), profiles.units.rescaled(profile.model, 8), min_steps=1)
     x2 = rows["chips x2"]
     assert {n: s["max_ids_per_table"] for n, s in x2["stacks"].items()} == exact.max_ids_per_table
     assert {n: s["max_unique_ids_per_table"] for n, s in x2["stacks"].items()} == exact.max_unique_ids_per_table
