@@ -3,8 +3,8 @@ matching the specs they were made from.
 
 `RECORDED` holds, for every bundled and fixture spec and for specs that put each compatibility rule of the
 normalization (`tpu_embed.artifact.spec.normalized.COMPATIBILITY_RULES`) in its given and its not-given state,
-the fingerprint and the sha256 of `to_yaml()` (the normalized form, key order included) as the code computed
-them before the normalization was one step. A change of either is a change of every artifact made from that spec.
+the fingerprint and the sha256 of `to_yaml()` (the normalized form, key order included) as recorded from the
+code that wrote the artifacts in use. A change of either is a change of every artifact made from that spec.
 """
 
 from __future__ import annotations
@@ -67,7 +67,7 @@ CHANGES = {
                    "limits": {"max_unique_ids_per_table": {"b": 2}}},
 }
 
-# name: (fingerprint, sha256 of to_yaml()), computed by the code before the normalization was one step.
+# name: (fingerprint, sha256 of to_yaml()), recorded from the code that wrote the artifacts in use.
 RECORDED = {
     "criteo": ("2ab84fd9ed734271741407b2b8685ac4262a310aa744066dbec11a7ee8490d47",
               "860afdd7eea41852bc5276b874a2e3825da81f9b79df436f6a741d34604a65f2"),

@@ -8,8 +8,7 @@ them, so artifacts already written stay valid for the specs they were made from.
 
 from __future__ import annotations
 
-import copy
-from typing import Any, Dict, Iterator, Mapping, NamedTuple, Tuple
+from typing import Any, Dict, List, Mapping, NamedTuple, Tuple
 
 from tpu_embed.core.canonical import fingerprint
 
@@ -38,11 +37,15 @@ NOT_FINGERPRINTED = ("inputs", "name", "profile_data_directory", "profile_candid
                      "shards", "base")
 
 
-def _sections(d: Dict[str, Any], section: str) -> Iterator[Dict[str, Any]]:
+def _copied_sections(d: Dict[str, Any], section: str) -> List[Dict[str, Any]]:
+    """The dicts of `section` in `d`, each replaced by a copy first (the caller's dicts are left alone)."""
     if section == VOCABULARY:
-        yield from (f["vocabulary"] for f in d["categorical"])
-    else:
-        yield d[section] if section else d
+        d["categorical"] = [dict(f, vocabulary=dict(f["vocabulary"])) for f in d["categorical"]]
+        return [f["vocabulary"] for f in d["categorical"]]
+    if section:
+        d[section] = dict(d[section])
+        return [d[section]]
+    return [d]
 
 
 def leave_out(rule: LeftOut, section: Dict[str, Any]) -> None:
@@ -54,10 +57,14 @@ def leave_out(rule: LeftOut, section: Dict[str, Any]) -> None:
 
 def normalize(full: Mapping[str, Any]) -> Dict[str, Any]:
     """`full` (every key of the spec, as `Spec.to_dict` writes it) without the keys `COMPATIBILITY_RULES` leave
-    out: the normalized spec that older artifacts recorded. The order of the other keys is kept."""
-    d = copy.deepcopy(dict(full))
+    out: the normalized spec that older artifacts recorded. The order of the other keys is kept; `full` is not
+    changed (the result shares the sections no rule touches)."""
+    d = dict(full)
+    sections: Dict[str, List[Dict[str, Any]]] = {}
     for rule in COMPATIBILITY_RULES:
-        for section in _sections(d, rule.section):
+        if rule.section not in sections:
+            sections[rule.section] = _copied_sections(d, rule.section)
+        for section in sections[rule.section]:
             leave_out(rule, section)
     return d
 
