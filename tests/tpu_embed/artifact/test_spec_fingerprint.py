@@ -168,14 +168,16 @@ def test_each_rule_leaves_its_keys_out_only_in_its_not_given_state():
     assert {r.section for r in COMPATIBILITY_RULES} == {"", "shards", "categorical[].vocabulary"}
 
 
-def test_normalize_leaves_its_input_alone():
-    d = {"categorical": [{"vocabulary": {"type": "frequency", "mode": "rebuild", "capacity": None}}],
+def test_normalize_leaves_out_what_the_rules_say_and_keeps_the_order():
+    d = {"categorical": [{"vocabulary": {"type": "frequency", "mode": "rebuild", "capacity": None}},
+                         {"vocabulary": {"type": "frequency", "mode": "append", "capacity": None}}],
          "shards": {"compression": "none", "layout": "tensorflow"}, "base": None, "shuffle": None, "epochs": 1,
          "profile_candidate_chip_counts": [], "partition": {"ids": "frequency"}, "x": 1}
-    before = copy.deepcopy(d)
-    assert normalize(d) == {"categorical": [{"vocabulary": {"type": "frequency"}}], "shards": {"compression": "none"},
-                            "x": 1}
-    assert d == before
+    normalize(d)
+    assert d == {"categorical": [{"vocabulary": {"type": "frequency"}},
+                                 {"vocabulary": {"type": "frequency", "mode": "append", "capacity": None}}],
+                 "shards": {"compression": "none"}, "x": 1}
+    assert list(d) == ["categorical", "shards", "x"]
 
 
 # One optional section each: (a given value, a written not-given value); absent from the draw: left out.

@@ -289,7 +289,9 @@ class Spec(SpecModel):
         (`tpu_embed.artifact.spec.normalized.COMPATIBILITY_RULES`): a spec that does not use them keeps the
         normalized form and fingerprint it had before they existed.
         """
-        return normalize(self._every_key())
+        d = self._every_key()
+        normalize(d)
+        return d
 
     def _every_key(self) -> dict:
         """Every key of the spec with its value, in the order of the normalized spec."""

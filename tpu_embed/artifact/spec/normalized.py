@@ -37,36 +37,28 @@ NOT_FINGERPRINTED = ("inputs", "name", "profile_data_directory", "profile_candid
                      "shards", "base")
 
 
-def _copied_sections(d: Dict[str, Any], section: str) -> List[Dict[str, Any]]:
-    """The dicts of `section` in `d`, each replaced by a copy first (the caller's dicts are left alone)."""
+def _sections(d: Dict[str, Any], section: str) -> List[Dict[str, Any]]:
     if section == VOCABULARY:
-        d["categorical"] = [dict(f, vocabulary=dict(f["vocabulary"])) for f in d["categorical"]]
         return [f["vocabulary"] for f in d["categorical"]]
-    if section:
-        d[section] = dict(d[section])
-        return [d[section]]
-    return [d]
+    return [d[section]] if section else [d]
 
 
 def leave_out(rule: LeftOut, section: Dict[str, Any]) -> None:
     """Removes `rule.keys` from `section` (in place) if its `unless` keys hold the not-used values."""
-    if all(k in section and section[k] == v for k, v in rule.unless.items()):
-        for k in rule.keys:
-            del section[k]
+    for k, v in rule.unless.items():
+        if k not in section or section[k] != v:
+            return
+    for k in rule.keys:
+        del section[k]
 
 
-def normalize(full: Mapping[str, Any]) -> Dict[str, Any]:
-    """`full` (every key of the spec, as `Spec.to_dict` writes it) without the keys `COMPATIBILITY_RULES` leave
-    out: the normalized spec that older artifacts recorded. The order of the other keys is kept; `full` is not
-    changed (the result shares the sections no rule touches)."""
-    d = dict(full)
-    sections: Dict[str, List[Dict[str, Any]]] = {}
+def normalize(full: Dict[str, Any]) -> None:
+    """Removes from `full` (every key of the spec, as `Spec.to_dict` builds it; changed in place) the keys
+    `COMPATIBILITY_RULES` leave out: what remains is the normalized spec that older artifacts recorded, the
+    order of its keys kept."""
     for rule in COMPATIBILITY_RULES:
-        if rule.section not in sections:
-            sections[rule.section] = _copied_sections(d, rule.section)
-        for section in sections[rule.section]:
+        for section in _sections(full, rule.section):
             leave_out(rule, section)
-    return d
 
 
 def normalize_vocabulary(vocabulary: Dict[str, Any]) -> Dict[str, Any]:
