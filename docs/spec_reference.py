@@ -25,6 +25,8 @@ from pydantic import BaseModel
 from pydantic_core import PydanticUndefined
 
 from tpu_embed.artifact import spec as S
+from tpu_embed.artifact.spec.sections import _Csv, _TopologySpec
+from tpu_embed.artifact.spec.validation import models_in
 from tpu_embed.core import optimizers
 
 DOC = os.path.join(os.path.dirname(os.path.abspath(__file__)), "reference", "spec.md")
@@ -381,7 +383,7 @@ def _fix(f: Any, meta: list) -> str:
 
 
 DEFAULT_OVERRIDE = {"limits": "absent (`run` plans the limits; see below)"}
-SECTION_MODELS = {"inputs.csv": S._Csv, "topology": S._TopologySpec}
+SECTION_MODELS = {"inputs.csv": _Csv, "topology": _TopologySpec}
 
 
 def rows() -> List[Dict[str, str]]:
@@ -411,7 +413,7 @@ def rows() -> List[Dict[str, str]]:
             default = DEFAULT_OVERRIDE.get(key, default)
             out.append(dict(key=key, type=_type(f.annotation, meta), default=default, aliases=", ".join(aliases),
                             fix=_fix(f, meta)))
-            for m in S._models_in(tp):  # a section, or a list of entries
+            for m in models_in(tp):  # a section, or a list of entries
                 walk(m, key + ("[]." if typing.get_origin(tp) is tuple else "."))
 
     walk(S.Spec, "")
