@@ -6,8 +6,9 @@ stacks with the resolved limits (the native packer on `chip_entries`, else
 `tpu_embed.sparsecore.preprocess_with_layout` on `split_global_batch`: the
 same batches), and encode one record per host (`tpu_embed.artifact.shard_records`).
 With `shards.layout: jax | both` the record also holds jax-tpu-embedding's input arrays of the host's
-devices (`tpu_embed.jax.layout.pack_host` on `jax_host_features`, `tpu_embed.jax.records`); with `jax`
-alone, TF's are left out.
+devices (`tpu_embed.sparsecore.jax_layout.pack_host` on `jax_host_features`, `tpu_embed.artifact.jax_records`);
+with `jax` alone, TF's are left out. The format of the records (`shard_format_for`) is decided in
+`tpu_embed.artifact.shard_format_choice`.
 """
 
 from __future__ import annotations
@@ -20,14 +21,12 @@ from typing import Dict, List, Tuple
 import numpy as np
 
 from pipelines.sharding.batches import ExampleBlock, GlobalIds
-from tpu_embed.artifact import shard_format, shard_records
+from tpu_embed.artifact import jax_records, shard_records
 from tpu_embed.artifact.manifest import LimitsInfo
-from tpu_embed.artifact.spec import FrequencyVocabulary
-from tpu_embed.jax import layout as jax_layout_lib
-from tpu_embed.jax import records as jax_records
-from tpu_embed.sparsecore import LimitExceededError, buffer_sizes, csr, preprocess_with_layout, split_global_batch
+from tpu_embed.artifact.shard_format_choice import jax_layout_for, shard_format_for
+from tpu_embed.sparsecore import LimitExceededError, csr, preprocess_with_layout, split_global_batch
+from tpu_embed.sparsecore import jax_layout as jax_layout_lib
 from tpu_embed.sparsecore.csr_types import stack_limits_of
-from tpu_embed.sparsecore.padding import XLA_PAD, round_up
 
 _log = logging.getLogger("tpu_embed.pipelines")
 _native_checked = False
@@ -52,69 +51,6 @@ def warn_if_no_native_kernel() -> bool:
                      "ms per batch). Install a wheel built with a C compiler (python -m build --wheel) on the "
                      "workers.", os.getpid(), why)
     return True
-
-
-def stack_encodings(layout, compact: bool = True) -> Tuple[Tuple[str, shard_format.StackEncoding], ...]:
-    """Per stack, how its CSR arrays are stored (shard format 2), from the layout alone (not the data or limits).
-
-    `compact`: gains left out of a record when they are all 1.0; sample ids in the narrowest unsigned type
-    whose maximum (the padding marker) is above every sample row of a SparseCore (stack samples per chip /
-    SCs per chip), token ids likewise below the stack's rows per SparseCore (padded rows / all SCs); the
-    padding entries left out (row pointers stored as per-partition counts) when a chip's padding can
-    reach the size of its samples (8 x row pointers >= samples per chip: small per-chip batches, where
-    the padding of mostly near-empty partitions dominates). Not compact: version 1's encoding.
-    """
-    if not compact:
-        return ()
-    topo = layout.topology
-    rows = topo.num_sc_per_chip * round_up(topo.num_sparse_cores, XLA_PAD)
-    return tuple((name, shard_format.StackEncoding(
-        gains="omitted_if_unit",
-        sample_ids=shard_format.narrowest_id_dtype(-(-st.sample_count // topo.num_sc_per_chip)),
-        token_ids=shard_format.narrowest_id_dtype(-(-st.total_padded_vocabulary // topo.num_sparse_cores)),
-        padding="omitted" if XLA_PAD * rows >= st.sample_count else "stored"))
-        for name, st in layout.stacks.items())
-
-
-def jax_layout_for(spec, layout) -> jax_layout_lib.JaxLayout:
-    """jax-tpu-embedding's stacking of `spec`'s model (the model whose TF stacking is `layout`), cached on it."""
-    jl = layout.__dict__.get("_jax_layout")
-    if jl is None:
-        # The vocabulary sizes that give `layout`'s table rows (spec.table_vocabulary_size's inverse).
-        rows = {t.name: t.vocabulary_size for t in layout.tables.values()}
-        sizes = {spec.vocabulary_key(f): rows[f.table] - f.vocabulary.num_oov_buckets
-                 for f in spec.sparse_core_features if isinstance(f.vocabulary, FrequencyVocabulary)}
-        jl = layout.__dict__["_jax_layout"] = jax_layout_lib.jax_layout(spec.model(sizes))
-    return jl
-
-
-def shard_format_for(spec, layout, limits: LimitsInfo, *, compact: bool = True) -> shard_format.ShardFormat:
-    """The shard format (manifest `shards.format`) of `spec`'s shards: version 2, the spec's
-    `shards.compression` and `shards.layout`; `compact`: short keys and `stack_encodings(layout)` (else version
-    1's records)."""
-    layouts = spec.shards.layouts
-    stacks = []
-    for name, st in layout.stacks.items():
-        sizes = buffer_sizes(st, layout.topology, limits.max_ids_per_chip_per_sample)
-        stacks.append((name, sizes.row_pointers, sizes.ids))
-    if "tensorflow" not in layouts:
-        return shard_format.ShardFormat(
-            num_hosts=spec.topology.num_hosts, chips_per_host=spec.topology.chips_per_host,
-            host_batch_size=spec.per_host_batch_size, dense_features=tuple(d.name for d in spec.dense),
-            tensor_core_features=tuple((f.name, f.weight_column is not None, int(f.tensor_core_width))
-                                       for f in spec.tensor_core_features),
-            stacks=(), version=shard_format.FORMAT_VERSION, compression=spec.shards.compression,
-            keys="short" if compact else "names", layouts=layouts,
-            jax=jax_records.jax_format(jax_layout_for(spec, layout)))
-    return shard_format.ShardFormat(
-        num_hosts=spec.topology.num_hosts, chips_per_host=spec.topology.chips_per_host,
-        host_batch_size=spec.per_host_batch_size, dense_features=tuple(d.name for d in spec.dense),
-        tensor_core_features=tuple((f.name, f.weight_column is not None, int(f.tensor_core_width))
-                                   for f in spec.tensor_core_features),
-        stacks=tuple(stacks), version=shard_format.FORMAT_VERSION, compression=spec.shards.compression,
-        encodings=stack_encodings(layout, compact), keys="short" if compact else "names",
-        samples=tuple((name, st.sample_count) for name, st in layout.stacks.items()), layouts=layouts,
-        jax=jax_records.jax_format(jax_layout_for(spec, layout)) if "jax" in layouts else None)
 
 
 def global_ids_of(block: ExampleBlock, spec) -> GlobalIds:
@@ -178,7 +114,8 @@ def build_step(step: int, block: ExampleBlock, spec, layout, limits: LimitsInfo,
                ) -> Tuple[List[Tuple[int, bytes]], Dict[str, object], Dict[str, int], collections.Counter]:
     """(records [(host, bytes)], global ids, OOV counts per feature, counters) of one step.
 
-    `compact`: the records use `stack_encodings(layout)` (what `shard_format_for` records); False: version 1's
+    `compact`: the records use `stack_encodings(layout)` (what `shard_format_for` records,
+    `tpu_embed.artifact.shard_format_choice`); False: version 1's
     encoding (for comparisons: benchmarks/shard_size.py)."""
     topo = spec.topology
     counts: collections.Counter = collections.Counter()

@@ -9,7 +9,7 @@ Each element (`JaxStep`) holds, for this process's devices, what jax-tpu-embeddi
 `PreprocessedInput` that `tpu_sparse_dense_matmul` and the Flax `SparseCoreEmbed` layer take), plus the
 host's labels, example mask (0 for the examples that pad the last step, `policies.tail: pad`), dense
 features and tensor-core features. The records are those the shard job writes with `shards.layout: jax` or
-`both` (`tpu_embed.jax.records`); the reader is the counterpart of `tpu_embed.input_fn`: the same files
+`both` (`tpu_embed.artifact.jax_records`); the reader is the counterpart of `tpu_embed.input_fn`: the same files
 (local or any object store, `tpu_embed.artifact.io`), compression, host index, verification, step order or
 shuffled steps (the same permutation as `input_fn(shuffle_steps=seed)`), epochs, and windows of days
 (`input_iterator([day1, day2])`: the days one after the other, checked as `input_fn` checks them, with the
@@ -38,13 +38,13 @@ import numpy as np
 from tpu_embed.artifact import io as tio
 from tpu_embed.artifact import tfrecord
 from tpu_embed.artifact.example_wire import fields, int64_list
+from tpu_embed.artifact.jax_records import STATIC_SIZES
+from tpu_embed.artifact.jax_records import key as record_key
 from tpu_embed.artifact.manifest import Manifest, read_manifest
 from tpu_embed.artifact.shard_records import open_by_position, window_step_owners
 from tpu_embed.artifact.verify import check_files, check_level, check_shard_steps, path_of, verify_shard_bytes
 from tpu_embed.core.permutation import Permutation, epoch_key
-from tpu_embed.jax.layout import ALIGN, PAD_ID, round_up
-from tpu_embed.jax.records import STATIC_SIZES
-from tpu_embed.jax.records import key as record_key
+from tpu_embed.sparsecore.jax_layout import ALIGN, PAD_ID, round_up
 
 OUTPUTS = ("numpy", "jax")
 ArtifactDirs = Union[str, Sequence[str]]  # one artifact, or a window of days of one lineage (oldest first)
