@@ -115,71 +115,98 @@ def build_step(step: int, block: ExampleBlock, spec, layout, limits: LimitsInfo,
     """(records [(host, bytes)], global ids, OOV counts per feature, counters) of one step.
 
     `compact`: the records use `stack_encodings(layout)` (what `shard_format_for` records,
-    `tpu_embed.artifact.shard_format_choice`); False: version 1's
-    encoding (for comparisons: benchmarks/shard_size.py)."""
-    topo = spec.topology
+    `tpu_embed.artifact.shard_format_choice`); False: version 1's encoding (for comparisons:
+    benchmarks/shard_size.py)."""
     counts: collections.Counter = collections.Counter()
     gids = global_ids_of(block, spec)
     oov = {f.name: int(block.features[f.name].oov.sum()) for f in spec.sparse_core_features}
-    records = []
-    if encode:
-        cph = topo.chips_per_host
-        hb = spec.per_host_batch_size
-        fmt = shard_format_for(spec, layout, limits, compact=compact)
-        native = csr.native_available()
-        kw = dict(max_ids_per_chip_per_sample=limits.max_ids_per_chip_per_sample,
-                  max_ids_per_table=dict(limits.max_ids_per_table),
-                  max_unique_ids_per_table=dict(limits.max_unique_ids_per_table),
-                  allow_id_dropping=limits.allow_id_dropping)
-        per_stack = stack_limits_of(layout, kw["max_ids_per_table"], kw["max_unique_ids_per_table"],
-                                    kw["max_ids_per_chip_per_sample"], kw["allow_id_dropping"])
-        with_tf = "tensorflow" in fmt.layouts
-        jl = jax_layout_for(spec, layout) if fmt.jax is not None else None
-        for h in range(topo.num_hosts):
-            extra = None
-            if jl is not None:
-                jax_batches = jax_layout_lib.pack_host(jl, jax_host_features(block, spec, jl, h))
-                extra = jax_records.encode_jax_features(jax_batches, fmt.jax)
-                for i, st in enumerate(fmt.jax["stacks"]):  # the static sizes the manifest records
-                    b = jax_batches[st["name"]]
-                    for name, value in (("coo_buffer_size_per_device", b.required_buffer_size_per_device),
-                                        ("max_ids_per_partition", int(b.max_ids_per_partition.max(initial=0))),
-                                        ("max_unique_ids_per_partition",
-                                         int(b.max_unique_ids_per_partition.max(initial=0)))):
-                        k = jax_records.max_counter(i, name)
-                        counts[k] = max(counts[k], value)
-            chips = list(range(h * cph, (h + 1) * cph)) if with_tf else []
-            per_chip = chip_entries(block, spec, layout, chips) if native else split_global_batch(gids, layout, chips)
-            packed = []
-            for c, chip in zip(chips, per_chip):
-                try:
-                    if native:
-                        batches = {name: csr.preprocess_stack_native(stack, layout, chip, per_stack[name])
-                                   for name, stack in layout.stacks.items()}
-                    else:
-                        batches = preprocess_with_layout(chip, layout, **kw)
-                except LimitExceededError as e:
-                    raise LimitExceededError(
-                        f"step {step}, chip {c} (limits from {limits.source}): {e} Run `tpu-embed profile` then "
-                        "`tpu-embed plan` and pass --plan, raise the spec's `limits`, or set "
-                        "limits.allow_id_dropping: true (every dropped id is counted).") from None
-                for stack, b in batches.items():
-                    if b.dropped_ids:
-                        counts[f"stack/{stack}/dropped_ids"] += int(b.dropped_ids)
-                packed.append(batches)
-            sl = slice(h * hb, (h + 1) * hb)
-            tc = {}
-            for f in spec.tensor_core_features:
-                fb = block.features[f.name].slice(sl.start, sl.stop)
-                tc[f.name] = (fb.lengths, fb.ids, fb.weights)
-            rec = shard_records.encode_step_record(step=step, host=h, label=block.label[sl], mask=block.mask[sl],
-                                                   dense=block.dense[sl], tensor_core=tc, chips=packed,
-                                                   fmt=fmt, extra=extra)
-            records.append((h, rec))
+    records = _host_records(step, block, spec, layout, limits, gids, counts, compact) if encode else []
     counts["steps"] += 1
     counts["examples_in_steps"] += block.num_examples
     counts["examples_padding"] += int((block.mask == 0).sum())
     return records, gids, oov, counts
+
+
+def _host_records(step: int, block: ExampleBlock, spec, layout, limits: LimitsInfo, gids, counts: collections.Counter,
+                  compact: bool) -> List[Tuple[int, bytes]]:
+    """One record per host: its examples' labels, mask, dense and tensor-core features, its chips' CSR (TF's
+    layout) and its devices' jax arrays, as the shard format holds them."""
+    topo = spec.topology
+    cph = topo.chips_per_host
+    hb = spec.per_host_batch_size
+    fmt = shard_format_for(spec, layout, limits, compact=compact)
+    with_tf = "tensorflow" in fmt.layouts
+    jl = jax_layout_for(spec, layout) if fmt.jax is not None else None
+    pack = _ChipPacker(step, spec, layout, limits)
+    records = []
+    for h in range(topo.num_hosts):
+        extra = None if jl is None else _jax_features(block, spec, jl, h, fmt.jax, counts)
+        chips = list(range(h * cph, (h + 1) * cph)) if with_tf else []
+        packed = pack(block, gids, chips, counts)
+        sl = slice(h * hb, (h + 1) * hb)
+        tc = {}
+        for f in spec.tensor_core_features:
+            fb = block.features[f.name].slice(sl.start, sl.stop)
+            tc[f.name] = (fb.lengths, fb.ids, fb.weights)
+        rec = shard_records.encode_step_record(step=step, host=h, label=block.label[sl], mask=block.mask[sl],
+                                               dense=block.dense[sl], tensor_core=tc, chips=packed,
+                                               fmt=fmt, extra=extra)
+        records.append((h, rec))
+    return records
+
+
+def _jax_features(block: ExampleBlock, spec, jl: jax_layout_lib.JaxLayout, host: int, fmt_jax,
+                  counts: collections.Counter) -> Dict[str, tuple]:
+    """The jax arrays of `host`'s devices as record features; `counts` keeps each stack's maxima of the sizes the
+    manifest records (`jax_records.max_counter`)."""
+    jax_batches = jax_layout_lib.pack_host(jl, jax_host_features(block, spec, jl, host))
+    extra = jax_records.encode_jax_features(jax_batches, fmt_jax)
+    for i, st in enumerate(fmt_jax["stacks"]):  # the static sizes the manifest records
+        b = jax_batches[st["name"]]
+        for name, value in (("coo_buffer_size_per_device", b.required_buffer_size_per_device),
+                            ("max_ids_per_partition", int(b.max_ids_per_partition.max(initial=0))),
+                            ("max_unique_ids_per_partition", int(b.max_unique_ids_per_partition.max(initial=0)))):
+            k = jax_records.max_counter(i, name)
+            counts[k] = max(counts[k], value)
+    return extra
+
+
+class _ChipPacker:
+    """Each chip's stacks packed with the resolved limits: the native packer on `chip_entries`, else
+    `preprocess_with_layout` on `split_global_batch` (the same batches); dropped ids counted per stack."""
+
+    def __init__(self, step: int, spec, layout, limits: LimitsInfo):
+        self.step, self.spec, self.layout, self.limits = step, spec, layout, limits
+        self.native = csr.native_available()
+        self.kw = dict(max_ids_per_chip_per_sample=limits.max_ids_per_chip_per_sample,
+                       max_ids_per_table=dict(limits.max_ids_per_table),
+                       max_unique_ids_per_table=dict(limits.max_unique_ids_per_table),
+                       allow_id_dropping=limits.allow_id_dropping)
+        self.per_stack = stack_limits_of(layout, self.kw["max_ids_per_table"], self.kw["max_unique_ids_per_table"],
+                                         self.kw["max_ids_per_chip_per_sample"], self.kw["allow_id_dropping"])
+
+    def __call__(self, block: ExampleBlock, gids, chips: List[int], counts: collections.Counter) -> List[dict]:
+        layout = self.layout
+        per_chip = (chip_entries(block, self.spec, layout, chips) if self.native
+                    else split_global_batch(gids, layout, chips))
+        packed = []
+        for c, chip in zip(chips, per_chip):
+            try:
+                if self.native:
+                    batches = {name: csr.preprocess_stack_native(stack, layout, chip, self.per_stack[name])
+                               for name, stack in layout.stacks.items()}
+                else:
+                    batches = preprocess_with_layout(chip, layout, **self.kw)
+            except LimitExceededError as e:
+                raise LimitExceededError(
+                    f"step {self.step}, chip {c} (limits from {self.limits.source}): {e} Run `tpu-embed profile` "
+                    "then `tpu-embed plan` and pass --plan, raise the spec's `limits`, or set "
+                    "limits.allow_id_dropping: true (every dropped id is counted).") from None
+            for stack, b in batches.items():
+                if b.dropped_ids:
+                    counts[f"stack/{stack}/dropped_ids"] += int(b.dropped_ids)
+            packed.append(batches)
+        return packed
 
 
 def shard_file_name(host: int, file_no: int, num_files: int) -> str:
