@@ -22,8 +22,7 @@ from pipelines.output import write_atomic
 from pipelines.read import value_kinds
 from pipelines.read.records import InputFile
 from tpu_embed.artifact import io as tio
-from tpu_embed.artifact import jax_records
-from tpu_embed.artifact import lineage
+from tpu_embed.artifact import jax_records, lineage
 from tpu_embed.artifact import verify as tverify
 from tpu_embed.artifact.manifest import (
     FILENAME,
