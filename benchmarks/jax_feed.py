@@ -195,7 +195,7 @@ def raw_steps(spec, art):
     from pipelines.sharding import step_records
     from pipelines.sharding.batches import ExampleBlock
     from tpu_embed.artifact.load import load_artifact
-    from tpu_embed.jax import layout as J
+    from tpu_embed.sparsecore import jax_layout as J
 
     vocabs = map_to_ids.load_vocabularies(spec, art)
     blocks = []

@@ -122,7 +122,7 @@ def main():
     if args.job:
         _one_job(args)
         return
-    from pipelines.sharding import chunk_sizes
+    from pipelines.read import chunk_sizes
     for job in args.jobs.split(","):
         out = os.path.join(os.path.abspath(args.out), job)
         shutil.rmtree(out, ignore_errors=True)

@@ -180,8 +180,8 @@ DESCRIPTIONS: Dict[str, str] = {
     "shards.layout": "Whose SparseCore input arrays the step records hold: `tensorflow` (TF's CSR for "
                      "`TPUEmbeddingV2.dequeue`), `jax` (what jax-tpu-embedding's "
                      "`preprocess_sparse_dense_matmul_input` returns for a host's devices, with its own table "
-                     "stacking; read with `tpu_embed.jax.records.decode_step`) or `both`. `jax` and `both` need "
-                     "2 or 4 SparseCores per chip. [JAX layout](../explanation/jax.md).",
+                     "stacking; read with `tpu_embed.artifact.jax_records.decode_step`) or `both`. `jax` and `both` "
+                     "need 2 or 4 SparseCores per chip. [JAX layout](../explanation/jax.md).",
     "partition": "How the vocabulary job numbers the frequency vocabularies' tokens for SparseCore. Fingerprinted "
                  "only when `ids: balanced` (a spec without it keeps its fingerprint). "
                  "[Balance the SparseCores](../how-to/balance-sparsecores.md).",

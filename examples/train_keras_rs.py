@@ -212,7 +212,7 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
                                                 for n, s in built.items()},
         "steps": 0, "shapes": set(), "ids": 0}
     if args.dry_run:
-        from tpu_embed.jax.layout import PAD_ID
+        from tpu_embed.sparsecore.jax_layout import PAD_ID
 
         for _, step in zip(range(args.steps), steps):
             x = keras_inputs(step.sparse)["preprocessed_inputs_per_placement"]["sparsecore"]["inputs"]

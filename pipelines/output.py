@@ -55,7 +55,6 @@ import socket
 import uuid
 from typing import Iterable, List, Optional, Tuple
 
-from pipelines.sharding import chunk_sizes
 from tpu_embed.artifact import io as tio
 from tpu_embed.artifact import verify as tverify
 from tpu_embed.artifact.manifest import Manifest, ManifestError, manifest_bytes, manifest_path, read_manifest
@@ -149,6 +148,9 @@ def _why(e: Exception, output: str) -> str:
 
 WRITE_CHECK_PREFIX = ".tpu-embed-write-check-"  # `check_writable`'s probe (of this run or another)
 TMP_PREFIX = ".tmp-"  # the temporary files and directories of tpu-embed's writers (`tio.write_atomic`, runs, spills)
+# The vocabulary job's record of its read (`pipelines.read.chunk_sizes` writes it under this name): not part of the
+# artifact, `sweep` leaves it for a later `tpu-embed shard`.
+READ_RECORD = ".tpu-embed-chunk-sizes.json"
 
 
 def _rel(output: str, path: str) -> str:
@@ -268,10 +270,9 @@ def sweep(output: str, keep: Iterable[str] = (), temporary_only: bool = False) -
     vocabulary job's record of its read, the control files and `keep`: relative paths);
     `temporary_only`: only the `.tmp-…` files of tpu-embed's writers. Returns the deleted paths."""
     m = read_manifest(output)
-    # The vocabulary job's record of its read (`pipelines.sharding.chunk_sizes`) stays for a later `tpu-embed shard`.
     keep_paths = {os.path.normpath(p) if not tio.is_url(p) else p for p in
                   [tio.join(output, f.path) if not tio.is_absolute(f.path) else f.path for f in m.files]
-                  + [manifest_path(output), chunk_sizes.path(output)]
+                  + [manifest_path(output), tio.join(output, READ_RECORD)]
                   + [i.path for j in m.jobs.values() for i in j.inputs]}
     if not tio.is_url(output):
         keep_paths |= {os.path.abspath(p) for p in keep_paths}

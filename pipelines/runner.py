@@ -15,9 +15,9 @@ from apache_beam.options.pipeline_options import PipelineOptions
 from pipelines import dask_compat, jobs, paths, transform_output
 from pipelines.jobs import manifest_writer
 from pipelines.jobs.global_batches import INPUT_CHANGED, InputChangedError
-from pipelines.read import records, splits
+from pipelines.read import chunk_sizes, records, splits
 from pipelines.read import spill as read_spill
-from pipelines.sharding import chunk_sizes, planned_limits
+from pipelines.sharding import planned_limits
 from pipelines.sharding import runs as shard_runs
 from pipelines.user_errors import UserError, job_note
 from tpu_embed.artifact import io as tio

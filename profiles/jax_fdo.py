@@ -217,7 +217,7 @@ def _profiled(profile: Profile, members: Tuple[str, ...], rotations: List[int]) 
 def _jax_auto_stacks(profile: Profile) -> Dict[str, JaxStack]:
     """jax's `auto_stack_tables` (`tpu_embed.jax.layout.jax_layout`), each stack from the profile's counts
     (`_profiled`); a stack the profile did not count is refused."""
-    from tpu_embed.jax.layout import jax_layout
+    from tpu_embed.sparsecore.jax_layout import jax_layout
     model = profile.model
     S = model.topology.num_sparse_cores
     out: Dict[str, JaxStack] = {}

@@ -22,7 +22,7 @@ from pipelines.output import write_atomic
 from pipelines.read import value_kinds
 from pipelines.read.records import InputFile
 from tpu_embed.artifact import io as tio
-from tpu_embed.artifact import lineage
+from tpu_embed.artifact import jax_records, lineage
 from tpu_embed.artifact import verify as tverify
 from tpu_embed.artifact.manifest import (
     FILENAME,
@@ -33,7 +33,6 @@ from tpu_embed.artifact.manifest import (
     manifest_path,
     read_manifest,
 )
-from tpu_embed.jax import records as jax_records
 
 TRANSFORM_OUTPUT_KIND = "transform_output"  # the files of `pipelines.transform_output`
 

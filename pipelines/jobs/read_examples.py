@@ -12,7 +12,7 @@ from pipelines.background import Behind, mapped, prefetched
 from pipelines.jobs.coders import BulkElement
 from pipelines.jobs.counters import inc_counters
 from pipelines.jobs.tagged import split_tagged
-from pipelines.read import csv_scan, parse, splits, value_kinds
+from pipelines.read import chunk_sizes, csv_scan, parse, splits, value_kinds
 from pipelines.read import spill as read_spill
 from pipelines.read.parse import ParsedChunk
 from pipelines.read.records import (
@@ -24,7 +24,6 @@ from pipelines.read.records import (
     RawBatch,
     StrictModeError,
 )
-from pipelines.sharding import chunk_sizes
 from tpu_embed.sparsecore.csr import native_threads
 
 
@@ -150,7 +149,7 @@ def _write_chunk_sizes(_, sizes, output: str, key: dict, name: str) -> str:
 
 
 class RecordChunkSizes(beam.PTransform):
-    """ParsedChunk -> the read's record of every chunk's valid examples (`pipelines.sharding.chunk_sizes`), written
+    """ParsedChunk -> the read's record of every chunk's valid examples (`pipelines.read.chunk_sizes`), written
     under `output` once every chunk is read: the record's path."""
 
     def __init__(self, output: str, key: dict, name: str = chunk_sizes.FILENAME):

@@ -27,10 +27,11 @@ from pipelines.jobs.map_to_ids import MapToIds
 from pipelines.jobs.read_examples import ReadExamples, RecordChunkSizes
 from pipelines.mapping import balanced_ids
 from pipelines.output import FileInfo
+from pipelines.read import chunk_sizes
 from pipelines.read import spill as read_spill
 from pipelines.read.records import InputFile
-from pipelines.sharding import chunk_sizes, step_records
 from pipelines.sharding import limits as shard_limits
+from tpu_embed.artifact.shard_format_choice import shard_format_for
 
 
 def _batching_extra(info: dict) -> dict:
@@ -58,7 +59,7 @@ def build_shard_pipeline(p, cfg: JobConfig, files: Sequence[InputFile], vocab_si
     spec = cfg.spec
     layout = spec.layout(vocab_sizes)
     limits = shard_limits.resolve_limits(spec, layout, cfg.plan, auto=cfg.write_shards and cfg.write_profile)
-    fmt = step_records.shard_format_for(spec, layout, limits)
+    fmt = shard_format_for(spec, layout, limits)
     read = p | "Read" >> ReadExamples(spec, files, cfg.strict, cfg.chunk_rows, cfg.read_split_bytes(split_bytes),
                                       replay=read_spill.spill_dir(cfg.output) if cfg.replay_read else None)
     dead_files = read["dead"] | "DeadLetters" >> WriteDeadLetters(cfg.output, files, cfg.dead_letter_limit)

@@ -12,9 +12,9 @@ from pipelines.jobs.config import JobConfig
 from pipelines.jobs.dead_letters import WriteDeadLetters
 from pipelines.jobs.manifest_writer import job_json, write_manifest
 from pipelines.jobs.read_examples import ReadExamples, RecordChunkSizes
+from pipelines.read import chunk_sizes
 from pipelines.read import spill as read_spill
 from pipelines.read.records import InputFile
-from pipelines.sharding import chunk_sizes
 
 
 def _vocabulary_extra(info: dict) -> dict:

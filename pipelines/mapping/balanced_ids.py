@@ -125,7 +125,7 @@ def _layout_stacks(spec, sizes: Mapping[str, int]) -> Tuple[str, List[Tuple[str,
     """(the layout balanced for, [(stack, [(table, rotation)])]) of the layout the shards are written with."""
     model = spec.model(sizes)
     if spec.shards.layout == "jax":
-        from tpu_embed.jax.layout import jax_layout  # jax-tpu-embedding's stacking (numpy only)
+        from tpu_embed.sparsecore.jax_layout import jax_layout  # jax-tpu-embedding's stacking (numpy only)
         return "jax", [(s.name, [(t.name, t.shard_rotation) for t in s.tables]) for s in jax_layout(model).stacks]
     layout = spec.layout(sizes)
     return "tensorflow", [(name, [(t, layout.tables[t].rotation) for t in s.tables])

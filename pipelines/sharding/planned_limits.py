@@ -25,11 +25,11 @@ from typing import Optional
 
 from pipelines.output import write_atomic
 from pipelines.sharding import limits as shard_limits
-from pipelines.sharding import step_records
 from profiles import plan as make_plan
 from profiles.balance import with_balance
 from profiles.jsonio import dumps_readable
 from tpu_embed.artifact.manifest import FILENAME, LimitsInfo, Manifest, manifest_bytes, manifest_path, read_manifest
+from tpu_embed.artifact.shard_format_choice import shard_format_for
 
 PLAN_FILE = "plan.json"
 PLANNED_SOURCE = f"planned: {PLAN_FILE} (exact maxima of this run's profile)"
@@ -56,7 +56,7 @@ def finalize(cfg, vocab_sizes) -> Optional[object]:
                         max_unique_ids_per_table={s: int(plan.max_unique_ids_per_table[s])
                                                   for s in layout.stacks},
                         allow_id_dropping=bool(plan.allow_id_dropping), source=PLANNED_SOURCE)
-    fmt = step_records.shard_format_for(spec, layout, limits)
+    fmt = shard_format_for(spec, layout, limits)
     info = write_atomic(cfg.output, PLAN_FILE, dumps_readable(plan.to_json()).encode("utf-8"),
                         extra={"kind": "plan"})
     d = manifest.to_json()

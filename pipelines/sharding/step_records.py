@@ -6,8 +6,9 @@ stacks with the resolved limits (the native packer on `chip_entries`, else
 `tpu_embed.sparsecore.preprocess_with_layout` on `split_global_batch`: the
 same batches), and encode one record per host (`tpu_embed.artifact.shard_records`).
 With `shards.layout: jax | both` the record also holds jax-tpu-embedding's input arrays of the host's
-devices (`tpu_embed.jax.layout.pack_host` on `jax_host_features`, `tpu_embed.jax.records`); with `jax`
-alone, TF's are left out.
+devices (`tpu_embed.sparsecore.jax_layout.pack_host` on `jax_host_features`, `tpu_embed.artifact.jax_records`);
+with `jax` alone, TF's are left out. The format of the records (`shard_format_for`) is decided in
+`tpu_embed.artifact.shard_format_choice`.
 """
 
 from __future__ import annotations
@@ -20,14 +21,12 @@ from typing import Dict, List, Tuple
 import numpy as np
 
 from pipelines.sharding.batches import ExampleBlock, GlobalIds
-from tpu_embed.artifact import shard_format, shard_records
+from tpu_embed.artifact import jax_records, shard_records
 from tpu_embed.artifact.manifest import LimitsInfo
-from tpu_embed.artifact.spec import FrequencyVocabulary
-from tpu_embed.jax import layout as jax_layout_lib
-from tpu_embed.jax import records as jax_records
-from tpu_embed.sparsecore import LimitExceededError, buffer_sizes, csr, preprocess_with_layout, split_global_batch
+from tpu_embed.artifact.shard_format_choice import jax_layout_for, shard_format_for
+from tpu_embed.sparsecore import LimitExceededError, csr, preprocess_with_layout, split_global_batch
+from tpu_embed.sparsecore import jax_layout as jax_layout_lib
 from tpu_embed.sparsecore.csr_types import stack_limits_of
-from tpu_embed.sparsecore.padding import XLA_PAD, round_up
 
 _log = logging.getLogger("tpu_embed.pipelines")
 _native_checked = False
@@ -52,69 +51,6 @@ def warn_if_no_native_kernel() -> bool:
                      "ms per batch). Install a wheel built with a C compiler (python -m build --wheel) on the "
                      "workers.", os.getpid(), why)
     return True
-
-
-def stack_encodings(layout, compact: bool = True) -> Tuple[Tuple[str, shard_format.StackEncoding], ...]:
-    """Per stack, how its CSR arrays are stored (shard format 2), from the layout alone (not the data or limits).
-
-    `compact`: gains left out of a record when they are all 1.0; sample ids in the narrowest unsigned type
-    whose maximum (the padding marker) is above every sample row of a SparseCore (stack samples per chip /
-    SCs per chip), token ids likewise below the stack's rows per SparseCore (padded rows / all SCs); the
-    padding entries left out (row pointers stored as per-partition counts) when a chip's padding can
-    reach the size of its samples (8 x row pointers >= samples per chip: small per-chip batches, where
-    the padding of mostly near-empty partitions dominates). Not compact: version 1's encoding.
-    """
-    if not compact:
-        return ()
-    topo = layout.topology
-    rows = topo.num_sc_per_chip * round_up(topo.num_sparse_cores, XLA_PAD)
-    return tuple((name, shard_format.StackEncoding(
-        gains="omitted_if_unit",
-        sample_ids=shard_format.narrowest_id_dtype(-(-st.sample_count // topo.num_sc_per_chip)),
-        token_ids=shard_format.narrowest_id_dtype(-(-st.total_padded_vocabulary // topo.num_sparse_cores)),
-        padding="omitted" if XLA_PAD * rows >= st.sample_count else "stored"))
-        for name, st in layout.stacks.items())
-
-
-def jax_layout_for(spec, layout) -> jax_layout_lib.JaxLayout:
-    """jax-tpu-embedding's stacking of `spec`'s model (the model whose TF stacking is `layout`), cached on it."""
-    jl = layout.__dict__.get("_jax_layout")
-    if jl is None:
-        # The vocabulary sizes that give `layout`'s table rows (spec.table_vocabulary_size's inverse).
-        rows = {t.name: t.vocabulary_size for t in layout.tables.values()}
-        sizes = {spec.vocabulary_key(f): rows[f.table] - f.vocabulary.num_oov_buckets
-                 for f in spec.sparse_core_features if isinstance(f.vocabulary, FrequencyVocabulary)}
-        jl = layout.__dict__["_jax_layout"] = jax_layout_lib.jax_layout(spec.model(sizes))
-    return jl
-
-
-def shard_format_for(spec, layout, limits: LimitsInfo, *, compact: bool = True) -> shard_format.ShardFormat:
-    """The shard format (manifest `shards.format`) of `spec`'s shards: version 2, the spec's
-    `shards.compression` and `shards.layout`; `compact`: short keys and `stack_encodings(layout)` (else version
-    1's records)."""
-    layouts = spec.shards.layouts
-    stacks = []
-    for name, st in layout.stacks.items():
-        sizes = buffer_sizes(st, layout.topology, limits.max_ids_per_chip_per_sample)
-        stacks.append((name, sizes.row_pointers, sizes.ids))
-    if "tensorflow" not in layouts:
-        return shard_format.ShardFormat(
-            num_hosts=spec.topology.num_hosts, chips_per_host=spec.topology.chips_per_host,
-            host_batch_size=spec.per_host_batch_size, dense_features=tuple(d.name for d in spec.dense),
-            tensor_core_features=tuple((f.name, f.weight_column is not None, int(f.tensor_core_width))
-                                       for f in spec.tensor_core_features),
-            stacks=(), version=shard_format.FORMAT_VERSION, compression=spec.shards.compression,
-            keys="short" if compact else "names", layouts=layouts,
-            jax=jax_records.jax_format(jax_layout_for(spec, layout)))
-    return shard_format.ShardFormat(
-        num_hosts=spec.topology.num_hosts, chips_per_host=spec.topology.chips_per_host,
-        host_batch_size=spec.per_host_batch_size, dense_features=tuple(d.name for d in spec.dense),
-        tensor_core_features=tuple((f.name, f.weight_column is not None, int(f.tensor_core_width))
-                                   for f in spec.tensor_core_features),
-        stacks=tuple(stacks), version=shard_format.FORMAT_VERSION, compression=spec.shards.compression,
-        encodings=stack_encodings(layout, compact), keys="short" if compact else "names",
-        samples=tuple((name, st.sample_count) for name, st in layout.stacks.items()), layouts=layouts,
-        jax=jax_records.jax_format(jax_layout_for(spec, layout)) if "jax" in layouts else None)
 
 
 def global_ids_of(block: ExampleBlock, spec) -> GlobalIds:
@@ -178,71 +114,99 @@ def build_step(step: int, block: ExampleBlock, spec, layout, limits: LimitsInfo,
                ) -> Tuple[List[Tuple[int, bytes]], Dict[str, object], Dict[str, int], collections.Counter]:
     """(records [(host, bytes)], global ids, OOV counts per feature, counters) of one step.
 
-    `compact`: the records use `stack_encodings(layout)` (what `shard_format_for` records); False: version 1's
-    encoding (for comparisons: benchmarks/shard_size.py)."""
-    topo = spec.topology
+    `compact`: the records use `stack_encodings(layout)` (what `shard_format_for` records,
+    `tpu_embed.artifact.shard_format_choice`); False: version 1's encoding (for comparisons:
+    benchmarks/shard_size.py)."""
     counts: collections.Counter = collections.Counter()
     gids = global_ids_of(block, spec)
     oov = {f.name: int(block.features[f.name].oov.sum()) for f in spec.sparse_core_features}
-    records = []
-    if encode:
-        cph = topo.chips_per_host
-        hb = spec.per_host_batch_size
-        fmt = shard_format_for(spec, layout, limits, compact=compact)
-        native = csr.native_available()
-        kw = dict(max_ids_per_chip_per_sample=limits.max_ids_per_chip_per_sample,
-                  max_ids_per_table=dict(limits.max_ids_per_table),
-                  max_unique_ids_per_table=dict(limits.max_unique_ids_per_table),
-                  allow_id_dropping=limits.allow_id_dropping)
-        per_stack = stack_limits_of(layout, kw["max_ids_per_table"], kw["max_unique_ids_per_table"],
-                                    kw["max_ids_per_chip_per_sample"], kw["allow_id_dropping"])
-        with_tf = "tensorflow" in fmt.layouts
-        jl = jax_layout_for(spec, layout) if fmt.jax is not None else None
-        for h in range(topo.num_hosts):
-            extra = None
-            if jl is not None:
-                jax_batches = jax_layout_lib.pack_host(jl, jax_host_features(block, spec, jl, h))
-                extra = jax_records.encode_jax_features(jax_batches, fmt.jax)
-                for i, st in enumerate(fmt.jax["stacks"]):  # the static sizes the manifest records
-                    b = jax_batches[st["name"]]
-                    for name, value in (("coo_buffer_size_per_device", b.required_buffer_size_per_device),
-                                        ("max_ids_per_partition", int(b.max_ids_per_partition.max(initial=0))),
-                                        ("max_unique_ids_per_partition",
-                                         int(b.max_unique_ids_per_partition.max(initial=0)))):
-                        k = jax_records.max_counter(i, name)
-                        counts[k] = max(counts[k], value)
-            chips = list(range(h * cph, (h + 1) * cph)) if with_tf else []
-            per_chip = chip_entries(block, spec, layout, chips) if native else split_global_batch(gids, layout, chips)
-            packed = []
-            for c, chip in zip(chips, per_chip):
-                try:
-                    if native:
-                        batches = {name: csr.preprocess_stack_native(stack, layout, chip, per_stack[name])
-                                   for name, stack in layout.stacks.items()}
-                    else:
-                        batches = preprocess_with_layout(chip, layout, **kw)
-                except LimitExceededError as e:
-                    raise LimitExceededError(
-                        f"step {step}, chip {c} (limits from {limits.source}): {e} Run `tpu-embed profile` then "
-                        "`tpu-embed plan` and pass --plan, raise the spec's `limits`, or set "
-                        "limits.allow_id_dropping: true (every dropped id is counted).") from None
-                for stack, b in batches.items():
-                    if b.dropped_ids:
-                        counts[f"stack/{stack}/dropped_ids"] += int(b.dropped_ids)
-                packed.append(batches)
-            sl = slice(h * hb, (h + 1) * hb)
-            tc = {}
-            for f in spec.tensor_core_features:
-                fb = block.features[f.name].slice(sl.start, sl.stop)
-                tc[f.name] = (fb.lengths, fb.ids, fb.weights)
-            rec = shard_records.encode_step_record(step=step, host=h, label=block.label[sl], mask=block.mask[sl],
-                                                   dense=block.dense[sl], tensor_core=tc, chips=packed,
-                                                   fmt=fmt, extra=extra)
-            records.append((h, rec))
+    records = _host_records(step, block, spec, layout, limits, gids, counts, compact) if encode else []
     counts["steps"] += 1
     counts["examples_in_steps"] += block.num_examples
     counts["examples_padding"] += int((block.mask == 0).sum())
     return records, gids, oov, counts
+
+
+def _host_records(step: int, block: ExampleBlock, spec, layout, limits: LimitsInfo, gids, counts: collections.Counter,
+                  compact: bool) -> List[Tuple[int, bytes]]:
+    """One record per host: its examples' labels, mask, dense and tensor-core features, its chips' CSR (TF's
+    layout) and its devices' jax arrays, as the shard format holds them."""
+    topo = spec.topology
+    cph = topo.chips_per_host
+    hb = spec.per_host_batch_size
+    fmt = shard_format_for(spec, layout, limits, compact=compact)
+    with_tf = "tensorflow" in fmt.layouts
+    jl = jax_layout_for(spec, layout) if fmt.jax is not None else None
+    pack = _ChipPacker(step, spec, layout, limits)
+    records = []
+    for h in range(topo.num_hosts):
+        extra = None if jl is None else _jax_features(block, spec, jl, h, fmt.jax, counts)
+        chips = list(range(h * cph, (h + 1) * cph)) if with_tf else []
+        packed = pack(block, gids, chips, counts)
+        sl = slice(h * hb, (h + 1) * hb)
+        tc = {}
+        for f in spec.tensor_core_features:
+            fb = block.features[f.name].slice(sl.start, sl.stop)
+            tc[f.name] = (fb.lengths, fb.ids, fb.weights)
+        rec = shard_records.encode_step_record(step=step, host=h, label=block.label[sl], mask=block.mask[sl],
+                                               dense=block.dense[sl], tensor_core=tc, chips=packed,
+                                               fmt=fmt, extra=extra)
+        records.append((h, rec))
+    return records
+
+
+def _jax_features(block: ExampleBlock, spec, jl: jax_layout_lib.JaxLayout, host: int, fmt_jax,
+                  counts: collections.Counter) -> Dict[str, tuple]:
+    """The jax arrays of `host`'s devices as record features; `counts` keeps each stack's maxima of the sizes the
+    manifest records (`jax_records.max_counter`)."""
+    jax_batches = jax_layout_lib.pack_host(jl, jax_host_features(block, spec, jl, host))
+    extra = jax_records.encode_jax_features(jax_batches, fmt_jax)
+    for i, st in enumerate(fmt_jax["stacks"]):  # the static sizes the manifest records
+        b = jax_batches[st["name"]]
+        for name, value in (("coo_buffer_size_per_device", b.required_buffer_size_per_device),
+                            ("max_ids_per_partition", int(b.max_ids_per_partition.max(initial=0))),
+                            ("max_unique_ids_per_partition", int(b.max_unique_ids_per_partition.max(initial=0)))):
+            k = jax_records.max_counter(i, name)
+            counts[k] = max(counts[k], value)
+    return extra
+
+
+class _ChipPacker:
+    """Each chip's stacks packed with the resolved limits: the native packer on `chip_entries`, else
+    `preprocess_with_layout` on `split_global_batch` (the same batches); dropped ids counted per stack."""
+
+    def __init__(self, step: int, spec, layout, limits: LimitsInfo):
+        self.step, self.spec, self.layout, self.limits = step, spec, layout, limits
+        self.native = csr.native_available()
+        self.kw = dict(max_ids_per_chip_per_sample=limits.max_ids_per_chip_per_sample,
+                       max_ids_per_table=dict(limits.max_ids_per_table),
+                       max_unique_ids_per_table=dict(limits.max_unique_ids_per_table),
+                       allow_id_dropping=limits.allow_id_dropping)
+        self.per_stack = stack_limits_of(layout, self.kw["max_ids_per_table"], self.kw["max_unique_ids_per_table"],
+                                         self.kw["max_ids_per_chip_per_sample"], self.kw["allow_id_dropping"])
+
+    def __call__(self, block: ExampleBlock, gids, chips: List[int], counts: collections.Counter) -> List[dict]:
+        layout = self.layout
+        per_chip = (chip_entries(block, self.spec, layout, chips) if self.native
+                    else split_global_batch(gids, layout, chips))
+        packed = []
+        for c, chip in zip(chips, per_chip):
+            try:
+                if self.native:
+                    batches = {name: csr.preprocess_stack_native(stack, layout, chip, self.per_stack[name])
+                               for name, stack in layout.stacks.items()}
+                else:
+                    batches = preprocess_with_layout(chip, layout, **self.kw)
+            except LimitExceededError as e:
+                raise LimitExceededError(
+                    f"step {self.step}, chip {c} (limits from {self.limits.source}): {e} Run `tpu-embed profile` "
+                    "then `tpu-embed plan` and pass --plan, raise the spec's `limits`, or set "
+                    "limits.allow_id_dropping: true (every dropped id is counted).") from None
+            for stack, b in batches.items():
+                if b.dropped_ids:
+                    counts[f"stack/{stack}/dropped_ids"] += int(b.dropped_ids)
+            packed.append(batches)
+        return packed
 
 
 def shard_file_name(host: int, file_no: int, num_files: int) -> str:

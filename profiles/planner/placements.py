@@ -23,7 +23,7 @@ from profiles.planner.whatif import Placement, StackShape, tf_placement
 from profiles.profile import Profile
 from profiles.units import CandidateUnavailable
 from tpu_embed.core.model import ModelConfig, TableConfig
-from tpu_embed.jax.layout import ACTIVATION_MEM_BYTES_LIMIT, check_topology, jax_layout, round_up, stack_name
+from tpu_embed.sparsecore.jax_layout import ACTIVATION_MEM_BYTES_LIMIT, check_topology, jax_layout, round_up, stack_name
 
 TENSOR_CORE_MAX_TABLE_BYTES = 64 * 1024  # rows x width x 4 B: e.g. 1,024 rows of 16
 

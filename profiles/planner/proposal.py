@@ -40,7 +40,7 @@ from profiles.profile import Profile
 from profiles.units import CandidateUnavailable
 from profiles.whatif_steps import WhatIfSteps
 from tpu_embed.core.model import ModelConfig
-from tpu_embed.jax.layout import ACTIVATION_MEM_BYTES_LIMIT
+from tpu_embed.sparsecore.jax_layout import ACTIVATION_MEM_BYTES_LIMIT
 
 BALANCE_TARGET = 1.10  # a stack's floor above this is worth a TensorCore move (issue: <= 1.10 where it allows)
 _EPS = 1e-9

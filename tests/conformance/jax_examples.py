@@ -89,7 +89,7 @@ def oracle_request(spec, sizes, steps, lead: bool) -> dict:
     """The request of jax_layout_server.py for the steps `steps` (ExampleBlocks) of `spec`: its model's tables
     (each table's jax optimizer kind and learning rate) and features, the topology, each step's host features."""
     from pipelines.sharding import step_records
-    from tpu_embed.jax import layout as J
+    from tpu_embed.sparsecore import jax_layout as J
 
     model = spec.model(sizes)
     jl = J.jax_layout(model)
@@ -137,7 +137,7 @@ def host_features(spec, out: str, steps, h: int) -> list:
     weights)}."""
     from pipelines.sharding import step_records
     from tpu_embed.artifact.load import load_artifact
-    from tpu_embed.jax import layout as J
+    from tpu_embed.sparsecore import jax_layout as J
 
     jl = J.jax_layout(load_artifact(out).model)
     return [{n: (hf.row_splits, hf.ids, hf.weights) for n, hf in step_records.jax_host_features(b, spec, jl, h).items()}

@@ -392,7 +392,7 @@ def test_window_fdo_files_cover_every_day_of_the_window(tmp_path_factory, jax_fd
     from tests.conformance.jax_examples import mapped_steps
     from tests.helpers import lineage_days
     from tpu_embed.artifact.manifest import read_manifest
-    from tpu_embed.jax import layout as J
+    from tpu_embed.sparsecore import jax_layout as J
     from tpu_embed.sparsecore import layout_of
 
     d = str(tmp_path_factory.mktemp("fdo-window"))

@@ -20,11 +20,11 @@ import pytest
 
 from tests.conformance.jax_examples import example_artifact, oracle_request
 from tests.conformance.jax_oracle import JaxOracle
+from tpu_embed.artifact.jax_records import segment_sizes
 from tpu_embed.artifact.manifest import read_manifest
 from tpu_embed.artifact.verify import ArtifactDamagedError
 from tpu_embed.jax.input import PreprocessedArrays, input_iterator, step_order
-from tpu_embed.jax.layout import PAD_ID
-from tpu_embed.jax.records import segment_sizes
+from tpu_embed.sparsecore.jax_layout import PAD_ID
 
 pytestmark = pytest.mark.conformance
 

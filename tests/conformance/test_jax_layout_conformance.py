@@ -1,8 +1,10 @@
-"""jax-tpu-embedding's SparseCore layout (tpu_embed.jax) against the installed jax-tpu-embedding 0.2.0 on CPU.
+"""jax-tpu-embedding's SparseCore layout (tpu_embed.sparsecore.jax_layout) against the installed jax-tpu-embedding
+0.2.0 on CPU.
 
 The oracle (jax_layout_server.py, in .venv-jax) stacks and preprocesses each case with jax's own code;
 we compare its stacking, its statistics and its four arrays per stack bit for bit (gains as raw bits),
-for hypothesis-generated models and for every step of the example specs' shards.
+for hypothesis-generated models (`tests.conformance.jax_cases`) and for every step of the example specs' shards.
+The vectorised packing against its per-id reference, without jax: tests/tpu_embed/sparsecore/test_jax_layout.py.
 """
 
 from __future__ import annotations
@@ -12,13 +14,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
 
+from tests.conformance.jax_cases import jax_cases, model_of
 from tests.conformance.jax_examples import example_artifact, oracle_request
 from tests.conformance.jax_oracle import JaxOracle
-from tpu_embed.core.model import FeatureConfig, ModelConfig, OptimizerConfig, TableConfig
-from tpu_embed.core.topology import Topology
-from tpu_embed.jax import layout as J
+from tpu_embed.sparsecore import jax_layout as J
 
 pytestmark = pytest.mark.conformance
 
@@ -30,83 +30,6 @@ def jax_oracle():
     o = JaxOracle(SERVER, name="jax-layout-oracle")
     yield o
     o.close()
-
-
-# ------------------------------------------------------------------ cases
-
-@st.composite
-def jax_cases(draw, max_devices=8):
-    nsc = draw(st.sampled_from([4, 2]))
-    devices = draw(st.sampled_from([d for d in (1, 2, 4, 8) if d <= max_devices]))
-    hosts = draw(st.sampled_from([h for h in (1, 2) if devices % h == 0]))
-    per_chip = nsc * draw(st.integers(1, 4))
-    seed = draw(st.integers(0, 2**31 - 1))
-    rng = np.random.default_rng(seed)
-    n_tables = draw(st.integers(1, 4))
-    tables = []
-    for i in range(n_tables):
-        tables.append({"name": f"t{i}" + draw(st.sampled_from(["", "_a", "_long_table_name_to_make_stack_names_long"])),
-                       "vocabulary_size": draw(st.one_of(st.integers(1, 40), st.integers(40, 3000))),
-                       "dim": draw(st.sampled_from([4, 8, 12, 16, 64])),
-                       "combiner": draw(st.sampled_from(["sum", "mean", "sqrtn"])),
-                       "optimizer": draw(st.sampled_from([("sgd", 0.1), ("sgd", 0.1), ("sgd", 0.5),
-                                                          ("adagrad", 0.1)]))})
-    n_features = draw(st.integers(1, 5))
-    weighted = draw(st.booleans())
-    tiny = weighted and draw(st.booleans())  # weights near and below float32's smallest normal, 2**-126
-    steps = draw(st.integers(1, 2))
-    features, dense = [], []
-    for j in range(n_features):
-        t = tables[draw(st.integers(0, n_tables - 1))]
-        mult = draw(st.sampled_from([1, 1, 2]))  # a feature with more samples (a sequence's positions)
-        features.append({"name": f"f{j:02d}", "table": t["name"], "samples": per_chip * mult * devices,
-                         "per_chip": per_chip * mult, "max_len": draw(st.sampled_from([1, 1, 3, 6])),
-                         "skew": draw(st.booleans()), "weighted": weighted and draw(st.booleans())})
-        if features[-1]["max_len"] == 1 and draw(st.booleans()):
-            dense.append(f"f{j:02d}")
-    by_name = {t["name"]: t for t in tables}
-    data = []
-    for _ in range(steps):
-        hosts_data = []
-        for _h in range(hosts):
-            host = {}
-            for f in features:
-                n = f["samples"] // hosts
-                vocab = by_name[f["table"]]["vocabulary_size"]
-                per = np.ones(n, np.int64) if f["name"] in dense else rng.integers(0, f["max_len"] + 1, size=n)
-                splits = np.concatenate([[0], np.cumsum(per)]).astype(np.int64)
-                hot = min(vocab, 5)
-                ids = rng.integers(0, hot if f["skew"] else vocab, size=int(splits[-1])).astype(np.int64)
-                w = None
-                if f["weighted"]:
-                    w = rng.uniform(-2, 2, size=ids.size).astype(np.float32)
-                    w[rng.random(ids.size) < 0.1] = 0.0
-                    if tiny:
-                        w = np.where(rng.random(ids.size) < 0.4, tiny_weights(rng, ids.size), w).astype(np.float32)
-                host[f["name"]] = (splits, ids, w)
-            hosts_data.append(host)
-        data.append(hosts_data)
-    return {"tables": tables, "features": features, "num_devices": devices, "num_sc_per_device": nsc,
-            "num_hosts": hosts, "dense": dense, "steps": data,
-            "has_leading_dimension": draw(st.booleans())}
-
-
-def tiny_weights(rng, n: int) -> np.ndarray:
-    """float32 weights of either sign where jax's flushing of denormals shows: subnormals; normals within 4x of
-    2**-126 (quotients and sums of them fall below it); ~1e-20 (their squares underflow float32)."""
-    kind = rng.integers(0, 3, n)
-    mag = np.where(kind == 0, rng.uniform(0, 1, n) * 2.0 ** -126,
-                   np.where(kind == 1, rng.uniform(1, 4, n) * 2.0 ** -126, rng.uniform(0.5, 2, n) * 1e-20))
-    return (mag * rng.choice([-1.0, 1.0], n)).astype(np.float32)
-
-
-def model_of(case) -> ModelConfig:
-    tables = {t["name"]: TableConfig(t["name"], t["vocabulary_size"], t["dim"], t["combiner"],
-                                     OptimizerConfig.from_dict({"optimizer": t["optimizer"][0],
-                                                                "learning_rate": t["optimizer"][1]}))
-              for t in case["tables"]}
-    feats = tuple(FeatureConfig(f["name"], tables[f["table"]], (f["per_chip"],)) for f in case["features"])
-    return ModelConfig(feats, Topology(case["num_devices"], case["num_sc_per_device"], case["num_hosts"]))
 
 
 def request_of(case) -> dict:
@@ -167,21 +90,6 @@ def test_layout_matches_jax(case, jax_oracle):
     compare_case(case, jax_oracle)
 
 
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
-@given(case=jax_cases(max_devices=4))
-def test_reference_matches_fast_path(case):
-    jl = J.jax_layout(model_of(case))
-    for step in case["steps"]:
-        for host in step:
-            feats = {n: J.HostFeature(*v) for n, v in host.items()}
-            a, b = J.pack_host(jl, feats), J.pack_host_reference(jl, feats)
-            for name in a:
-                for field in ("row_pointers", "embedding_ids", "sample_ids", "segment_sizes", "max_ids_per_partition",
-                              "max_unique_ids_per_partition", "required_buffer_size"):
-                    np.testing.assert_array_equal(getattr(a[name], field), getattr(b[name], field), err_msg=field)
-                np.testing.assert_array_equal(a[name].gains.view(np.int32), b[name].gains.view(np.int32))
-
-
 # ------------------------------------------------------------------ the example specs' shards
 
 @pytest.mark.parametrize("name", ["criteo", "movielens"])
@@ -189,9 +97,9 @@ def test_reference_matches_fast_path(case):
 def test_example_shards_decode_to_jax_preprocessing(tmp_path, jax_oracle, name, lead):
     """decode_step of every step record of an example spec's shards == jax's own preprocessing of that
     step's global batch (its stacking of the spec's model, its limits from its own statistics)."""
+    from tpu_embed.artifact import jax_records as R
     from tpu_embed.artifact import shard_records, tfrecord
     from tpu_embed.artifact.manifest import read_manifest
-    from tpu_embed.jax import records as R
 
     spec, out, sizes, steps = example_artifact(tmp_path, name)
     m = read_manifest(out)
@@ -235,9 +143,9 @@ def test_example_shards_decode_to_jax_preprocessing(tmp_path, jax_oracle, name, 
 def test_jax_layout_alone_holds_the_same_arrays_and_the_tf_reader_refuses_it(tmp_path):
     """shards.layout: jax writes jax's arrays alone (no sc/ keys): the same decoded steps and static sizes as
     with both; TensorFlow's input_fn refuses the artifact in one line."""
+    from tpu_embed.artifact import jax_records as R
     from tpu_embed.artifact import shard_records, tfrecord
     from tpu_embed.artifact.manifest import read_manifest
-    from tpu_embed.jax import records as R
     from tpu_embed.training.input import input_fn
 
     _, both, _, _ = example_artifact(tmp_path, "criteo", "both")

@@ -19,9 +19,9 @@ import pytest
 
 from tests.conformance import jax_oracle
 from tests.conformance.jax_examples import differing_stacks, fdo_artifacts, host_features
+from tpu_embed.artifact.jax_records import segment_sizes
 from tpu_embed.core import pipe
-from tpu_embed.jax.layout import PAD_ID
-from tpu_embed.jax.records import segment_sizes
+from tpu_embed.sparsecore.jax_layout import PAD_ID
 
 pytestmark = pytest.mark.conformance
 

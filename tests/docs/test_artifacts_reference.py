@@ -13,7 +13,7 @@ decodes
 
 back to (example, feature, position, id, gain) and checks that against the raw CSV rows mapped through the
 vocabulary files (what the ids mean), that the CSR arrays rebuilt with the page's padding rules equal the
-library's decoders' (`decode_record`, `tpu_embed.jax.records.decode_batches`), and that activations
+library's decoders' (`decode_record`, `tpu_embed.artifact.jax_records.decode_batches`), and that activations
 computed from the decoded ids and a saved HostEmbedding checkpoint, read by the keys the page lists, equal
 `HostEmbedding.dequeue`'s.
 """
@@ -422,7 +422,7 @@ def test_a_fresh_artifact_decodes_by_the_page_in_both_layouts(fresh):
     assert any(p >= 0 for _, _, p, _ in decoded) and any(g != 1.0 for g in decoded.values())
     # The jax records of the same steps: the same (example, feature, position, id, gain), and the arrays the
     # library's jax decoder gives.
-    from tpu_embed.jax.records import decode_batches
+    from tpu_embed.artifact.jax_records import decode_batches
     jax_entries = []
     for host, step, ex, payload in read_steps(fresh):
         got, arrays = decode_jax(ex, m, host, step)

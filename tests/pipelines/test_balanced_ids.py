@@ -120,8 +120,8 @@ def test_append_keeps_every_id_of_its_base_and_frozen_keeps_the_vocabulary(data)
 def test_each_vocabulary_is_balanced_in_the_stack_and_rotation_of_the_layout_written(data):
     """The record names the stack and rotation the written layout gives the table (TF's stacking; jax's for
     `shards.layout: jax`), and the loads of each stack are the greedy's on exactly those members and rotations."""
-    from tpu_embed.jax.layout import jax_layout
     from tpu_embed.sparsecore.balance import assign_ids
+    from tpu_embed.sparsecore.jax_layout import jax_layout
     spec = data.draw(specs())
     counts = counts_for(data.draw, spec)
     drafts = {k: balanced_ids.draft(spec, k, counts_table(c)) for k, c in counts.items()}

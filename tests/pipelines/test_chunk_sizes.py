@@ -1,4 +1,4 @@
-"""The shard job streams: the vocabulary job records every chunk's size (pipelines.sharding.chunk_sizes), the
+"""The shard job streams: the vocabulary job records every chunk's size (pipelines.read.chunk_sizes), the
 shard job cuts steps from them without a side input over the mapped data, builds the steps a chunk holds
 whole where the chunk is mapped, and sends only the straddling pieces through the GroupByKey. `run` passes
 the sizes on; `tpu-embed shard` alone reads the record `tpu-embed vocab` left, or, without one for its read,
@@ -21,9 +21,8 @@ import pytest
 
 from pipelines import runner
 from pipelines.jobs import JobConfig, global_batches
+from pipelines.read import chunk_sizes, splits
 from pipelines.read import spill as read_spill
-from pipelines.read import splits
-from pipelines.sharding import chunk_sizes
 from pipelines.sharding import runs as shard_runs
 from tests.helpers import ROOT
 from tpu_embed.artifact.manifest import read_manifest

@@ -1,7 +1,7 @@
 """The jobs' counters: sums, and the `max/` counters (the jax stacks' static sizes) kept as maxima."""
 
 from pipelines.jobs.counters import MAX_PREFIX, SumCounters
-from tpu_embed.jax import records
+from tpu_embed.artifact import jax_records as records
 
 
 def test_sum_counters_sums_and_keeps_maxima_across_bundles():

@@ -1,7 +1,8 @@
 """The shard format: what a reader needs to know of an artifact's records (`ShardFormat`, in the manifest).
 
 One `tf.train.Example` per training step per host, written by `pipelines.sharding.step_records` with
-`tpu_embed.artifact.shard_records.encode_step_record`, read back by `shard_records.decode_record`
+`tpu_embed.artifact.shard_records.encode_step_record` in the format `tpu_embed.artifact.shard_format_choice`
+chooses for the spec, read back by `shard_records.decode_record`
 (numpy, no TensorFlow) and by `tpu_embed.training.input` (`parse_fn`, a `tf.data` map function that
 restores TF's full-size CSR buffers for `TPUEmbeddingV2.dequeue`, and `input_fn`).
 
@@ -46,7 +47,7 @@ That is format version 1, and version 2 with its defaults.  Version 2
 Version 2 also records which layouts the records hold (`layouts`, written only when it is not just
 "tensorflow"): "tensorflow" (the `sc/...` keys above, for `TPUEmbeddingV2.dequeue`) and/or "jax"
 (jax-tpu-embedding's input arrays under `jax/<stack index>/...`, described by `jax`: its stacking and
-static sizes; written and read by `tpu_embed.jax.records`). Records of a format without "tensorflow"
+static sizes; written and read by `tpu_embed.artifact.jax_records`). Records of a format without "tensorflow"
 have no `sc/` keys (`stacks` is empty).
 
 Readers accept versions 1 and 2 (`READ_VERSIONS`) and refuse others, naming the
@@ -145,8 +146,8 @@ class ShardFormat:
     keys: str = "names"
     samples: Tuple[Tuple[str, int], ...] = ()  # (stack, samples per chip), where known
     layouts: Tuple[str, ...] = ("tensorflow",)  # which layouts the records hold (LAYOUTS)
-    # The jax records' description (tpu_embed.jax.records.jax_format): plain JSON, so that this layer does not
-    # depend on tpu_embed.jax.
+    # The jax records' description (tpu_embed.artifact.jax_records.jax_format): plain JSON, as the manifest holds it,
+    # so that reading a format needs no jax stacking.
     jax: Optional[Mapping[str, Any]] = dataclasses.field(default=None, hash=False)
 
     def __post_init__(self):

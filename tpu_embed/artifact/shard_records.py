@@ -93,7 +93,7 @@ def encode_step_record(*, step: int, host: int, label: np.ndarray, mask: np.ndar
     """One host's record of one step. `chips[c]` is `{stack: CsrBatch}` for the host's chip c.
 
     `extra`: more features of the record, `{key: (kind, values)}` as `encode_example` takes them (the jax
-    layout's arrays, `tpu_embed.jax.records.encode_jax_features`).
+    layout's arrays, `tpu_embed.artifact.jax_records.encode_jax_features`).
 
     `fmt`: the format whose keys and `StackEncoding`s to write (narrow ids, omitted unit gains, omitted
     padding); None: version 1's record. ValueError if a batch does not fit the format's encoding.

@@ -9,16 +9,16 @@ Each element (`JaxStep`) holds, for this process's devices, what jax-tpu-embeddi
 `PreprocessedInput` that `tpu_sparse_dense_matmul` and the Flax `SparseCoreEmbed` layer take), plus the
 host's labels, example mask (0 for the examples that pad the last step, `policies.tail: pad`), dense
 features and tensor-core features. The records are those the shard job writes with `shards.layout: jax` or
-`both` (`tpu_embed.jax.records`); the reader is the counterpart of `tpu_embed.input_fn`: the same files
+`both` (`tpu_embed.artifact.jax_records`); the reader is the counterpart of `tpu_embed.input_fn`: the same files
 (local or any object store, `tpu_embed.artifact.io`), compression, host index, verification, step order or
 shuffled steps (the same permutation as `input_fn(shuffle_steps=seed)`), epochs, and windows of days
 (`input_iterator([day1, day2])`: the days one after the other, checked as `input_fn` checks them, with the
 window's COO buffers, the largest of its days').
 
-Decoding is numpy: each record is parsed in place (no copy of its arrays), and each COO array is copied
-once, from the record into its buffer. A background thread reads, decodes and (with `output="jax"`) puts
-the arrays on the devices `prefetch` steps ahead. jax and jax-tpu-embedding are imported only when the
-iterator is made, and only where they are needed.
+Decoding is numpy (`tpu_embed.jax.step_decoder`): each record is parsed in place (no copy of its arrays), and
+each COO array is copied once, from the record into its buffer. A background thread reads, decodes and (with
+`output="jax"`) puts the arrays on the devices `prefetch` steps ahead. jax and jax-tpu-embedding are imported only
+when the iterator is made, and only where they are needed.
 """
 
 from __future__ import annotations
@@ -31,20 +31,19 @@ import queue
 import shutil
 import tempfile
 import threading
-from typing import Any, Container, Dict, Iterator, List, Mapping, NamedTuple, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, Iterator, List, Mapping, NamedTuple, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
 from tpu_embed.artifact import io as tio
 from tpu_embed.artifact import tfrecord
-from tpu_embed.artifact.example_wire import fields, int64_list
+from tpu_embed.artifact.jax_records import STATIC_SIZES
 from tpu_embed.artifact.manifest import Manifest, read_manifest
+from tpu_embed.artifact.shard_format import ShardFormat
 from tpu_embed.artifact.shard_records import open_by_position, window_step_owners
 from tpu_embed.artifact.verify import check_files, check_level, check_shard_steps, path_of, verify_shard_bytes
 from tpu_embed.core.permutation import Permutation, epoch_key
-from tpu_embed.jax.layout import ALIGN, PAD_ID, round_up
-from tpu_embed.jax.records import STATIC_SIZES
-from tpu_embed.jax.records import key as record_key
+from tpu_embed.jax.step_decoder import StepDecoder
 
 OUTPUTS = ("numpy", "jax")
 ArtifactDirs = Union[str, Sequence[str]]  # one artifact, or a window of days of one lineage (oldest first)
@@ -86,143 +85,6 @@ class JaxStep(NamedTuple):
     mask: Any
     dense: Any
     tensor_core: Dict[str, Tuple[Any, Any]]
-
-
-# ---------------------------------------------------------------- the record, parsed in place
-
-def parse_record(data, keys: Optional[Container[str]] = None) -> Dict[str, Any]:
-    """{key: value} of a step record (a serialized tf.train.Example): a bytes feature as a memoryview of `data`
-    (its first value: the records store each array as one raw value), an int64 feature as a list of ints, a
-    float feature as a float32 array. Nothing of `data` is copied. `keys`: only these keys (the others are
-    skipped before their values are read: the decoder does not read the steps' statistics)."""
-    out: Dict[str, Any] = {}
-    for f, _, features in fields(memoryview(data)):
-        if f != 1:
-            continue
-        for f2, _, entry in fields(features):
-            if f2 != 1:
-                continue
-            name, value = None, None
-            for f3, _, x in fields(entry):
-                if f3 == 1:
-                    name = bytes(x).decode("utf-8")
-                elif f3 == 2:
-                    value = x
-            if name is None or (keys is not None and name not in keys):
-                continue
-            out[name] = None
-            for kind, _, lst in fields(value if value is not None else memoryview(b"")):
-                if kind == 1:
-                    vals = [x for _, _, x in fields(lst)]
-                    out[name] = vals[0] if vals else memoryview(b"")
-                elif kind == 2:
-                    out[name] = np.concatenate([np.frombuffer(x, "<f4") for _, _, x in fields(lst)] or
-                                               [np.zeros(0, np.float32)]).astype(np.float32)
-                elif kind == 3:
-                    out[name] = int64_list(lst)
-    return out
-
-
-# ---------------------------------------------------------------- decoding one step
-
-class _Decoder:
-    """A step record -> the arrays of a `JaxStep` (numpy), for one artifact's format."""
-
-    def __init__(self, fmt, coo_buffer_sizes: Mapping[str, Optional[int]], has_leading_dimension: bool):
-        fj = fmt.jax
-        self.L, self.nsc = int(fj["local_devices"]), int(fj["num_sc_per_device"])
-        self.rp_size = int(fj["row_pointers_size_per_device"])
-        self.stacks = [s["name"] for s in fj["stacks"]]
-        self.sizes = dict(coo_buffer_sizes)
-        self.lead = has_leading_dimension
-        self.hb = int(fmt.host_batch_size)
-        self.nd = len(fmt.dense_features)
-        self.tc = tuple(fmt.tensor_core_features)
-        self.keys = frozenset(["step", "label", "mask", "dense"]
-                              + [record_key(i, a) for i in range(len(self.stacks)) for a in ("rp", "eid", "sid", "g")]
-                              + [f"tc/{n}/{a}" for n, _, _ in self.tc for a in ("lengths", "ids", "weights")])
-
-    def _check_size(self, stack: str, size: int, seg: np.ndarray, step: int) -> int:
-        if size % self.nsc or size // self.nsc < int(seg.max(initial=0)):
-            need = round_up(int(seg.max(initial=0)), ALIGN) * self.nsc
-            raise ValueError(f"step {step}, jax stack {stack!r}: a COO buffer of {size} per device does not hold the "
-                             f"step's ids ({int(seg.max(initial=0))} per SparseCore x {self.nsc}; jax would drop "
-                             f"ids): give at least {need} (the stack's suggested_coo_buffer_size_per_device, from "
-                             "`tpu-embed plan --format jax-fdo`).")
-        return size
-
-    def decode(self, data) -> Tuple[int, Dict[str, Any]]:
-        ex = parse_record(data, self.keys)
-        step = int(ex["step"][0])
-        L, nsc, S = self.L, self.nsc, self.L * self.nsc
-        rps, eids, sids, gains = {}, {}, {}, {}
-        for i, name in enumerate(self.stacks):
-            k_rp = record_key(i, "rp")
-            if k_rp not in ex:
-                raise ValueError(f"step {step}: the record has no {k_rp}: it holds no jax arrays for stack {name!r}")
-            rp = np.frombuffer(ex[k_rp], "<i4").astype(np.int32)  # a copy: small, and the caller's to keep
-            blocks = rp.reshape(S, -1)
-            seg = round_up(blocks[:, -1].astype(np.int64), ALIGN)  # each (device, SparseCore) segment's length
-            eid_src = np.frombuffer(ex[record_key(i, "eid")], "<i4")
-            sid_src = np.frombuffer(ex[record_key(i, "sid")], "<i4")
-            g_mv = ex.get(record_key(i, "g"))
-            g_src = None if g_mv is None else np.frombuffer(g_mv, "<f4")
-            total = int(seg.sum())
-            if eid_src.size != total or sid_src.size != total or (g_src is not None and g_src.size != total):
-                raise ValueError(f"step {step}, jax stack {name!r}: the record's arrays do not match its row pointers "
-                                 f"({eid_src.size} ids for {total}): a damaged record")
-            size = self.sizes.get(name)
-            if size is None:
-                size = int(seg.max(initial=0)) * nsc
-            per_sc = self._check_size(name, int(size), seg, step) // nsc
-            eid = np.empty((S, per_sc), np.int32)
-            sid = np.empty((S, per_sc), np.int32)
-            g = np.empty((S, per_sc), np.float32)
-            off = 0
-            for k, n in enumerate(seg.tolist()):
-                eid[k, :n] = eid_src[off:off + n]
-                sid[k, :n] = sid_src[off:off + n]
-                eid[k, n:] = PAD_ID
-                sid[k, n:] = PAD_ID
-                if g_src is not None:
-                    g[k, :n] = g_src[off:off + n]
-                    g[k, n:] = np.nan
-                off += n
-            if g_src is None:  # unit gains are left out of the record: 1.0 on real entries, NaN on padding
-                np.copyto(g, np.float32(1))
-                g[sid == PAD_ID] = np.nan
-            shape = (L, -1) if self.lead else (-1,)
-            rps[name] = rp.reshape(shape)
-            eids[name], sids[name], gains[name] = eid.reshape(shape), sid.reshape(shape), g.reshape(shape)
-        minibatches: np.ndarray = np.full((L, 1) if self.lead else (L,), 1)
-        hb = self.hb
-        label = np.frombuffer(ex["label"], "<f4").astype(np.float32)
-        mask = np.frombuffer(ex["mask"], "<f4").astype(np.float32)
-        dense = np.frombuffer(ex["dense"], "<f4").astype(np.float32).reshape(hb, self.nd)
-        tc = {}
-        for name, weighted, width in self.tc:
-            lengths = np.frombuffer(ex[f"tc/{name}/lengths"], "<i4").astype(np.int64)
-            values = np.frombuffer(ex[f"tc/{name}/ids"], "<i8")
-            w = np.frombuffer(ex[f"tc/{name}/weights"], "<f4") if weighted else None
-            ids, wts = _padded(lengths, values, w, hb, int(width))
-            tc[name] = (ids, wts)
-        return step, {"sparse": (rps, eids, sids, gains, minibatches), "label": label, "mask": mask, "dense": dense,
-                      "tensor_core": tc}
-
-
-def _padded(lengths: np.ndarray, values: np.ndarray, weights: Optional[np.ndarray], rows: int, width: int
-            ) -> Tuple[np.ndarray, np.ndarray]:
-    """Ragged values [rows, lengths] as [rows, width] int32 ids (0 after a row's values, cut at `width`) and
-    float32 weights (the weight, or 1, on a value; 0 after), as `tpu_embed.training.input.per_chip_dataset`."""
-    ids = np.zeros((rows, width), np.int32)
-    wts = np.zeros((rows, width), np.float32)
-    starts = np.cumsum(lengths) - lengths
-    col = np.arange(width)
-    keep = col[None, :] < lengths[:, None]
-    src = (starts[:, None] + col[None, :])[keep]
-    ids[keep] = values[src].astype(np.int32)
-    wts[keep] = 1.0 if weights is None else weights[src]
-    return ids, wts
 
 
 # ---------------------------------------------------------------- reading the records
@@ -356,7 +218,7 @@ class JaxInputIterator:
     """An iterator of `JaxStep`s (see `input_iterator`); `close()` (or leaving a `with` block) stops its reader
     thread and removes its temporary files."""
 
-    def __init__(self, records: Iterator[Tuple[int, Any]], decoder: _Decoder, host_index: int, prefetch: int,
+    def __init__(self, records: Iterator[Tuple[int, Any]], decoder: StepDecoder, host_index: int, prefetch: int,
                  put, wrap, tmp_holder: List[str]):
         self._records, self._decoder, self._host = records, decoder, host_index
         self._put, self._wrap, self._tmp = put, wrap, tmp_holder
@@ -538,6 +400,29 @@ def input_iterator(artifact_dir: ArtifactDirs, *, host_index: Optional[int] = No
 
     An artifact whose records hold no jax arrays is refused in one line that names the spec key to set.
     """
+    _check_arguments(output, shuffle_steps, num_epochs, prefetch)
+    check_level(verify)
+    dirs, manifests = _window(artifact_dir)
+    newest_dir = dirs[-1]
+    fmt = _shard_format(dirs, manifests, expected_fingerprint)
+    fj = fmt.jax
+    assert fj is not None
+    jax_mod = _jax_module(output)
+    if host_index is None:
+        host_index = int(jax_mod.process_index()) if jax_mod is not None else 0
+    if not 0 <= int(host_index) < fmt.num_hosts:
+        raise ValueError(f"host_index {host_index} is not a host of {newest_dir} ({fmt.num_hosts} hosts)")
+    sizes = _coo_buffer_sizes(fj, coo_buffer_sizes, feature_specs, dirs)
+    put = None if jax_mod is None else _device_put(jax_mod, sharding, fmt, newest_dir)
+    wrap = _wrapper()
+    days = _days(dirs, manifests, int(host_index), verify)
+    tmp_holder: List[str] = []
+    records = _records(days, num_epochs, shuffle_steps, verify, tmp_holder)
+    decoder = StepDecoder(fmt, sizes, has_leading_dimension)
+    return JaxInputIterator(records, decoder, int(host_index), prefetch, put, wrap, tmp_holder)
+
+
+def _check_arguments(output: str, shuffle_steps: Optional[int], num_epochs: Optional[int], prefetch: int) -> None:
     if output not in OUTPUTS:
         raise ValueError(f"output must be one of {OUTPUTS}, got {output!r}")
     if shuffle_steps is not None and (isinstance(shuffle_steps, bool) or not isinstance(shuffle_steps, int)
@@ -547,8 +432,13 @@ def input_iterator(artifact_dir: ArtifactDirs, *, host_index: Optional[int] = No
         raise ValueError(f"num_epochs must be None or an integer >= 0, got {num_epochs!r}")
     if not isinstance(prefetch, int) or prefetch < 0:
         raise ValueError(f"prefetch must be an integer >= 0, got {prefetch!r}")
-    check_level(verify)
-    dirs, manifests = _window(artifact_dir)
+
+
+def _shard_format(dirs: Sequence[str], manifests: Sequence[Manifest], expected_fingerprint: Optional[str]
+                  ) -> ShardFormat:
+    """The shard format the steps are decoded to: the newest day's, with a window's jax records
+    (`window_jax_format`); ValueError if the newest day is not of `expected_fingerprint` or a day holds no jax
+    arrays."""
     newest_dir, manifest = dirs[-1], manifests[-1]
     if expected_fingerprint is not None and manifest.spec_fingerprint != expected_fingerprint:
         raise ValueError(f"{newest_dir} was made for spec {manifest.spec_fingerprint}, not "
@@ -561,20 +451,26 @@ def input_iterator(artifact_dir: ArtifactDirs, *, host_index: Optional[int] = No
     fmt = manifest.shard_format
     if len(dirs) > 1:
         fmt = dataclasses.replace(fmt, jax=window_jax_format(dirs, manifests))
-    fj = fmt.jax
-    assert fj is not None
-    jax_mod: Any = None
-    if output == "jax":
-        if importlib.util.find_spec("jax") is None:
-            raise ValueError("output='jax' needs jax, which is not installed here: install jax (with "
-                             "jax-tpu-embedding, as tests/conformance/jax-requirements.txt pins them), or use "
-                             "output='numpy'")
-        import jax
-        jax_mod = jax
-    if host_index is None:
-        host_index = int(jax_mod.process_index()) if jax_mod is not None else 0
-    if not 0 <= int(host_index) < fmt.num_hosts:
-        raise ValueError(f"host_index {host_index} is not a host of {newest_dir} ({fmt.num_hosts} hosts)")
+    return fmt
+
+
+def _jax_module(output: str) -> Any:
+    """jax with `output="jax"` (ValueError where it is not installed), else None."""
+    if output != "jax":
+        return None
+    if importlib.util.find_spec("jax") is None:
+        raise ValueError("output='jax' needs jax, which is not installed here: install jax (with "
+                         "jax-tpu-embedding, as tests/conformance/jax-requirements.txt pins them), or use "
+                         "output='numpy'")
+    import jax
+    return jax
+
+
+def _coo_buffer_sizes(fj: Mapping[str, Any], coo_buffer_sizes: Optional[Mapping[str, int]], feature_specs: Any,
+                      dirs: Sequence[str]) -> Dict[str, Optional[int]]:
+    """Each stack's COO buffer size per device: `coo_buffer_sizes`, else jax's of `feature_specs`, else the
+    recorded size (None: each step's least)."""
+    newest_dir = dirs[-1]
     sizes: Dict[str, Optional[int]] = {s["name"]: s.get("coo_buffer_size_per_device") for s in fj["stacks"]}
     if coo_buffer_sizes is not None:
         unknown = sorted(set(coo_buffer_sizes) - set(sizes))
@@ -584,22 +480,32 @@ def input_iterator(artifact_dir: ArtifactDirs, *, host_index: Optional[int] = No
         sizes.update({k: int(v) for k, v in coo_buffer_sizes.items()})
     elif feature_specs is not None:
         sizes.update(_jax_sizes(feature_specs, fj, newest_dir if len(dirs) == 1 else f"the window {dirs}"))
+    return sizes
 
-    put = None
-    if jax_mod is not None:
-        if sharding is None:
-            from jax.sharding import Mesh, NamedSharding, PartitionSpec
-            sharding = NamedSharding(Mesh(np.array(jax_mod.devices()), (DEFAULT_AXIS,)), PartitionSpec(DEFAULT_AXIS))
-        local = len(sharding.addressable_devices)
-        if local != int(fj["local_devices"]):
-            raise ValueError(f"the sharding has {local} devices on this process; {newest_dir}'s jax records are for "
-                             f"{fj['local_devices']} local devices ({fj['num_devices']} in all, {fmt.num_hosts} "
-                             "host(s)): run with as many devices, or shard again for this topology.")
-        make = jax_mod.make_array_from_process_local_data
 
-        def put(x, _s=sharding, _make=make):
-            return _make(_s, x)
+def _device_put(jax_mod: Any, sharding: Any, fmt: ShardFormat, newest_dir: str):
+    """x -> `jax.make_array_from_process_local_data(sharding, x)`; `sharding` defaults to every device along
+    `DEFAULT_AXIS`, and must have the artifact's local devices on this process."""
+    fj = fmt.jax
+    assert fj is not None
+    if sharding is None:
+        from jax.sharding import Mesh, NamedSharding, PartitionSpec
+        sharding = NamedSharding(Mesh(np.array(jax_mod.devices()), (DEFAULT_AXIS,)), PartitionSpec(DEFAULT_AXIS))
+    local = len(sharding.addressable_devices)
+    if local != int(fj["local_devices"]):
+        raise ValueError(f"the sharding has {local} devices on this process; {newest_dir}'s jax records are for "
+                         f"{fj['local_devices']} local devices ({fj['num_devices']} in all, {fmt.num_hosts} "
+                         "host(s)): run with as many devices, or shard again for this topology.")
+    make = jax_mod.make_array_from_process_local_data
 
+    def put(x, _s=sharding, _make=make):
+        return _make(_s, x)
+    return put
+
+
+def _wrapper():
+    """(row pointers, embedding ids, sample ids, gains, num_minibatches) -> jax-tpu-embedding's
+    PreprocessedInput where it is installed, else `PreprocessedArrays`."""
     classes = _preprocessed_class()
     if classes is None:
         def wrap(rps, eids, sids, gains, nmb):
@@ -609,28 +515,32 @@ def input_iterator(artifact_dir: ArtifactDirs, *, host_index: Optional[int] = No
 
         def wrap(rps, eids, sids, gains, nmb):
             return pre_cls(smi_cls(rps, eids, sids, gains), nmb)
+    return wrap
 
+
+def _days(dirs: Sequence[str], manifests: Sequence[Manifest], host: int, verify: str) -> List[_Day]:
+    """Each day's manifest and this host's shard files, checked (unless `verify="none"`) to be there whole."""
     days = []
     for d, m in zip(dirs, manifests):
         if verify != "none":
-            check_shard_steps(m, int(host_index))
-            check_files(d, m, "size", kinds=("shard",), host=int(host_index))
-        days.append(_Day(d, m, m.shard_files(int(host_index))))
+            check_shard_steps(m, host)
+            check_files(d, m, "size", kinds=("shard",), host=host)
+        days.append(_Day(d, m, m.shard_files(host)))
+    return days
+
+
+def _records(days: Sequence[_Day], num_epochs: Optional[int], shuffle_steps: Optional[int], verify: str,
+             tmp_holder: List[str]) -> Iterator[Tuple[int, Any]]:
+    """(epoch, record) of every step read: the days' steps one after the other, or each epoch's `step_order`."""
     steps = sum(day.steps for day in days)
-    tmp_holder: List[str] = []
-
-    def records() -> Iterator[Tuple[int, Any]]:
-        epoch = 0
-        while num_epochs is None or epoch < num_epochs:
-            if shuffle_steps is None:
-                for day in days:
-                    for data in _stream(day.directory, day.entries, day.compression, verify):
-                        yield epoch, data
-            else:
-                order = iter(step_order(steps, shuffle_steps, epoch).tolist())
-                for data in _by_position(days, verify, order, tmp_holder):
+    epoch = 0
+    while num_epochs is None or epoch < num_epochs:
+        if shuffle_steps is None:
+            for day in days:
+                for data in _stream(day.directory, day.entries, day.compression, verify):
                     yield epoch, data
-            epoch += 1
-
-    decoder = _Decoder(fmt, sizes, has_leading_dimension)
-    return JaxInputIterator(records(), decoder, int(host_index), prefetch, put, wrap, tmp_holder)
+        else:
+            order = iter(step_order(steps, shuffle_steps, epoch).tolist())
+            for data in _by_position(days, verify, order, tmp_holder):
+                yield epoch, data
+        epoch += 1

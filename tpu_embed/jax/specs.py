@@ -14,7 +14,7 @@ function.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, Optional
+from typing import Any, Callable, Dict, Mapping, Optional
 
 from tpu_embed.core.model import OptimizerConfig
 
@@ -83,6 +83,20 @@ def feature_specs(artifact_dir: str, *, fdo_dir: Optional[str] = None,
         specs[f.name] = es.FeatureSpec(name=f.name, table_spec=t, input_shape=[n, 1], output_shape=[n, t.embedding_dim])
     embedding.auto_stack_tables(specs, global_device_count=devices, num_sc_per_device=nsc)
     embedding.prepare_feature_specs_for_training(specs, global_device_count=devices, num_sc_per_device=nsc)
+    _check_stacking(specs, fj, artifact_dir)
+    if fdo_dir is not None:
+        try:
+            jax_limits.apply_limits(specs, fdo_dir, num_sc_per_device=nsc)
+        except ValueError as e:
+            fix = f"`tpu-embed plan --artifact {artifact_dir} --format jax-fdo --output {fdo_dir}`"
+            raise ValueError(f"{fdo_dir} holds no limits for {artifact_dir}'s jax stacking ({e}): write them with "
+                             f"{fix}") from None
+    return specs
+
+
+def _check_stacking(specs: Mapping[str, Any], fj: Mapping[str, Any], artifact_dir: str) -> None:
+    """ValueError unless jax stacked `specs` as the artifact's jax records (`fj`): the same stacked tables, each with
+    the same tables and the same features' id transformations."""
     want = {s["name"]: (tuple(t["name"] for t in s["tables"]),
                         tuple((x["name"], x["row_offset"], x["col_offset"], x["col_shift"]) for x in s["features"]))
             for s in fj["stacks"]}
@@ -100,11 +114,3 @@ def feature_specs(artifact_dir: str, *, fdo_dir: Optional[str] = None,
             raise ValueError(f"jax-tpu-embedding stacks these feature specs otherwise than {artifact_dir}'s jax "
                              f"records (stacked table {name!r}: records {w}, jax {g}); the records were written for "
                              "another jax-tpu-embedding stacking")
-    if fdo_dir is not None:
-        try:
-            jax_limits.apply_limits(specs, fdo_dir, num_sc_per_device=nsc)
-        except ValueError as e:
-            fix = f"`tpu-embed plan --artifact {artifact_dir} --format jax-fdo --output {fdo_dir}`"
-            raise ValueError(f"{fdo_dir} holds no limits for {artifact_dir}'s jax stacking ({e}): write them with "
-                             f"{fix}") from None
-    return specs

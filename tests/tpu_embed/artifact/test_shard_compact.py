@@ -19,12 +19,12 @@ from hypothesis import strategies as st
 
 from pipelines import runner
 from pipelines.jobs import JobConfig
-from pipelines.sharding import step_records
 from tests.helpers import ROOT
 from tests.helpers.plain_reference import assert_shards_decode_to_raw_rows
 from tpu_embed.artifact import example_wire, shard_records, tfrecord
 from tpu_embed.artifact.manifest import LimitsInfo, manifest_bytes, read_manifest
 from tpu_embed.artifact.shard_format import FORMAT_VERSION, ID_DTYPES, ShardFormat
+from tpu_embed.artifact.shard_format_choice import shard_format_for
 from tpu_embed.artifact.spec import SpecError, load_spec, parse_spec
 from tpu_embed.sparsecore.layout import layout_of
 from tpu_embed.training.input import input_fn, step_order
@@ -266,7 +266,7 @@ def test_encodings_round_trip_random_csr(seed, dropping, padding):
         assert any(b.dropped_ids for chip in chips for b in chip.values())
     limits = LimitsInfo(max_ids_per_chip_per_sample=2 if dropping else 16, max_ids_per_table={},
                                  max_unique_ids_per_table={}, allow_id_dropping=dropping, source="test")
-    fmt = step_records.shard_format_for(spec, layout, limits)
+    fmt = shard_format_for(spec, layout, limits)
     fmt = dataclasses.replace(fmt, encodings=tuple((s, dataclasses.replace(e, padding=padding))
                                                    for s, e in fmt.encodings))
     dtypes = {s: (e.sample_ids, e.token_ids) for s, e in fmt.encodings}

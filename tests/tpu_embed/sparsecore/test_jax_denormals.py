@@ -1,11 +1,11 @@
-"""tpu_embed.jax.denormals: float32 arithmetic with x86's flush-to-zero and denormals-are-zero (what jax-tpu-embedding's
-preprocessing threads compute; the layout conformance test checks the gains against jax itself)."""
+"""tpu_embed.sparsecore.jax_denormals: float32 arithmetic with x86's flush-to-zero and denormals-are-zero (what
+jax-tpu-embedding's preprocessing threads compute; the layout conformance test checks the gains against jax itself)."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from tpu_embed.jax import denormals as D
+from tpu_embed.sparsecore import jax_denormals as D
 
 MIN = np.float32(2.0 ** -126)
 

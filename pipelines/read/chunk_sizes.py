@@ -20,9 +20,10 @@ from __future__ import annotations
 import json
 from typing import Any, List, Optional, Sequence, Tuple
 
+from pipelines.output import READ_RECORD
 from tpu_embed.artifact import io as tio
 
-FILENAME = ".tpu-embed-chunk-sizes.json"
+FILENAME = READ_RECORD  # the name `pipelines.output.sweep` keeps
 READ_PASS_FILENAME = ".tmp-chunk-sizes.json"  # the shard job's own read pass (`runner.run_shard`), taken at once
 
 ChunkSizes = List[Tuple[Tuple[int, int], int]]  # [((file index, first record), valid examples)]

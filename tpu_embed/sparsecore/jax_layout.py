@@ -23,8 +23,8 @@ This is jax-tpu-embedding 0.2.0 (`nn/table_stacking.py`, `nn/embedding.py` and i
   slice s of every feature of the stack, features in row-offset order, so its sample ids are
   `row_offset / all SparseCores + row in slice`. Gains per sample: sum `w`, mean `w / sum(w)`, sqrtn
   `w / sqrt(sum(w^2))`, float32 sums left to right (1 / n and 1 / sqrt(n) without weights), with denormals
-  flushed to zero of their sign as jax's preprocessing threads compute (`tpu_embed.jax.denormals`). The column
-  rewrite is TF's; ids are sorted per local SparseCore by (destination SparseCore, column, sample, input
+  flushed to zero of their sign as jax's preprocessing threads compute (`tpu_embed.sparsecore.jax_denormals`).
+  The column rewrite is TF's; ids are sorted per local SparseCore by (destination SparseCore, column, sample, input
   order), equal (sample, column) pairs merged by adding their gains left to right; embedding id =
   column >> log2(all SparseCores). Per local SparseCore, per destination: the ids, the row pointer (the
   end, relative to the SparseCore's segment), then padding to a multiple of 8 (ids and sample ids
@@ -32,11 +32,11 @@ This is jax-tpu-embedding 0.2.0 (`nn/table_stacking.py`, `nn/embedding.py` and i
   The device's COO buffer holds one equal segment per local SparseCore; jax leaves a segment's tail past
   its aligned end unwritten, `buffers` fills it with the padding values.
 
-`pack_host` is vectorised; `pack_host_reference` is a per-id transcription of the C++ loops that it is
-tested against. Both are checked bit for bit against the installed jax-tpu-embedding
-(tests/conformance/test_jax_layout_conformance.py). Ids are never dropped here: `limits` only checks
-(a `LimitExceededError` names the stack and how far to raise the limit), and every statistic jax reports
-is returned (`JaxHostBatch.stats`).
+`pack_host` is vectorised; `tpu_embed.sparsecore.jax_layout_reference.pack_host_reference` is a per-id
+transcription of the C++ loops that it is tested against (tests/tpu_embed/sparsecore/test_jax_layout.py). Both
+are checked bit for bit against the installed jax-tpu-embedding (tests/conformance/test_jax_layout_conformance.py).
+Ids are never dropped here: `limits` only checks (a `LimitExceededError` names the stack and how far to raise the
+limit), and every statistic jax reports is returned (`JaxHostBatch.stats`).
 """
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 import numpy as np
 
 from tpu_embed.core.model import ModelConfig, TableConfig
-from tpu_embed.jax import denormals
+from tpu_embed.sparsecore import jax_denormals
 from tpu_embed.sparsecore.csr import merge_runs
 from tpu_embed.sparsecore.csr_types import LimitExceededError
 
@@ -299,28 +299,28 @@ class JaxHostBatch:
 
 def _row_gains(combiner: str, splits: np.ndarray, weights: Optional[np.ndarray]) -> np.ndarray:
     """Per id, the gain of jax's ProcessCooTensors: w / divisor of its sample (float32, sums left to right,
-    denormals flushed as jax's preprocessing threads do: `tpu_embed.jax.denormals`)."""
+    denormals flushed as jax's preprocessing threads do: `tpu_embed.sparsecore.jax_denormals`)."""
     n = int(splits[-1])
     lengths = np.diff(splits)
     if combiner == "sum":  # w / 1.0f: a subnormal weight becomes zero of its sign
-        return np.ones(n, np.float32) if weights is None else denormals.flush(weights).copy()
+        return np.ones(n, np.float32) if weights is None else jax_denormals.flush(weights).copy()
     if weights is None:  # 1 / n, or 1 / sqrt(n), per sample
         cnt = lengths.astype(np.float32)
         with np.errstate(divide="ignore"):
             per = np.float32(1) / (cnt if combiner == "mean" else np.sqrt(cnt))
         return np.repeat(per.astype(np.float32), lengths)
-    w = denormals.flush(weights)
+    w = jax_denormals.flush(weights)
     starts = splits[:-1]
     acc = np.zeros(lengths.size, np.float32)
     for j in range(int(lengths.max(initial=0))):
         rows = np.flatnonzero(lengths > j)
         x = w[starts[rows] + j]
         if combiner == "mean":
-            acc[rows] = denormals.add(acc[rows], x)
+            acc[rows] = jax_denormals.add(acc[rows], x)
         else:  # C++: float sum += std::pow(w, 2) (a double): the square is exact, the sum rounded to float
-            acc[rows] = denormals.to_float32(acc[rows].astype(np.float64) + x.astype(np.float64) ** 2)
+            acc[rows] = jax_denormals.to_float32(acc[rows].astype(np.float64) + x.astype(np.float64) ** 2)
     div = acc if combiner == "mean" else np.sqrt(acc)  # the root of a normal float32 (or 0) is normal
-    return denormals.divide(w, np.repeat(div, lengths))
+    return jax_denormals.divide(w, np.repeat(div, lengths))
 
 
 def _check_host_feature(f: JaxFeature, hf: HostFeature, samples: int) -> Tuple[np.ndarray, np.ndarray]:
@@ -363,10 +363,17 @@ def _check_limits(name: str, b: JaxHostBatch, max_ids: int, max_unique: int) -> 
 
 
 def _pack_stack(layout: JaxLayout, st: JaxStack, features: Mapping[str, HostFeature]) -> JaxHostBatch:
+    """One stack's `JaxHostBatch`: its ids extracted, sorted and merged, then laid out in buffers."""
     L, nsc, S = layout.local_devices, layout.num_sc_per_device, layout.num_scs
-    log2s = S.bit_length() - 1
-    bps = st.batch_size_per_sc
-    segs = L * nsc
+    seg, row, col, gain = _extract_coo(st, features, L * nsc, S)
+    seg, dest, token, row, gain = _sort_and_merge(seg, row, col, gain, S, st.batch_size_per_sc, L * nsc)
+    return _fill_buffers(seg, dest, token, row, gain, L, nsc, S)
+
+
+def _extract_coo(st: JaxStack, features: Mapping[str, HostFeature], segs: int, S: int
+                 ) -> Tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(segment, sample row, rewritten column, gain) of every id of the stack, feature by feature in input order;
+    a segment is a (device, local SparseCore) slice of each feature's samples."""
     weighted = any(features[f.name].weights is not None for f in st.features)
     parts_seg, parts_row, parts_col, parts_gain = [], [], [], []
     for f in st.features:
@@ -386,6 +393,14 @@ def _pack_stack(layout: JaxLayout, st: JaxStack, features: Mapping[str, HostFeat
     row = np.concatenate(parts_row) if parts_row else np.zeros(0, np.int64)
     col = np.concatenate(parts_col) if parts_col else np.zeros(0, np.int64)
     gain = np.concatenate(parts_gain) if parts_gain else np.zeros(0, np.float32)
+    return seg, row, col, gain
+
+
+def _sort_and_merge(seg: np.ndarray, row: np.ndarray, col: np.ndarray, gain: np.ndarray, S: int, bps: int,
+                    segs: int) -> Tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(segment, destination SparseCore, token, sample row, gain) of the ids sorted by (segment, destination,
+    token, sample), ties in input order (jax's index order), equal entries merged by adding their gains."""
+    log2s = S.bit_length() - 1
     n = col.size
     dest = col & (S - 1)
     token = col >> log2s
@@ -404,8 +419,16 @@ def _pack_stack(layout: JaxLayout, st: JaxStack, features: Mapping[str, HostFeat
         same = np.all(cols[:, 1:] == cols[:, :-1], axis=0) if n > 1 else np.zeros(0, bool)
     seg, dest, token, row, gain = seg[order], dest[order], token[order], row[order], gain[order]
     if same.any():
-        first, gain = merge_runs(gain, same, n, add=denormals.add)
+        first, gain = merge_runs(gain, same, n, add=jax_denormals.add)
         seg, dest, token, row = seg[first], dest[first], token[first], row[first]
+    return seg, dest, token, row, gain
+
+
+def _fill_buffers(seg: np.ndarray, dest: np.ndarray, token: np.ndarray, row: np.ndarray, gain: np.ndarray,
+                  L: int, nsc: int, S: int) -> JaxHostBatch:
+    """The sorted entries laid out as jax's buffers: per segment and destination the entries, then padding to a
+    multiple of 8; row pointers at each partition's end; and jax's statistics of the partitions."""
+    segs = L * nsc
     k = int(seg.size)
     part = seg * S + dest
     counts = np.bincount(part, minlength=segs * S).reshape(segs, S)
@@ -435,94 +458,6 @@ def _pack_stack(layout: JaxLayout, st: JaxStack, features: Mapping[str, HostFeat
         max_ids_per_partition=counts.reshape(L, nsc, S).max(axis=1).reshape(-1).astype(np.int32),
         max_unique_ids_per_partition=unique.reshape(L, nsc, S).max(axis=1).reshape(-1).astype(np.int32),
         required_buffer_size=seg_size.astype(np.int32))
-
-
-# ---------------------------------------------------------------- the reference
-
-def _scalar(op, *args) -> np.float32:
-    """A `tpu_embed.jax.denormals` operation on scalars."""
-    return np.float32(op(*(np.asarray([a]) for a in args))[0])
-
-
-def pack_host_reference(layout: JaxLayout, features: Mapping[str, HostFeature]) -> Dict[str, JaxHostBatch]:
-    """`pack_host`, transcribed id by id from jax's C++ loops (ExtractCooTensors, SortAndGroup, FillBuffer)."""
-    L, nsc, S = layout.local_devices, layout.num_sc_per_device, layout.num_scs
-    out = {}
-    for st in layout.stacks:
-        bps = st.batch_size_per_sc
-        weighted = any(features[f.name].weights is not None for f in st.features)
-        rp_all, eid_all, sid_all, g_all, sizes = [], [], [], [], []
-        max_ids = np.zeros((L, S), np.int32)
-        max_uniq = np.zeros((L, S), np.int32)
-        for d in range(L):
-            for s in range(nsc):
-                coo: List[Tuple[int, int, np.float32, int]] = []  # (col, row, gain, index), extraction order
-                for f in st.features:
-                    hf = features[f.name]
-                    splits = [int(x) for x in hf.row_splits]
-                    ids = [int(x) for x in hf.ids]
-                    w = None if hf.weights is None else [np.float32(x) for x in hf.weights]
-                    n_f = f.samples_per_sc
-                    row_offset = s * bps + f.row_offset // S
-                    start = (d * nsc + s) * n_f
-                    for r in range(start, start + n_f):
-                        vals = ids[splits[r]:splits[r + 1]]
-                        ws = [np.float32(1)] * len(vals) if w is None else w[splits[r]:splits[r + 1]]
-                        if st.combiner == "sum":
-                            div = np.float32(1)
-                        elif st.combiner == "mean":
-                            div = np.float32(0)
-                            for x in ws:
-                                div = _scalar(denormals.add, div, x)
-                        else:
-                            acc = np.float32(0)
-                            for x in ws:
-                                x = _scalar(denormals.flush, x)
-                                acc = _scalar(denormals.to_float32, np.float64(acc) + np.float64(x) * np.float64(x))
-                            div = np.float32(np.sqrt(acc))
-                        for v, x in zip(vals, ws):
-                            c = ((v + f.col_shift) & (S - 1)) + (v & ~(S - 1)) + f.col_offset
-                            gain = _scalar(denormals.divide, x, div) if (weighted or st.combiner != "sum") \
-                                else np.float32(1)
-                            coo.append((c, r - start + row_offset, gain, len(coo)))
-                # Sort key: (destination SC, column >> log2 S, sample row, extraction index).
-                coo.sort(key=lambda e: (e[0] & (S - 1), e[0] >> (S.bit_length() - 1), e[1], e[3]))
-                grouped: List[List] = []
-                for c, r, gain, _ in coo:
-                    if grouped and grouped[-1][0] == c and grouped[-1][1] == r:
-                        grouped[-1][2] = _scalar(denormals.add, grouped[-1][2], gain)
-                    else:
-                        grouped.append([c, r, gain])
-                rp: List[int] = []
-                eid: List[int] = []
-                sid: List[int] = []
-                gs: List[np.float32] = []
-                for dest in range(S):
-                    entries = [e for e in grouped if e[0] & (S - 1) == dest]
-                    max_ids[d, dest] = max(max_ids[d, dest], len(entries))
-                    max_uniq[d, dest] = max(max_uniq[d, dest], len({e[0] for e in entries}))
-                    for c, r, gain in entries:
-                        eid.append(c // S)
-                        sid.append(r % bps)
-                        gs.append(gain)
-                    rp.append(len(eid))
-                    while len(eid) % ALIGN:
-                        eid.append(PAD_ID)
-                        sid.append(PAD_ID)
-                        gs.append(np.float32(np.nan))
-                rp += [len(eid)] * max(0, ALIGN - S)
-                rp_all += rp
-                eid_all += eid
-                sid_all += sid
-                g_all += gs
-                sizes.append(len(eid))
-        out[st.name] = JaxHostBatch(
-            row_pointers=np.asarray(rp_all, np.int32).reshape(L, -1), embedding_ids=np.asarray(eid_all, np.int32),
-            sample_ids=np.asarray(sid_all, np.int32), gains=np.asarray(g_all, np.float32),
-            segment_sizes=np.asarray(sizes, np.int64).reshape(L, nsc),
-            max_ids_per_partition=max_ids.reshape(-1), max_unique_ids_per_partition=max_uniq.reshape(-1),
-            required_buffer_size=np.asarray(sizes, np.int32))
-    return out
 
 
 def host_samples(layout: JaxLayout, feature: JaxFeature) -> int:

@@ -30,7 +30,7 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple, Union
 import numpy as np
 
 from tpu_embed.artifact.example_wire import decode_example
-from tpu_embed.jax.layout import ALIGN, PAD_ID, JaxHostBatch, JaxLayout, round_up
+from tpu_embed.sparsecore.jax_layout import ALIGN, PAD_ID, JaxHostBatch, JaxLayout, round_up
 
 KEY_PREFIX = "jax"
 ARRAYS = ("rp", "eid", "sid", "g", "st")
@@ -78,7 +78,8 @@ def _raw(a: np.ndarray, dtype) -> Tuple[str, List[Any]]:
 
 
 def encode_jax_features(batches: Mapping[str, JaxHostBatch], fmt_jax: Mapping) -> Dict[str, Tuple[str, Any]]:
-    """The record features of one host's step (`JaxHostBatch` per stack, from `tpu_embed.jax.layout.pack_host`)."""
+    """The record features of one host's step (`JaxHostBatch` per stack, from
+    `tpu_embed.sparsecore.jax_layout.pack_host`)."""
     out: Dict[str, Tuple[str, Any]] = {}
     for i, s in enumerate(fmt_jax["stacks"]):
         b = batches[s["name"]]
