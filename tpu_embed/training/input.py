@@ -8,7 +8,7 @@
 The manifest says where the host's files are and how they are encoded (`tpu_embed.artifact.manifest`,
 `shard_format`); `tpu_embed.artifact.verify` checks them; the records are read by TensorFlow's
 `TFRecordDataset` or by `tpu_embed.artifact.tfrecord` (object stores, shuffled steps) and parsed by
-`tpu_embed.training.parse.parse_fn`.  TensorFlow is imported when a dataset is built.
+`tpu_embed.training.shard_parse.parse_fn`.  TensorFlow is imported when a dataset is built.
 
 A window (a list of artifact directories) is read as one dataset: the days' steps one day after the other,
 or permuted together (`shuffle_steps`), after `tpu_embed.artifact.lineage.check_window` has checked that one
@@ -40,7 +40,7 @@ from tpu_embed.artifact.verify import (
     path_of,
 )
 from tpu_embed.core.permutation import Permutation, epoch_key
-from tpu_embed.training.parse import parse_fn
+from tpu_embed.training.shard_parse import parse_fn
 
 READERS = ("auto", "tensorflow", "io")
 
