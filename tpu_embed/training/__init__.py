@@ -2,10 +2,11 @@
 
 `input` (`input_fn`: an artifact's shards as a `tf.data` dataset, one element per step; `per_chip_dataset`:
 one element per chip), `shard_parse` (`parse_fn`: a shard record into TF's full-size CSR buffers), `tpu` (the
-TPU path: `build_tpu_embedding`, `distribute_steps`, ...), `host_embedding` (`HostEmbedding`: the same
-embedding math on CPU/GPU, in TensorFlow), `host_index` (its numpy index: the CSR's ids back to table rows),
-`host_optimizers` (TPU embedding's optimizer updates as TensorFlow ops), `remap` (a checkpoint moved onto
-another artifact's ids) and `dlrm` (a small DLRM network used by the examples and the demo).
+TPU path: `build_tpu_embedding`, `distribute_steps`, ...; `tpu_checks`: what the shards promise it, checked),
+`host_embedding` (`HostEmbedding`: the same embedding math on CPU/GPU, in TensorFlow; `host_config`: what it
+is built from; `host_compiled`: its `tf.function`s), `host_index` (its numpy index: the CSR's ids back to
+table rows), `host_optimizers` (TPU embedding's optimizer updates as TensorFlow ops), `remap` (a checkpoint
+moved onto another artifact's ids) and `dlrm` (a small DLRM network used by the examples and the demo).
 """
 
 from typing import TYPE_CHECKING

@@ -30,10 +30,10 @@ through spill files, so memory follows `chunk_rows`, not the table.  The parts:
 `tpu_embed.training.remap.row_mapping` (which A row every B row takes; numpy, no checkpoint),
 `tpu_embed.training.remap.checkpoint` (finding the variables, moving them),
 `tpu_embed.training.remap.bundle` (TF's checkpoint files, read and written without TensorFlow),
-`tpu_embed.training.remap.report` (what a remap did).
+`tpu_embed.training.remap.remap_report` (what a remap did).
 """
 
-from tpu_embed.training.remap.report import RemapReport, TableReport
+from tpu_embed.training.remap.remap_report import RemapReport, TableReport
 from tpu_embed.training.remap.row_mapping import RemapError, RowMapping, row_mappings
 from tpu_embed.training.remap.warm_start import artifact_seed, remap, resolve_checkpoint
 

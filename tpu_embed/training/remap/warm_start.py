@@ -17,7 +17,7 @@ from tpu_embed.artifact import io as tio
 from tpu_embed.artifact.load import Artifact
 from tpu_embed.training.remap import checkpoint as ckpt
 from tpu_embed.training.remap.bundle import BundleError, BundleReader, BundleWriter
-from tpu_embed.training.remap.report import RemapReport, TableReport
+from tpu_embed.training.remap.remap_report import RemapReport, TableReport
 from tpu_embed.training.remap.row_mapping import RemapError, RowMapping, load, row_mappings
 
 _STATE_LINE = re.compile(r'^model_checkpoint_path:\s*"(.*)"\s*$', re.M)
