@@ -17,7 +17,7 @@ import tensorflow as tf
 
 from tpu_embed.training import host_optimizers
 from tpu_embed.training.host_config import HostConfig
-from tpu_embed.training.host_index import PackedIndex
+from tpu_embed.training.host_index import PackedIndex, StepLookup, packed_index
 
 
 @dataclasses.dataclass(frozen=True)
@@ -90,6 +90,27 @@ class CompiledSteps:
         fn = self.function(("apply", pending.names, pending.upd),
                            lambda: self._apply_function(pending.names, pending.upd, self.value_dims(pending)))
         fn(pending.unique, pending.ucounts, list(pending.values), pending.lrs)
+
+    def gradient_inputs(self, flat: Dict[str, Any], step: StepLookup):
+        """The gradients w.r.t. the activations as the compiled updates take them: (gradient tensors in packed
+        order, indices of the tables to update, features with a None gradient); a wrong shape is refused."""
+        packed = packed_index(step)
+        grads, upd, nones = [], [], []
+        for ti, (table, feats) in enumerate(packed.key):
+            if not any(name in flat for name, _ in feats):
+                continue
+            upd.append(ti)
+            dim = int(self.tables[table].shape[1])
+            for name, shape in feats:
+                g = flat.get(name)
+                if g is None:
+                    nones.append(name)
+                    continue
+                g = tf.convert_to_tensor(g, tf.float32)
+                if tuple(g.shape) != shape + (dim,):
+                    raise ValueError(f"gradient of {name!r} has shape {tuple(g.shape)}, expected {shape + (dim,)}.")
+                grads.append(g)
+        return grads, tuple(upd), frozenset(nones)
 
     # -- the graphs --------------------------------------------------------------------
 
@@ -245,6 +266,17 @@ class TrainFunctions:
             return (loss, values) if cfg.pipelining else loss
 
         return tf.function(train, reduce_retracing=True)
+
+
+def dense_batch(record: Any) -> Any:
+    """A record (or a list of records) without its CSR, every value a tensor (no retracing on Python ints)."""
+    if isinstance(record, (list, tuple)):
+        records = [r for r in record if isinstance(r, Mapping) and "sparse_core" in r]
+        return [dense_batch(r) for r in records] if records and len(records) == len(record) else None
+    if not isinstance(record, Mapping) or "sparse_core" not in record:
+        return None  # per-chip CSR or a StepLookup: nothing dense to hand the model
+    return {k: v if tf.is_tensor(v) else tf.convert_to_tensor(v) for k, v in record.items()
+            if k not in ("sparse_core", "tensor_core")}
 
 
 def packed_tensor(packed: PackedIndex, name: str) -> Any:

@@ -92,7 +92,14 @@ from tpu_embed.core.model import FeatureConfig, ModelConfig, to_tf_feature_confi
 from tpu_embed.core.topology import Topology
 from tpu_embed.sparsecore.layout import SparseCoreLayout
 from tpu_embed.training import host_optimizers
-from tpu_embed.training.host_compiled import CompiledSteps, Pending, TrainFunctions, f32_vector, packed_tensor
+from tpu_embed.training.host_compiled import (
+    CompiledSteps,
+    Pending,
+    TrainFunctions,
+    dense_batch,
+    f32_vector,
+    packed_tensor,
+)
 from tpu_embed.training.host_config import host_config, table_seed
 from tpu_embed.training.host_index import FeatureLookup, PackedIndex, StepLookup, packed_index
 
@@ -388,7 +395,7 @@ class HostEmbedding(tf.Module):
             packed = packed_index(lookup)
             scaled, scales, lrs = self._update_inputs(packed, tuple(range(len(packed.key))))
             loss, pending = train(self._compiled(), packed, scaled, scales, lrs, self._state.pending,
-                                  _dense_batch(record))
+                                  dense_batch(record))
             if self._config.pipelining:
                 self._state.pending = pending
             return loss
@@ -414,7 +421,7 @@ class HostEmbedding(tf.Module):
         self.build()
         step = self._step(preserved_outputs)
         packed = packed_index(step)
-        grads, upd, nones = self._gradient_inputs(self._flat_gradients(gradients, step), step)
+        grads, upd, nones = self._compiled().gradient_inputs(self._flat_gradients(gradients, step), step)
         scaled = (False,) * len(upd)
         values = self._compiled().values(packed, grads, upd, nones, scaled, tf.zeros((len(upd),), tf.float32))
         out = {}
@@ -445,7 +452,7 @@ class HostEmbedding(tf.Module):
         self.build()
         step = self._step(preserved_outputs)
         packed = packed_index(step)
-        grads, upd, nones = self._gradient_inputs(self._flat_gradients(gradients, step), step)
+        grads, upd, nones = self._compiled().gradient_inputs(self._flat_gradients(gradients, step), step)
         scaled, scale_t, lr_t = self._update_inputs(packed, upd)
         names = tuple(t for t, _ in packed.key)
         if cfg.pipelining:
@@ -493,26 +500,6 @@ class HostEmbedding(tf.Module):
     def has_pending_update(self) -> bool:
         """Whether a pipelined update waits for the next `apply_gradients` or `flush`."""
         return self._state.pending is not None
-
-    def _gradient_inputs(self, flat: Dict[str, Any], step: StepLookup):
-        """(gradient tensors in packed order, indices of the tables to update, features with a None gradient)."""
-        packed = packed_index(step)
-        grads, upd, nones = [], [], []
-        for ti, (table, feats) in enumerate(packed.key):
-            if not any(name in flat for name, _ in feats):
-                continue
-            upd.append(ti)
-            dim = int(self.tables[table].shape[1])
-            for name, shape in feats:
-                g = flat.get(name)
-                if g is None:
-                    nones.append(name)
-                    continue
-                g = tf.convert_to_tensor(g, tf.float32)
-                if tuple(g.shape) != shape + (dim,):
-                    raise ValueError(f"gradient of {name!r} has shape {tuple(g.shape)}, expected {shape + (dim,)}.")
-                grads.append(g)
-        return grads, tuple(upd), frozenset(nones)
 
     def _global_step(self):
         gs = self._config.global_step
@@ -573,17 +560,6 @@ class HostEmbedding(tf.Module):
         for table, var in serving.embedding_tables.items():
             var.assign(self.tables[table.name])
         return serving
-
-
-def _dense_batch(record: Any) -> Any:
-    """A record (or a list of records) without its CSR, every value a tensor (no retracing on Python ints)."""
-    if isinstance(record, (list, tuple)):
-        records = [r for r in record if isinstance(r, Mapping) and "sparse_core" in r]
-        return [_dense_batch(r) for r in records] if records and len(records) == len(record) else None
-    if not isinstance(record, Mapping) or "sparse_core" not in record:
-        return None  # per-chip CSR or a StepLookup: nothing dense to hand the model
-    return {k: v if tf.is_tensor(v) else tf.convert_to_tensor(v) for k, v in record.items()
-            if k not in ("sparse_core", "tensor_core")}
 
 
 def _leaves(structure: Any) -> List[Any]:
