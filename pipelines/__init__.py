@@ -20,4 +20,7 @@ Every job is a thin composite `beam.PTransform` over Beam-free numpy / Arrow cod
 * `pipelines.progress`, `pipelines.quiet` — progress bars; TensorFlow start-up noise off the terminal
 
 Dependencies point one way: pipelines -> profiles -> tpu_embed.
+
+Nothing is imported here: the conformance oracles and the benchmarks' helpers import `pipelines.child_pipe`
+(standard library alone) in virtual environments without Beam.
 """
