@@ -62,8 +62,8 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from pipelines import child_pipe  # noqa: E402
 from tpu_embed import Topology  # noqa: E402
-from tpu_embed.core import pipe  # noqa: E402
 from tpu_embed.core.model import FeatureConfig, ModelConfig, TableConfig  # noqa: E402
 from tpu_embed.sparsecore import RaggedIds, csr, preprocess, stack_tables  # noqa: E402
 from tpu_embed.sparsecore.csr_types import stack_limits_of  # noqa: E402
@@ -197,7 +197,7 @@ def start_jax(args):
     if not JAX_PYTHON.exists():
         return None, f"skipped: {JAX_PYTHON.relative_to(ROOT)} is missing (`make jax-oracle` makes it)"
     env = dict(os.environ, JAX_PLATFORMS="cpu")
-    return pipe.Helper([str(JAX_PYTHON), str(ROOT / "benchmarks" / "jax_preprocess.py")], env,
+    return child_pipe.Helper([str(JAX_PYTHON), str(ROOT / "benchmarks" / "jax_preprocess.py")], env,
                        name="jax-tpu-embedding"), None
 
 

@@ -57,7 +57,7 @@ import numpy as np
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from tpu_embed.core import pipe  # noqa: E402
+from pipelines import child_pipe  # noqa: E402
 
 TF_DEFAULT_IDS_PER_SAMPLE = 64  # TF's max_ids_per_chip_per_sample default
 
@@ -159,8 +159,8 @@ def oracle_config(art: str, out: str, manifest, spec_model, batch: int) -> dict:
                        "allow_id_dropping": bool(lim.allow_id_dropping)}}
 
 
-class OracleFeeder(pipe.Helper):
-    """benchmarks/feed_oracle.py in .venv-oracle (TF's SparseCore CPU kernels), over `tpu_embed.core.pipe`."""
+class OracleFeeder(child_pipe.Helper):
+    """benchmarks/feed_oracle.py in .venv-oracle (TF's SparseCore CPU kernels), over `pipelines.child_pipe`."""
 
     def __init__(self, config_path: str):
         python = os.environ.get("TPU_EMBED_ORACLE_PYTHON") or os.path.join(ROOT, ".venv-oracle", "bin", "python")

@@ -3,7 +3,7 @@
 Started by benchmarks/feed.py as a subprocess (`.venv-oracle/bin/python
 benchmarks/feed_oracle.py CONFIG.json`, with TPU_LIBRARY_PATH pointing
 nowhere so tensorflow-tpu 2.20's CPU kernels run without libtpu).  Of
-tpu_embed it imports only the pipe protocol (`tpu_embed.core.pipe`, standard
+this repository it imports only the pipe protocol (`pipelines.child_pipe`, standard
 library alone): it is the independent side of the comparison.
 
 Per step (one host's global batch), all TensorFlow:
@@ -17,7 +17,7 @@ Per step (one host's global batch), all TensorFlow:
 `make_parse_lookup` is also imported by feed.py (in the main venv) so both
 on-the-fly paths parse and look up with the same code.
 
-Protocol: `tpu_embed.core.pipe` (length-prefixed pickles on stdin/stdout).
+Protocol: `pipelines.child_pipe` (length-prefixed pickles on stdin/stdout).
 Requests: {"op": "round", "epochs": n} -> {mode: {"seconds", "cpu_seconds", "steps"}};
 {"op": "check"} -> step 0's CSR prefixes per chip and stack.
 """
@@ -30,8 +30,8 @@ import resource
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tpu_embed.core.pipe, not installed
-from tpu_embed.core import pipe  # noqa: E402
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # pipelines.child_pipe, not installed
+from pipelines import child_pipe  # noqa: E402
 
 
 def make_parse_lookup(cfg):
@@ -171,7 +171,7 @@ def _cpu():
 def main():
     with open(sys.argv[1]) as fh:
         cfg = json.load(fh)
-    stdout = pipe.message_stdout()  # before TensorFlow starts: its chatter stays off the protocol stream
+    stdout = child_pipe.message_stdout()  # before TensorFlow starts: its chatter stays off the protocol stream
     feeder = Feeder(cfg)
 
     def handle(req):
@@ -181,7 +181,7 @@ def main():
             return feeder.check()
         raise ValueError(f"unknown op {req['op']!r}")
 
-    pipe.serve(handle, stdout=stdout)  # an error is answered as {"error": ...}; feed.py stops with it
+    child_pipe.serve(handle, stdout=stdout)  # an error is answered as {"error": ...}; feed.py stops with it
 
 
 if __name__ == "__main__":

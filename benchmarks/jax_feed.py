@@ -39,7 +39,7 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from tpu_embed.core import pipe  # noqa: E402
+from pipelines import child_pipe  # noqa: E402
 
 
 def _cpu() -> float:
@@ -146,7 +146,7 @@ def serve():
             state["side"] = _JaxSide(req)
             return state["side"].step0()
         return state["side"].bench(req["epochs"])
-    pipe.serve(handle, stdout=pipe.message_stdout())
+    child_pipe.serve(handle, stdout=child_pipe.message_stdout())
 
 
 # ---------------------------------------------------------------- our side
@@ -248,7 +248,7 @@ def main(argv=None):
         ids_per_step = [sum(int(ids.size) for _, ids in s.values()) for s in steps]
         python = os.environ.get("TPU_EMBED_JAX_PYTHON") or os.path.join(ROOT, ".venv-jax", "bin", "python")
         env = dict(os.environ, JAX_PLATFORMS="cpu", TF_CPP_MIN_LOG_LEVEL="3")
-        helper = pipe.Helper([python, os.path.abspath(__file__), "--serve"], env, name="jax-feed")
+        helper = child_pipe.Helper([python, os.path.abspath(__file__), "--serve"], env, name="jax-feed")
         try:
             first = helper({"op": "setup", "num_devices": chips, "num_sc_per_device": spec.topology.num_sc_per_chip,
                             "tables": [{"name": t.name, "vocabulary_size": t.vocabulary_size, "dim": t.dim,

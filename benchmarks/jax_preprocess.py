@@ -1,8 +1,8 @@
 """jax-tpu-embedding's C++ input preprocessing on benchmarks/csr.py's batches; runs inside .venv-jax.
 
 Started by benchmarks/csr.py as a subprocess (`.venv-jax/bin/python
-benchmarks/jax_preprocess.py`, made by `make jax-oracle`).  Of tpu_embed it
-imports only the pipe protocol (`tpu_embed.core.pipe`, standard library
+benchmarks/jax_preprocess.py`, made by `make jax-oracle`).  Of this repository it
+imports only the pipe protocol (`pipelines.child_pipe`, standard library
 alone): it is the independent side of the comparison.
 
 What runs: `embedding.preprocess_sparse_dense_matmul_input` (pybind over the
@@ -26,7 +26,7 @@ Two input forms, each timed:
             feature int64 indices [n, 2], int32 values, dense shape.
 Conversions to these forms are done once, outside the timing.
 
-Protocol: `tpu_embed.core.pipe`.  Requests:
+Protocol: `pipelines.child_pipe`.  Requests:
   {"op": "setup", "tables": [{"name", "vocabulary_size", "dim", "combiner"}],
    "features": [{"name", "table"}] (features use tables by name), "num_chips",
    "num_sc_per_chip", "global_batches": [{feature: (values int64, row_splits int64)}]}
@@ -43,8 +43,8 @@ import os
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tpu_embed.core.pipe, not installed
-from tpu_embed.core import pipe  # noqa: E402
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # pipelines.child_pipe, not installed
+from pipelines import child_pipe  # noqa: E402
 
 _BIG = 1 << 20
 
@@ -163,7 +163,7 @@ def _packed_ids(out, np):
 
 
 def main():
-    stdout = pipe.message_stdout()
+    stdout = child_pipe.message_stdout()
     state = {}
 
     def handle(req):
@@ -182,7 +182,7 @@ def main():
             return state["bench"].bench(int(req["repeats"]))
         raise ValueError(f"unknown op {req['op']!r}")
 
-    pipe.serve(handle, stdout=stdout)
+    child_pipe.serve(handle, stdout=stdout)
 
 
 if __name__ == "__main__":

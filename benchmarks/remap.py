@@ -127,9 +127,9 @@ def measure(info: dict, chunk_rows: int | None) -> dict:
 CHECK = """
 import sys, numpy as np, tensorflow as tf
 sys.path.insert(0, sys.argv[1])
-from tpu_embed.training.remap import plan as rplan
+from tpu_embed.training.remap import row_mapping as rmapping
 d, n = sys.argv[2], int(sys.argv[3])
-p = rplan.table_plans(rplan.load(d + "/A"), rplan.load(d + "/B"))["C1"]
+p = rmapping.row_mappings(rmapping.load(d + "/A"), rmapping.load(d + "/B"))["C1"]
 a, b = tf.train.load_checkpoint(sys.argv[4]), tf.train.load_checkpoint(d + "/out/ckpt-0")
 rng = np.random.default_rng(1)
 rows = np.concatenate([rng.integers(0, p.rows_b, n), [p.rows_b - 1]])  # and the OOV bucket

@@ -14,10 +14,13 @@ Every job is a thin composite `beam.PTransform` over Beam-free numpy / Arrow cod
 * `pipelines.paths`, `pipelines.user_errors` — local paths made absolute for workers; one-line errors
 * `pipelines.token_index` — the token hash tables (native): dictionary encoding, counting, lookups
 * `pipelines.background`, `pipelines.child_process`, `pipelines.profile_worker` — a worker's threads and its
-  child process (`tpu_embed.core.pipe`)
+  child process (`pipelines.child_pipe`)
 * `pipelines.dask_compat` — work-arounds for Beam 2.77's DaskRunner
 * `pipelines.demo`, `pipelines.demo_data` — `tpu-embed demo`: synthetic data to a trained model
 * `pipelines.progress`, `pipelines.quiet` — progress bars; TensorFlow start-up noise off the terminal
 
 Dependencies point one way: pipelines -> profiles -> tpu_embed.
+
+Nothing is imported here: the conformance oracles and the benchmarks' helpers import `pipelines.child_pipe`
+(standard library alone) in virtual environments without Beam.
 """

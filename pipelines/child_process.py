@@ -6,7 +6,7 @@ and the job used ~1.3 of 2 cores. A child process has a GIL of its own (`pipelin
 
 `Child` starts `python -m pipelines.child_process` (not multiprocessing: nothing of the parent's `__main__`
 is imported again, and no fork of a process with threads), and runs functions there that talk to the
-parent through the child's stdin and stdout (`tpu_embed.core.pipe`: length-prefixed pickles):
+parent through the child's stdin and stdout (`pipelines.child_pipe`: length-prefixed pickles):
 
     child = Child()
     child.start("pipelines.profile_worker:serve", collector)   # the function runs in the child
@@ -33,7 +33,7 @@ import sys
 import traceback
 from typing import Any
 
-from tpu_embed.core import pipe
+from pipelines import child_pipe
 
 PIPE_BYTES = 1 << 20  # Linux's default /proc/sys/fs/pipe-max-size
 ENV = "TPU_EMBED_CHILD_PROCESS"
@@ -89,7 +89,7 @@ class Child:
 
     def send(self, msg) -> None:
         try:
-            pipe.send(self._proc.stdin, msg)
+            child_pipe.send(self._proc.stdin, msg)
         except (BrokenPipeError, OSError, ValueError):
             self.receive()  # raises the child's error, or that it exited
             raise ChildProcessError("the child process stopped reading its input") from None
@@ -97,7 +97,7 @@ class Child:
     def receive(self) -> Any:
         """The child's next message; its function's exception raised here, or ChildProcessError if it died."""
         try:
-            msg = pipe.receive(self._proc.stdout)
+            msg = child_pipe.receive(self._proc.stdout)
         except (OSError, ValueError):
             msg = None
         if msg is None:
@@ -137,19 +137,19 @@ def _picklable(e: BaseException) -> BaseException:
 
 
 def main() -> int:
-    stdin, stdout = sys.stdin.buffer, pipe.message_stdout()  # a print in the child cannot corrupt the messages
+    stdin, stdout = sys.stdin.buffer, child_pipe.message_stdout()  # a print in the child cannot corrupt the messages
 
     closed = False  # the parent closed our input
 
     def receive():
         nonlocal closed
-        msg = pipe.receive(stdin)
+        msg = child_pipe.receive(stdin)
         closed = closed or msg is None
         return msg
 
     def send(msg) -> None:
         try:
-            pipe.send(stdout, msg)
+            child_pipe.send(stdout, msg)
         except (BrokenPipeError, OSError):
             os._exit(0)  # the parent is gone (its job failed or ended): nobody to answer, nothing to print
 

@@ -1,6 +1,6 @@
 """jax-tpu-embedding's own FDO client, limit update and preprocessing; executed inside the JAX oracle venv.
 
-Protocol: `tpu_embed.core.pipe`.  A request describes the tables and features, the stacking the figures are
+Protocol: `pipelines.child_pipe`.  A request describes the tables and features, the stacking the figures are
 for, the topology, an FDO directory written by `tpu-embed plan --format jax-fdo`, and every step's local batch
 of every process (per feature: row splits, ids, weights or None).  The answer is what jax-tpu-embedding does
 with them: the stacking its own stacker gives, what `NPZFileFDOClient.load()` reads, the limits
@@ -15,7 +15,7 @@ from pathlib import Path
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository: tpu_embed.core.pipe, not installed here
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository: pipelines.child_pipe, not installed here
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # jax_specs beside this file
 
 import jax_specs  # noqa: E402
@@ -24,7 +24,7 @@ from absl import logging as absl_logging  # noqa: E402
 from jax_tpu_embedding.sparsecore.lib.fdo import file_fdo_client  # noqa: E402
 from jax_tpu_embedding.sparsecore.lib.nn import embedding, table_stacking  # noqa: E402
 
-from tpu_embed.core import pipe  # noqa: E402
+from pipelines import child_pipe  # noqa: E402
 
 absl_logging.set_verbosity(absl_logging.ERROR)
 
@@ -82,4 +82,4 @@ def handle(req):
 
 
 if __name__ == "__main__":
-    pipe.serve(handle)  # an error is answered as {"error": ...}: it is part of the conformance result
+    child_pipe.serve(handle)  # an error is answered as {"error": ...}: it is part of the conformance result

@@ -1,7 +1,7 @@
 """tpu_embed.jax.input_iterator / tpu_embed.jax.specs (the product under test) where jax is installed: runs in
 the JAX oracle venv (.venv-jax) with the repository on sys.path, as tests/conformance/jax-requirements.txt says.
 
-Started by tests/conformance/test_jax_input_in_jax_venv.py (`tpu_embed.core.pipe`), with as many CPU devices
+Started by tests/conformance/test_jax_input_in_jax_venv.py (`pipelines.child_pipe`), with as many CPU devices
 as the artifact's host has (XLA_FLAGS). Requests, by "op":
 
 * "specs": `feature_specs(artifact, fdo_dir=...)` described as plain data (per feature its table, optimizer,
@@ -28,7 +28,7 @@ sys.path.insert(0, str(ROOT))  # tpu_embed is not installed in this venv
 
 from absl import logging as absl_logging  # noqa: E402
 
-from tpu_embed.core import pipe  # noqa: E402
+from pipelines import child_pipe  # noqa: E402
 
 absl_logging.set_verbosity(absl_logging.ERROR)
 
@@ -149,8 +149,8 @@ def handle(req):
 
 
 def main():
-    stdout = pipe.message_stdout()
-    pipe.serve(handle, stdout=stdout)
+    stdout = child_pipe.message_stdout()
+    child_pipe.serve(handle, stdout=stdout)
 
 
 if __name__ == "__main__":

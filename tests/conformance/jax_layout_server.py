@@ -1,7 +1,7 @@
 """The JAX layout oracle: jax-tpu-embedding 0.2.0's own stacking and preprocessing; runs inside .venv-jax.
 
-Started by tests/conformance/test_jax_layout_conformance.py through `jax_oracle.JaxOracle`. Of tpu_embed it
-imports only the pipe protocol (`tpu_embed.core.pipe`, standard library alone): it is the independent side.
+Started by tests/conformance/test_jax_layout_conformance.py through `jax_oracle.JaxOracle`. Of this repository it
+imports only the pipe protocol (`pipelines.child_pipe`, standard library alone): it is the independent side.
 
 What runs, per request: `TableSpec`s / `FeatureSpec`s built from plain data (input_shape and output_shape
 [global samples, 1 | dim], as a jit-style global batch), `embedding.auto_stack_tables` (its defaults: short
@@ -17,7 +17,7 @@ Limits are jax's own FDO loop done once: a first pass over every step and host w
 overflow (max ids = the host's ids + 8, a COO buffer that holds them), its stats merged (max), installed
 by `embedding.update_preprocessing_parameters`, and a second pass with them, whose arrays are returned.
 
-Protocol (`tpu_embed.core.pipe`). Request:
+Protocol (`pipelines.child_pipe`). Request:
   {"tables": [{"name", "vocabulary_size", "dim", "combiner", "optimizer": (kind, learning_rate)}],
    "features": [{"name", "table", "samples"}] (global samples; the order of the model's features),
    "num_devices", "num_sc_per_device", "num_hosts", "has_leading_dimension",
@@ -38,7 +38,7 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-from tpu_embed.core import pipe  # noqa: E402
+from pipelines import child_pipe  # noqa: E402
 
 
 def _optimizer(es, spec):
@@ -159,8 +159,8 @@ def handle(req):
 
 
 def main():
-    stdout = pipe.message_stdout()
-    pipe.serve(handle, stdout=stdout)
+    stdout = child_pipe.message_stdout()
+    child_pipe.serve(handle, stdout=stdout)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """tpu_embed.jax.limits (the product under test) on jax-tpu-embedding's FeatureSpecs; run in the JAX oracle venv.
 
-Protocol: `tpu_embed.core.pipe`.  A request describes the tables and features (as for jax_fdo_server.py) and
+Protocol: `pipelines.child_pipe`.  A request describes the tables and features (as for jax_fdo_server.py) and
 names an FDO directory written by `tpu-embed plan --format jax-fdo`; the answer is the stacking that
 `limits.stack_tables` gives and the limits `limits.apply_limits` sets, or the error it raises on specs that
 differ from the profiled ones (`mutate`: 'vocabulary' enlarges the first table, 'unstacked' leaves every table
@@ -19,7 +19,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import jax_specs  # noqa: E402
 from absl import logging as absl_logging  # noqa: E402
 
-from tpu_embed.core import pipe  # noqa: E402
+from pipelines import child_pipe  # noqa: E402
 from tpu_embed.jax import limits  # noqa: E402
 
 absl_logging.set_verbosity(absl_logging.ERROR)
@@ -43,4 +43,4 @@ def handle(req):
 
 
 if __name__ == "__main__":
-    pipe.serve(handle)
+    child_pipe.serve(handle)

@@ -1,7 +1,7 @@
 """The JAX conformance oracle: jax-tpu-embedding (jax[cpu]) in its own venv (`make jax-oracle`).
 
 jax-tpu-embedding's preprocessing and FDO client run on the host CPU; they are imported only in that venv,
-by the scripts and servers of tests/conformance that this module starts (`tpu_embed.core.pipe` protocol).
+by the scripts and servers of tests/conformance that this module starts (`pipelines.child_pipe` protocol).
 """
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from tpu_embed.core import pipe
+from pipelines import child_pipe
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -32,7 +32,7 @@ def jax_env() -> dict:
     return dict(os.environ, JAX_PLATFORMS="cpu", TF_CPP_MIN_LOG_LEVEL="3", CUDA_VISIBLE_DEVICES="")
 
 
-class JaxOracle(pipe.Helper):
+class JaxOracle(child_pipe.Helper):
     """A server script of tests/conformance run in the JAX venv: `oracle(request)` -> its answer."""
 
     def __init__(self, server: Path, name: str = "jax-oracle"):

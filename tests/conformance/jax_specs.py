@@ -1,7 +1,7 @@
 """jax-tpu-embedding `FeatureSpec`s from a plain description; imported by the JAX oracle's scripts, in its venv.
 
 Of tpu_embed it imports nothing: the description (tables, features with their global samples) is plain data
-sent over `tpu_embed.core.pipe`.
+sent over `pipelines.child_pipe`.
 """
 
 import jax

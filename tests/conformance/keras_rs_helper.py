@@ -1,7 +1,7 @@
 """examples/train_keras_rs.py where keras-rs is installed: runs in the JAX oracle venv (.venv-jax, with keras and
 keras-rs, tests/conformance/jax-requirements.txt) with the repository on sys.path.
 
-Started by tests/conformance/test_keras_rs_in_jax_venv.py (`tpu_embed.core.pipe`). Requests, by "op":
+Started by tests/conformance/test_keras_rs_in_jax_venv.py (`pipelines.child_pipe`). Requests, by "op":
 
 * "compare": the example's `feature_configs(artifact, fdo_dir)` and `keras_rs_feature_specs` of them; each step
   of `input_iterator(artifact, feature_specs=<those specs>, host_index=...)` as `keras_inputs` makes it, and
@@ -26,7 +26,7 @@ sys.path.insert(0, str(ROOT / "examples"))
 
 from absl import logging as absl_logging  # noqa: E402
 
-from tpu_embed.core import pipe  # noqa: E402
+from pipelines import child_pipe  # noqa: E402
 
 absl_logging.set_verbosity(absl_logging.ERROR)
 
@@ -89,4 +89,4 @@ def handle(req):
 
 
 if __name__ == "__main__":
-    pipe.serve(handle, stdout=pipe.message_stdout())
+    child_pipe.serve(handle, stdout=child_pipe.message_stdout())

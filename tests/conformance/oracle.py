@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from tpu_embed.core import pipe
+from pipelines import child_pipe
 
 ROOT = Path(__file__).resolve().parents[2]
 SERVER = Path(__file__).with_name("oracle_server.py")
@@ -23,8 +23,8 @@ def oracle_python() -> str:
         "(or `make test`, which creates it), or set TPU_EMBED_ORACLE_PYTHON.")
 
 
-class Oracle(pipe.Helper):
-    """oracle_server.py in the oracle's venv: `oracle(request)` -> TensorFlow's answer (`tpu_embed.core.pipe`)."""
+class Oracle(child_pipe.Helper):
+    """oracle_server.py in the oracle's venv: `oracle(request)` -> TensorFlow's answer (`pipelines.child_pipe`)."""
 
     def __init__(self):
         env = dict(os.environ, TPU_LIBRARY_PATH="/nonexistent/libtpu.so", TF_CPP_MIN_LOG_LEVEL="3",

@@ -1,6 +1,6 @@
 """Runs TensorFlow's own SparseCore host kernels; executed inside the oracle venv.
 
-Protocol: `tpu_embed.core.pipe` (length-prefixed pickles on stdin/stdout).  Each
+Protocol: `pipelines.child_pipe` (length-prefixed pickles on stdin/stdout).  Each
 request is a dict of plain Python/numpy data (tables, features, inputs,
 topology, limits); each response is plain data too, or {"error": message}.
 Of tpu_embed it imports only that protocol (standard library alone): it is
@@ -16,14 +16,14 @@ from pathlib import Path
 
 os.environ.setdefault("TPU_LIBRARY_PATH", "/nonexistent/libtpu.so")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository: tpu_embed.core.pipe, not installed here
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository: pipelines.child_pipe, not installed here
 
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 from tensorflow.python.tpu import tpu_embedding_v3 as v3  # noqa: E402
 from tensorflow.python.util import nest  # noqa: E402
 
-from tpu_embed.core import pipe  # noqa: E402
+from pipelines import child_pipe  # noqa: E402
 
 E = tf.tpu.experimental.embedding
 _OPTIMIZERS = {"sgd": E.SGD, "adagrad": E.Adagrad, "adam": E.Adam}
@@ -276,4 +276,4 @@ _EMBEDDING_V2_OPS = {"tpu_embedding_v2": _embedding_v2_config, "tpu_embedding_v2
 
 
 if __name__ == "__main__":
-    pipe.serve(handle)  # an error is answered as {"error": ...}: it is part of the conformance result
+    child_pipe.serve(handle)  # an error is answered as {"error": ...}: it is part of the conformance result

@@ -17,10 +17,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from pipelines import child_pipe
 from tests.conformance import jax_oracle
 from tests.conformance.jax_examples import differing_stacks, example_artifact, fdo_artifacts, host_features
 from tpu_embed.artifact.jax_records import segment_sizes
-from tpu_embed.core import pipe
 from tpu_embed.sparsecore.jax_layout import PAD_ID
 
 pytestmark = pytest.mark.conformance
@@ -38,7 +38,7 @@ DEVICES = 2  # CPU devices of the helper: criteo's host has 2 chips; movielens' 
 @pytest.fixture(scope="module")
 def helper():
     env = dict(jax_oracle.jax_env(), XLA_FLAGS=f"--xla_force_host_platform_device_count={DEVICES}")
-    h = pipe.Helper([jax_oracle.jax_python(), str(HELPER)], env, name="jax-input-helper")
+    h = child_pipe.Helper([jax_oracle.jax_python(), str(HELPER)], env, name="jax-input-helper")
     yield h
     h.close()
 

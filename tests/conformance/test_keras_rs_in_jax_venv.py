@@ -17,10 +17,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from pipelines import child_pipe
 from tests.conformance import jax_oracle
 from tests.conformance.jax_examples import differing_stacks, fdo_artifacts, host_features
 from tpu_embed.artifact.jax_records import segment_sizes
-from tpu_embed.core import pipe
 from tpu_embed.sparsecore.jax_layout import PAD_ID
 
 pytestmark = pytest.mark.conformance
@@ -34,7 +34,7 @@ EXAMPLES = {"criteo": ("criteo", "jax", None), "movielens_stacks": ("movielens",
 @pytest.fixture(scope="module")
 def helper():
     env = dict(jax_oracle.jax_env(), XLA_FLAGS="--xla_force_host_platform_device_count=2", KERAS_BACKEND="jax")
-    h = pipe.Helper([jax_oracle.jax_python(), str(HELPER)], env, name="keras-rs-helper")
+    h = child_pipe.Helper([jax_oracle.jax_python(), str(HELPER)], env, name="keras-rs-helper")
     yield h
     h.close()
 

@@ -4,11 +4,10 @@
 configurations every other package consumes), `optimizers` (the seed API's
 optimizer parameters, which validate a table's optimizer), `canonical`
 (canonical JSON and fingerprints), `permutation` (the deterministic shuffle),
-`nest` (tf.nest's flattening order without TensorFlow), `pipe` (the
-length-prefixed pickle protocol between a process and its helper processes) and
-`quiet` (TensorFlow's logs below errors and its start-up lines muted, installed
-by `import tpu_embed` unless the user set `TF_CPP_MIN_LOG_LEVEL`).
+`nest` (tf.nest's flattening order without TensorFlow), `lazy` (a package's
+public names imported on first use) and `quiet` (TensorFlow's logs below errors
+and its start-up lines muted, installed by `import tpu_embed` unless the user set
+`TF_CPP_MIN_LOG_LEVEL`).
 
-Nothing is imported here: the conformance oracles import `core.pipe` in
-their own environment, without this package's dependencies.
+Nothing is imported here: `import tpu_embed` loads `core.quiet` alone, before anything imports TensorFlow.
 """

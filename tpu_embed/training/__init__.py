@@ -1,16 +1,17 @@
 """The training side: shards into `TPUEmbeddingV2.dequeue` on TPU, or into `HostEmbedding` on CPU/GPU.
 
-`input` (`input_fn`: an artifact's shards as a `tf.data` dataset, one
-element per step; `per_chip_dataset`: one element per chip), `parse` (`parse_fn`: a shard record into TF's full-size
-CSR buffers), `tpu` (the TPU path: `build_tpu_embedding`, `distribute_steps`, ...),
-`host_embedding` (`HostEmbedding`: the same embedding math on CPU/GPU, in
-TensorFlow), `host_index` (its numpy index: the CSR's ids back to table
-rows), `host_optimizers` (TPU embedding's optimizer updates as TensorFlow
-ops) and `dlrm` (a small model used by the examples and the demo).
+`input` (`input_fn`: an artifact's shards as a `tf.data` dataset, one element per step; `per_chip_dataset`:
+one element per chip), `shard_parse` (`parse_fn`: a shard record into TF's full-size CSR buffers), `tpu` (the
+TPU path: `build_tpu_embedding`, `distribute_steps`, ...; `tpu_checks`: what the shards promise it, checked),
+`host_embedding` (`HostEmbedding`: the same embedding math on CPU/GPU, in TensorFlow; `host_config`: what it
+is built from; `host_compiled`: its `tf.function`s), `host_index` (its numpy index: the CSR's ids back to
+table rows), `host_optimizers` (TPU embedding's optimizer updates as TensorFlow ops), `remap` (a checkpoint
+moved onto another artifact's ids) and `dlrm` (a small DLRM network used by the examples and the demo).
 """
 
-import importlib
 from typing import TYPE_CHECKING
+
+from tpu_embed.core.lazy import lazy_exports
 
 if TYPE_CHECKING:  # the lazy names below, visible to type checkers and the API reference's static analysis
     from tpu_embed.training.input import per_chip_dataset
@@ -28,7 +29,8 @@ if TYPE_CHECKING:  # the lazy names below, visible to type checkers and the API 
     )
 
 # The TPU path's names, loaded on first use: `tpu` imports TensorFlow, and the numpy-only modules of this
-# package (`host_index`, `parse`, `input` until it builds a dataset) must not pay for it when imported alone.
+# package (`host_index`, `shard_parse`, `input` until it builds a dataset) must not pay for it when imported
+# alone.
 _EXPORTS = {name: "tpu_embed.training.tpu" for name in (
     "ArtifactMismatchError", "DistributedSteps", "EmbeddingSetup", "build_tpu_embedding", "check_embedding",
     "dequeue_args", "distribute_steps", "embedding_setup", "make_replica_step", "replica_dataset_fn")}
@@ -51,13 +53,4 @@ __all__ = [
 ]
 
 
-def __getattr__(name):
-    if name in _EXPORTS:
-        value = getattr(importlib.import_module(_EXPORTS[name]), name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module 'tpu_embed.training' has no attribute {name!r}")
-
-
-def __dir__():
-    return sorted(set(globals()) | set(_EXPORTS))
+__getattr__, __dir__ = lazy_exports(globals(), _EXPORTS)

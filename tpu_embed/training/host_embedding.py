@@ -17,7 +17,7 @@ meaningful id of a step once; the lookup (`tf.gather` +
 `unsorted_segment_sum`) and the gradients reuse it.
 
 Compiled steps.  The TensorFlow side runs as `tf.function`s traced once per
-feature structure, the index handed over as a few flat tensors
+feature structure (`tpu_embed.training.host_compiled`), the index handed over as a few flat tensors
 (`StepLookup.packed`): `lookup` is one call, `apply_gradients` one call
 (sparse gradients and every table's update; SGD and Adagrad through TF's
 fused kernels, bit-identical to the rule).  `prepare_ahead(records)` runs
@@ -80,67 +80,30 @@ variables of the TensorCore model).
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import math
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence, Tuple
 
-import numpy as np
 import tensorflow as tf
 
 from tpu_embed.artifact.load import load_artifact
-from tpu_embed.core.model import (
-    FeatureConfig,
-    ModelConfig,
-    OptimizerConfig,
-    TableConfig,
-    from_tf_feature_config,
-    to_tf_feature_config,
-)
-from tpu_embed.core.nest import flatten_with_paths
+from tpu_embed.core.model import FeatureConfig, ModelConfig, to_tf_feature_config
 from tpu_embed.core.topology import Topology
 from tpu_embed.sparsecore.layout import SparseCoreLayout
 from tpu_embed.training import host_optimizers
-from tpu_embed.training.host_index import FeatureLookup, HostIndex, PackedIndex, StepLookup, packed_index
+from tpu_embed.training.host_compiled import (
+    CompiledSteps,
+    Pending,
+    TrainFunctions,
+    dense_batch,
+    f32_vector,
+    packed_tensor,
+)
+from tpu_embed.training.host_config import host_config, table_seed
+from tpu_embed.training.host_index import FeatureLookup, PackedIndex, StepLookup, packed_index
 
 __all__ = ["HostEmbedding", "StepLookup", "FeatureLookup"]
-
-
-# ---------------------------------------------------------------- the embedding
-
-def _to_optimizer_config(opt: Any) -> Optional[OptimizerConfig]:
-    if opt is None or isinstance(opt, OptimizerConfig):
-        return opt
-    if isinstance(opt, Mapping):
-        return OptimizerConfig.from_dict(opt)
-    if type(opt).__module__.startswith("tensorflow"):
-        return OptimizerConfig.from_tf(opt)
-    if hasattr(opt, "to_dict"):  # the seed API's parameter classes
-        return OptimizerConfig.from_dict(opt.to_dict())
-    raise TypeError(f"optimizer must be an OptimizerConfig, a seed-API parameter object, a "
-                    f"tf.tpu.experimental.embedding optimizer or a dict, got {type(opt).__name__}.")
-
-
-def _table_seed(seed: int, table: str) -> Tuple[int, int]:
-    h = hashlib.sha256(f"{int(seed)}/{table}".encode()).digest()
-    return int.from_bytes(h[:4], "little") >> 1, int.from_bytes(h[4:8], "little") >> 1
-
-
-def _tf_initializers(feature_config: Any) -> Dict[str, Callable]:
-    """Initializers of TF TableConfigs that are not TF's default (the default gets our seeded twin)."""
-    out: Dict[str, Callable] = {}
-    for _, f in flatten_with_paths(feature_config):
-        table = getattr(f, "table", None)
-        init = getattr(table, "initializer", None)
-        if table is None or init is None:
-            continue
-        default = (type(init).__name__ == "TruncatedNormal" and getattr(init, "mean", None) == 0.0
-                   and math.isclose(getattr(init, "stddev", 0.0), 1 / math.sqrt(table.dim))
-                   and getattr(init, "seed", None) is None)
-        if not default:
-            out[table.name] = init
-    return out
 
 
 class HostEmbedding(tf.Module):
@@ -180,36 +143,11 @@ class HostEmbedding(tf.Module):
                  global_step: Any = None, optimizer_semantics: str = "tpu_embedding",
                  name: str = "host_embedding"):
         super().__init__(name=name)
-        model = from_tf_feature_config(feature_config, topology)
-        inits = {} if isinstance(feature_config, ModelConfig) else _tf_initializers(feature_config)
-        inits.update(initializers or {})
-        tc = tuple(tensor_core_features)
-        if tc and not isinstance(feature_config, ModelConfig):
-            raise ValueError("Tensor-core features need a tpu_embed.core.model.ModelConfig (activations are then one "
-                             "flat {feature: tensor} dict); a TF feature-config nest has no place for them.")
-        sc_names = {f.name for f in model.features}
-        clash = sorted({f.name for f in tc} & sc_names)
-        if clash:
-            raise ValueError(f"Tensor-core features {clash} are also SparseCore features.")
-        tables: Dict[str, TableConfig] = {t.name: t for t in model.tables}
-        for f in tc:
-            if tables.setdefault(f.table.name, f.table) != f.table:
-                raise ValueError(f"Table {f.table.name!r} is configured twice, differently.")
-        default_opt = _to_optimizer_config(optimizer)
-        optimizers = {n: t.optimizer if t.optimizer is not None else default_opt for n, t in tables.items()}
-        for n, opt in optimizers.items():
-            if opt is not None:
-                host_optimizers.check_supported(n, opt.kind, dict(opt.params), optimizer_semantics)
-        if optimizer_semantics not in host_optimizers.SEMANTICS:
-            raise ValueError(f"optimizer_semantics must be one of {host_optimizers.SEMANTICS}, "
-                             f"got {optimizer_semantics!r}.")
-        # Plain Python state lives in one untracked object (tf.Module would wrap dicts as dependencies).
-        self._config = _Config(
-            model=model, index=HostIndex(model, {f.name: f for f in tc}, tables), tables=tables,
-            tc_features={f.name: f for f in tc}, optimizers=optimizers, seed=int(seed), initializers=dict(inits),
-            pipelining=bool(pipeline_execution_with_tensor_core), multiplier_fn=experimental_gradient_multiplier_fn,
-            global_step=global_step, semantics=optimizer_semantics,
-            structure=None if isinstance(feature_config, ModelConfig) else feature_config)
+        self._config = host_config(
+            feature_config, topology=topology, optimizer=optimizer, tensor_core_features=tensor_core_features,
+            pipeline_execution_with_tensor_core=pipeline_execution_with_tensor_core, seed=seed,
+            initializers=initializers, experimental_gradient_multiplier_fn=experimental_gradient_multiplier_fn,
+            global_step=global_step, optimizer_semantics=optimizer_semantics)
         self._state = _State()
         self._built = False
 
@@ -290,7 +228,7 @@ class HostEmbedding(tf.Module):
                 value = init(shape=(t.vocabulary_size, t.dim), dtype=tf.float32)
             else:  # TF's TableConfig default, seeded: truncated normal, mean 0, stddev 1/sqrt(dim)
                 value = tf.random.stateless_truncated_normal(
-                    (t.vocabulary_size, t.dim), seed=_table_seed(cfg.seed, name), stddev=1.0 / math.sqrt(t.dim))
+                    (t.vocabulary_size, t.dim), seed=table_seed(cfg.seed, name), stddev=1.0 / math.sqrt(t.dim))
             tables[name] = tf.Variable(value, name=name, trainable=False, dtype=tf.float32)
             opt = cfg.optimizers[name]
             if opt is not None:
@@ -300,7 +238,14 @@ class HostEmbedding(tf.Module):
         self.tables = tables
         self.slots = slots
         self.iterations = tf.Variable(0, dtype=tf.int64, name="iterations", trainable=False)
+        self._state.compiled = CompiledSteps(cfg, self.tables, self.slots, self.iterations)
         self._built = True
+
+    def _compiled(self) -> CompiledSteps:
+        """The compiled lookups and updates over this embedding's variables (built first)."""
+        self.build()
+        assert self._state.compiled is not None  # made by build()
+        return self._state.compiled
 
     # -- lookups -------------------------------------------------------------------
 
@@ -337,10 +282,9 @@ class HostEmbedding(tf.Module):
         if not isinstance(step, StepLookup):
             step = self.prepare(step, tensor_core)
         packed = packed_index(step)
-        fn = self._function(("lookup", packed.key), lambda: self._lookup_function(packed.key))
-        acts = fn(_tensor(packed, "ids"), _tensor(packed, "rows"), _tensor(packed, "gains"), _tensor(packed, "counts"))
+        acts = self._compiled().lookup(packed)
         by_name = dict(zip((n for _, feats in packed.key for n, _ in feats), acts))
-        return self._pack({name: by_name[name] for name in step.features})
+        return self._config.pack({name: by_name[name] for name in step.features})
 
     def dequeue(self, chips: Any, tensor_core: Any = None) -> Tuple[Any, StepLookup]:
         """The step's activations and lookups, as `TPUEmbeddingV2.dequeue` returns them. Also `emb(record)`.
@@ -394,6 +338,7 @@ class HostEmbedding(tf.Module):
                 submit()
                 yield item, future.result()
 
+    # Long for its docstring, which writes out the eager loop the step compiles; its code is the closure.
     def train_step(self, model_fn: Callable[[Any, Any], Any], loss_fn: Callable[[Any, Any], Any], optimizer: Any,
                    *, variables: Any = None) -> Callable[..., Any]:
         """A whole training step as one compiled call: `step = emb.train_step(model_fn, loss_fn, optimizer)`.
@@ -440,7 +385,7 @@ class HostEmbedding(tf.Module):
           `step(record, prepared=None)`, which trains on one record (or a list of records) and
           returns the loss.
         """
-        functions: Dict[Any, Any] = {}
+        train = TrainFunctions(model_fn, loss_fn, optimizer, variables)
 
         def step(record: Any, prepared: Optional[StepLookup] = None):
             self.build()
@@ -448,72 +393,14 @@ class HostEmbedding(tf.Module):
                 record if isinstance(record, StepLookup) else self.prepare(record))
             self._state.last_step = lookup
             packed = packed_index(lookup)
-            upd = tuple(range(len(packed.key)))
-            scaled, scales, lrs = self._update_inputs(packed, upd)
-            pending = self._state.pending if self._config.pipelining else None
-            p_key = None if pending is None else (pending.names, pending.upd, _value_dims(self, pending))
-            key = (packed.key, scaled, self._config.pipelining, p_key)
-            fn = functions.get(key)
-            if fn is None:
-                fn = functions[key] = self._train_function(packed.key, scaled, p_key, model_fn, loss_fn, optimizer,
-                                                           variables)
-            index = [_tensor(packed, k) for k in ("ids", "rows", "gains", "counts", "inverse", "ucounts", "unique")]
-            p_args = [] if pending is None else [pending.unique, pending.ucounts, list(pending.values), pending.lrs]
-            out = fn(index, scales, lrs, p_args, _dense_batch(record))
+            scaled, scales, lrs = self._update_inputs(packed, tuple(range(len(packed.key))))
+            loss, pending = train(self._compiled(), packed, scaled, scales, lrs, self._state.pending,
+                                  dense_batch(record))
             if self._config.pipelining:
-                loss, values = out
-                self._state.pending = _Pending(tuple(t for t, _ in packed.key), upd, _tensor(packed, "unique"),
-                                               _tensor(packed, "ucounts"), tuple(values), lrs)
-                return loss
-            return out
+                self._state.pending = pending
+            return loss
 
         return step
-
-    def _train_function(self, key, scaled, p_key, model_fn, loss_fn, optimizer, variables):
-        cfg = self._config
-        names = tuple(t for t, _ in key)
-        order = [n for _, feats in key for n, _ in feats]
-        upd = tuple(range(len(key)))
-
-        def train(index, scales, lrs, p_args, batch):
-            ids, rows, gains, counts, inverse, ucounts, unique = index
-            flat = dict(zip(order, self._graph_lookup(key, ids, rows, gains, counts), strict=True))
-            activations = self._pack({f: flat[f] for f in self._feature_order(flat)})
-            with tf.GradientTape() as tape:
-                tape.watch(activations)
-                loss = loss_fn(batch, model_fn(activations, batch))
-            train_vars = variables if variables is not None else getattr(model_fn, "trainable_variables", None)
-            if callable(train_vars):
-                train_vars = train_vars()
-            train_vars = list(train_vars) if train_vars is not None else list(tape.watched_variables())
-            grads, act_grads = tape.gradient(loss, (train_vars, activations))
-            optimizer.apply_gradients(zip(grads, train_vars))
-            if cfg.structure is None:
-                g_flat = dict(act_grads)
-            else:
-                g_flat = dict(zip((f.name for f in cfg.model.features), tf.nest.flatten(act_grads), strict=True))
-            g_list = [g_flat[n] if g_flat.get(n) is not None else tf.zeros_like(flat[n]) for n in order]
-            values = self._graph_values(key, upd, frozenset(), scaled, g_list, rows, gains, counts, inverse,
-                                        ucounts, scales)
-            if p_key is not None:
-                self._graph_apply(p_key[0], p_key[1], p_args[0], p_args[1], p_args[2], p_args[3])
-            if not cfg.pipelining:
-                self._graph_apply(names, upd, unique, ucounts, values, lrs)
-            self.iterations.assign_add(1)
-            return (loss, values) if cfg.pipelining else loss
-
-        return tf.function(train, reduce_retracing=True)
-
-    def _feature_order(self, flat: Mapping[str, Any]) -> List[str]:
-        """Feature names as `lookup` returns them: the model's SparseCore features, then tensor-core ones."""
-        sc = [f.name for f in self._config.model.features]
-        return sc + [n for n in flat if n not in set(sc)]
-
-    def _pack(self, flat: Dict[str, Any]) -> Any:
-        structure = self._config.structure
-        if structure is None:
-            return flat
-        return tf.nest.pack_sequence_as(structure, [flat[f.name] for f in self._config.model.features])
 
     # -- gradients and updates ------------------------------------------------------
 
@@ -534,9 +421,9 @@ class HostEmbedding(tf.Module):
         self.build()
         step = self._step(preserved_outputs)
         packed = packed_index(step)
-        grads, upd, nones = self._gradient_inputs(self._flat_gradients(gradients, step), step)
+        grads, upd, nones = self._compiled().gradient_inputs(self._flat_gradients(gradients, step), step)
         scaled = (False,) * len(upd)
-        values = self._values_call(packed, grads, upd, nones, scaled, tf.zeros((len(upd),), tf.float32))
+        values = self._compiled().values(packed, grads, upd, nones, scaled, tf.zeros((len(upd),), tf.float32))
         out = {}
         for ti, v in zip(upd, values, strict=True):
             table = packed.key[ti][0]
@@ -565,19 +452,16 @@ class HostEmbedding(tf.Module):
         self.build()
         step = self._step(preserved_outputs)
         packed = packed_index(step)
-        grads, upd, nones = self._gradient_inputs(self._flat_gradients(gradients, step), step)
+        grads, upd, nones = self._compiled().gradient_inputs(self._flat_gradients(gradients, step), step)
         scaled, scale_t, lr_t = self._update_inputs(packed, upd)
         names = tuple(t for t, _ in packed.key)
         if cfg.pipelining:
             pending = self._state.pending
-            values = self._values_call(packed, grads, upd, nones, scaled, scale_t, pending=pending)
-            self._state.pending = _Pending(names, upd, _tensor(packed, "unique"), _tensor(packed, "ucounts"),
-                                           tuple(values), lr_t)
+            values = self._compiled().values(packed, grads, upd, nones, scaled, scale_t, pending=pending)
+            self._state.pending = Pending(names, upd, packed_tensor(packed, "unique"),
+                                          packed_tensor(packed, "ucounts"), tuple(values), lr_t)
         elif upd:
-            key = ("step", packed.key, upd, nones, scaled)
-            fn = self._function(key, lambda: self._values_function(packed.key, upd, nones, scaled, "step"))
-            fn(grads, *(_tensor(packed, k) for k in ("rows", "gains", "counts", "inverse", "ucounts")), scale_t,
-               _tensor(packed, "unique"), lr_t)
+            self._compiled().update(packed, grads, upd, nones, scaled, scale_t, lr_t)
         self.iterations.assign_add(1)
 
     def _update_inputs(self, packed: PackedIndex, upd: Tuple[int, ...]):
@@ -604,155 +488,18 @@ class HostEmbedding(tf.Module):
                 scales.append(1.0)
             lrs.append(opt.learning_rate_fn() if opt.learning_rate_fn is not None else
                        dict(opt.params)["learning_rate"])
-        return tuple(scaled), _f32_vector(scales), _f32_vector(lrs)
+        return tuple(scaled), f32_vector(scales), f32_vector(lrs)
 
     def flush(self) -> None:
         """Apply the pending (pipelined) update now: TF's loop epilogue. A no-op without pipelining."""
         pending, self._state.pending = self._state.pending, None
         if pending is not None:
-            self._apply(pending)
+            self._compiled().apply(pending)
 
     @property
     def has_pending_update(self) -> bool:
         """Whether a pipelined update waits for the next `apply_gradients` or `flush`."""
         return self._state.pending is not None
-
-    def _apply(self, pending: "_Pending") -> None:
-        if not pending.upd:
-            return
-        fn = self._function(("apply", pending.names, pending.upd),
-                            lambda: self._apply_function(pending.names, pending.upd, _value_dims(self, pending)))
-        fn(pending.unique, pending.ucounts, list(pending.values), pending.lrs)
-
-    # -- the compiled parts -----------------------------------------------------------
-
-    def _function(self, key, make):
-        fn = self._state.functions.get(key)
-        if fn is None:
-            fn = self._state.functions[key] = make()
-        return fn
-
-    def _lookup_function(self, key):
-        def lookup(ids, rows, gains, counts):
-            return self._graph_lookup(key, ids, rows, gains, counts)
-
-        i32, i64, f32 = tf.int32, tf.int64, tf.float32
-        return tf.function(lookup, autograph=False, input_signature=[
-            tf.TensorSpec([None], i64), tf.TensorSpec([None], i32), tf.TensorSpec([None], f32),
-            tf.TensorSpec([len(key)], i32)])
-
-    def _graph_lookup(self, key, ids, rows, gains, counts) -> List[Any]:
-        """In a tf.function: every feature's activations, in packed order."""
-        n = len(key)
-        ids, rows, gains = (tf.split(x, counts, num=n) for x in (ids, rows, gains))
-        out: List[Any] = []
-        for (table, feats), i, r, g in zip(key, ids, rows, gains, strict=True):
-            var = self.tables[table]
-            dim = int(var.shape[1])
-            sizes = [_num_rows(shape) for _, shape in feats]
-            acts = tf.math.unsorted_segment_sum(tf.gather(var, i) * g[:, None], r, sum(sizes))
-            parts = tf.split(acts, sizes, num=len(sizes)) if len(sizes) > 1 else [acts]
-            out.extend(tf.stop_gradient(tf.reshape(a, shape + (dim,))) for (_, shape), a in zip(feats, parts))
-        return out
-
-    def _graph_values(self, key, upd, nones, scaled, grads, rows, gains, counts, inverse, ucounts, scales):
-        """In a tf.function: the accumulated gradient of every updated table (multiplier applied if scaled)."""
-        n = len(key)
-        rows, gains, inverse = (tf.split(x, counts, num=n) for x in (rows, gains, inverse))
-        grads = iter(grads)
-        out: List[Any] = []
-        for j, ti in enumerate(upd):
-            table, feats = key[ti]
-            dim = int(self.tables[table].shape[1])
-            blocks = [tf.zeros((_num_rows(shape), dim), tf.float32) if name in nones else
-                      tf.reshape(next(grads), (-1, dim)) for name, shape in feats]
-            g = tf.concat(blocks, 0) if len(blocks) > 1 else blocks[0]
-            v = tf.math.unsorted_segment_sum(tf.gather(g, rows[ti]) * gains[ti][:, None], inverse[ti], ucounts[ti])
-            out.append(v * scales[j] if scaled[j] else v)
-        return out
-
-    def _graph_apply(self, names, upd, unique, ucounts, values, lrs) -> None:
-        cfg = self._config
-        unique = tf.split(unique, ucounts, num=len(names))
-        for j, ti in enumerate(upd):
-            table = names[ti]
-            opt = cfg.optimizers[table]
-            assert opt is not None  # checked when the update was computed
-            host_optimizers.apply_update(opt.kind, dict(opt.params), self.tables[table], self.slots[table],
-                                         unique[ti], values[j], lrs[j], semantics=cfg.semantics)
-
-    def _values_function(self, key, upd, nones, scaled, mode, pending_key=None):
-        """mode "values": the gradients; "step": gradients and updates; "pipelined": gradients, pending applied."""
-        i32, i64, f32 = tf.int32, tf.int64, tf.float32
-        grad_specs = [tf.TensorSpec(shape + (int(self.tables[table].shape[1]),), f32)
-                      for ti in upd for table, feats in [key[ti]] for name, shape in feats if name not in nones]
-        specs = [grad_specs] + [tf.TensorSpec([None], d) for d in (i32, f32)] + [tf.TensorSpec([len(key)], i32)] + \
-                [tf.TensorSpec([None], i32), tf.TensorSpec([len(key)], i32), tf.TensorSpec([len(upd)], f32)]
-
-        def values(grads, rows, gains, counts, inverse, ucounts, scales):
-            return self._graph_values(key, upd, nones, scaled, grads, rows, gains, counts, inverse, ucounts, scales)
-
-        if mode == "values":
-            return tf.function(values, autograph=False, input_signature=specs)
-        if mode == "step":
-            def step(grads, rows, gains, counts, inverse, ucounts, scales, unique, lrs):
-                v = values(grads, rows, gains, counts, inverse, ucounts, scales)
-                self._graph_apply(tuple(t for t, _ in key), upd, unique, ucounts, v, lrs)
-            return tf.function(step, autograph=False, input_signature=specs + [
-                tf.TensorSpec([None], i64), tf.TensorSpec([len(upd)], f32)])
-        p_names, p_upd, p_dims = pending_key
-
-        def pipelined(grads, rows, gains, counts, inverse, ucounts, scales, p_unique, p_ucounts, p_values, p_lrs):
-            v = values(grads, rows, gains, counts, inverse, ucounts, scales)
-            self._graph_apply(p_names, p_upd, p_unique, p_ucounts, p_values, p_lrs)
-            return v
-        return tf.function(pipelined, autograph=False, input_signature=specs + [
-            tf.TensorSpec([None], i64), tf.TensorSpec([len(p_names)], i32),
-            [tf.TensorSpec([None, d], f32) for d in p_dims], tf.TensorSpec([len(p_upd)], f32)])
-
-    def _apply_function(self, names, upd, dims):
-
-        def apply(unique, ucounts, values, lrs):
-            self._graph_apply(names, upd, unique, ucounts, values, lrs)
-        return tf.function(apply, autograph=False, input_signature=[
-            tf.TensorSpec([None], tf.int64), tf.TensorSpec([len(names)], tf.int32),
-            [tf.TensorSpec([None, d], tf.float32) for d in dims], tf.TensorSpec([len(upd)], tf.float32)])
-
-    def _values_call(self, packed, grads, upd, nones, scaled, scales, pending=None):
-        """This step's accumulated gradients (compiled); with `pending`, that update is applied in the same call."""
-        if not upd and pending is None:
-            return []
-        index = [_tensor(packed, k) for k in ("rows", "gains", "counts", "inverse", "ucounts")]
-        if pending is None or not pending.upd:
-            if not upd:
-                return []
-            fn = self._function(("values", packed.key, upd, nones, scaled),
-                                lambda: self._values_function(packed.key, upd, nones, scaled, "values"))
-            return fn(grads, *index, scales)
-        p_key = (pending.names, pending.upd, _value_dims(self, pending))
-        fn = self._function(("pipelined", packed.key, upd, nones, scaled, p_key),
-                            lambda: self._values_function(packed.key, upd, nones, scaled, "pipelined", p_key))
-        return fn(grads, *index, scales, pending.unique, pending.ucounts, list(pending.values), pending.lrs)
-
-    def _gradient_inputs(self, flat: Dict[str, Any], step: StepLookup):
-        """(gradient tensors in packed order, indices of the tables to update, features with a None gradient)."""
-        packed = packed_index(step)
-        grads, upd, nones = [], [], []
-        for ti, (table, feats) in enumerate(packed.key):
-            if not any(name in flat for name, _ in feats):
-                continue
-            upd.append(ti)
-            dim = int(self.tables[table].shape[1])
-            for name, shape in feats:
-                g = flat.get(name)
-                if g is None:
-                    nones.append(name)
-                    continue
-                g = tf.convert_to_tensor(g, tf.float32)
-                if tuple(g.shape) != shape + (dim,):
-                    raise ValueError(f"gradient of {name!r} has shape {tuple(g.shape)}, expected {shape + (dim,)}.")
-                grads.append(g)
-        return grads, tuple(upd), frozenset(nones)
 
     def _global_step(self):
         gs = self._config.global_step
@@ -815,74 +562,12 @@ class HostEmbedding(tf.Module):
         return serving
 
 
-def _dense_batch(record: Any) -> Any:
-    """A record (or a list of records) without its CSR, every value a tensor (no retracing on Python ints)."""
-    if isinstance(record, (list, tuple)):
-        records = [r for r in record if isinstance(r, Mapping) and "sparse_core" in r]
-        return [_dense_batch(r) for r in records] if records and len(records) == len(record) else None
-    if not isinstance(record, Mapping) or "sparse_core" not in record:
-        return None  # per-chip CSR or a StepLookup: nothing dense to hand the model
-    return {k: v if tf.is_tensor(v) else tf.convert_to_tensor(v) for k, v in record.items()
-            if k not in ("sparse_core", "tensor_core")}
-
-
-def _num_rows(shape: Tuple[int, ...]) -> int:
-    return int(np.prod(shape, dtype=np.int64))
-
-
-def _tensor(packed: PackedIndex, name: str) -> Any:
-    """An eager constant of one of the step's index arrays, made once per step."""
-    t = packed.tensors.get(name)
-    if t is None:
-        t = packed.tensors[name] = tf.constant(getattr(packed, name))
-    return t
-
-
-def _value_dims(emb: "HostEmbedding", pending: _Pending) -> Tuple[int, ...]:
-    return tuple(int(emb.tables[pending.names[ti]].shape[1]) for ti in pending.upd)
-
-
-def _f32_vector(values: Sequence[Any]):
-    """A float32 vector of scalars (numbers or tensors), each rounded to float32 as tf.cast rounds it."""
-    if all(isinstance(v, (int, float, np.number)) or (isinstance(v, np.ndarray) and v.ndim == 0) for v in values):
-        return tf.constant(np.array([np.float64(v) for v in values], np.float64).astype(np.float32).reshape(-1))
-    return tf.stack([tf.cast(v, tf.float32) for v in values]) if values else tf.zeros((0,), tf.float32)
-
-
 def _leaves(structure: Any) -> List[Any]:
     return tf.nest.flatten(structure)
 
 
 @dataclasses.dataclass
-class _Config:
-    model: ModelConfig
-    index: HostIndex
-    tables: Dict[str, TableConfig]
-    tc_features: Dict[str, FeatureConfig]
-    optimizers: Dict[str, Optional[OptimizerConfig]]
-    seed: int
-    initializers: Dict[str, Callable]
-    pipelining: bool
-    multiplier_fn: Optional[Callable]
-    global_step: Any
-    semantics: str
-    structure: Any
-
-
-@dataclasses.dataclass(frozen=True)
-class _Pending:
-    """A computed, not yet applied update (pipelining): tables `names[i]` for i in `upd`."""
-
-    names: Tuple[str, ...]
-    upd: Tuple[int, ...]
-    unique: Any  # int64 tensor, every table's unique rows (`PackedIndex.unique`)
-    ucounts: Any  # int32 tensor [len(names)]
-    values: Tuple[Any, ...]  # per updated table, [unique rows, dim]
-    lrs: Any  # float32 tensor [len(upd)]
-
-
-@dataclasses.dataclass
 class _State:
     last_step: Optional[StepLookup] = None
-    pending: Optional[_Pending] = None
-    functions: Dict[Any, Any] = dataclasses.field(default_factory=dict)  # compiled lookups and updates
+    pending: Optional[Pending] = None
+    compiled: Optional[CompiledSteps] = None  # made by build()

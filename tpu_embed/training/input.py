@@ -8,7 +8,7 @@
 The manifest says where the host's files are and how they are encoded (`tpu_embed.artifact.manifest`,
 `shard_format`); `tpu_embed.artifact.verify` checks them; the records are read by TensorFlow's
 `TFRecordDataset` or by `tpu_embed.artifact.tfrecord` (object stores, shuffled steps) and parsed by
-`tpu_embed.training.parse.parse_fn`.  TensorFlow is imported when a dataset is built.
+`tpu_embed.training.shard_parse.parse_fn`.  TensorFlow is imported when a dataset is built.
 
 A window (a list of artifact directories) is read as one dataset: the days' steps one day after the other,
 or permuted together (`shuffle_steps`), after `tpu_embed.artifact.lineage.check_window` has checked that one
@@ -40,7 +40,7 @@ from tpu_embed.artifact.verify import (
     path_of,
 )
 from tpu_embed.core.permutation import Permutation, epoch_key
-from tpu_embed.training.parse import parse_fn
+from tpu_embed.training.shard_parse import parse_fn
 
 READERS = ("auto", "tensorflow", "io")
 
@@ -91,6 +91,7 @@ def _tensorflow_reads(path: str) -> bool:
     return proto == "" or proto in tf.io.gfile.get_registered_schemes()
 
 
+# Long for its docstring (every reader, check and order it offers); its code checks the options and picks a reader.
 def input_fn(artifact_dir: ArtifactDirs, *, host_index: int = 0, num_epochs: Optional[int] = 1,
              prefetch: int = 2, num_parallel_calls: Optional[int] = None, expected_fingerprint: Optional[str] = None,
              reader: str = "auto", verify: str = "size", shuffle_steps: Optional[int] = None):
@@ -175,25 +176,37 @@ def input_fn(artifact_dir: ArtifactDirs, *, host_index: int = 0, num_epochs: Opt
     if reader == "auto":
         reader = "tensorflow" if all(_tensorflow_reads(f) for day in days for f in day.files) else "io"
     calls = num_parallel_calls or tf.data.AUTOTUNE
-    if shuffle_steps is not None:
-        ds = tf.data.Dataset.from_generator(
-            lambda: _shuffled_records(days, verify, shuffle_steps, num_epochs),
-            output_signature=(tf.TensorSpec([], tf.int32), tf.TensorSpec([], tf.string)))
-        parsers = [_parser(day.fmt, fmt) for day in days]
-        if len(parsers) == 1:
-            ds = ds.map(lambda _, record: parsers[0](record), num_parallel_calls=calls, deterministic=True)
-        else:  # each record parsed with its own day's format
-            ds = ds.map(lambda i, record: tf.switch_case(i, [lambda p=p: p(record) for p in parsers]),
-                        num_parallel_calls=calls, deterministic=True)
-        return ds.prefetch(prefetch)  # the shuffled reader makes its epochs itself
-    ds = None
+    if shuffle_steps is not None:  # the shuffled reader makes its epochs itself
+        return _shuffled_dataset(days, fmt, verify, shuffle_steps, num_epochs, calls).prefetch(prefetch)
+    return _ordered_dataset(days, fmt, reader, verify, num_epochs, calls).prefetch(prefetch)
+
+
+def _shuffled_dataset(days: Sequence["_Day"], fmt: ShardFormat, verify: str, seed: int,
+                      num_epochs: Optional[int], calls: int):
+    """The window's records read by position, each epoch's steps in their permutation's order, parsed."""
+    import tensorflow as tf  # TensorFlow boundary
+    ds = tf.data.Dataset.from_generator(
+        lambda: _shuffled_records(days, verify, seed, num_epochs),
+        output_signature=(tf.TensorSpec([], tf.int32), tf.TensorSpec([], tf.string)))
+    parsers = [_parser(day.fmt, fmt) for day in days]
+    if len(parsers) == 1:
+        return ds.map(lambda _, record: parsers[0](record), num_parallel_calls=calls, deterministic=True)
+    # each record parsed with its own day's format
+    return ds.map(lambda i, record: tf.switch_case(i, [lambda p=p: p(record) for p in parsers]),
+                  num_parallel_calls=calls, deterministic=True)
+
+
+def _ordered_dataset(days: Sequence["_Day"], fmt: ShardFormat, reader: str, verify: str,
+                     num_epochs: Optional[int], calls: int):
+    """The window's records day after day in step order, each parsed with its day's format, `num_epochs` times."""
+    ds: Any = None
     for day in days:
         parsed = _day_records(day, reader, verify).map(_parser(day.fmt, fmt), num_parallel_calls=calls,
                                                          deterministic=True)
         ds = parsed if ds is None else ds.concatenate(parsed)
     if num_epochs != 1:
         ds = ds.repeat(num_epochs)
-    return ds.prefetch(prefetch)
+    return ds
 
 
 @dataclasses.dataclass(frozen=True)

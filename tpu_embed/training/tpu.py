@@ -49,118 +49,24 @@ arguments of `dequeue` is tested; see docs/how-to/train-on-tpu.md.
 from __future__ import annotations
 
 import dataclasses
-import json
-import os
-from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple, Union
+from typing import Any, Callable, Dict, Mapping, Optional, Tuple, Union
 
 import tensorflow as tf
 
-from tpu_embed.artifact import io as tio
 from tpu_embed.artifact.load import ids_dropped_by_limits, load_artifact, require_shards
-from tpu_embed.artifact.manifest import Manifest, ManifestError
-from tpu_embed.core.model import ModelConfig, from_tf_feature_config, to_tf_feature_config
+from tpu_embed.core.model import ModelConfig
 from tpu_embed.core.topology import Topology
-from tpu_embed.sparsecore.csr_types import DEFAULT_MAX_IDS_PER_TABLE, DEFAULT_MAX_UNIQUE_IDS_PER_TABLE
-from tpu_embed.sparsecore.layout import layout_of, stack_tables
+from tpu_embed.sparsecore.layout import layout_of
 from tpu_embed.training.input import ArtifactDirs, dequeue_inputs, per_chip_dataset, window, window_format
+from tpu_embed.training.tpu_checks import (
+    ArtifactMismatchError,
+    check_tf_stacking,
+    checked_feature_config,
+    checked_limits,
+)
 
 __all__ = ["build_tpu_embedding", "distribute_steps", "embedding_setup", "EmbeddingSetup", "DistributedSteps",
            "dequeue_args", "replica_dataset_fn", "make_replica_step", "check_embedding", "ArtifactMismatchError"]
-
-
-class ArtifactMismatchError(ValueError):
-    """The shards cannot be fed to this TPUEmbeddingV2 / strategy / plan; the message says how to fix it."""
-
-
-# ---------------------------------------------------------------- the artifact's model, as TF will stack it
-
-def _check_tf_stacking(model: ModelConfig) -> None:
-    """TF 2.20/2.21 must compute the stacking the shards were packed with (`tpu_embed.artifact.load` checks ours)."""
-    ours = layout_of(model)
-    tf_layout = stack_tables(model, tf_first_feature_only=True)
-    if {k: s.tables for k, s in tf_layout.stacks.items()} != {k: s.tables for k, s in ours.stacks.items()}:
-        raise ArtifactMismatchError(
-            f"TensorFlow 2.20/2.21 will stack this model as {list(tf_layout.stacks)}, not as the shards are packed "
-            f"({list(ours.stacks)}): its stacker sizes the 2 MiB activation limit from the first feature only "
-            "(DESIGN.md). TPUEmbeddingV2 cannot consume these shards; split the stacks in the spec (different "
-            "optimizers or widths) so that both agree.")
-
-
-# ---------------------------------------------------------------- limits (manifest, plan)
-
-_LIMIT_KEYS = ("max_ids_per_chip_per_sample", "max_ids_per_table", "max_unique_ids_per_table", "allow_id_dropping")
-
-
-def _shard_limits(m: Manifest) -> Dict[str, Any]:
-    lim = m.limits
-    assert lim is not None
-    return {"max_ids_per_chip_per_sample": int(lim.max_ids_per_chip_per_sample),
-            "max_ids_per_table": {k: int(v) for k, v in lim.max_ids_per_table.items()},
-            "max_unique_ids_per_table": {k: int(v) for k, v in lim.max_unique_ids_per_table.items()},
-            "allow_id_dropping": bool(lim.allow_id_dropping)}
-
-
-def _plan_kwargs(plan: Any) -> Tuple[str, Dict[str, Any]]:
-    """(name for messages, SparseCoreEmbeddingConfig kwargs) of a plan path or a `profiles.Plan`-like object."""
-    if isinstance(plan, str) or hasattr(plan, "__fspath__"):
-        path = os.fspath(plan)
-        try:
-            d = json.loads(tio.read_text(path))
-        except FileNotFoundError:
-            raise FileNotFoundError(f"plan file {path} does not exist.") from None
-        except ValueError as e:
-            raise ValueError(f"{path} is not a plan file (not JSON: {e}). Re-run `tpu-embed plan`.") from None
-        if not isinstance(d, dict) or d.get("kind") != "plan" or "sparse_core_config" not in d:
-            raise ValueError(f"{path} is not a tpu_embed plan file (kind != 'plan'). Pass the file written by "
-                             "`tpu-embed plan`.")
-        return path, dict(d["sparse_core_config"])
-    if hasattr(plan, "sparse_core_kwargs"):
-        return "the given plan", dict(plan.sparse_core_kwargs())
-    raise TypeError(f"plan must be a plan file path or a profiles Plan, got {type(plan).__name__}.")
-
-
-def _effective(kwargs: Mapping[str, Any], stacks: List[str]) -> Dict[str, Any]:
-    """Limits as TPUEmbeddingV2 applies them: stacks missing from the dicts get TF's defaults (256)."""
-    mids = dict(kwargs.get("max_ids_per_table") or {})
-    muids = dict(kwargs.get("max_unique_ids_per_table") or {})
-    return {"max_ids_per_chip_per_sample": int(kwargs.get("max_ids_per_chip_per_sample", 64)),
-            "max_ids_per_table": {s: int(mids.get(s, DEFAULT_MAX_IDS_PER_TABLE)) for s in stacks},
-            "max_unique_ids_per_table": {s: int(muids.get(s, DEFAULT_MAX_UNIQUE_IDS_PER_TABLE)) for s in stacks},
-            "allow_id_dropping": bool(kwargs.get("allow_id_dropping", False))}
-
-
-def _below(plan_value: int, shard_value: int) -> str:
-    if plan_value >= shard_value:
-        return ""
-    return (f" (below the shards' limit: their steps may hold up to {shard_value}, so TPUEmbeddingV2 would "
-            f"overflow or drop ids; raise it to >= {shard_value})")
-
-
-def _check_plan(plan: Any, shard_limits: Dict[str, Any], stacks: List[str], artifact_dir: str, source: str):
-    name, kw = _plan_kwargs(plan)
-    fix = (f"The limits and buffer sizes are baked into the shards: re-shard with this plan (`tpu-embed shard "
-           f"--spec ... --output {artifact_dir} --plan {name if name != 'the given plan' else 'PLAN'}`, or `tpu-embed "
-           "run ... --plan`), or leave plan= out to train with the limits the shards were packed with.")
-    if kw.get("disable_table_stacking"):
-        raise ArtifactMismatchError(f"{name} disables table stacking, but the shards in {artifact_dir} are packed "
-                                    f"for stacked tables {stacks}. {fix}")
-    unknown = sorted((set(kw.get("max_ids_per_table") or {}) | set(kw.get("max_unique_ids_per_table") or {}))
-                     - set(stacks))
-    if unknown:
-        raise ArtifactMismatchError(f"{name} has limits for {unknown}, which are not stacked tables of these shards "
-                                    f"({stacks}): it was planned for another spec or topology. {fix}")
-    planned = _effective(kw, stacks)
-    if planned != shard_limits:
-        diffs = []
-        for k in _LIMIT_KEYS:
-            a, b = planned[k], shard_limits[k]
-            if isinstance(a, dict):
-                diffs += [f"{k}[{s}]: plan {a[s]}, shards {b[s]}{_below(a[s], b[s])}" for s in stacks if a[s] != b[s]]
-            elif a != b:
-                diffs.append(f"{k}: plan {a}, shards {b}{_below(a, b) if k != 'allow_id_dropping' else ''}")
-        raise ArtifactMismatchError(f"{name} differs from the limits the shards in {artifact_dir} were packed with "
-                                    f"({source}): {'; '.join(diffs)}. {fix}")
-    return planned
 
 
 # ---------------------------------------------------------------- the TPUEmbeddingV2 configuration
@@ -229,39 +135,15 @@ def embedding_setup(artifact_dir: str, *, plan: Any = None, optimizer: Any = Non
     artifact = load_artifact(artifact_dir)
     artifact.require_shards()
     m, spec, model = artifact.manifest, artifact.spec, artifact.model
-    _check_tf_stacking(model)
+    check_tf_stacking(model)
     layout = layout_of(model)
-    stacks = list(layout.stacks)
-    limits = _shard_limits(m)
-    if sorted(limits["max_ids_per_table"]) != sorted(stacks) or \
-            sorted(limits["max_unique_ids_per_table"]) != sorted(stacks):
-        raise ManifestError(f"{m.source}: limits are keyed by {sorted(limits['max_ids_per_table'])}, the stacks are "
-                            f"{sorted(stacks)}. Regenerate the shards.")
-    assert m.limits is not None
-    if plan is not None:
-        limits = _check_plan(plan, limits, stacks, artifact_dir, m.limits.source)
-    feature_config = to_tf_feature_config(model)
-    if optimizer is not None:
-        # One optimizer object for every table; TF groups stacks by hash(optimizer), so does our stacker.
-        for fc in tf.nest.flatten(feature_config):
-            fc.table.optimizer = optimizer
-        replaced = layout_of(from_tf_feature_config(feature_config, model.topology))
-        if {k: s.tables for k, s in replaced.stacks.items()} != {k: s.tables for k, s in layout.stacks.items()}:
-            raise ArtifactMismatchError(
-                f"with optimizer={optimizer!r} for every table the tables stack as {list(replaced.stacks)}, but the "
-                f"shards are packed as {stacks} (tables stack by optimizer). Leave optimizer= out to use the spec's "
-                "per-table optimizers, or change the spec's optimizers and re-shard.")
+    limits = checked_limits(m, list(layout.stacks), plan, artifact_dir)
+    feature_config = checked_feature_config(model, layout, optimizer)
     if pipeline_execution_with_tensor_core is None:
         pipeline_execution_with_tensor_core = spec.training.pipeline_execution_with_tensor_core
-    sc_config = tf.tpu.experimental.embedding.SparseCoreEmbeddingConfig(
-        disable_table_stacking=False,
-        max_ids_per_chip_per_sample=limits["max_ids_per_chip_per_sample"],
-        max_ids_per_table=dict(limits["max_ids_per_table"]),
-        max_unique_ids_per_table=dict(limits["max_unique_ids_per_table"]),
-        allow_id_dropping=limits["allow_id_dropping"],
-        initialize_tables_on_host=initialize_tables_on_host,
-        enable_fast_table_initialization=enable_fast_table_initialization)
+    sc_config = _sparse_core_config(limits, initialize_tables_on_host, enable_fast_table_initialization)
     S = model.topology.num_sparse_cores
+    assert m.limits is not None  # checked by checked_limits
     return EmbeddingSetup(
         feature_config=feature_config, optimizer=None, sparse_core_embedding_config=sc_config,
         pipeline_execution_with_tensor_core=bool(pipeline_execution_with_tensor_core), model=model,
@@ -270,6 +152,19 @@ def embedding_setup(artifact_dir: str, *, plan: Any = None, optimizer: Any = Non
         table_offsets={t: (p.stack, p.shard_row_offset * S, p.rotation) for t, p in layout.tables.items()},
         feature_sample_offsets={f.path: f.sample_offset for f in layout.features},
         limits_source=m.limits.source if plan is None else f"{m.limits.source} (= plan)")
+
+
+def _sparse_core_config(limits: Mapping[str, Any], initialize_tables_on_host: bool,
+                        enable_fast_table_initialization: bool) -> Any:
+    """TF's `SparseCoreEmbeddingConfig` with exactly these limits, tables stacked."""
+    return tf.tpu.experimental.embedding.SparseCoreEmbeddingConfig(
+        disable_table_stacking=False,
+        max_ids_per_chip_per_sample=limits["max_ids_per_chip_per_sample"],
+        max_ids_per_table=dict(limits["max_ids_per_table"]),
+        max_unique_ids_per_table=dict(limits["max_unique_ids_per_table"]),
+        allow_id_dropping=limits["allow_id_dropping"],
+        initialize_tables_on_host=initialize_tables_on_host,
+        enable_fast_table_initialization=enable_fast_table_initialization)
 
 
 def _check_strategy(strategy: Any, topology: Topology) -> None:

@@ -28,7 +28,7 @@ from tpu_embed.artifact.shard_format_choice import shard_format_for
 from tpu_embed.artifact.spec import SpecError, load_spec, parse_spec
 from tpu_embed.sparsecore.layout import layout_of
 from tpu_embed.training.input import input_fn, step_order
-from tpu_embed.training.parse import parse_fn
+from tpu_embed.training.shard_parse import parse_fn
 
 MOVIELENS = os.path.join(ROOT, "examples", "movielens", "spec.yaml")  # 2 hosts, per-chip batch 8: padding omitted
 CRITEO = os.path.join(ROOT, "examples", "criteo", "spec.yaml")

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from tpu_embed.artifact import example_wire, shard_records, tfrecord
 from tpu_embed.artifact.shard_format import ShardFormat
 from tpu_embed.sparsecore import CsrBatch
-from tpu_embed.training.parse import parse_fn
+from tpu_embed.training.shard_parse import parse_fn
 
 
 def test_encode_example_parses_with_tensorflow():

@@ -1,6 +1,6 @@
 """tpu_embed.remap: a checkpoint trained on day 1's ids restores onto day 2's ids, row by row and slot by slot.
 
-The row plan is checked against a dict-based reference over random vocabulary changes (hypothesis); the
+The row mapping is checked against a dict-based reference over random vocabulary changes (hypothesis); the
 checkpoint I/O against TensorFlow's own reader; the whole remap by training a HostEmbedding on day 1's
 shards, remapping, restoring into a HostEmbedding and into TF's TPUEmbeddingForServing built on day 2,
 and comparing every row of every table and slot.
@@ -27,9 +27,9 @@ from tpu_embed.training.host_embedding import HostEmbedding
 from tpu_embed.training.remap import RemapError, remap
 from tpu_embed.training.remap import bundle as rbundle
 from tpu_embed.training.remap import checkpoint as rckpt
-from tpu_embed.training.remap import plan as rplan
+from tpu_embed.training.remap import row_mapping as rmapping
 
-# ---------------------------------------------------------------- the row plan against a reference
+# ---------------------------------------------------------------- the row mapping against a reference
 
 
 def reference_source(tokens_a, tokens_b, oov, size_a, size_b):
@@ -56,11 +56,11 @@ def vocabulary_changes(draw):
 
 @settings(max_examples=300, deadline=None)
 @given(vocabulary_changes())
-def test_row_plan_matches_the_reference(change):
+def test_row_mapping_matches_the_reference(change):
     a, b, oov, size_a, size_b = change
-    src = rplan.frequency_source(pa.array(a, pa.binary()), pa.array(b, pa.binary()), oov, size_a, size_b)
+    src = rmapping.frequency_source(pa.array(a, pa.binary()), pa.array(b, pa.binary()), oov, size_a, size_b)
     assert src.tolist() == reference_source(a, b, oov, size_a, size_b)
-    p = rplan.TablePlan("t", "frequency", size_a + oov, size_b + oov, 4, src, size_a, size_b, oov)
+    p = rmapping.RowMapping("t", "frequency", size_a + oov, size_b + oov, 4, src, size_a, size_b, oov)
     dest = p.destination()
     for j, i in enumerate(src):  # the inverse: every kept A row goes to the one B row that takes it
         if i >= 0:
@@ -75,27 +75,27 @@ def test_hash_collisions_never_join_two_tokens(change):
     """With a hash that collides all the time (a token's length mod 3), every match is still exact."""
     a, b, _, _, _ = change
     weak = lambda tokens, chunk=0: np.array([len(t) % 3 for t in tokens.to_pylist()], np.uint64)  # noqa: E731
-    real = rplan.token_hashes
-    rplan.token_hashes = weak
+    real = rmapping.token_hashes
+    rmapping.token_hashes = weak
     try:
-        got = rplan.index_in(pa.array(b, pa.binary()), pa.array(a, pa.binary()), chunk=7)
+        got = rmapping.index_in(pa.array(b, pa.binary()), pa.array(a, pa.binary()), chunk=7)
     finally:
-        rplan.token_hashes = real
+        rmapping.token_hashes = real
     assert got.tolist() == [a.index(t) if t in a else -1 for t in b]
 
 
 def test_a_token_listed_twice_is_refused():
     with pytest.raises(RemapError, match="lists a token twice"):
-        rplan.frequency_source(pa.array([b"x", b"y"]), pa.array([b"x", b"x"]), 1)
+        rmapping.frequency_source(pa.array([b"x", b"y"]), pa.array([b"x", b"x"]), 1)
 
 
 def test_read_vocabulary_keeps_lines(tmp_path):
     path = tmp_path / "v.txt"
     path.write_bytes(b"a\nbb\n\xff\xfe\nlast")  # no final line break, bytes that are not UTF-8
-    tokens = rplan.read_vocabulary(str(path), scan_bytes=3)
+    tokens = rmapping.read_vocabulary(str(path), scan_bytes=3)
     assert tokens.to_pylist() == [b"a\n", b"bb\n", b"\xff\xfe\n", b"last\n"]
     path.write_bytes(b"")
-    assert len(rplan.read_vocabulary(str(path))) == 0
+    assert len(rmapping.read_vocabulary(str(path))) == 0
 
 
 # ---------------------------------------------------------------- the checkpoint format
@@ -150,17 +150,18 @@ def trained(two_days):
     return emb, path
 
 
-def _plans(a, b):
-    return rplan.table_plans(rplan.load(a), rplan.load(b))
+def _mappings(a, b):
+    return rmapping.row_mappings(rmapping.load(a), rmapping.load(b))
 
 
-def _check_rows(name, plan, before, after, initial):
+def _check_rows(name, mapping, before, after, initial):
     """Kept rows (tokens and OOV buckets) equal A's; new rows hold `initial` (a number, or None: not checked)."""
-    kept = plan.source >= 0
-    np.testing.assert_array_equal(after[kept], before[plan.source[kept]], err_msg=name)
-    oov = np.arange(plan.num_oov_buckets)
-    if plan.kind == "frequency":
-        np.testing.assert_array_equal(after[plan.vocabulary_b + oov], before[plan.vocabulary_a + oov], err_msg=name)
+    kept = mapping.source >= 0
+    np.testing.assert_array_equal(after[kept], before[mapping.source[kept]], err_msg=name)
+    oov = np.arange(mapping.num_oov_buckets)
+    if mapping.kind == "frequency":
+        np.testing.assert_array_equal(after[mapping.vocabulary_b + oov], before[mapping.vocabulary_a + oov],
+                                      err_msg=name)
     if initial is not None:
         assert np.all(after[~kept] == np.float32(initial)), name
 
@@ -173,11 +174,11 @@ def test_host_embedding_checkpoint_restores_onto_day2(two_days, trained, tmp_pat
     report = remap(a, b, path, out, chunk_rows=7, progress=lambda done, total: seen.append((done, total)))
     assert report.layout == "host_embedding" and report.prefix == "embedding"
     assert seen[-1][0] == seen[-1][1] and [x for x, _ in seen] == sorted(x for x, _ in seen)
-    plans = _plans(a, b)
-    zip_plan = plans["zip"]
-    assert zip_plan.new and zip_plan.dropped and zip_plan.kept_tokens  # the days' vocabularies really differ
-    assert not plans["genres"].identity and plans["user_id"].identity and plans["title"].identity
-    assert set(report.tables) == set(plans) and report.tables["zip"].slots == ()
+    mappings = _mappings(a, b)
+    zip_mapping = mappings["zip"]
+    assert zip_mapping.new and zip_mapping.dropped and zip_mapping.kept_tokens  # the days' vocabularies really differ
+    assert not mappings["genres"].identity and mappings["user_id"].identity and mappings["title"].identity
+    assert set(report.tables) == set(mappings) and report.tables["zip"].slots == ()
     assert report.tables["people"].slots == ("accumulators", "linears")
     emb_b = HostEmbedding.from_artifact(b, seed=9)
     emb_b.build()
@@ -187,19 +188,19 @@ def test_host_embedding_checkpoint_restores_onto_day2(two_days, trained, tmp_pat
     assert int(emb_b.iterations.numpy()) == int(emb.iterations.numpy())
     slot_init = {"user_id": {"accumulators": 0.3}, "title": {"accumulators": 0.3}, "gender": {"accumulators": 0.3},
                  "genres": {"momenta": 0.0, "velocities": 0.0}, "people": {"accumulators": 0.2, "linears": 0.0}}
-    for name, plan in plans.items():
+    for name, mapping in mappings.items():
         before, after = emb.variables_by_table[name], emb_b.variables_by_table[name]
         assert set(before) == set(after)
         for var in before:
             x, y = before[var].numpy(), after[var].numpy()
-            assert y.shape == (plan.rows_b, plan.dim)
-            if plan.identity:  # identity and hashing tables: bit-identical
+            assert y.shape == (mapping.rows_b, mapping.dim)
+            if mapping.identity:  # identity and hashing tables: bit-identical
                 np.testing.assert_array_equal(x, y)
                 continue
-            _check_rows(f"{name}/{var}", plan, x, y, None if var == "parameters" else slot_init[name][var])
-        if not plan.identity and plan.new:  # new rows: TF's TableConfig default, a truncated normal
-            new = after["parameters"].numpy()[plan.source < 0]
-            assert np.all(np.abs(new) <= 2 / np.sqrt(plan.dim)) and np.unique(new).size == new.size
+            _check_rows(f"{name}/{var}", mapping, x, y, None if var == "parameters" else slot_init[name][var])
+        if not mapping.identity and mapping.new:  # new rows: TF's TableConfig default, a truncated normal
+            new = after["parameters"].numpy()[mapping.source < 0]
+            assert np.all(np.abs(new) <= 2 / np.sqrt(mapping.dim)) and np.unique(new).size == new.size
     # The same output whatever the chunking; the default initializer follows the seed.
     again = str(tmp_path / "again" / "ckpt-0")
     remap(a, b, path, again, chunk_rows=100000)
@@ -222,7 +223,7 @@ def test_activations_of_kept_tokens_through_tf_serving(two_days, trained, tmp_pa
     out = str(tmp_path / "serving-b" / "ckpt-0")
     report = remap(a, b, path, out, initializers={"zip": 0.5, "genres": lambda shape, dtype: tf.fill(shape, -1.0)})
     assert report.layout == "tpu_embedding" and report.prefix == "model" and report.absent == ("gender",)
-    model_b = rplan.load(b).model
+    model_b = rmapping.load(b).model
     fc = to_tf_feature_config(model_b)
     for f in tf.nest.flatten(fc):
         f.output_shape = tf.TensorShape(None)
@@ -230,16 +231,16 @@ def test_activations_of_kept_tokens_through_tf_serving(two_days, trained, tmp_pa
     status = tf.train.Checkpoint(model=serving_b).restore(out)
     serving_b.build()  # the variables take the checkpoint's values as TF creates them (deferred restore)
     status.assert_consumed()
-    plans = _plans(a, b)
-    for name, plan in plans.items():
+    mappings = _mappings(a, b)
+    for name, mapping in mappings.items():
         if name == "gender":
             continue
         for var, x in serving.variables[name].items():
             y = serving_b.variables[name][var].numpy()
             init = {"zip": 0.5, "genres": -1.0}.get(name) if var == "parameters" else None
-            _check_rows(f"{name}/{var}", plan, x.numpy(), y, init)
+            _check_rows(f"{name}/{var}", mapping, x.numpy(), y, init)
     # TF's own lookup: a kept zip token's activation on day 2 is its day-1 row.
-    zp = plans["zip"]
+    zp = mappings["zip"]
     kept_b = np.flatnonzero(zp.source[:zp.vocabulary_b] >= 0)[:5]
     feats = {f.name: tf.zeros((kept_b.size,), tf.int64) for f in model_b.features}
     feats["zip"] = tf.constant(kept_b, tf.int64)
@@ -297,15 +298,15 @@ def test_artifacts_of_other_specs_are_refused(two_days, tmp_path, change, match)
     spec = days.write_inputs(str(tmp_path), text)
     other = days.build_day(spec, "day2", str(tmp_path / "day2"))
     with pytest.raises(RemapError, match=match):
-        rplan.table_plans(rplan.load(a), rplan.load(other))
+        rmapping.row_mappings(rmapping.load(a), rmapping.load(other))
 
 
 # ---------------------------------------------------------------- initial values of new rows: the seed
 
-def _new_rows(plan, output):
-    """The new rows of `plan`'s table in the HostEmbedding checkpoint `output`, in B row order."""
-    table = tf.train.load_checkpoint(output).get_tensor(f"embedding/tables/{plan.table}/.ATTRIBUTES/VARIABLE_VALUE")
-    return table[plan.source < 0]
+def _new_rows(mapping, output):
+    """The new rows of `mapping`'s table in the HostEmbedding checkpoint `output`, in B row order."""
+    table = tf.train.load_checkpoint(output).get_tensor(f"embedding/tables/{mapping.table}/.ATTRIBUTES/VARIABLE_VALUE")
+    return table[mapping.source < 0]
 
 
 def _bytes(prefix):
@@ -330,9 +331,9 @@ def test_new_rows_differ_between_target_artifacts(two_days, trained, day3, tmp_p
     _, path = trained
     out_b, out_c = str(tmp_path / "b" / "ckpt-0"), str(tmp_path / "c" / "ckpt-0")
     rb, rc = remap(a, b, path, out_b), remap(a, day3, path, out_c)
-    assert rb.seed == rrm.artifact_seed(rplan.load(b)) and rc.seed == rrm.artifact_seed(rplan.load(day3))
+    assert rb.seed == rrm.artifact_seed(rmapping.load(b)) and rc.seed == rrm.artifact_seed(rmapping.load(day3))
     assert rb.seed != rc.seed and "seeded by artifact B's fingerprint" in rb.summary()
-    plans_b, plans_c = _plans(a, b), _plans(a, day3)
+    plans_b, plans_c = _mappings(a, b), _mappings(a, day3)
     compared = []
     for name in sorted(set(rb.tables) - set(rb.absent)):
         nb, nc = _new_rows(plans_b[name], out_b), _new_rows(plans_c[name], out_c)
@@ -354,7 +355,7 @@ def test_the_same_remap_twice_gives_identical_checkpoints(two_days, trained, tmp
     remap(a, b, path, second, chunk_rows=5)
     assert _bytes(first) == _bytes(second)
     # The fingerprint is a function of the artifact's files, not of the loaded object or the process.
-    assert rrm.artifact_seed(rplan.load(b)) == rrm.artifact_seed(rplan.load(b))
+    assert rrm.artifact_seed(rmapping.load(b)) == rrm.artifact_seed(rmapping.load(b))
 
 
 def test_an_explicit_seed_is_reproducible_and_follows_only_the_seed_and_table(two_days, trained, day3, tmp_path):
@@ -367,14 +368,14 @@ def test_an_explicit_seed_is_reproducible_and_follows_only_the_seed_and_table(tw
     assert _bytes(s1) == _bytes(s2)
     default = str(tmp_path / "default" / "ckpt-0")
     remap(a, b, path, default)
-    plan = _plans(a, b)["zip"]
-    assert not np.any(np.all(_new_rows(plan, s1) == _new_rows(plan, default), axis=1))
+    mapping = _mappings(a, b)["zip"]
+    assert not np.any(np.all(_new_rows(mapping, s1) == _new_rows(mapping, default), axis=1))
     # seed= overrides the artifact: onto day 3 with seed 7, the zip table's new rows start as day 2's did.
     s3 = str(tmp_path / "s3" / "ckpt-0")
     remap(a, day3, path, s3, seed=7)
-    nb, nc = _new_rows(plan, s1), _new_rows(_plans(a, day3)["zip"], s3)
+    nb, nc = _new_rows(mapping, s1), _new_rows(_mappings(a, day3)["zip"], s3)
     k = min(len(nb), len(nc))
     assert k and np.mean(np.all(nb[:k] == nc[:k], axis=1)) > 0.5  # equal but where a truncation redraw differs
     # Another table under the same seed draws other values.
-    other = _new_rows(_plans(a, b)["genres"], s1)
+    other = _new_rows(_mappings(a, b)["genres"], s1)
     assert not set(map(bytes, other[:, :4])) & set(map(bytes, nb[:, :4]))

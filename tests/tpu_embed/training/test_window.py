@@ -181,7 +181,7 @@ def test_a_day_parsed_to_larger_buffers_equals_its_records_parsed_with_them(days
     from tpu_embed.artifact import tfrecord
     from tpu_embed.artifact.shard_records import shard_files
     from tpu_embed.training.input import _parser
-    from tpu_embed.training.parse import parse_fn
+    from tpu_embed.training.shard_parse import parse_fn
     out = days["outs"][0]
     fmt = read_manifest(out).shard_format
     for grow_rp, grow_ids in ((0, 64), (8, 16), (16, 4096)):  # 4096: ids buffers far larger than the data

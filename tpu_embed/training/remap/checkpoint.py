@@ -19,7 +19,7 @@ How a tensor moves (`remap_tensor`), with memory bounded by the chunk, not the t
    its new rows from the initializer (the table) or the slot's initial value (a slot).
 
 So the work is linear in the rows (two sequential passes, the spill files on local disk) whatever the
-vocabularies did to the order.  An identity plan copies the tensor's bytes as they are.
+vocabularies did to the order.  An identity mapping copies the tensor's bytes as they are.
 
 New rows of a table take the table's initializer.  The default is TensorFlow's `TableConfig`
 default, a truncated normal (mean 0, stddev 1/sqrt(dim), redrawn beyond 2 stddev), drawn with
@@ -48,7 +48,7 @@ import numpy as np
 from tpu_embed.artifact.tfrecord import mask_crc32c
 from tpu_embed.training.remap import bundle
 from tpu_embed.training.remap.bundle import BundleReader, BundleWriter, Entry
-from tpu_embed.training.remap.plan import NEW, RemapError, TablePlan
+from tpu_embed.training.remap.row_mapping import NEW, RemapError, RowMapping
 
 SUFFIX = "/.ATTRIBUTES/VARIABLE_VALUE"
 # Slot names per optimizer, as tf.tpu.experimental.embedding names them (tpu_embed.training.host_optimizers'
@@ -98,9 +98,9 @@ def _prefixes(reader: BundleReader, layout: str, table: str) -> List[str]:
     return [k[:-len(tail)].decode("utf-8", "backslashreplace") for k in reader.entries if k.endswith(tail)]
 
 
-def locate(reader: BundleReader, plans: Mapping[str, TablePlan], required: Tuple[str, ...],
+def locate(reader: BundleReader, mappings: Mapping[str, RowMapping], required: Tuple[str, ...],
            layout: Optional[str] = None, prefix: Optional[str] = None) -> Located:
-    """The variables of every table of `plans` in the checkpoint (`required` ones must be there).
+    """The variables of every table of `mappings` in the checkpoint (`required` ones must be there).
 
     Without `layout` / `prefix`, the (layout, prefix) pairs under which every required table's
     parameters exist are found; there must be exactly one.
@@ -143,36 +143,36 @@ def locate(reader: BundleReader, plans: Mapping[str, TablePlan], required: Tuple
     layout, prefix = candidates[0]
     tables: Dict[str, TableVariables] = {}
     absent = []
-    for name, plan in plans.items():
+    for name, mapping in mappings.items():
         entry = reader.entries.get(parameters_key(layout, prefix, name))
         if entry is None:
             absent.append(name)
             continue
-        _check_entry(reader, entry, plan, "table")
+        _check_entry(reader, entry, mapping, "table")
         slots = {}
         for s in ALL_SLOTS:
             e = reader.entries.get(slot_key(layout, prefix, name, s))
             if e is not None:
-                _check_entry(reader, e, plan, f"slot {s!r} of table")
+                _check_entry(reader, e, mapping, f"slot {s!r} of table")
                 slots[s] = e
         tables[name] = TableVariables(name, entry, slots)
     return Located(layout, prefix, tables, tuple(absent))
 
 
-def _check_entry(reader: BundleReader, entry: Entry, plan: TablePlan, what: str) -> None:
-    where = f"{reader.prefix}: {what} {plan.table!r} ({entry.name})"
+def _check_entry(reader: BundleReader, entry: Entry, mapping: RowMapping, what: str) -> None:
+    where = f"{reader.prefix}: {what} {mapping.table!r} ({entry.name})"
     if entry.sliced:
         raise RemapError(f"{where} is saved in slices (a partitioned or sharded variable); remap reads whole "
                          "per-table variables. Save it from an unpartitioned HostEmbedding or "
                          "TPUEmbeddingForServing.")
     if entry.dtype not in bundle.DTYPES:
         raise RemapError(f"{where} is {entry.dtype_name}; remap moves float32 and float64 tables.")
-    if len(entry.shape) != 2 or entry.shape[1] != plan.dim:
-        raise RemapError(f"{where} has shape {list(entry.shape)} but artifact A's table has dim {plan.dim}: the "
+    if len(entry.shape) != 2 or entry.shape[1] != mapping.dim:
+        raise RemapError(f"{where} has shape {list(entry.shape)} but artifact A's table has dim {mapping.dim}: the "
                          "checkpoint was not trained on artifact A's spec. Pass the artifact it was trained on as A.")
-    if entry.shape[0] != plan.rows_a:
-        hint = " (it has B's row count: was it trained on B already?)" if entry.shape[0] == plan.rows_b else ""
-        raise RemapError(f"{where} has {entry.shape[0]} rows but artifact A's table has {plan.rows_a}{hint}: the "
+    if entry.shape[0] != mapping.rows_a:
+        hint = " (it has B's row count: was it trained on B already?)" if entry.shape[0] == mapping.rows_b else ""
+        raise RemapError(f"{where} has {entry.shape[0]} rows but artifact A's table has {mapping.rows_a}{hint}: the "
                          "checkpoint was not trained on artifact A's vocabulary. Pass the artifact it was trained "
                          "on as A.")
 
@@ -200,59 +200,59 @@ def _block_key(seed: Seed, table: str, block: int) -> int:
     return int.from_bytes(hashlib.sha256(f"{text}/{table}/{block}".encode()).digest()[:16], "little")
 
 
-def default_values(plan: TablePlan, seed: Seed) -> Callable[[int, int], Tuple[np.ndarray, np.ndarray]]:
+def default_values(mapping: RowMapping, seed: Seed) -> Callable[[int, int], Tuple[np.ndarray, np.ndarray]]:
     """(new B rows in [r0, r1), their float64 values): TF's TableConfig default initializer, seeded per block."""
-    stddev = 1.0 / math.sqrt(plan.dim)
+    stddev = 1.0 / math.sqrt(mapping.dim)
 
     def values(r0: int, r1: int) -> Tuple[np.ndarray, np.ndarray]:
         rows, vals = [], []
         for block in range(r0 // INIT_BLOCK, (r1 - 1) // INIT_BLOCK + 1):
             b0 = block * INIT_BLOCK
-            new = np.flatnonzero(plan.source[b0:min(b0 + INIT_BLOCK, plan.rows_b)] == NEW) + b0
+            new = np.flatnonzero(mapping.source[b0:min(b0 + INIT_BLOCK, mapping.rows_b)] == NEW) + b0
             if not new.size:
                 continue
-            rng = np.random.Generator(np.random.Philox(key=_block_key(seed, plan.table, block)))
-            v = _truncated_normal(rng, (new.size, plan.dim)) * stddev
+            rng = np.random.Generator(np.random.Philox(key=_block_key(seed, mapping.table, block)))
+            v = _truncated_normal(rng, (new.size, mapping.dim)) * stddev
             inside = (new >= r0) & (new < r1)
             rows.append(new[inside])
             vals.append(v[inside])
         if not rows:
-            return np.zeros(0, np.int64), np.zeros((0, plan.dim))
+            return np.zeros(0, np.int64), np.zeros((0, mapping.dim))
         return np.concatenate(rows), np.concatenate(vals)
     return values
 
 
-def given_values(plan: TablePlan, init: Any) -> Callable[[int, int], Tuple[np.ndarray, np.ndarray]]:
+def given_values(mapping: RowMapping, init: Any) -> Callable[[int, int], Tuple[np.ndarray, np.ndarray]]:
     """The same for a constant or a callable `init(shape, dtype)` (called once per chunk)."""
     def values(r0: int, r1: int) -> Tuple[np.ndarray, np.ndarray]:
-        new = np.flatnonzero(plan.source[r0:r1] == NEW) + r0
+        new = np.flatnonzero(mapping.source[r0:r1] == NEW) + r0
         if callable(init):
-            v = np.asarray(init((int(new.size), plan.dim), dtype="float32"), np.float64) if new.size else \
-                np.zeros((0, plan.dim))
-            if v.shape != (new.size, plan.dim):
-                raise RemapError(f"table {plan.table!r}: its initializer returned shape {list(v.shape)} for "
-                                 f"{[int(new.size), plan.dim]}.")
+            v = np.asarray(init((int(new.size), mapping.dim), dtype="float32"), np.float64) if new.size else \
+                np.zeros((0, mapping.dim))
+            if v.shape != (new.size, mapping.dim):
+                raise RemapError(f"table {mapping.table!r}: its initializer returned shape {list(v.shape)} for "
+                                 f"{[int(new.size), mapping.dim]}.")
         else:
-            v = np.full((new.size, plan.dim), float(init))
+            v = np.full((new.size, mapping.dim), float(init))
         return new, v
     return values
 
 
 # ---------------------------------------------------------------- one tensor
 
-def remap_tensor(reader: BundleReader, entry: Entry, plan: TablePlan, dest: np.ndarray,
+def remap_tensor(reader: BundleReader, entry: Entry, mapping: RowMapping, dest: np.ndarray,
                  values: Callable[[int, int], Tuple[np.ndarray, np.ndarray]], writer: BundleWriter,
                  chunk_rows: int, spill_dir: str, progress: Callable[[int], None]) -> None:
     """Write `entry`'s tensor with B's rows: kept rows from A (by `dest`, A row -> B row), new rows from `values`."""
     dtype = bundle.DTYPES[entry.dtype]
-    row_bytes = plan.dim * dtype.itemsize
-    n_chunks = max(1, -(-plan.rows_b // chunk_rows))
+    row_bytes = mapping.dim * dtype.itemsize
+    n_chunks = max(1, -(-mapping.rows_b // chunk_rows))
     spills = [os.path.join(spill_dir, f"{i}.bin") for i in range(n_chunks)]
     with contextlib.ExitStack() as stack:
         files: Dict[int, Any] = {}
         crc = 0
-        for a0 in range(0, plan.rows_a, chunk_rows):
-            n = min(chunk_rows, plan.rows_a - a0)
+        for a0 in range(0, mapping.rows_a, chunk_rows):
+            n = min(chunk_rows, mapping.rows_a - a0)
             raw = reader.read(entry, a0 * row_bytes, n * row_bytes)
             crc = google_crc32c.extend(crc, raw)
             d = dest[a0:a0 + n]
@@ -277,7 +277,7 @@ def remap_tensor(reader: BundleReader, entry: Entry, plan: TablePlan, dest: np.n
 
     def chunks() -> Iterator[np.ndarray]:
         for c in range(n_chunks):
-            r0, r1 = c * chunk_rows, min(plan.rows_b, (c + 1) * chunk_rows)
+            r0, r1 = c * chunk_rows, min(mapping.rows_b, (c + 1) * chunk_rows)
             out = np.empty((r1 - r0, row_bytes), np.uint8)
             filled = 0
             if os.path.exists(spills[c]):
@@ -298,20 +298,20 @@ def remap_tensor(reader: BundleReader, entry: Entry, plan: TablePlan, dest: np.n
                 out[rows - r0] = np.ascontiguousarray(vals, dtype).view(np.uint8).reshape(rows.size, row_bytes)
             yield out
             progress(r1 - r0)
-    writer.add(entry.key, entry.dtype, (plan.rows_b, plan.dim), chunks())
+    writer.add(entry.key, entry.dtype, (mapping.rows_b, mapping.dim), chunks())
 
 
 # ---------------------------------------------------------------- the whole checkpoint
 
 @dataclasses.dataclass(frozen=True)
 class TableSlots:
-    """What a table's remap needs besides its plan: its initializer and the initial value of every slot."""
+    """What a table's remap needs besides its mapping: its initializer and the initial value of every slot."""
 
     initializer: Any  # None (TF's default), a number, or fn(shape, dtype)
     slot_values: Dict[str, float]  # slot -> initial value (B's optimizer)
 
 
-def remap_checkpoint(reader: BundleReader, writer: BundleWriter, located: Located, plans: Mapping[str, TablePlan],
+def remap_checkpoint(reader: BundleReader, writer: BundleWriter, located: Located, mappings: Mapping[str, RowMapping],
                      tables: Mapping[str, TableSlots], *, seed: Seed = 0, chunk_rows: int = DEFAULT_CHUNK_ROWS,
                      spill_dir: Optional[str] = None, progress: Optional[Callable[[int], None]] = None) -> None:
     """Every variable of `reader` into `writer`: the located tables' parameters and slots remapped, the rest copied."""
@@ -329,23 +329,24 @@ def remap_checkpoint(reader: BundleReader, writer: BundleWriter, located: Locate
                 writer.copy(entry, reader)
                 continue
             name, slot = by_key[key]
-            plan = plans[name]
-            if plan.identity:
+            mapping = mappings[name]
+            if mapping.identity:
                 writer.copy(entry, reader)
-                tick(plan.rows_a + plan.rows_b)
+                tick(mapping.rows_a + mapping.rows_b)
                 continue
             if name not in dests:
-                dests[name] = plan.destination()
+                dests[name] = mapping.destination()
             spec = tables[name]
             if slot is None:
-                values = default_values(plan, seed) if spec.initializer is None else \
-                    given_values(plan, spec.initializer)
+                values = default_values(mapping, seed) if spec.initializer is None else \
+                    given_values(mapping, spec.initializer)
             else:
-                values = given_values(plan, spec.slot_values[slot])
-            remap_tensor(reader, entry, plan, dests[name], values, writer, chunk_rows, tmp, tick)
-            if all(k in writer.written for k in _keys(located.tables[name])):
-                dests.pop(name, None)  # every tensor of the table is done: its inverse plan is not needed again
+                values = given_values(mapping, spec.slot_values[slot])
+            remap_tensor(reader, entry, mapping, dests[name], values, writer, chunk_rows, tmp, tick)
+            if all(k in writer.written for k in variable_keys(located.tables[name])):
+                dests.pop(name, None)  # every tensor of the table is done: its inverse mapping is not needed again
 
 
-def _keys(tv: TableVariables) -> List[bytes]:
+def variable_keys(tv: TableVariables) -> List[bytes]:
+    """The checkpoint keys of a table's parameters and its slots."""
     return [tv.parameters.key] + [e.key for e in tv.slots.values()]

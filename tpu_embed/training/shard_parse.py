@@ -8,7 +8,8 @@ built; the helpers take the module as their `tf` argument.
 
 from __future__ import annotations
 
-from typing import Any, Dict, List
+import dataclasses
+from typing import Any, Dict, List, Mapping, Set, Tuple
 
 import numpy as np
 
@@ -38,11 +39,60 @@ def parse_fn(fmt: ShardFormat):
     """
     import tensorflow as tf  # TensorFlow boundary: the numpy side of the artifact imports without it
 
-    required: List[str] = ["label", "mask", "dense"]  # string keys every record has
+    keys = _record_keys(fmt)
+    cells = keys.cells
+    nsizes = len(SIZES_FIELDS)
+
+    def parse(serialized):
+        ex = _parse_example(tf, keys, serialized)
+        out = _batch_tensors(tf, fmt, ex)
+        chips: List[Dict[str, Any]] = [{} for _ in range(fmt.chips_per_host)]
+        if not cells:
+            out["sparse_core"] = tuple(chips)
+            return out
+        sizes_mat = _checked_sizes(tf, keys, ex)
+        sizes = tf.unstack(tf.reshape(sizes_mat, [-1]))
+
+        def sizes_of(i):
+            return dict(zip(SIZES_FIELDS, sizes[i * nsizes:(i + 1) * nsizes]))
+
+        for stack, members in keys.stored_groups:
+            for i, d in zip(members, _decode_stored(tf, ex, cells, members, sizes_mat)):
+                chips[cells[i][0]][stack] = {**d, **sizes_of(i)}
+        for i, cell in enumerate(cells):
+            if cell[1] in keys.loose:
+                chips[cell[0]][cell[1]] = {**_decode_loose(tf, ex, cell), **sizes_of(i)}
+        if keys.omitted:
+            for i, d in zip(keys.omitted, _rebuild_padding(tf, ex, [cells[i] for i in keys.omitted],
+                                                           tf.gather(sizes_mat[:, 1], keys.omitted))):
+                chips[cells[i][0]][cells[i][1]] = {**d, **sizes_of(i)}
+        out["sparse_core"] = tuple(chips)
+        return out
+
+    return parse
+
+
+@dataclasses.dataclass(frozen=True)
+class _RecordKeys:
+    """Where a record of `fmt` keeps what: its feature keys and how each chip's stack is stored."""
+
+    required: List[str]  # string keys every record has
+    optional: List[str]  # string keys a record may leave out (omitted unit gains)
+    cells: List[Tuple[Any, ...]]  # (chip, stack, row pointers buffer, ids buffer, encoding, {array: key})
+    size_keys: List[str]
+    omitted: List[int]  # the cells whose padding is omitted
+    count_keys: List[str]  # their partition counts: int64 lists, read as sparse values
+    loose: Set[str]  # stacks widened per chip on the stored prefix (see parse_fn)
+    stored_groups: List[Tuple[str, List[int]]]  # the other stacks with stored padding: (stack, its cells)
+    buffers: List[List[int]]  # per cell: [row pointers buffer, ids buffer]
+
+
+def _record_keys(fmt: ShardFormat) -> _RecordKeys:
+    required: List[str] = ["label", "mask", "dense"]
     for name, weighted, _ in fmt.tensor_core_features:
         required += [f"tc/{name}/lengths", f"tc/{name}/ids"] + ([f"tc/{name}/weights"] if weighted else [])
-    optional: List[str] = []  # string keys a record may leave out (omitted unit gains)
-    cells = []  # (chip, stack, row pointers buffer, ids buffer, encoding, {array: key})
+    optional: List[str] = []
+    cells = []
     for c in range(fmt.chips_per_host):
         for stack, rp_buf, ids_buf in fmt.stacks:
             enc = fmt.encoding(stack)
@@ -52,9 +102,7 @@ def parse_fn(fmt: ShardFormat):
             required += ([] if enc.padding == "omitted" else [keys["row_pointers"]]) + [
                 keys["sorted_sample_ids"], keys["sorted_token_ids"]]
             (optional if enc.gains == "omitted_if_unit" else required).append(keys["sorted_gains"])
-    size_keys = [cell[5]["sizes"] for cell in cells]
     omitted = [i for i, cell in enumerate(cells) if cell[4].padding == "omitted"]
-    count_keys = [cells[i][5]["counts"] for i in omitted]  # int64 lists, read as sparse values
     samples = dict(fmt.samples)
     # Narrow ids or omitted gains in an ids buffer much larger than the data (e.g. TF's default limits):
     # widened per chip on the stored prefix, then padded, instead of over [chips, buffer].
@@ -63,86 +111,81 @@ def parse_fn(fmt: ShardFormat):
              and ids_buf > LOOSE_IDS_PER_SAMPLE * samples[stack]}
     stored_groups = [(stack, [i for i, cell in enumerate(cells) if cell[1] == stack]) for stack, _, _ in fmt.stacks
                      if fmt.encoding(stack).padding == "stored" and stack not in loose]
+    return _RecordKeys(required, optional, cells, [cell[5]["sizes"] for cell in cells], omitted,
+                       [cells[i][5]["counts"] for i in omitted], loose, stored_groups,
+                       [[cell[2], cell[3]] for cell in cells])
+
+
+def _parse_example(tf, keys: _RecordKeys, serialized) -> Dict[str, Any]:
+    """The record's features by key, in one `ParseSingleExample` op."""
+    no_default = tf.zeros([0], tf.string)
+    empty = tf.constant("")
+    no_int = tf.zeros([0], tf.int64)
+    required, optional, size_keys, count_keys = keys.required, keys.optional, keys.size_keys, keys.count_keys
+    dense_keys = ["step", "host"] + required + optional + size_keys
+    parsed = tf.raw_ops.ParseSingleExample(
+        serialized=serialized, dense_defaults=[no_int, no_int] + [no_default] * len(required)
+        + [empty] * len(optional) + [no_int] * len(size_keys), num_sparse=len(count_keys), sparse_keys=count_keys,
+        dense_keys=dense_keys, sparse_types=[tf.int64] * len(count_keys),
+        dense_shapes=[[], []] + [[]] * (len(required) + len(optional)) + [[len(SIZES_FIELDS)]] * len(size_keys))
+    ex = dict(zip(dense_keys, parsed.dense_values))
+    ex.update(zip(count_keys, parsed.sparse_values))
+    return ex
+
+
+def _batch_tensors(tf, fmt: ShardFormat, ex: Mapping[str, Any]) -> Dict[str, Any]:
+    """Everything of the record but its SparseCore CSR: step, host, labels, mask, dense and tensor-core features."""
     b = fmt.host_batch_size
-    nd = len(fmt.dense_features)
-    nsizes = len(SIZES_FIELDS)
-    buffers = [[cell[2], cell[3]] for cell in cells]
+    out = {"step": ex["step"], "host": ex["host"],
+           "label": tf.ensure_shape(tf.io.decode_raw(ex["label"], tf.float32), [b]),
+           "mask": tf.ensure_shape(tf.io.decode_raw(ex["mask"], tf.float32), [b]),
+           "dense": tf.reshape(tf.io.decode_raw(ex["dense"], tf.float32), [b, len(fmt.dense_features)])}
+    tc = {}
+    for name, weighted, _ in fmt.tensor_core_features:
+        lengths = tf.cast(tf.io.decode_raw(ex[f"tc/{name}/lengths"], tf.int32), tf.int64)
+        tc_ids = tf.io.decode_raw(ex[f"tc/{name}/ids"], tf.int64)
+        tc[name] = tf.RaggedTensor.from_row_lengths(tc_ids, lengths)
+        if weighted:
+            w = tf.io.decode_raw(ex[f"tc/{name}/weights"], tf.float32)
+            tc[name + "/weights"] = tf.RaggedTensor.from_row_lengths(w, lengths)
+    out["tensor_core"] = tc
+    return out
 
-    def parse(serialized):
-        no_default = tf.zeros([0], tf.string)
-        empty = tf.constant("")
-        no_int = tf.zeros([0], tf.int64)
-        dense_keys = ["step", "host"] + required + optional + size_keys
-        parsed = tf.raw_ops.ParseSingleExample(
-            serialized=serialized, dense_defaults=[no_int, no_int] + [no_default] * len(required)
-            + [empty] * len(optional) + [no_int] * len(size_keys), num_sparse=len(count_keys), sparse_keys=count_keys,
-            dense_keys=dense_keys, sparse_types=[tf.int64] * len(count_keys),
-            dense_shapes=[[], []] + [[]] * (len(required) + len(optional)) + [[nsizes]] * len(size_keys))
-        ex = dict(zip(dense_keys, parsed.dense_values))
-        ex.update(zip(count_keys, parsed.sparse_values))
-        out = {"step": ex["step"], "host": ex["host"],
-               "label": tf.ensure_shape(tf.io.decode_raw(ex["label"], tf.float32), [b]),
-               "mask": tf.ensure_shape(tf.io.decode_raw(ex["mask"], tf.float32), [b]),
-               "dense": tf.reshape(tf.io.decode_raw(ex["dense"], tf.float32), [b, nd])}
-        tc = {}
-        for name, weighted, _ in fmt.tensor_core_features:
-            lengths = tf.cast(tf.io.decode_raw(ex[f"tc/{name}/lengths"], tf.int32), tf.int64)
-            tc_ids = tf.io.decode_raw(ex[f"tc/{name}/ids"], tf.int64)
-            tc[name] = tf.RaggedTensor.from_row_lengths(tc_ids, lengths)
-            if weighted:
-                w = tf.io.decode_raw(ex[f"tc/{name}/weights"], tf.float32)
-                tc[name + "/weights"] = tf.RaggedTensor.from_row_lengths(w, lengths)
-        out["tensor_core"] = tc
-        chips: List[Dict[str, Any]] = [{} for _ in range(fmt.chips_per_host)]
-        if not cells:
-            out["sparse_core"] = tuple(chips)
-            return out
-        sizes64 = tf.stack([ex[k] for k in size_keys])
-        check = tf.raw_ops.Assert(  # no control flow: runs in tf.data's single-threaded executor too
-            condition=tf.reduce_all(sizes64[:, :2] <= tf.constant(buffers, tf.int64)),
-            data=[tf.constant("shard record: a CSR prefix is longer than the format's buffer (row pointers, ids): "
-                              "the manifest does not match the shards")])
-        with tf.control_dependencies([check]):
-            sizes_mat = tf.cast(sizes64, tf.int32)
-        sizes = tf.unstack(tf.reshape(sizes_mat, [-1]))
 
-        def sizes_of(i):
-            return dict(zip(SIZES_FIELDS, sizes[i * nsizes:(i + 1) * nsizes]))
+def _checked_sizes(tf, keys: _RecordKeys, ex: Mapping[str, Any]):
+    """Every cell's sizes as an int32 [cells, sizes] matrix, once each prefix is checked to fit its buffers."""
+    sizes64 = tf.stack([ex[k] for k in keys.size_keys])
+    check = tf.raw_ops.Assert(  # no control flow: runs in tf.data's single-threaded executor too
+        condition=tf.reduce_all(sizes64[:, :2] <= tf.constant(keys.buffers, tf.int64)),
+        data=[tf.constant("shard record: a CSR prefix is longer than the format's buffer (row pointers, ids): "
+                          "the manifest does not match the shards")])
+    with tf.control_dependencies([check]):
+        return tf.cast(sizes64, tf.int32)
 
-        for stack, members in stored_groups:  # the stack on every chip at once ([chips, buffer] tensors)
-            _, _, rp_buf, ids_buf, enc, _ = cells[members[0]]
 
-            def stacked(array, members=members):
-                return tf.stack([ex[cells[i][5][array]] for i in members])
-            rp_all = tf.io.decode_raw(stacked("row_pointers"), tf.int32, fixed_length=4 * rp_buf)
-            # sample and token ids are PAD_VALUE at the same entries (the padding): found once
-            xs = _decode_ids(tf, stacked("sorted_sample_ids"), enc.sample_ids, ids_buf)
-            is_pad = tf.equal(xs, _pad_of(enc.sample_ids)) if enc != V1_ENCODING else None
-            sid_all = _widen(tf, xs, enc.sample_ids, is_pad)
-            tid_all = _widen(tf, _decode_ids(tf, stacked("sorted_token_ids"), enc.token_ids, ids_buf), enc.token_ids,
-                             is_pad)
-            raw_gains = stacked("sorted_gains")
-            g_all = tf.io.decode_raw(raw_gains, tf.float32, fixed_length=4 * ids_buf)
-            if enc.gains == "omitted_if_unit":  # chips without gains: 1.0 in the prefix, PAD_VALUE at padding
-                n_all = tf.gather(sizes_mat[:, 1], members)
-                unit = tf.where(is_pad, float(PAD_VALUE), tf.cast(tf.range(ids_buf)[None, :] < n_all[:, None],
-                                                                  tf.float32))
-                g_all = tf.where(tf.strings.length(raw_gains)[:, None] > 0, g_all, unit)
-            for i, rp, sid, tid, g in zip(members, tf.unstack(rp_all), tf.unstack(sid_all), tf.unstack(tid_all),
-                                          tf.unstack(g_all)):
-                chips[cells[i][0]][stack] = {"row_pointers": rp, "sorted_sample_ids": sid, "sorted_token_ids": tid,
-                                             "sorted_gains": g, **sizes_of(i)}
-        for i, cell in enumerate(cells):
-            if cell[1] in loose:
-                chips[cell[0]][cell[1]] = {**_decode_loose(tf, ex, cell), **sizes_of(i)}
-        if omitted:
-            for i, d in zip(omitted, _rebuild_padding(tf, ex, [cells[i] for i in omitted],
-                                                      tf.gather(sizes_mat[:, 1], omitted))):
-                chips[cells[i][0]][cells[i][1]] = {**d, **sizes_of(i)}
-        out["sparse_core"] = tuple(chips)
-        return out
+def _decode_stored(tf, ex, cells, members: List[int], sizes_mat) -> List[Dict[str, Any]]:
+    """One stack with stored padding on every chip at once ([chips, buffer] tensors): per member cell, its arrays."""
+    _, _, rp_buf, ids_buf, enc, _ = cells[members[0]]
 
-    return parse
+    def stacked(array):
+        return tf.stack([ex[cells[i][5][array]] for i in members])
+    rp_all = tf.io.decode_raw(stacked("row_pointers"), tf.int32, fixed_length=4 * rp_buf)
+    # sample and token ids are PAD_VALUE at the same entries (the padding): found once
+    xs = _decode_ids(tf, stacked("sorted_sample_ids"), enc.sample_ids, ids_buf)
+    is_pad = tf.equal(xs, _pad_of(enc.sample_ids)) if enc != V1_ENCODING else None
+    sid_all = _widen(tf, xs, enc.sample_ids, is_pad)
+    tid_all = _widen(tf, _decode_ids(tf, stacked("sorted_token_ids"), enc.token_ids, ids_buf), enc.token_ids,
+                     is_pad)
+    raw_gains = stacked("sorted_gains")
+    g_all = tf.io.decode_raw(raw_gains, tf.float32, fixed_length=4 * ids_buf)
+    if enc.gains == "omitted_if_unit":  # chips without gains: 1.0 in the prefix, PAD_VALUE at padding
+        n_all = tf.gather(sizes_mat[:, 1], members)
+        unit = tf.where(is_pad, float(PAD_VALUE), tf.cast(tf.range(ids_buf)[None, :] < n_all[:, None],
+                                                          tf.float32))
+        g_all = tf.where(tf.strings.length(raw_gains)[:, None] > 0, g_all, unit)
+    return [{"row_pointers": rp, "sorted_sample_ids": sid, "sorted_token_ids": tid, "sorted_gains": g}
+            for rp, sid, tid, g in zip(tf.unstack(rp_all), tf.unstack(sid_all), tf.unstack(tid_all),
+                                       tf.unstack(g_all))]
 
 
 def _pad_of(dtype_name: str) -> int:

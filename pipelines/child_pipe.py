@@ -9,9 +9,9 @@ the feeding benchmark's oracle (benchmarks/feed.py and feed_oracle.py).
     serve(handle)                  # a helper's loop: READY, then each request answered by handle(request)
     Helper(argv, env, name)        # the other side: start the helper, then helper(request) -> its answer
 
-Standard library only, and nothing else of tpu_embed: the oracles run in their own virtual environment
-(tensorflow-tpu, without this package's dependencies) and import this module with the repository root on
-sys.path.
+Standard library only, and nothing else of this repository: the oracles run in their own virtual environments
+(tensorflow-tpu, jax) without this project's dependencies and import this module with the repository root on
+sys.path. `pipelines/__init__.py` imports nothing, so importing it here loads no Beam.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The row plan of a remap: which row of artifact A's table every row of artifact B's table takes.
+"""The row mapping of a remap: which row of artifact A's table every row of artifact B's table takes.
 
 A table of a frequency vocabulary of size V (the manifest's: its tokens, or its `capacity` when one
 reserves rows) and N OOV buckets has V + N rows: row i is the token on line i of the vocabulary file
@@ -12,8 +12,8 @@ artifact A (size V_A) and artifact B (size V_B) of one spec:
 * OOV bucket k keeps its row: B's row V_B + k takes A's row V_A + k;
 * identity and hashing tables (`num_buckets` rows, ids independent of any vocabulary) keep every row.
 
-`TablePlan.source` holds that as one int64 array, B row -> A row or `NEW`; `destination()` is its
-inverse, A row -> B row or `DROPPED`.  `table_plans(a, b)` builds one plan per table of two
+`RowMapping.source` holds that as one int64 array, B row -> A row or `NEW`; `destination()` is its
+inverse, A row -> B row or `DROPPED`.  `row_mappings(a, b)` builds one mapping per table of two
 artifacts, after checking that they are artifacts of one spec's features and tables.  Nothing here
 reads or writes a checkpoint (`tpu_embed.training.remap.checkpoint` does).
 
@@ -48,7 +48,7 @@ class RemapError(ValueError):
 
 
 @dataclasses.dataclass(frozen=True)
-class TablePlan:
+class RowMapping:
     """One table's rows from artifact A to artifact B.
 
     `source[j]` is the A row that B row j takes, or `NEW`.  `kind` is the vocabulary type of the
@@ -73,7 +73,7 @@ class TablePlan:
 
     @property
     def kept(self) -> int:
-        """B rows that take an A row (kept tokens, OOV buckets, or every row of an identity plan)."""
+        """B rows that take an A row (kept tokens, OOV buckets, or every row of an identity mapping)."""
         return int(np.count_nonzero(self.source != NEW))
 
     @property
@@ -96,8 +96,8 @@ class TablePlan:
         return dest
 
 
-def identity_plan(table: str, kind: str, rows: int, dim: int) -> TablePlan:
-    return TablePlan(table, kind, rows, rows, dim, np.arange(rows, dtype=np.int64))
+def identity_mapping(table: str, kind: str, rows: int, dim: int) -> RowMapping:
+    return RowMapping(table, kind, rows, rows, dim, np.arange(rows, dtype=np.int64))
 
 
 def frequency_source(tokens_a: pa.Array, tokens_b: pa.Array, num_oov_buckets: int, size_a: Optional[int] = None,
@@ -280,12 +280,12 @@ def _vocabulary_tokens(artifact: Artifact, key: str, feature: str) -> pa.Array:
     return tokens
 
 
-def table_plans(a: Artifact, b: Artifact, tables: Optional[List[str]] = None) -> Dict[str, TablePlan]:
-    """{table: TablePlan} from artifact `a` to artifact `b` (both `tpu_embed.artifact.load.Artifact`s) for
+def row_mappings(a: Artifact, b: Artifact, tables: Optional[List[str]] = None) -> Dict[str, RowMapping]:
+    """{table: RowMapping} from artifact `a` to artifact `b` (both `tpu_embed.artifact.load.Artifact`s) for
     every table of the spec (SparseCore and tensor-core), or those named in `tables`."""
     check_compatible(a, b)
     sa, sb = a.spec, b.spec
-    plans: Dict[str, TablePlan] = {}
+    mappings: Dict[str, RowMapping] = {}
     for t in sa.tables:
         if tables is not None and t.name not in tables:
             continue
@@ -294,7 +294,7 @@ def table_plans(a: Artifact, b: Artifact, tables: Optional[List[str]] = None) ->
         rows_b = sb.table_vocabulary_size(t.name, b.manifest.vocabulary_sizes)
         v = f.vocabulary
         if not isinstance(v, FrequencyVocabulary):
-            plans[t.name] = identity_plan(t.name, v.type, rows_a, t.dim)
+            mappings[t.name] = identity_mapping(t.name, v.type, rows_a, t.dim)
             continue
         key = sa.vocabulary_key(f)
         tokens_a = _vocabulary_tokens(a, key, f.name)
@@ -302,10 +302,10 @@ def table_plans(a: Artifact, b: Artifact, tables: Optional[List[str]] = None) ->
         size_a, size_b = a.manifest.vocabulary_sizes[key], b.manifest.vocabulary_sizes[key]
         source = frequency_source(tokens_a, tokens_b, v.num_oov_buckets, size_a, size_b)
         if source.size != rows_b or size_a + v.num_oov_buckets != rows_a:
-            raise AssertionError(f"table {t.name}: rows {rows_a} -> {rows_b}, plan {source.size}")
-        plans[t.name] = TablePlan(t.name, "frequency", rows_a, rows_b, t.dim, source, size_a, size_b,
+            raise AssertionError(f"table {t.name}: rows {rows_a} -> {rows_b}, mapping {source.size}")
+        mappings[t.name] = RowMapping(t.name, "frequency", rows_a, rows_b, t.dim, source, size_a, size_b,
                                   v.num_oov_buckets)
-    return plans
+    return mappings
 
 
 def load(artifact_dir: str) -> Artifact:
