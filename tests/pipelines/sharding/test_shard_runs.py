@@ -169,7 +169,7 @@ def test_a_run_moved_into_place_and_a_retry_that_finds_it_moved(tmp_path, store,
     """`output.move_into_place` (`tpu_embed.artifact.io.move`): the run becomes the file; a retried bundle that
     finds the run gone and the file in place accepts it when its bytes hash the same, and refuses it otherwise. On
     object stores without the filesystem's `mv` (gcsfs's first tries GCS's moveTo, which plain buckets and the
-    emulator refuse, and retries: ~35 s per object)."""
+    emulator refuse, and retries at length per object)."""
     import uuid
 
     from fsspec.implementations.memory import MemoryFileSystem
