@@ -1,6 +1,6 @@
-"""Run in the JAX oracle venv by tests/profiles/planner/test_propose.py: jax-tpu-embedding FeatureSpecs of a
-description (stdin: tables, features with their global samples, and the path of a `tpu-embed plan --propose` Python
-file), stacked by that file's `stack_feature_specs`; prints (last line) jax's stacking and limits as JSON."""
+"""Run in the JAX oracle venv by test_propose.py beside it: jax-tpu-embedding FeatureSpecs of a description
+(stdin: tables, features with their global samples, and the path of a `tpu-embed plan --propose` Python file),
+stacked by that file's `stack_feature_specs`; prints (last line) jax's stacking and limits as JSON."""
 
 import json
 import os
