@@ -4,7 +4,7 @@ TokenCounter: the counts of distinct tokens, added chunk after chunk, with the s
 `pyarrow.compute.index_in(tokens, value_set=vocabulary)` is the reference: it builds the vocabulary's
 hash table on every call, 50-60 ms for 300 k tokens, where looking up a 32 k-row chunk takes about
 1 ms. The optional native module (native/_token_index.c, built in place like the CSV scanner) keeps
-the table; without it, or for tokens with nulls, the reference is used. tests/pipelines/test_token_index.py
+the table; without it, or for tokens with nulls, the reference is used. tests/pipelines/mapping/test_token_index.py
 checks the two agree.
 
 Counting has its reference in pyarrow too: `value_counts` per chunk, then `group_by(...).aggregate(sum)`

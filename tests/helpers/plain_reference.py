@@ -1,5 +1,5 @@
 """What the jobs must write, computed from the raw rows by plain Python: vocabularies, ids, gains, and the
-entries of each chip's CSR buffers decoded back (the end-to-end reference of tests/pipelines/test_e2e.py)."""
+entries of each chip's CSR buffers decoded back (the end-to-end reference of tests/pipelines/runner/test_e2e.py)."""
 
 from __future__ import annotations
 

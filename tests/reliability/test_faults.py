@@ -165,7 +165,7 @@ def test_transient_worker_failure_fails_the_job_and_rerun_is_identical(tmp_path,
 # ---------------------------------------------------------------- full disk, read-only output
 
 def test_full_disk_is_one_clear_line_and_no_half_artifact(work, tmpfs):
-    d = tmpfs("full", "96k")  # the artifact needs ~200 KB
+    d = tmpfs("full", "96k")  # smaller than the artifact
     p = run_cli(work, str(d / "out"))
     assert p.returncode == 1, p.stderr
     lines = p.stderr.strip().splitlines()

@@ -192,7 +192,7 @@ def test_interrupted_overwrite_is_not_accepted_and_a_rerun_converges(old, new, m
 
 @pytest.mark.parametrize("url, why", [
     ("gs://tpu-embed-no-such-bucket/out", "bucket gs://tpu-embed-no-such-bucket does not exist"),
-    # The store rejects the name: not an OSError (the emulator: HTTP 501, gcsfs's HttpError, retried ~35 s).
+    # The store rejects the name: not an OSError (the emulator: HTTP 501, gcsfs's HttpError, retried at length).
     pytest.param("gs://Not_A_Bucket!/out", "HttpError: 501", marks=pytest.mark.slow),
 ])
 def test_unwritable_bucket_fails_in_one_line_before_the_vocabulary_job(store, monkeypatch, capsys, url, why):

@@ -25,7 +25,7 @@ from tests.reliability.artifacts import write_inputs
 from tpu_embed.artifact.load import require_shards
 from tpu_embed.artifact.manifest import ManifestError, read_manifest
 
-ROWS = 20_000  # shard runs of ~170 KB per host at --steps-per-file 100000, the rest of the artifact < 16 KB
+ROWS = 20_000  # at --steps-per-file 100000, shard runs (one per host) far larger than the rest of the artifact
 RERUN = "; then run again with --overwrite."
 SHARD_STEP = r"\(in job step Shards/[\w/]+\)"  # Beam's label of the shard job's step that failed
 

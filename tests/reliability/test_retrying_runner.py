@@ -33,7 +33,8 @@ distributed = pytest.importorskip("distributed")
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SPEC = os.path.join(ROOT, "examples", "criteo", "spec.yaml")
-# As tests/pipelines/test_runners.py, with one step per shard file: several files, so one is written before the fault.
+# As tests/pipelines/runner/test_runners.py, with one step per shard file: several files, so one is written before
+# the fault.
 KW = dict(chunk_rows=50, steps_per_file=1)
 
 

@@ -8,7 +8,6 @@ lists files only, and errors name the path.
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 
 import pytest
@@ -230,14 +229,3 @@ def test_vocabulary_sizes_needs_the_vocab_job(tmp_path):
     m = Manifest.from_json(d, "somewhere/manifest.json")
     with pytest.raises(ManifestError, match="somewhere/manifest.json has no vocabularies: run `tpu-embed vocab`"):
         _ = m.vocabulary_sizes
-
-
-def test_jobs_check_for_an_existing_manifest_explicitly(tmp_path):
-    """No manifest yet: None.  A damaged one is an error, not silently replaced."""
-    from pipelines.jobs.manifest_writer import existing_manifest
-    out = str(tmp_path)
-    assert existing_manifest(out) is None
-    with open(os.path.join(out, "manifest.json"), "w") as f:
-        f.write(json.dumps(_manifest())[:50])
-    with pytest.raises(ManifestError, match="truncated"):
-        existing_manifest(out)

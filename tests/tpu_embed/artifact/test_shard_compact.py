@@ -17,9 +17,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pipelines import runner
-from pipelines.jobs import JobConfig
-from tests.helpers import ROOT
+from tests.helpers import ROOT, jobs
 from tests.helpers.plain_reference import assert_shards_decode_to_raw_rows
 from tpu_embed.artifact import example_wire, shard_records, tfrecord
 from tpu_embed.artifact.manifest import LimitsInfo, manifest_bytes, read_manifest
@@ -43,8 +41,7 @@ def _spec(path, **changes):
 
 
 def _run(spec, out, *args, **kw):
-    runner.run_all(JobConfig(spec=spec, output=out, **kw), list(args))
-    return out
+    return jobs.run(spec, out, args, **kw)
 
 
 @pytest.fixture(scope="module")
@@ -462,26 +459,3 @@ def test_prefix_longer_than_the_buffer_is_refused(movielens, criteo, which):
     rec = tfrecord.read_records(shard_records.shard_files(art, 0)[0])[0]
     with pytest.raises(tf.errors.InvalidArgumentError, match="a CSR prefix is longer than the format"):
         list(tf.data.Dataset.from_tensors(rec).map(parse_fn(small)))
-
-
-def test_shard_files_moved_from_their_runs_are_the_merged_ones(tmp_path, monkeypatch):
-    """A shard file that one run holds whole in step order is that run, moved into place
-    (`shard_runs.Run.is_whole_file`); the same files and manifest as merging the runs record by record."""
-    from pipelines import output
-    from pipelines.sharding import runs as shard_runs
-    spec = _spec(MOVIELENS)
-    moved = []
-    real_move = output.move_into_place
-    monkeypatch.setattr(output, "move_into_place", lambda *a, **k: moved.append(a[2]) or real_move(*a, **k))
-    a = _run(spec, str(tmp_path / "moved"), steps_per_file=5)
-    monkeypatch.setattr(shard_runs.Run, "is_whole_file", lambda self: False)
-    b = _run(spec, str(tmp_path / "merged"), steps_per_file=5)
-    files = sorted(f.path for f in read_manifest(a).files if f.kind == "shard")
-    # Moved where one bundle built all of a file's steps; merged where a step straddled two bundles.
-    assert moved and set(moved) <= set(files)
-    for rel in files:
-        with open(os.path.join(a, rel), "rb") as x, open(os.path.join(b, rel), "rb") as y:
-            assert x.read() == y.read()
-    with open(os.path.join(a, "manifest.json"), "rb") as x, open(os.path.join(b, "manifest.json"), "rb") as y:
-        assert x.read() == y.read()
-    assert not os.path.exists(shard_runs.runs_dir(a))

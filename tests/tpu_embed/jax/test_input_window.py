@@ -9,9 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from pipelines import runner
-from pipelines.jobs import JobConfig
-from tests.helpers import lineage_days
+from tests.helpers import jobs, lineage_days
 from tpu_embed.artifact import lineage
 from tpu_embed.artifact.manifest import read_manifest
 from tpu_embed.jax.input import input_iterator, step_order, window_jax_format
@@ -27,7 +25,7 @@ def _run(d, name, day_csv, shards, base=None, out_dir=None):
     """Day `day_csv` of the split under `d` run into `out_dir` (default `d`)/`name`, with these shards."""
     out = f"{out_dir or d}/{name}"
     s = lineage_days.spec([day_csv], d, topology=TOPOLOGY, shards=shards)
-    runner.run_all(JobConfig(spec=s, output=out, base=base))
+    jobs.run(s, out, base=base)
     return out
 
 

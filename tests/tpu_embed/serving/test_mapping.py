@@ -3,21 +3,15 @@ and CSV rows through `pipelines.read` + `pipelines.mapping.ids.map_chunk` (the s
 weights, dense values and dead letters that `tpu_embed.serving.map_raw` gives from the rows' raw strings, and from
 the rows as serialized tf.train.Examples; under `error` policies the job stops where serving flags the record."""
 
-import collections
 import os
 
 import numpy as np
-import pyarrow as pa
 import pytest
 import tensorflow as tf
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pipelines.mapping import ids as pmapping
-from pipelines.mapping import vocabulary as pvocab
-from pipelines.read import parse, splits
-from pipelines.read import records as precords
-from pipelines.token_index import TokenIndex
+from tests.helpers import offline_mapping
 from tests.tpu_embed.serving.generated import TOKENS, one_value_feature, rows, specs, write
 from tpu_embed.serving import MappingPlan, RawFeatureMapping
 
@@ -26,40 +20,14 @@ SETTINGS = dict(deadline=None, suppress_health_check=list(HealthCheck), database
 VOCAB = [b"b", b"a", b"7", "\u00e9t\u00e9".encode(), b"1_0"]
 
 
-def _offline(spec, d, vocab_tokens, capacity=0):
-    """(valid rows, their ExampleBlock) or (valid rows, PolicyError) by the offline code."""
-    path = os.path.join(d, "in.csv")
-    f = precords.InputFile(0, path, os.path.getsize(path))
-    items = list(splits.read_file("csv", f, spec.required_columns(), chunk_rows=1000))
-    batches = [x for x in items if isinstance(x, precords.RawBatch)]
-    letters = [x for x in items if isinstance(x, precords.DeadLetter)]
-    assert len(batches) <= 1, items
-    if not batches:  # every record a dead letter of the reader (e.g. not UTF-8)
-        return np.zeros(0, np.int64), set(range(len(letters))), None
-    chunk, bad = parse.parse_batch(batches[0], spec)
-    dead = {x.record for x in letters + bad}
-    vocabs = {k: TokenIndex(pa.array(pvocab.read_vocabulary_file(pvocab.vocabulary_file_bytes(vocab_tokens[k])),
-                                     pa.large_binary())) for k in spec.vocabulary_groups()}
-    # Record numbers say where a record is in the file; the rows are the records in that order.
-    order = {r: i for i, r in enumerate(sorted(set(chunk.record_numbers.tolist()) | dead))}
-    valid_rows = np.asarray([order[r] for r in chunk.record_numbers.tolist()], np.int64)
-    dead = {order[r] for r in dead}
-    try:
-        sizes = {k: len(v) + capacity for k, v in vocabs.items()} if capacity else None
-        block = pmapping.map_chunk(chunk, spec, vocabs, collections.Counter(), sizes)
-    except pmapping.PolicyError as e:
-        return valid_rows, dead, e
-    return valid_rows, dead, block
-
-
 def _mapping(spec, d, vocab_tokens, capacity=0):
     os.makedirs(os.path.join(d, "vocab"), exist_ok=True)
     sizes = {}
     for key, feats in spec.vocabulary_groups().items():
-        data = pvocab.vocabulary_file_bytes(vocab_tokens[key])
+        data = offline_mapping.vocabulary_file_bytes(vocab_tokens[key])
         with open(os.path.join(d, "vocab", f"{feats[0].name}.txt"), "wb") as fh:
             fh.write(data)
-        sizes[key] = len(pvocab.read_vocabulary_file(data)) + capacity  # a capacity: rows beyond the file's
+        sizes[key] = len(offline_mapping.read_vocabulary_file(data)) + capacity  # a capacity: rows beyond the file's
     return RawFeatureMapping(MappingPlan.from_spec(spec, sizes, d))
 
 
@@ -69,13 +37,13 @@ def _example(row, columns) -> bytes:
 
 
 def _check(spec, d, rows_, vocab_tokens, capacity=0):
-    valid_rows, dead, offline = _offline(spec, d, vocab_tokens, capacity)
+    valid_rows, dead, offline = offline_mapping.map_csv(spec, d, vocab_tokens, capacity)
     mapping = _mapping(spec, d, vocab_tokens, capacity)
     raw = {c: tf.constant([r[c] for r in rows_]) for c in mapping.columns}
     outs = [mapping(raw), mapping.map_examples(tf.constant([_example(r, mapping.columns) for r in rows_]))]
     for out in outs:
         valid = out["valid"].numpy()
-        if isinstance(offline, pmapping.PolicyError):
+        if isinstance(offline, offline_mapping.PolicyError):
             # The job stops on this chunk: serving flags at least one of its records, and every dead letter.
             assert not valid[valid_rows].all(), str(offline)
             assert not valid[sorted(dead)].any()

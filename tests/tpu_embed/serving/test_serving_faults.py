@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from pipelines.cli import main as cli_main
+from tests.helpers.jobs import cli as cli_main
 from tpu_embed import HostEmbedding
 from tpu_embed.artifact.verify import ArtifactDamagedError
 from tpu_embed.serving import MappingPlan, RawFeatureMapping, export_saved_model, write_transform_output

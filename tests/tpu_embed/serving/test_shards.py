@@ -95,13 +95,11 @@ def test_generated_specs_serve_the_shards(tmp_path_factory):
             columns = write(d, raw_spec, rows_).required_columns()
             kinds = column_kinds(data.draw, rows_, columns)
             spec, examples = write_tfrecord(d, raw_spec, rows_, kinds)
-        from pipelines import runner
-        from pipelines.jobs import JobConfig
-        from pipelines.read.records import DataError
+        from tests.helpers import jobs
         try:
             # CSV cases: the run writes the transform output too (checked below).
-            runner.run_all(JobConfig(spec=spec, output=os.path.join(d, "artifact"), transform_output=fmt == "csv"))
-        except DataError as e:  # every record dead-lettered: the job makes no artifact to serve
+            jobs.run(spec, os.path.join(d, "artifact"), transform_output=fmt == "csv")
+        except jobs.DataError as e:  # every record dead-lettered: the job makes no artifact to serve
             assert "all dead-lettered" in str(e), e
             seen["all_dead"] += 1
             assume(False)

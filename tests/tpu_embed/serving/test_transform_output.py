@@ -12,8 +12,8 @@ import sys
 import pytest
 import tensorflow as tf
 
-from pipelines.cli import main as cli_main
 from tests.helpers import SPECS
+from tests.helpers.jobs import cli as cli_main
 from tests.tpu_embed.serving.shards import assert_serves_the_shards, from_transformed
 from tpu_embed.artifact.load import load_artifact
 from tpu_embed.artifact.manifest import read_manifest
@@ -160,8 +160,7 @@ def test_the_cache_can_be_an_object_store_shared_by_machines(example_artifacts, 
 def test_two_days_in_one_process_each_map_with_their_own_vocabularies(tmp_path):
     """Two artifacts of one spec with other vocabularies (MovieLens's rows in two halves) share one cached graph;
     loaded in one process (as a server holding two days' models), each gives its own shards' ids."""
-    from pipelines import runner
-    from pipelines.jobs import JobConfig
+    from tests.helpers import jobs
     spec = load_spec(SPECS["movielens"])
     rows = _records(spec)
     with open(spec.input_patterns()[0], newline="", encoding="utf-8") as fh:
@@ -175,7 +174,7 @@ def test_two_days_in_one_process_each_map_with_their_own_vocabularies(tmp_path):
             w.writerows(part)
         day_spec = spec.with_inputs([path])
         d = str(tmp_path / f"artifact{i}")
-        runner.run_all(JobConfig(spec=day_spec, output=d, transform_output=True))
+        jobs.run(day_spec, d, transform_output=True)
         days.append((day_spec, d, part))
     files = [_files(os.path.join(d, "transform_output")) for _, d, _ in days]
     assert sorted(files[0]) == sorted(files[1])

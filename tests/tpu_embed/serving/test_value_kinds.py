@@ -5,11 +5,9 @@ parse and read by the parse of any kind. Every case: serving ids = shard ids."""
 
 import os
 
-import pyarrow as pa
 import pytest
 import tensorflow as tf
 
-from pipelines.read import value_kinds
 from tests.tpu_embed.serving.generated import one_value_feature
 from tests.tpu_embed.serving.shards import assert_serves_the_shards
 from tpu_embed.artifact.spec import parse_spec
@@ -23,21 +21,6 @@ SPEC = {
                     {"name": "b", "vocabulary": {"type": "identity", "num_buckets": 10}}],
     "defaults": {"table": {"dim": 4}}, "optimizer": {"type": "sgd", "learning_rate": 0.1},
     "topology": {"num_chips": 1, "num_sc_per_chip": 2}, "global_batch_size": 4, "policies": {"tail": "pad"}}
-
-
-def test_kinds_of_reader_columns():
-    assert value_kinds.kind_of_type(pa.large_list(pa.large_binary())) == "bytes_list"
-    assert value_kinds.kind_of_type(pa.list_(pa.float32())) == "float_list"
-    assert value_kinds.kind_of_type(pa.large_list(pa.int64())) == "int64_list"
-    assert value_kinds.kind_of_type(pa.float64()) == "float_list"  # a Parquet column
-    assert value_kinds.kind_of_type(pa.dictionary(pa.int32(), pa.string())) == "bytes_list"
-    assert value_kinds.kind_of_type(pa.null()) is None  # a key no record of the batch holds
-    cols = {"a/b": pa.array([[1], None, [2]], pa.large_list(pa.int64())), "n": pa.nulls(3),
-            "t": pa.array([1, 2, 3])}
-    counts = value_kinds.kind_counts(cols, 3, text=["t"])
-    assert counts == {"value_kinds/a/b/int64_list": 2, "value_kinds/t/bytes_list": 3}
-    assert value_kinds.recorded_kinds({**counts, "value_kinds/a/b/bytes_list": 1, "records_read": 3}) == {
-        "a/b": ["bytes_list", "int64_list"], "t": ["bytes_list"]}
 
 
 def _write(d, first_as_ints: int):
@@ -56,11 +39,8 @@ def _write(d, first_as_ints: int):
 
 
 def _run(spec, d, **kwargs):
-    from pipelines import runner
-    from pipelines.jobs import JobConfig
-    art = os.path.join(d, "artifact")
-    runner.run_all(JobConfig(spec=spec, output=art, transform_output=False, **kwargs))
-    return art
+    from tests.helpers import jobs
+    return jobs.run(spec, os.path.join(d, "artifact"), transform_output=False, **kwargs)
 
 
 @pytest.mark.slow

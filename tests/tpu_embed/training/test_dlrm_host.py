@@ -7,9 +7,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from pipelines import runner
-from pipelines.jobs import JobConfig
-from tests.helpers import SPECS
+from tests.helpers import SPECS, jobs
 from tests.helpers.plain_reference import plain_ids, plain_vocabulary, raw_rows
 from tpu_embed import HostEmbedding
 from tpu_embed.artifact import shard_records, tfrecord
@@ -24,7 +22,7 @@ pytestmark = pytest.mark.slow
 def criteo(tmp_path_factory):
     spec = load_spec(SPECS["criteo"])
     d = str(tmp_path_factory.mktemp("criteo_dlrm"))
-    runner.run_all(JobConfig(spec=spec, output=d))
+    jobs.run(spec, d)
     m = read_manifest(d)
     records = [shard_records.decode_record(r, m.shard_format)
                for path in shard_records.shard_files(d, 0, m) for r in tfrecord.read_records(path)]

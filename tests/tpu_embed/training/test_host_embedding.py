@@ -506,14 +506,13 @@ EXAMPLES = os.path.join(ROOT, "examples")
 
 @pytest.fixture(scope="module")
 def example_artifacts(tmp_path_factory):
-    from pipelines import runner
-    from pipelines.jobs import JobConfig
+    from tests.helpers import jobs
     from tpu_embed.artifact.spec import load_spec
     out = {}
     for name in ("criteo", "movielens"):
         d = str(tmp_path_factory.mktemp(name))
         spec = load_spec(os.path.join(EXAMPLES, name, "spec.yaml"))
-        runner.run_all(JobConfig(spec=spec, output=d))
+        jobs.run(spec, d)
         out[name] = (spec, d)
     return out
 

@@ -399,12 +399,11 @@ def test_plan_other_than_the_shards_limits_is_refused(artifacts, planned, tmp_pa
 def test_artifact_without_shards_or_with_an_edited_spec_is_refused(artifacts, tmp_path):
     import shutil
 
-    from pipelines import runner
-    from pipelines.jobs import JobConfig
+    from tests.helpers import jobs
     from tpu_embed import training
     from tpu_embed.artifact.manifest import ManifestError
     vocab_only = str(tmp_path / "vocab_only")
-    runner.run_vocab(JobConfig(spec=variant_spec("criteo4"), output=vocab_only))
+    jobs.run_vocabulary(variant_spec("criteo4"), vocab_only)
     with pytest.raises(ManifestError, match="has no shards"):
         training.embedding_setup(vocab_only)
     with pytest.raises(ManifestError, match="has no shards"):

@@ -14,9 +14,7 @@ import numpy as np
 import pytest
 
 import tpu_embed
-from pipelines import runner
-from pipelines.jobs import JobConfig
-from tests.helpers import ROOT, lineage_days
+from tests.helpers import ROOT, jobs, lineage_days
 from tpu_embed import training
 from tpu_embed.artifact import lineage
 from tpu_embed.artifact.manifest import read_manifest
@@ -144,14 +142,14 @@ def test_windows_one_model_cannot_read_are_refused(days, tmp_path):
         tpu_embed.input_fn([d1, d1])
     # Another lineage: day 2's data as a first day.
     other = str(tmp_path / "other")
-    runner.run_all(JobConfig(spec=lineage_days.spec(["day2.csv"], d), output=other))
+    jobs.run(lineage_days.spec(["day2.csv"], d), other)
     with pytest.raises(lineage.LineageError, match="unrelated lineages"):
         tpu_embed.input_fn([d1, other])
     # A vocabulary without a capacity grows: the table rows differ, the layout with them.
     grows = {**lineage_days.VOCABULARIES, "zip": {"mode": "append", "num_oov_buckets": 2}}
     g1, g2 = str(tmp_path / "g1"), str(tmp_path / "g2")
-    runner.run_all(JobConfig(spec=lineage_days.spec(["day1.csv"], d, grows), output=g1))
-    runner.run_all(JobConfig(spec=lineage_days.spec(["day2.csv"], d, grows), output=g2, base=g1))
+    jobs.run(lineage_days.spec(["day1.csv"], d, grows), g1)
+    jobs.run(lineage_days.spec(["day2.csv"], d, grows), g2, base=g1)
     with pytest.raises(lineage.LineageError, match=r"the table rows of vocabulary 'zip' differ .*give the vocabular"):
         tpu_embed.input_fn([g1, g2])
     with pytest.raises(lineage.LineageError, match="table rows of vocabulary 'zip'"):
@@ -159,8 +157,8 @@ def test_windows_one_model_cannot_read_are_refused(days, tmp_path):
     # A vocabulary of mode rebuild beside them: its ids change from day to day.
     rebuilt = {**lineage_days.VOCABULARIES, "age": {}}
     r1, r2 = str(tmp_path / "r1"), str(tmp_path / "r2")
-    runner.run_all(JobConfig(spec=lineage_days.spec(["day1.csv"], d, rebuilt), output=r1))
-    runner.run_all(JobConfig(spec=lineage_days.spec(["day3.csv"], d, rebuilt), output=r2, base=r1))
+    jobs.run(lineage_days.spec(["day1.csv"], d, rebuilt), r1)
+    jobs.run(lineage_days.spec(["day3.csv"], d, rebuilt), r2, base=r1)
     if open(os.path.join(r2, "vocab", "age.txt"), "rb").read().startswith(
             open(os.path.join(r1, "vocab", "age.txt"), "rb").read()):
         pytest.fail("the test's data no longer reorders 'age' between day 1 and day 3")
@@ -202,8 +200,8 @@ def test_a_compressed_window_read_shuffled_and_verified(days, tmp_path):
     d = days["dir"]
     g1, g2 = str(tmp_path / "gz1"), str(tmp_path / "gz2")
     gz = {"shards": {"compression": "GZIP"}}
-    runner.run_all(JobConfig(spec=lineage_days.spec(["day1.csv"], d, **gz), output=g1))
-    runner.run_all(JobConfig(spec=lineage_days.spec(["day2.csv"], d, **gz), output=g2, base=g1))
+    jobs.run(lineage_days.spec(["day1.csv"], d, **gz), g1)
+    jobs.run(lineage_days.spec(["day2.csv"], d, **gz), g2, base=g1)
     assert read_manifest(g2).shard_format.compression == "GZIP"
     got = _elements(tpu_embed.input_fn([g1, g2], shuffle_steps=3, verify="sha256"))
     want = _elements(tpu_embed.input_fn(days["outs"][:2], shuffle_steps=3))

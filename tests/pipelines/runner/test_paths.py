@@ -1,6 +1,6 @@
 """Local paths are made absolute in the driver before a pipeline is built (`pipelines.paths.for_workers`), and a
 runner whose workers cannot see this machine's files is told so in one line. The run on Dask workers in another
-directory: tests/pipelines/test_runners.py."""
+directory: tests/pipelines/runner/test_runners.py."""
 
 from __future__ import annotations
 

@@ -12,6 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pipelines.sharding import runs as shard_runs
+from tests.helpers import SPECS
 from tpu_embed.artifact import tfrecord
 
 
@@ -168,7 +169,7 @@ def test_a_run_moved_into_place_and_a_retry_that_finds_it_moved(tmp_path, store,
     """`output.move_into_place` (`tpu_embed.artifact.io.move`): the run becomes the file; a retried bundle that
     finds the run gone and the file in place accepts it when its bytes hash the same, and refuses it otherwise. On
     object stores without the filesystem's `mv` (gcsfs's first tries GCS's moveTo, which plain buckets and the
-    emulator refuse, and retries: ~35 s per object)."""
+    emulator refuse, and retries at length per object)."""
     import uuid
 
     from fsspec.implementations.memory import MemoryFileSystem
@@ -194,3 +195,30 @@ def test_a_run_moved_into_place_and_a_retry_that_finds_it_moved(tmp_path, store,
     if store == "local":  # a run's name is new: a local file of that name is an error, not replaced
         with pytest.raises(FileExistsError):
             tio.open_write(tio.join(root, "shards/f.tfrecord"))
+
+
+def test_shard_files_moved_from_their_runs_are_the_merged_ones(tmp_path, monkeypatch):
+    """A shard file that one run holds whole in step order is that run, moved into place
+    (`shard_runs.Run.is_whole_file`); the same files and manifest as merging the runs record by record."""
+    from pipelines import output, runner
+    from pipelines.jobs import JobConfig
+    from tpu_embed.artifact.manifest import read_manifest
+    from tpu_embed.artifact.spec import load_spec
+    spec = load_spec(SPECS["movielens"])
+    moved = []
+    real_move = output.move_into_place
+    monkeypatch.setattr(output, "move_into_place", lambda *a, **k: moved.append(a[2]) or real_move(*a, **k))
+    a = str(tmp_path / "moved")
+    runner.run_all(JobConfig(spec=spec, output=a, steps_per_file=5))
+    monkeypatch.setattr(shard_runs.Run, "is_whole_file", lambda self: False)
+    b = str(tmp_path / "merged")
+    runner.run_all(JobConfig(spec=spec, output=b, steps_per_file=5))
+    files = sorted(f.path for f in read_manifest(a).files if f.kind == "shard")
+    # Moved where one bundle built all of a file's steps; merged where a step straddled two bundles.
+    assert moved and set(moved) <= set(files)
+    for rel in files:
+        with open(os.path.join(a, rel), "rb") as x, open(os.path.join(b, rel), "rb") as y:
+            assert x.read() == y.read()
+    with open(os.path.join(a, "manifest.json"), "rb") as x, open(os.path.join(b, "manifest.json"), "rb") as y:
+        assert x.read() == y.read()
+    assert not os.path.exists(shard_runs.runs_dir(a))

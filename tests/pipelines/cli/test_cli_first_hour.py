@@ -264,7 +264,7 @@ def test_remap_and_inspect_do_not_mean_different_things_by_new():
 
 # ---------------------------------------------------------------- `make demo` twice
 
-@pytest.mark.slow  # two small demos, ~15 s each on 2 cores
+@pytest.mark.slow  # two small demos, each running the jobs, training and exporting
 def test_the_demo_runs_twice_into_one_directory(tmp_path, capsys):
     """`make demo` twice: the second demo replaces what the first wrote, keeps the user's file, and runs
     to the end; a second demo while one holds the directory is refused in one line."""

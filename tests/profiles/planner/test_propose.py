@@ -24,7 +24,7 @@ from tpu_embed.core.model import FeatureConfig, ModelConfig, TableConfig
 from tpu_embed.core.topology import Topology
 from tpu_embed.sparsecore import FeatureIds
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def _profile(model: ModelConfig, batches):

@@ -250,8 +250,8 @@ def test_wheel_in_a_fresh_venv_runs_the_external_workers(reference, tmp_path):
       setup.py's build, not from the in-place build of the editable install.
     * The fresh venv is made by the base interpreter of .venv (`venv --without-pip`); the wheel goes
       in with `pip --python <fresh> install --no-deps`.
-    * Dependencies: installing the ~3 GB of pinned dependencies (TensorFlow, Beam, TFT, ...) again
-      takes several minutes, so afterwards a `.pth` *line* appends .venv's site-packages to the fresh
+    * Dependencies: installing the pinned dependencies (TensorFlow, Beam, TFT, ...) again
+      is slow, so afterwards a `.pth` *line* appends .venv's site-packages to the fresh
       venv's sys.path. A path line does not run the `.pth` files in that directory, so the editable
       install's import hook (`__editable__.tpu_embed-0.1.0.pth`) is not installed and the source tree
       stays invisible: only third-party packages come from there, at the versions pyproject pins.

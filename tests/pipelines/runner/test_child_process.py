@@ -159,7 +159,7 @@ def test_a_bad_step_fails_the_profile_in_the_parent_naming_the_feature():
 
 def test_a_child_whose_parent_closes_mid_function_exits_quietly():
     """As when the worker's job fails: the function sees the end of its input and the child exits 0,
-    without answering (no broken-pipe traceback on the terminal: tests/pipelines/test_cli_ux.py)."""
+    without answering (no broken-pipe traceback on the terminal: tests/pipelines/cli/test_cli_ux.py)."""
     child = child_process.Child()
     child.start(f"{HERE}:echo_sum", 1)
     child.send([1])

@@ -83,7 +83,7 @@ def where(tmp_path):
 KINDS = ["enospc", "enotdir", "disk_full", "eacces", "erofs"]
 
 
-# Worker processes take ~5 s a pipeline: the full disk (the case) always, the rest with the slow tests.
+# Worker processes are slow to start: the full disk (the case) always, the rest with the slow tests.
 @pytest.mark.parametrize("mode, kind", [("in_process", k) for k in KINDS] + [("worker_processes", "enospc")] + [
     pytest.param("worker_processes", k, marks=pytest.mark.slow) for k in KINDS[1:]])
 def test_os_errors_name_the_path_the_step_and_the_fix(where, kind, mode):

@@ -213,7 +213,7 @@ def test_compute_vocabulary_without_records_writes_every_key_a_dummy(tmp_path):
 def test_compute_vocabulary_counts_chunks_as_they_are_read(tmp_path, monkeypatch):
     """Each chunk's tokens reach the counter before the next chunk is read: nothing between the read and the
     combine makes the local runner hold every chunk's tokens (a Flatten there did, and the vocabulary
-    job's memory grew with the data: 4.7 GB at 2 M benchmark examples, 0.6 GB without)."""
+    job's memory grew with the data)."""
     write(tmp_path, "a.csv", "label,x,c,w,d\n" + "".join(f"1,{i},t{i % 7},1,{i % 10}\n" for i in range(40)))
     spec = small_spec(tmp_path)
     files = splits.list_input_files(spec.input_patterns())
@@ -349,7 +349,7 @@ def test_build_shards_and_profile_combine(tmp_path):
 
 def test_a_bundle_without_steps_starts_no_profile_child(tmp_path, monkeypatch):
     """The job's second step stream (steps assembled across bundles) is empty when one worker reads in order:
-    its bundle starts no child process for a profile of nothing (0.16 s at the end of the 2 M benchmark)."""
+    its bundle starts no child process for a profile of nothing (starting one delays the end of the job)."""
     from pipelines import child_process
     spec, out, sizes, _, limits, block = _mapped_first_chunk(tmp_path, GOOD)
     monkeypatch.setenv(child_process.ENV, "1")
@@ -408,11 +408,10 @@ def test_manifest_extras_merge_a_keys_dicts_and_set_other_values():
 
 
 def test_the_jobs_pipelines_stay_small(tmp_path):
-    """Each transform costs its construction and the runner's translation, ~10 ms in all (most of it Beam
-    inspecting every method of each DoFn, several times), in each of `run`'s two pipelines: the manifest's
-    inputs are side inputs of one step, not a combine or a list per section, and a `Create` followed by a
-    reshuffle does not reshuffle first, a check of the chunks' sizes reads them as a side input. For this
-    job: 33 and 48 ParDos (47 and 60 before)."""
+    """Each transform costs its construction and the runner's translation (most of it Beam inspecting every
+    method of each DoFn, several times), in each of `run`'s two pipelines: the manifest's inputs are side inputs
+    of one step, not a combine or a list per section, and a `Create` followed by a reshuffle does not reshuffle
+    first, a check of the chunks' sizes reads them as a side input. For this job: at most 33 and 48 ParDos."""
     write(tmp_path, "a.csv", GOOD)
     spec = small_spec(tmp_path)
     files = splits.list_input_files(spec.input_patterns())
@@ -431,7 +430,7 @@ def test_the_jobs_pipelines_stay_small(tmp_path):
 
 def test_no_output_type_of_the_jobs_is_inferred_from_bytecode(tmp_path, monkeypatch):
     """Beam infers an undeclared output type by interpreting the function's bytecode, and the functions it
-    calls (10-25 ms for a writer; ~0.5 ms for the smallest): the jobs' own steps declare theirs."""
+    calls (slowest for the writers), each time a pipeline is built: the jobs' own steps declare theirs."""
     from apache_beam.typehints import trivial_inference
     write(tmp_path, "a.csv", GOOD)
     spec = small_spec(tmp_path)

@@ -1,4 +1,4 @@
-"""Run in the JAX oracle venv by tests/profiles/test_propose.py: jax-tpu-embedding FeatureSpecs of a description
+"""Run in the JAX oracle venv by test_propose.py beside it: jax-tpu-embedding FeatureSpecs of a description
 (stdin: tables, features with their global samples, and the path of a `tpu-embed plan --propose` Python file),
 stacked by that file's `stack_feature_specs`; prints (last line) jax's stacking and limits as JSON."""
 
@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "conformance"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "conformance"))
 
 import jax_specs  # noqa: E402
 from absl import logging as absl_logging  # noqa: E402

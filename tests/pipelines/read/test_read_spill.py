@@ -1,7 +1,7 @@
 """`run` reads its input once (pipelines.read.spill): the shard job replays the vocabulary job's read.
 
 Byte-identity with a second read is also checked, with dead letters, split sizes and two worker
-processes, in tests/pipelines/test_splits.py (every format) and on an object store in
+processes, in tests/pipelines/read/test_splits.py (every format) and on an object store in
 tests/tpu_embed/artifact/test_object_store.py.
 """
 
