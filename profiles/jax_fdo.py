@@ -25,11 +25,11 @@ That is a profile's cell (chip, local SC, destination SC), so the profile's per-
 have the same tables in the same order as the profile's: `tpu_embed` (TensorFlow's stacking, which jax can
 reproduce with `table_stacking.stack_tables` and the same names: see `tpu_embed.jax.limits.stack_tables`),
 `none` (every table its own stack, named by the table, as `embedding.prepare_feature_specs_for_training`
-leaves unstacked tables) or `jax` (`auto_stack_tables`, as `tpu_embed.jax.layout.jax_layout` computes it),
+leaves unstacked tables) or `jax` (`auto_stack_tables`, as `tpu_embed.sparsecore.jax_layout.jax_layout` computes it),
 whose stacks the profile counted where they are one table or a profiled stack's tables in its order.
 
 An artifact whose shards have the jax layout (`artifact_jax_fdo_stats`) records in its manifest, per jax stack
-it was written with, the maxima of jax's statistics over every step and host (`tpu_embed.jax.records
+it was written with, the maxima of jax's statistics over every step and host (`tpu_embed.artifact.jax_records
 .STATIC_SIZES`): exactly the limits `update_preprocessing_parameters` makes of those steps' statistics. Its
 FDO files cover every stack of its own stacking: a stack the profile counted over the artifact's own steps
 (the same maxima) gets the profile's per-partition arrays; any other the manifest's maxima, in every
@@ -215,7 +215,7 @@ def _profiled(profile: Profile, members: Tuple[str, ...], rotations: List[int]) 
 
 
 def _jax_auto_stacks(profile: Profile) -> Dict[str, JaxStack]:
-    """jax's `auto_stack_tables` (`tpu_embed.jax.layout.jax_layout`), each stack from the profile's counts
+    """jax's `auto_stack_tables` (`tpu_embed.sparsecore.jax_layout.jax_layout`), each stack from the profile's counts
     (`_profiled`); a stack the profile did not count is refused."""
     from tpu_embed.sparsecore.jax_layout import jax_layout
     model = profile.model

@@ -64,7 +64,7 @@ def chip_entries(block: ExampleBlock, spec, layout, chips) -> List[Dict[str, tup
     slices of the feature's and its row splits a slice of the step's, rebased: no row per id, no copy of the
     ids, one cumulative sum for all features of a sample count. A sequence feature's sample (example,
     position) holds one id below the example's length, none after. The packer reads them as it reads
-    `split_global_batch(global_ids_of(block, spec), layout)` (tests/pipelines/test_shard_entries.py)."""
+    `split_global_batch(global_ids_of(block, spec), layout)` (tests/pipelines/sharding/test_shard_entries.py)."""
     num_chips = layout.topology.num_chips
     sequence = {f.name: f.sequence_length for f in spec.sparse_core_features}
     groups: Dict[int, List[Tuple[str, object, np.ndarray]]] = collections.defaultdict(list)

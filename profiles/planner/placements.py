@@ -1,7 +1,7 @@
 """The placements `tpu-embed plan --propose` compares: what TensorFlow's and jax-tpu-embedding's APIs allow.
 
 * TensorFlow: its stacking rule (`tf_placement`), or `disable_table_stacking` (one stack per table);
-* jax-tpu-embedding: `auto_stack_tables`' groups (`tpu_embed.jax.layout.jax_layout`), or any groups of tables
+* jax-tpu-embedding: `auto_stack_tables`' groups (`tpu_embed.sparsecore.jax_layout.jax_layout`), or any groups of tables
   of one optimizer and one combiner whose activations fit `activation_mem_bytes_limit` (`table_stacking.
   stack_tables`, a rotation of `num_sc_per_device` more per table, the stack as wide as its widest table);
 * either with some tables moved to the TensorCore (the spec's `embedding_lookup_device: tpu_tensor_core`):

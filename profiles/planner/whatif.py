@@ -6,7 +6,7 @@ ids (`profiles.whatif_steps.WhatIfSteps`) where that configuration sends them an
 figures the planner and the cost model use (`StackLoad`).  Exact when every step was kept; otherwise the figures
 are those of the kept sample, which `WhatIfSteps.sampling()` states.
 
-How a step is counted, as the core counts it (tests/profiles/test_whatif.py checks it against the profile's own
+How a step is counted, as the core counts it (tests/profiles/planner/test_whatif.py checks it against the profile's own
 counts of the same steps, for stacks, chip counts, SparseCores per chip and batch sizes):
 
 * a feature's (global sample, id) pairs count once (the core merges equal pairs);

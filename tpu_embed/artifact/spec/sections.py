@@ -177,7 +177,7 @@ class ShardsSpec(SpecModel):
     compression: Annotated[Literal["none", "GZIP", "ZLIB"], BeforeValidator(_compression)] = field(
         "none", fix="use none, GZIP or ZLIB (any case): tf.data.TFRecordDataset's compression_type.")
     # Whose SparseCore input the records hold: TF's CSR for TPUEmbeddingV2.dequeue, jax-tpu-embedding's arrays
-    # (tpu_embed.jax.records), or both. Not fingerprinted: the TF arrays are the same whichever is chosen.
+    # (tpu_embed.artifact.jax_records), or both. Not fingerprinted: the TF arrays are the same whichever is chosen.
     layout: Literal["tensorflow", "jax", "both"] = field(
         "tensorflow", fix="use tensorflow (TPUEmbeddingV2), jax (jax-tpu-embedding) or both.")
 
