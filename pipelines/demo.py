@@ -42,7 +42,7 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence
 
 import numpy as np
 
-from pipelines import demo_data, progress, quiet, runner, transform_output
+from pipelines import demo_data, progress, quiet, runner, tft_output_writer
 from pipelines.jobs import JobConfig
 from pipelines.lineage_report import lineage_lines
 from pipelines.sharding.planned_limits import PLAN_FILE
@@ -467,7 +467,7 @@ def _run_jobs(spec, artifact: str, examples: int, beam_args, say, times: dict, k
               base: Optional[str] = None):
     spec = load_spec(spec) if isinstance(spec, str) else spec
     job = JobConfig(spec=spec, output=artifact, base=base)
-    graph = transform_output.start(spec, base)  # as `tpu-embed run`: built beside the jobs unless cached
+    graph = tft_output_writer.start(spec, base)  # as `tpu-embed run`: built beside the jobs unless cached
     try:
         t = time.time()
         with progress.records("  vocabularies", examples):
@@ -482,12 +482,12 @@ def _run_jobs(spec, artifact: str, examples: int, beam_args, say, times: dict, k
             f"{m.counts.steps} steps of {spec.global_batch_size} on {spec.topology.num_chips} chips x "
             f"{spec.topology.num_sc_per_chip} SparseCores")
         t = time.time()
-        m = transform_output.write(artifact, spec, graph)
+        m = tft_output_writer.write(artifact, spec, graph)
         times[f"{key}transform_output"] = time.time() - t
         say(f"      tf.Transform output: {times[f'{key}transform_output']:.1f} s more ({artifact}/transform_output)")
         return m
     finally:
-        transform_output.cancel(graph)  # a failed job's: the child stops
+        tft_output_writer.cancel(graph)  # a failed job's: the child stops
 
 
 def _say_plan(artifact: str, m, say) -> None:

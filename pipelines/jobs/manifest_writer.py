@@ -35,7 +35,7 @@ from tpu_embed.artifact.manifest import (
 )
 from tpu_embed.jax import records as jax_records
 
-TRANSFORM_OUTPUT_KIND = "transform_output"  # the files of `pipelines.transform_output`
+TRANSFORM_OUTPUT_KIND = "transform_output"  # the files of `pipelines.tft_output_writer`
 
 
 def job_json(cfg, files: Sequence[InputFile], job: str) -> dict:
