@@ -8,7 +8,7 @@ import os
 import shutil
 import sys
 import time
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 from pipelines import demo_data, progress, runner, tft_output_writer
 from pipelines.demo.dlrm_training import Trained, TrainResult, save_checkpoint, train_and_evaluate
@@ -32,7 +32,7 @@ from profiles import load_plan
 from profiles.balance import balance_lines
 from profiles.display import short_stack_name
 from profiles.report import write_report
-from tpu_embed.artifact.spec import load_spec
+from tpu_embed.artifact.spec import Spec, load_spec
 
 # ---------------------------------------------------------------- plan table
 
@@ -91,7 +91,7 @@ def _write_spec(output: str, patterns: Sequence[str], cfg: DemoConfig, name: str
     return path
 
 
-def _run_jobs(spec, artifact: str, examples: int, beam_args, say, times: dict, key: str,
+def _run_jobs(spec: Union[str, Spec], artifact: str, examples: int, beam_args, say, times: dict, key: str,
               base: Optional[str] = None):
     spec = load_spec(spec) if isinstance(spec, str) else spec
     job = JobConfig(spec=spec, output=artifact, base=base)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Dict, List, Optional, Tuple
+from typing import TYPE_CHECKING, Dict, List, Optional, Tuple
 
 import numpy as np
 import pyarrow as pa
@@ -22,6 +22,9 @@ from pipelines.read import value_kinds
 from pipelines.read.csv_scan import csv_native
 from pipelines.read.records import DeadLetter, RawBatch, one_array
 from pipelines.token_index import dictionary_encode, drop_empty
+
+if TYPE_CHECKING:
+    from tpu_embed.artifact.spec import Spec
 
 
 @dataclasses.dataclass
@@ -374,7 +377,8 @@ def _without_blanks(n: int, lengths: np.ndarray, tokens, ints: Optional[np.ndarr
     return FeatureValues(lengths=lengths, tokens=tokens, ints=ints, weights=weights)
 
 
-def parse_batch(raw: RawBatch, spec, chunk_index: Optional[int] = None) -> Tuple[ParsedChunk, List[DeadLetter]]:
+def parse_batch(raw: RawBatch, spec: Spec, chunk_index: Optional[int] = None
+                ) -> Tuple[ParsedChunk, List[DeadLetter]]:
     probs = _Problems(raw)
     n = raw.num_rows
     if spec.label is not None:
