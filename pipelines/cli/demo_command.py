@@ -6,6 +6,9 @@ import argparse
 
 from pipelines.cli.help_text import COMMANDS, description
 
+# What a command runs (Beam, TensorFlow, the artifact readers) is imported when it runs, not here: `tpu-embed
+# --help` builds only the parsers.
+
 
 def add_parser(sub) -> None:
     sp = sub.add_parser("demo", help=COMMANDS["demo"], description=description(

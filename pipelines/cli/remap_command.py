@@ -5,6 +5,9 @@ from __future__ import annotations
 from pipelines.cli.help_text import COMMANDS, description
 from pipelines.user_errors import UserError
 
+# What a command runs (Beam, TensorFlow, the artifact readers) is imported when it runs, not here: `tpu-embed
+# --help` builds only the parsers.
+
 
 def add_parser(sub) -> None:
     sp = sub.add_parser("remap", help=COMMANDS["remap"], description=description(

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from pipelines.cli.help_text import COMMANDS, description
 
+# What a command runs (Beam, TensorFlow, the artifact readers) is imported when it runs, not here: `tpu-embed
+# --help` builds only the parsers.
+
 
 def add_parser(sub) -> None:
     sp = sub.add_parser("transform-output", help=COMMANDS["transform-output"], description=description(
