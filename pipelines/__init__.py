@@ -9,8 +9,10 @@ Every job is a thin composite `beam.PTransform` over Beam-free numpy / Arrow cod
 * `pipelines.jobs`     — the Beam transforms, one module per stage, and the pipelines behind
                          `tpu-embed vocab | profile | shard | run`
 * `pipelines.runner`   — Beam options (local runner pinned, Dask), running the jobs, the outcome checked
-* `pipelines.cli`      — the `tpu-embed` command line (`pipelines.flags`: mistyped flags refused before Beam)
+* `pipelines.cli`      — the `tpu-embed` command line, a module per subcommand with its parser and its output
+                         (`pipelines.flags`: mistyped flags refused before Beam)
 * `pipelines.output`   — the output directory: checked before a job, written atomically, swept after
+* `pipelines.tft_output_writer` — the artifact's tf.Transform output, written beside the jobs by `run`
 * `pipelines.paths`, `pipelines.user_errors` — local paths made absolute for workers; one-line errors
 * `pipelines.token_index` — the token hash tables (native): dictionary encoding, counting, lookups
 * `pipelines.background`, `pipelines.child_process`, `pipelines.profile_worker` — a worker's threads and its

@@ -12,7 +12,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import apache_beam as beam
 from apache_beam.options.pipeline_options import PipelineOptions
 
-from pipelines import dask_compat, jobs, paths, transform_output
+from pipelines import dask_compat, jobs, paths, tft_output_writer
 from pipelines.jobs import manifest_writer
 from pipelines.jobs.global_batches import INPUT_CHANGED, InputChangedError
 from pipelines.read import chunk_sizes, records, splits
@@ -483,7 +483,7 @@ def run_profile(cfg: jobs.JobConfig, beam_args: Sequence[str] = ()) -> Manifest:
 
 def run_all(cfg: jobs.JobConfig, beam_args: Sequence[str] = ()) -> Manifest:
     """Vocabulary job, then shards + profile in one read of the data (and, with `cfg.transform_output`, the
-    artifact's tf.Transform output: `pipelines.transform_output`).
+    artifact's tf.Transform output: `pipelines.tft_output_writer`).
 
     The vocabulary job records every chunk's size (`pipelines.sharding.chunk_sizes`, taken here: `run` leaves no
     record), so the shard job streams its chunks; with `cfg.reuse_read` it also keeps what it
@@ -495,15 +495,15 @@ def run_all(cfg: jobs.JobConfig, beam_args: Sequence[str] = ()) -> Manifest:
     memory = cfg.read_memory_bytes if runs_in_process(beam_args) else 0  # kept where the shard job reads it
     read_spill.remove(cfg.output)  # a killed run's
     # Started first: a graph not in the cache is built in a child process while the jobs run.
-    graph = transform_output.start(cfg.spec, cfg.base_artifact) if cfg.transform_output else None
+    graph = tft_output_writer.start(cfg.spec, cfg.base_artifact) if cfg.transform_output else None
     try:
         run_vocab(dataclasses.replace(cfg, vocab_dir=None, spill_read=reuse, read_memory_bytes=memory), beam_args)
         known = chunk_sizes.take(cfg.output, chunk_sizes.read_key(cfg, splits.list_input_files(
             cfg.spec.input_patterns()), split_bytes_for(cfg, beam_args)))
         m = run_shard(dataclasses.replace(cfg, known_chunk_sizes=known, replay_read=reuse), beam_args)
         if graph is not None:
-            m = transform_output.write(cfg.output, cfg.spec, graph)
+            m = tft_output_writer.write(cfg.output, cfg.spec, graph)
         return m
     finally:
-        transform_output.cancel(graph)  # a failed run's child, if it still builds
+        tft_output_writer.cancel(graph)  # a failed run's child, if it still builds
         read_spill.remove(cfg.output)

@@ -10,7 +10,7 @@ Accepted, recognised by content:
        "features": [{"name": "f", "table": "t", "output_shape": [128]}]}
   (`optimizer` only groups tables for stacking: equal strings stack together).
 The project's full YAML spec is read by a loader the top-level CLI passes in
-(`profiles.commands.add_commands(subparsers, spec_loader=...)`): it is called with
+(`pipelines.cli.plan_report.add_commands(subparsers, spec_loader=...)`): it is called with
 the file and the profile directory (where the vocabulary sizes can be found) and
 returns None for a file it does not read, which then goes through the formats above.
 """

@@ -45,7 +45,7 @@ class JobConfig:
     base: Optional[str] = None
     day: Optional[int] = None
     lineage: Optional[dict] = None
-    # `runner.run_all` also writes the artifact's tf.Transform output (`pipelines.transform_output`); `tpu-embed
+    # `runner.run_all` also writes the artifact's tf.Transform output (`pipelines.tft_output_writer`); `tpu-embed
     # run` sets it unless --no-transform-output.
     transform_output: bool = False
 

@@ -34,7 +34,7 @@ from tpu_embed.artifact.manifest import (
     read_manifest,
 )
 
-TRANSFORM_OUTPUT_KIND = "transform_output"  # the files of `pipelines.transform_output`
+TRANSFORM_OUTPUT_KIND = "transform_output"  # the files of `pipelines.tft_output_writer`
 
 
 def job_json(cfg, files: Sequence[InputFile], job: str) -> dict:
@@ -116,37 +116,49 @@ def update_manifest(output: str, job: str, job_cfg: dict, *, stats: Dict[str, in
     _record_value_kinds(m)
 
     if job == "vocab":
-        m["vocabularies"] = extra.get("vocabularies", {})
-        # The transform output holds the vocabularies: a new vocabulary job's makes it stale.
-        kinds = {"vocabulary", "spec", "dead_letter", lineage.COUNTS_KIND, TRANSFORM_OUTPUT_KIND}
-        m.pop("lineage", None)
-        if job_cfg.get("lineage") is not None:
-            sizes = {k: v["size"] for k, v in m["vocabularies"].items()}
-            m["lineage"] = lineage.lineage_section(job_cfg["lineage"], files, fp, sizes)
+        replaced = _vocab_sections(m, job_cfg, extra, files, fp)
     else:
-        m["layout"] = job_cfg["layout"]
-        m["stacks"] = {name: {"tables": s["tables"], "features": s["features"], "sample_count": s["sample_count"],
-                              "padded_dim": s["padded_dim"]} for name, s in job_cfg["layout"]["stacks"].items()}
-        m["limits"] = job_cfg["limits"]
-        m["vocab_sizes"] = job_cfg["vocab_sizes"]
-        batching = extra.get("batching", {"examples": 0, "steps": 0, "tail_dropped": 0, "tail_padding": 0})
-        m["counts"] = _summary_counts(stats, batching, job_cfg)
-        m["batching"] = _batching(batching, job_cfg)
-        if job == "shard":
-            fmt = dict(job_cfg["format"])
-            if fmt.get("jax") is not None:
-                fmt["jax"] = jax_records.with_static_sizes(fmt["jax"], maxima)
-            m["shards"] = {"format": fmt, "steps": batching["steps"],
-                           "tail_policy": job_cfg["tail_policy"], "steps_per_file": job_cfg["steps_per_file"]}
-            kinds = {"shard", "dead_letter", "spec", "profile", "plan"}
-        else:
-            kinds = {"dead_letter", "spec", "profile"}
-        if "profile" in extra:
-            m["profile"] = dict(extra["profile"], directory=_rel(extra["profile"]["directory"], output))
-    kept = [f for f in m.get("files", []) if f.get("kind") not in kinds]
+        replaced = _shard_sections(m, job, job_cfg, stats, maxima, extra, output)
+    kept = [f for f in m.get("files", []) if f.get("kind") not in replaced]
     m["files"] = sorted(kept + files, key=lambda f: f["path"])
     m["features"] = _features(spec, m)
     return _write(output, m)
+
+
+def _vocab_sections(m: dict, job_cfg: dict, extra: dict, files: List[dict], fp: str) -> set:
+    """The vocabulary job's sections of manifest `m`; returns the kinds of files this job's replace."""
+    m["vocabularies"] = extra.get("vocabularies", {})
+    m.pop("lineage", None)
+    if job_cfg.get("lineage") is not None:
+        sizes = {k: v["size"] for k, v in m["vocabularies"].items()}
+        m["lineage"] = lineage.lineage_section(job_cfg["lineage"], files, fp, sizes)
+    # The transform output holds the vocabularies: a new vocabulary job's makes it stale.
+    return {"vocabulary", "spec", "dead_letter", lineage.COUNTS_KIND, TRANSFORM_OUTPUT_KIND}
+
+
+def _shard_sections(m: dict, job: str, job_cfg: dict, stats: Dict[str, int], maxima: Dict[str, int], extra: dict,
+                    output: str) -> set:
+    """The shard or profile job's sections of manifest `m`; returns the kinds of files this job's replace."""
+    m["layout"] = job_cfg["layout"]
+    m["stacks"] = {name: {"tables": s["tables"], "features": s["features"], "sample_count": s["sample_count"],
+                          "padded_dim": s["padded_dim"]} for name, s in job_cfg["layout"]["stacks"].items()}
+    m["limits"] = job_cfg["limits"]
+    m["vocab_sizes"] = job_cfg["vocab_sizes"]
+    batching = extra.get("batching", {"examples": 0, "steps": 0, "tail_dropped": 0, "tail_padding": 0})
+    m["counts"] = _summary_counts(stats, batching, job_cfg)
+    m["batching"] = _batching(batching, job_cfg)
+    if job == "shard":
+        fmt = dict(job_cfg["format"])
+        if fmt.get("jax") is not None:
+            fmt["jax"] = jax_records.with_static_sizes(fmt["jax"], maxima)
+        m["shards"] = {"format": fmt, "steps": batching["steps"],
+                       "tail_policy": job_cfg["tail_policy"], "steps_per_file": job_cfg["steps_per_file"]}
+        replaced = {"shard", "dead_letter", "spec", "profile", "plan"}
+    else:
+        replaced = {"dead_letter", "spec", "profile"}
+    if "profile" in extra:
+        m["profile"] = dict(extra["profile"], directory=_rel(extra["profile"]["directory"], output))
+    return replaced
 
 
 def _record_value_kinds(m: dict) -> None:

@@ -17,7 +17,7 @@
 from __future__ import annotations
 
 import collections
-from typing import Mapping, Optional, Tuple
+from typing import TYPE_CHECKING, Callable, Mapping, Optional, Tuple
 
 import numpy as np
 import pyarrow as pa
@@ -26,6 +26,9 @@ import pyarrow.compute as pc
 from pipelines.read.parse import FeatureValues, ParsedChunk
 from pipelines.sharding.batches import ExampleBlock, FeatureBlock
 from pipelines.token_index import TokenIndex, distinct_and_codes
+
+if TYPE_CHECKING:
+    from tpu_embed.artifact.spec import Spec
 
 
 class PolicyError(RuntimeError):
@@ -108,8 +111,8 @@ def _record_where(records: Optional[np.ndarray], path: str, example: int) -> str
     return f" {path or 'input'} record {int(records[example])}"
 
 
-def map_feature(f, fv: FeatureValues, spec, vocab: Optional["pa.Array | TokenIndex"], counts: collections.Counter,
-                where: str = "", records: Optional[np.ndarray] = None, path: str = "",
+def map_feature(f, fv: FeatureValues, spec: Spec, vocab: Optional["pa.Array | TokenIndex"],
+                counts: collections.Counter, where: str = "", records: Optional[np.ndarray] = None, path: str = "",
                 oov_base: Optional[int] = None) -> FeatureBlock:
     """`records`/`path`: the record numbers of the examples and their file, for error messages. `oov_base`: the
     first OOV id, the vocabulary's size in the manifest (its capacity under one); None: the tokens in `vocab`."""
@@ -118,83 +121,22 @@ def map_feature(f, fv: FeatureValues, spec, vocab: Optional["pa.Array | TokenInd
     v = f.vocabulary
     key = f"feature/{f.name}/"
     counts[key + "values"] += int(lengths.sum())
+
+    def at(value: int) -> str:  # where value `value` is, for an error message
+        return _record_where(records, path, _row_of(lengths, value))
+
     oov_per_value = None
     keep = None  # values kept, over fv's values
     if v.type == "frequency":
-        # Computed per distinct token of the chunk (the parser dictionary-encoded them), then spread over
-        # the values by their codes.
-        distinct, codes = distinct_and_codes(fv.as_tokens())
-        index = vocab if isinstance(vocab, TokenIndex) else TokenIndex(vocab)
-        ids = index.lookup(distinct)
-        found = ids >= 0
-        if v.num_oov_buckets and not found.all():
-            V = len(index) if oov_base is None else oov_base
-            if v.num_oov_buckets == 1:
-                ids[~found] = V
-            else:
-                ids[~found] = V + fingerprint64_buckets(distinct.filter(pa.array(~found)), v.num_oov_buckets)
-        if codes is not None:
-            ids = np.take(ids, codes)
-            # Found per value without a second gather: OOV ids are -1 or >= V, real ones in [0, V).
-            found = (ids >= 0) & (ids < len(index))
-        oov_per_value = ~found
-        n_oov = int(oov_per_value.sum())
-        counts[key + "oov"] += n_oov
-        if n_oov and v.num_oov_buckets == 0:
-            keep = found
-            counts[key + "oov_dropped"] += n_oov
+        ids, oov_per_value, keep = _frequency_ids(v, fv, vocab, counts, key, oov_base)
     elif v.type == "hashing":
         distinct, codes = distinct_and_codes(fv.as_tokens())
         ids = fingerprint64_buckets(distinct, int(v.num_buckets))
         if codes is not None:
             ids = np.take(ids, codes)
     else:  # identity
-        if fv.ints is not None:
-            ids, ok = fv.ints.astype(np.int64), np.ones(fv.ints.size, bool)
-        else:
-            distinct, codes = distinct_and_codes(fv.tokens)
-            ids, ok = parse_ints(distinct)
-            if codes is not None:
-                ids, ok = np.take(ids, codes), np.take(ok, codes)
-        ok &= (ids >= 0) & (ids < int(v.num_buckets))
-        bad = int((~ok).sum())
-        if bad:
-            if v.default_value is not None:
-                ids = np.where(ok, ids, int(v.default_value))
-                counts[key + "invalid_ids_defaulted"] += bad
-            elif spec.policies.invalid_ids == "error":
-                first = int(np.flatnonzero(~ok)[0])
-                at = _record_where(records, path, _row_of(lengths, first))
-                raise PolicyError(f"feature {f.name!r}{where}:{at}: value "
-                                  f"{_value_text(fv, first)} is not an integer id in [0, {v.num_buckets}) "
-                                  f"({bad} such value(s) in this chunk; policies.invalid_ids: error). Fix the data, "
-                                  "set policies.invalid_ids: drop (counted as invalid_ids_dropped), or give the "
-                                  "vocabulary a default_value.")
-            else:
-                keep = ok
-                counts[key + "invalid_ids_dropped"] += bad
-
-    weights = fv.weights
-    if weights is not None:
-        nan = ~np.isfinite(weights)
-        if keep is not None:
-            nan &= keep
-        n_nan = int(nan.sum())
-        if n_nan:
-            pol = spec.policies.nan_weights
-            if pol == "error":
-                first = int(np.flatnonzero(nan)[0])
-                at = _record_where(records, path, _row_of(lengths, first))
-                raise PolicyError(f"feature {f.name!r}{where}:{at}: "
-                                  "weight is NaN or blank "
-                                  "(policies.nan_weights: error). Fix the data or set policies.nan_weights: "
-                                  "drop | zero.")
-            if pol == "zero":
-                weights = np.where(nan, np.float32(0), weights).astype(np.float32)
-                counts[key + "nan_weights_zeroed"] += n_nan
-            else:
-                keep = ~nan if keep is None else (keep & ~nan)
-                counts[key + "nan_weights_dropped"] += n_nan
+        ids, keep = _identity_ids(f, fv, spec, counts, key, f"feature {f.name!r}{where}:", at)
+    weights, keep = _weights(fv.weights, keep, spec, counts, key, f"feature {f.name!r}{where}:", at)
 
     if keep is not None and not keep.all():
         lengths = lengths - _per_row(lengths, ~keep)
@@ -215,8 +157,94 @@ def map_feature(f, fv: FeatureValues, spec, vocab: Optional["pa.Array | TokenInd
                         None if weights is None else weights.astype(np.float32, copy=False), oov)
 
 
-def map_chunk(chunk: ParsedChunk, spec, vocabs: Mapping[str, "pa.Array | TokenIndex"], counts: collections.Counter,
-              sizes: Optional[Mapping[str, int]] = None) -> ExampleBlock:
+def _frequency_ids(v, fv: FeatureValues, vocab: Optional["pa.Array | TokenIndex"], counts: collections.Counter,
+                   key: str, oov_base: Optional[int]) -> Tuple[np.ndarray, np.ndarray, Optional[np.ndarray]]:
+    """A frequency vocabulary's ids of `fv`'s values, which of them are out of the vocabulary, and the values
+    kept (None: all; without OOV buckets an OOV value is dropped)."""
+    # Computed per distinct token of the chunk (the parser dictionary-encoded them), then spread over
+    # the values by their codes.
+    distinct, codes = distinct_and_codes(fv.as_tokens())
+    index = vocab if isinstance(vocab, TokenIndex) else TokenIndex(vocab)
+    ids = index.lookup(distinct)
+    found = ids >= 0
+    if v.num_oov_buckets and not found.all():
+        V = len(index) if oov_base is None else oov_base
+        if v.num_oov_buckets == 1:
+            ids[~found] = V
+        else:
+            ids[~found] = V + fingerprint64_buckets(distinct.filter(pa.array(~found)), v.num_oov_buckets)
+    if codes is not None:
+        ids = np.take(ids, codes)
+        # Found per value without a second gather: OOV ids are -1 or >= V, real ones in [0, V).
+        found = (ids >= 0) & (ids < len(index))
+    oov_per_value = ~found
+    n_oov = int(oov_per_value.sum())
+    counts[key + "oov"] += n_oov
+    keep = None
+    if n_oov and v.num_oov_buckets == 0:
+        keep = found
+        counts[key + "oov_dropped"] += n_oov
+    return ids, oov_per_value, keep
+
+
+def _identity_ids(f, fv: FeatureValues, spec: Spec, counts: collections.Counter, key: str, what: str,
+                  at: Callable[[int], str]) -> Tuple[np.ndarray, Optional[np.ndarray]]:
+    """An identity vocabulary's ids of `fv`'s values, invalid ones defaulted or dropped (then the values kept;
+    None: all) or raised as `policies.invalid_ids` says."""
+    v = f.vocabulary
+    if fv.ints is not None:
+        ids, ok = fv.ints.astype(np.int64), np.ones(fv.ints.size, bool)
+    else:
+        distinct, codes = distinct_and_codes(fv.tokens)
+        ids, ok = parse_ints(distinct)
+        if codes is not None:
+            ids, ok = np.take(ids, codes), np.take(ok, codes)
+    ok &= (ids >= 0) & (ids < int(v.num_buckets))
+    bad = int((~ok).sum())
+    if not bad:
+        return ids, None
+    if v.default_value is not None:
+        counts[key + "invalid_ids_defaulted"] += bad
+        return np.where(ok, ids, int(v.default_value)), None
+    if spec.policies.invalid_ids == "error":
+        first = int(np.flatnonzero(~ok)[0])
+        raise PolicyError(f"{what}{at(first)}: value "
+                          f"{_value_text(fv, first)} is not an integer id in [0, {v.num_buckets}) "
+                          f"({bad} such value(s) in this chunk; policies.invalid_ids: error). Fix the data, "
+                          "set policies.invalid_ids: drop (counted as invalid_ids_dropped), or give the "
+                          "vocabulary a default_value.")
+    counts[key + "invalid_ids_dropped"] += bad
+    return ids, ok
+
+
+def _weights(weights: Optional[np.ndarray], keep: Optional[np.ndarray], spec: Spec, counts: collections.Counter,
+             key: str, what: str, at: Callable[[int], str]) -> Tuple[Optional[np.ndarray], Optional[np.ndarray]]:
+    """The weights with `policies.nan_weights` applied to the NaN or blank ones among the values kept, and the
+    values kept after it."""
+    if weights is None:
+        return weights, keep
+    nan = ~np.isfinite(weights)
+    if keep is not None:
+        nan &= keep
+    n_nan = int(nan.sum())
+    if not n_nan:
+        return weights, keep
+    pol = spec.policies.nan_weights
+    if pol == "error":
+        first = int(np.flatnonzero(nan)[0])
+        raise PolicyError(f"{what}{at(first)}: "
+                          "weight is NaN or blank "
+                          "(policies.nan_weights: error). Fix the data or set policies.nan_weights: "
+                          "drop | zero.")
+    if pol == "zero":
+        counts[key + "nan_weights_zeroed"] += n_nan
+        return np.where(nan, np.float32(0), weights).astype(np.float32), keep
+    counts[key + "nan_weights_dropped"] += n_nan
+    return weights, ~nan if keep is None else (keep & ~nan)
+
+
+def map_chunk(chunk: ParsedChunk, spec: Spec, vocabs: Mapping[str, "pa.Array | TokenIndex"],
+              counts: collections.Counter, sizes: Optional[Mapping[str, int]] = None) -> ExampleBlock:
     """`vocabs`: {vocabulary key: its tokens, or their TokenIndex (built once: pass it for many chunks)};
     `sizes`: {vocabulary key: size}, the first OOV id of each (None: the tokens of each)."""
     feats = {}

@@ -226,13 +226,7 @@ def _parse_records(f: InputFile, head: _CsvHead, columns: List[str], delimiter: 
     lines[i]); only empty lines are between them. `data`: bytes or a view of them."""
     m = int(starts.size)
     original = data
-    try:
-        if not _is_ascii(data):  # ASCII is UTF-8, and the check is ~10x faster than a decode
-            str(data, "utf-8")
-        not_utf8 = np.zeros(0, np.int64)
-    except UnicodeDecodeError:
-        data, invalid = _blank_invalid_utf8(bytes(data))
-        not_utf8 = np.unique(np.searchsorted(starts, invalid, side="right") - 1)
+    data, not_utf8 = _utf8_data(data, starts)
     bad: Dict[int, DeadLetter] = {}
     lost = []
 
@@ -282,6 +276,18 @@ def _parse_records(f: InputFile, head: _CsvHead, columns: List[str], delimiter: 
     return RawBatch(f.index, f.path, batch_index, lines[rows].astype(np.int64), cols, encoded), letters
 
 
+def _utf8_data(data, starts: np.ndarray) -> Tuple[object, np.ndarray]:
+    """(`data` with its invalid UTF-8 bytes blanked, the records that held some): `data` itself and none when it
+    is valid UTF-8."""
+    try:
+        if not _is_ascii(data):  # ASCII is UTF-8, and the check is ~10x faster than a decode
+            str(data, "utf-8")
+        return data, np.zeros(0, np.int64)
+    except UnicodeDecodeError:
+        data, invalid = _blank_invalid_utf8(bytes(data))
+        return data, np.unique(np.searchsorted(starts, invalid, side="right") - 1)
+
+
 def _parse_one_by_one(f, head, columns, delimiter, data, starts, ends, lines):
     tables, bad = [], {}
     for k in range(int(starts.size)):
@@ -320,6 +326,7 @@ def read_csv(split: InputSplit, columns: List[str], *, csv_delimiter: str, chunk
             yield from _csv_records(split, src, head, columns, csv_delimiter, chunk_rows, csv_state, encode or {})
 
 
+# One unit: the scan loop carries the record boundaries (prev_rb, prev_line, lines, pending) from block to block.
 def _csv_records(split: InputSplit, src: Source, head: _CsvHead, columns: List[str], delimiter: str,
                  chunk_rows: int, csv_state: Optional[Tuple[int, int]], encode: Dict[str, Optional[str]]):
     """The records that start in the split (after the header), in batches of at most chunk_rows.
@@ -333,19 +340,7 @@ def _csv_records(split: InputSplit, src: Source, head: _CsvHead, columns: List[s
     first = max(split.start, head.end)
     if first >= end:
         return
-    delim = delimiter_byte(delimiter)
-    prev_rb: Optional[int] = None  # offset of the last record-ending line break seen
-    if first == head.end:
-        q, lines = 0, head.lines
-        prev_rb = first - 1
-    else:
-        q, lines = csv_state if csv_state is not None else range_summary(src, 0, first, delim, head.bof)[0::2]
-    sc = Scanner(src, first, q, delim, head.bof)
-    if prev_rb is None:
-        before = sc.byte(first - 1)
-        if q == 0 and (before == LF or (before == CR and sc.byte(first) != LF)):
-            prev_rb = first - 1
-        sc.skip_run()
+    sc, lines, prev_rb = _split_scanner(src, head, first, delimiter, csv_state)
     prev_line = lines + 1  # the line where the record after prev_rb starts
     pending: List[Tuple[np.ndarray, np.ndarray, np.ndarray]] = []  # complete records: starts, ends, lines
     npend = 0
@@ -398,6 +393,26 @@ def _csv_records(split: InputSplit, src: Source, head: _CsvHead, columns: List[s
         if prev_rb is not None and sc.pos - prev_rb <= CSV_BATCH_BYTES:
             keep_from = min(keep_from, prev_rb + 1)
         sc.release(keep_from)
+
+
+def _split_scanner(src: Source, head: _CsvHead, first: int, delimiter: str, csv_state: Optional[Tuple[int, int]]
+                   ) -> Tuple[Scanner, int, Optional[int]]:
+    """A scanner at `first`, the split's first byte after the header: it, the lines before `first`, and the
+    offset of the record-ending line break just before it (None: a record started before `first` goes on)."""
+    delim = delimiter_byte(delimiter)
+    prev_rb: Optional[int] = None  # offset of the last record-ending line break seen
+    if first == head.end:
+        q, lines = 0, head.lines
+        prev_rb = first - 1
+    else:
+        q, lines = csv_state if csv_state is not None else range_summary(src, 0, first, delim, head.bof)[0::2]
+    sc = Scanner(src, first, q, delim, head.bof)
+    if prev_rb is None:
+        before = sc.byte(first - 1)
+        if q == 0 and (before == LF or (before == CR and sc.byte(first) != LF)):
+            prev_rb = first - 1
+        sc.skip_run()
+    return sc, lines, prev_rb
 
 
 def _csv_batches(f, head, columns, delimiter, encode, sc: Scanner, pending, chunk_rows: int, batch_index: int,

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Dict, List, Optional, Tuple
+from typing import TYPE_CHECKING, Dict, List, Optional, Tuple
 
 import numpy as np
 import pyarrow as pa
@@ -22,6 +22,9 @@ from pipelines.read import value_kinds
 from pipelines.read.csv_scan import csv_native
 from pipelines.read.records import DeadLetter, RawBatch, one_array
 from pipelines.token_index import dictionary_encode, drop_empty
+
+if TYPE_CHECKING:
+    from tpu_embed.artifact.spec import Spec
 
 
 @dataclasses.dataclass
@@ -313,19 +316,7 @@ def _categorical(raw: RawBatch, f, probs: _Problems) -> FeatureValues:
 
     weights = None
     if f.weight_column:
-        wl, wv, wblank = cell_form(raw.columns[f.weight_column])
-        if wblank is not None and _is_stringlike(wv.type):  # a blank weight is an empty string: NaN below
-            wv = _large_string(wv).fill_null("")
-        if _is_stringlike(wv.type) and f.delimiter is not None and len(wv):
-            split = pc.split_pattern(_large_string(wv), f.delimiter)
-            per_value = pc.list_value_length(split).to_numpy(zero_copy_only=False).astype(np.int64)
-            wl = np.bincount(_value_rows(wl), weights=per_value, minlength=n).astype(np.int64)
-            wv = _as_array(pc.list_flatten(split))
-        parsed, blank, bad = parse_floats(wv)
-        w = parsed.astype(np.float32)
-        w[blank | bad] = np.nan
-        if wblank is not None and not _is_stringlike(wv.type):  # a null number: a blank weight
-            w[wblank] = np.nan
+        w, wl = _weight_values(raw, f, n)
         mismatch = wl != lengths
         if mismatch.any():
             probs.flag(mismatch, "weight_mismatch",
@@ -343,6 +334,31 @@ def _categorical(raw: RawBatch, f, probs: _Problems) -> FeatureValues:
             w = w[wkeep]
         weights = w
 
+    return _without_blanks(n, lengths, tokens, ints, nulls, weights)
+
+
+def _weight_values(raw: RawBatch, f, n: int) -> Tuple[np.ndarray, np.ndarray]:
+    """(float32 weights, one per value with NaN for a blank or unparsable one; weights per row) of the feature's
+    weight column, split by its delimiter as the values are."""
+    wl, wv, wblank = cell_form(raw.columns[f.weight_column])
+    if wblank is not None and _is_stringlike(wv.type):  # a blank weight is an empty string: NaN below
+        wv = _large_string(wv).fill_null("")
+    if _is_stringlike(wv.type) and f.delimiter is not None and len(wv):
+        split = pc.split_pattern(_large_string(wv), f.delimiter)
+        per_value = pc.list_value_length(split).to_numpy(zero_copy_only=False).astype(np.int64)
+        wl = np.bincount(_value_rows(wl), weights=per_value, minlength=n).astype(np.int64)
+        wv = _as_array(pc.list_flatten(split))
+    parsed, blank, bad = parse_floats(wv)
+    w = parsed.astype(np.float32)
+    w[blank | bad] = np.nan
+    if wblank is not None and not _is_stringlike(wv.type):  # a null number: a blank weight
+        w[wblank] = np.nan
+    return w, wl
+
+
+def _without_blanks(n: int, lengths: np.ndarray, tokens, ints: Optional[np.ndarray], nulls: Optional[np.ndarray],
+                    weights: Optional[np.ndarray]) -> FeatureValues:
+    """The values with the blank ones (null integers, empty tokens) dropped, with their weights."""
     if ints is not None and nulls is not None and nulls.any():
         # Blank integers are no value, as blank tokens are below: dropped with their weights.
         lengths = lengths - np.bincount(_value_rows(lengths)[nulls], minlength=n).astype(np.int64)
@@ -361,7 +377,8 @@ def _categorical(raw: RawBatch, f, probs: _Problems) -> FeatureValues:
     return FeatureValues(lengths=lengths, tokens=tokens, ints=ints, weights=weights)
 
 
-def parse_batch(raw: RawBatch, spec, chunk_index: Optional[int] = None) -> Tuple[ParsedChunk, List[DeadLetter]]:
+def parse_batch(raw: RawBatch, spec: Spec, chunk_index: Optional[int] = None
+                ) -> Tuple[ParsedChunk, List[DeadLetter]]:
     probs = _Problems(raw)
     n = raw.num_rows
     if spec.label is not None:

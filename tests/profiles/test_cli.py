@@ -6,8 +6,8 @@ import json
 import pytest
 
 import profiles
+from pipelines.cli.plan_report import add_commands
 from profiles import ProfileStore, synthetic
-from profiles.commands import add_commands
 
 
 def _parser(spec_loader=None):

@@ -9,8 +9,8 @@ import argparse
 import pytest
 
 import profiles
+from pipelines.cli.plan_report import add_commands
 from profiles import ProfileStore, synthetic
-from profiles.commands import add_commands
 from profiles.whatif_steps import WhatIfCollector, write_what_if_steps
 from tpu_embed.core.topology import Topology
 

@@ -15,6 +15,7 @@ import yaml
 
 from pipelines import cli, runner
 from pipelines.jobs import JobConfig
+from pipelines.user_errors import UserError
 from profiles.display import natural_sorted, short_stack_name
 from tests.helpers import ROOT
 from tpu_embed.artifact.manifest import read_manifest
@@ -50,7 +51,7 @@ def test_inspect_host_out_of_range(artifact, capsys):
 
 
 def test_debug_shows_the_traceback(artifact):
-    with pytest.raises(cli.UserError):
+    with pytest.raises(UserError):
         cli.main(["inspect", artifact, "--host", "1", "--debug"])
 
 

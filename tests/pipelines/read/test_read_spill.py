@@ -91,9 +91,10 @@ def test_the_spill_is_removed_when_the_shard_job_fails(tmp_path, monkeypatch):
 
 def test_cli_reread_input_turns_the_replay_off(tmp_path):
     from pipelines import cli
+    from pipelines.cli.job_commands import job_config
     argv = ["run", "--spec", CRITEO, "--output", str(tmp_path / "o")]
-    assert cli._config(cli.build_parser().parse_args(argv)).reuse_read is True
-    assert cli._config(cli.build_parser().parse_args(argv + ["--reread-input"])).reuse_read is False
+    assert job_config(cli.build_parser().parse_args(argv)).reuse_read is True
+    assert job_config(cli.build_parser().parse_args(argv + ["--reread-input"])).reuse_read is False
 
 
 def _chunk(rng, n, multivalent, encoded=False):
@@ -260,11 +261,12 @@ def test_memory_is_kept_only_where_both_jobs_run_in_this_process():
 
 def test_cli_read_memory_mb(tmp_path):
     from pipelines import cli
-    from pipelines.cli import UserError
+    from pipelines.cli.job_commands import job_config
+    from pipelines.user_errors import UserError
     argv = ["run", "--spec", CRITEO, "--output", str(tmp_path / "o")]
-    assert cli._config(cli.build_parser().parse_args(argv)).read_memory_bytes == read_spill.MEMORY_BYTES
+    assert job_config(cli.build_parser().parse_args(argv)).read_memory_bytes == read_spill.MEMORY_BYTES
     run_help = cli.build_parser()._subparsers._group_actions[0].choices["run"].format_help()
     assert "(default %d)" % (read_spill.MEMORY_BYTES >> 20) in " ".join(run_help.split())  # the help says it
-    assert cli._config(cli.build_parser().parse_args(argv + ["--read-memory-mb", "3"])).read_memory_bytes == 3 << 20
+    assert job_config(cli.build_parser().parse_args(argv + ["--read-memory-mb", "3"])).read_memory_bytes == 3 << 20
     with pytest.raises(UserError, match="--read-memory-mb"):
-        cli._config(cli.build_parser().parse_args(argv + ["--read-memory-mb", "-1"]))
+        job_config(cli.build_parser().parse_args(argv + ["--read-memory-mb", "-1"]))

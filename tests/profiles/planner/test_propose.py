@@ -13,8 +13,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from pipelines.cli.plan_report import add_commands
 from profiles import ProfileStore, load_plan
-from profiles.commands import add_commands
 from profiles.planner.cost import placement_cost
 from profiles.planner.placements import tensorflow_candidates
 from profiles.planner.proposal import proposal_lines, propose_placements

@@ -9,7 +9,7 @@ TensorFlow.
 from __future__ import annotations
 
 import logging
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 from pipelines.jobs import manifest_writer
 from pipelines.output import write_atomic
@@ -22,10 +22,13 @@ from tpu_embed.serving.transform_output import (
     transform_output_files,
 )
 
+if TYPE_CHECKING:
+    from tpu_embed.artifact.spec import Spec
+
 log = logging.getLogger("tpu_embed.pipelines")
 
 
-def start(spec, base: Optional[str] = None) -> TransformGraph:
+def start(spec: Spec, base: Optional[str] = None) -> TransformGraph:
     """The spec's transform graph: cached, taken from the base artifact's transform output, or being built
     beside the jobs."""
     graph = TransformGraph(spec, base)
@@ -34,7 +37,7 @@ def start(spec, base: Optional[str] = None) -> TransformGraph:
     return graph
 
 
-def write(output: str, spec, graph: Optional[TransformGraph] = None) -> Manifest:
+def write(output: str, spec: Spec, graph: Optional[TransformGraph] = None) -> Manifest:
     """Write output/transform_output/ of the artifact of `spec` in `output` (replacing what is there) and list its
     files in the manifest. The manifest stops listing the old files before they are deleted, and lists the new
     ones once all are written."""
