@@ -4,14 +4,12 @@ candidate chip counts where every step was recorded."""
 
 from __future__ import annotations
 
-import argparse
-
 import pytest
 
 import profiles
-from pipelines.cli.plan_report import add_commands
 from profiles import ProfileStore, synthetic
 from profiles.whatif_steps import WhatIfCollector, write_what_if_steps
+from tests.helpers import jobs
 from tpu_embed.core.topology import Topology
 
 
@@ -60,10 +58,7 @@ def test_every_plan_has_the_what_if_and_its_exact_figures_are_the_plans(tmp_path
 
 def test_sampled_steps_say_so_beside_every_figure(tmp_path, capsys):
     _write(tmp_path, budget_ids=1, steps=12)  # only block 0 (steps 0-3) is kept
-    parser = argparse.ArgumentParser(prog="tpu-embed")
-    add_commands(parser.add_subparsers(dest="command", required=True))
-    args = parser.parse_args(["plan", "--profiles", str(tmp_path), "--output", str(tmp_path / "plan.json")])
-    assert args.func(args) == 0
+    assert jobs.cli(["plan", "--profiles", str(tmp_path), "--output", str(tmp_path / "plan.json")]) == 0
     out = capsys.readouterr().out
     rows = _rows(profiles.load_plan(tmp_path / "plan.json"))
     assert rows["as profiled"]["sampling"] == {"exact": False, "steps": 4, "of": 12, "text": "sampled: 4 of 12 steps"}

@@ -4,7 +4,6 @@ written: a SparseCoreEmbeddingConfig under TensorFlow, jax-tpu-embedding Feature
 
 from __future__ import annotations
 
-import argparse
 import json
 import runpy
 import subprocess
@@ -13,13 +12,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pipelines.cli.plan_report import add_commands
 from profiles import ProfileStore, load_plan
 from profiles.planner.cost import placement_cost
 from profiles.planner.placements import tensorflow_candidates
 from profiles.planner.proposal import proposal_lines, propose_placements
 from profiles.planner.whatif import ReplaySteps
 from profiles.whatif_steps import WhatIfCollector, write_what_if_steps
+from tests.helpers import jobs
 from tpu_embed.core.model import FeatureConfig, ModelConfig, TableConfig
 from tpu_embed.core.topology import Topology
 from tpu_embed.sparsecore import FeatureIds
@@ -150,11 +149,8 @@ def dominant_dir(tmp_path_factory):
 
 
 def _plan(directory: Path, output: Path, *extra: str) -> str:
-    parser = argparse.ArgumentParser(prog="tpu-embed")
-    add_commands(parser.add_subparsers(dest="command", required=True))
-    args = parser.parse_args(["plan", "--profiles", str(directory), "--output", str(output), "--min-steps", "1",
-                              "--propose", *extra])
-    assert args.func(args) == 0
+    assert jobs.cli(["plan", "--profiles", str(directory), "--output", str(output), "--min-steps", "1", "--propose",
+                     *extra]) == 0
     return str(output.with_name(output.stem + "_proposal.py"))
 
 

@@ -7,7 +7,8 @@ import pytest
 
 import profiles
 from pipelines.cli.plan_report import add_commands
-from profiles import ProfileStore, synthetic
+from profiles import ProfileCollector, ProfileStore, synthetic
+from tpu_embed.core.topology import Topology
 
 
 def _parser(spec_loader=None):
@@ -17,9 +18,17 @@ def _parser(spec_loader=None):
 
 
 @pytest.fixture(scope="module")
-def profile_dir(write_synthetic_profile):
+def profile_dir(tmp_path_factory):
+    """A profile of 12 synthetic global batches on 2 chips x 4 SparseCores."""
     fc = synthetic.feature_config(3, per_chip_batch=8, vocab_sizes=[50, 3000, 800])
-    return write_synthetic_profile(fc, steps=12, seed=4, candidate_chip_counts=(1,))
+    topology = Topology(2, 4)
+    col = ProfileCollector(fc, topology, candidate_chip_counts=(1,))
+    acc = col.create_accumulator()
+    for i, b in enumerate(synthetic.global_batches(fc, topology.num_chips, 12, seed=4)):
+        col.add_step(acc, b, step=i)
+    d = tmp_path_factory.mktemp("profiles")
+    ProfileStore(d).write(col.extract_output(acc))
+    return d
 
 
 @pytest.mark.parametrize("command", ["plan", "report"])
