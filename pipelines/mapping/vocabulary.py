@@ -20,7 +20,7 @@ Two engines compute it:
   accumulators are `pipelines.token_index.TokenCounter`s: each chunk's tokens
   counted in one native pass (pyarrow's value_counts + group_by without the
   native module), then the same filter / order.  Byte-identical files to
-  `tft` (tests/pipelines/test_vocab_tft.py checks it on the sample data).
+  `tft` (tests/pipelines/jobs/test_vocab_tft.py checks it on the sample data).
 
 This module is Beam-free; `pipelines.jobs.compute_vocabulary` wraps it.
 """

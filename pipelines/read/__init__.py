@@ -7,4 +7,5 @@
 * `csv_reader`, `parquet_reader`, `tfrecord_reader` — one reader per format
 * `parse`           — Arrow batches -> labels, dense floats and per-feature tokens; dead letters
 * `spill`           — `run` reads once: the vocabulary job's read kept for the shard job
+* `chunk_sizes`     — the read's record: each chunk's valid examples, which the shard job's batches start from
 """

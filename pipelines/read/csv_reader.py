@@ -183,8 +183,8 @@ def _plain_table(data: bytes, names: List[str], columns: List[str], delimiter: s
     """(the table `_pyarrow_csv` reads from `records` records, the `encode` columns dictionary-encoded) by
     the native splitter, when their bytes need no parser's judgement (no quote character inside a value,
     no \r, one line per record, each of len(names) fields: see native/_csv_native.c `plain_fields`);
-    else None. The same table (tests/pipelines/test_csv_plain.py); 500 k Criteo-like rows are read in 0.38-0.40 s
-    instead of 0.62 s with pyarrow's reader (one core, benchmarks/read_parse.py).
+    else None. The same table (tests/pipelines/read/test_csv_plain.py), read faster than pyarrow's reader reads it
+    (benchmarks/read_parse.py times both).
 
     `encode`: {column: token delimiter or None}; those columns (with a delimiter of one byte or none) come
     out as `RawBatch.encoded` entries instead of table columns: (delimiter, int64 tokens per record, the

@@ -7,7 +7,7 @@ about a fifth of `run`'s time (CSV framing, pyarrow's parser, the numbers and th
   counts), in the order it yields them, into parts of at most `PART_BYTES` under
   `<output>/.tmp-read-spill/`, each written atomically; the last part ends with an end mark.
 * The shard job's reader yields them again instead of reading the split: the same chunks, dead
-  letters and counts, so every output byte is the one a second read gives (tests/pipelines/test_read_spill.py).
+  letters and counts, so every output byte is the one a second read gives (tests/pipelines/read/test_read_spill.py).
 * `run` deletes the directory when the shard job ends, also when it fails (and before the vocabulary
   job, a leftover of a killed run). The manifest never lists it; `--overwrite` sweeps it like any
   `.tmp-` leftover.

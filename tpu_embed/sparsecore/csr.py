@@ -46,7 +46,7 @@ def merge_runs(values, same_as_prev: np.ndarray, n: int, add=np.add):
     ones, whose sums are exact counts.  The sums are sequential, as TF's C++
     loops add, because numpy's pairwise reductions would round differently.
     Only the few non-first elements are touched. `add(a, b)`: the float32
-    addition (jax's flushes denormals: `tpu_embed.jax.denormals.add`).
+    addition (jax's flushes denormals: `tpu_embed.sparsecore.jax_denormals.add`).
     """
     nf = np.flatnonzero(same_as_prev) + 1  # elements that merge into an earlier one
     starts = np.ones(n, dtype=bool)
