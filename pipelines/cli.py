@@ -257,7 +257,7 @@ def _add_transform_output(sub) -> None:
 
 def cmd_transform_output(args):
     # A command's imports (see the imports); TensorFlow only in the child that builds a graph not cached.
-    from tpu_embed.serving.transform_output import DIRECTORY, write_transform_output
+    from tpu_embed.serving.tft_output import DIRECTORY, write_transform_output
     if args.output is None:  # the artifact's own: listed in its manifest, as `run` writes it
         from pipelines import transform_output
         from tpu_embed.artifact import io as tio

@@ -42,7 +42,7 @@ import tensorflow as tf
 
 from tpu_embed.serving.columns import block_of_rows
 from tpu_embed.serving.mapping import Mapped, RawFeatureMapping
-from tpu_embed.serving.plan import load_for_serving
+from tpu_embed.serving.rules import load_for_serving
 
 __all__ = ["ServingModel", "embedding_lookup", "export_saved_model", "MODEL_OUTPUTS"]
 

@@ -15,7 +15,7 @@ The rules are the offline jobs' (`pipelines.read.parse`, `pipelines.mapping.ids`
 * frequency vocabularies: the token's line in the vocabulary file (a `tf.lookup.StaticHashTable` over the
   file), an unknown token `V + Fingerprint64(token) % num_oov_buckets` (`tf.strings.to_hash_bucket_fast`), or
   dropped with 0 OOV buckets;
-* identity: the integer (`tpu_embed.serving.numbers.parse_int64`); a value that is not an integer in
+* identity: the integer (`tpu_embed.serving.number_text.parse_int64`); a value that is not an integer in
   `[0, num_buckets)` gets the vocabulary's `default_value`, or is dropped;
 * hashing: `Fingerprint64(token) % num_buckets`;
 * weights (`weight_column`): one per value, blank or unparsable ones are NaN and follow `policies.nan_weights`;
@@ -49,7 +49,7 @@ from typing import AbstractSet, Any, Dict, List, Mapping, Optional, Sequence, Tu
 import tensorflow as tf
 
 from tpu_embed.artifact import io as tio
-from tpu_embed.serving import numbers
+from tpu_embed.serving import number_text
 from tpu_embed.serving.columns import (
     Column,
     Stacked,
@@ -64,7 +64,7 @@ from tpu_embed.serving.columns import (
     value_rowids,
 )
 from tpu_embed.serving.examples import parse_examples, parse_for_plan
-from tpu_embed.serving.plan import DensePlan, FeaturePlan, MappingPlan, load_for_serving
+from tpu_embed.serving.rules import DensePlan, FeaturePlan, MappingPlan, load_for_serving
 
 __all__ = ["Column", "FeaturePlan", "DensePlan", "Layout", "Mapped", "MappingPlan", "RawFeatureMapping",
            "map_raw", "map_stacked", "parse_examples", "vocabulary_tables"]
@@ -248,7 +248,7 @@ def _tokens(st: Stacked, sources: Sequence[Source]) -> tf.RaggedTensor:
         parts.append(x.with_flat_values(tf.strings.as_string(x.flat_values)))
     if st.floats is not None:
         x = rows_of(st.floats, columns, n, count)
-        parts.append(x.with_flat_values(numbers.float_text(x.flat_values)))
+        parts.append(x.with_flat_values(number_text.float_text(x.flat_values)))
     if not parts:
         return _empty(len(sources) * n, tf.string)
     return concat_rows(parts)
@@ -273,7 +273,7 @@ def _numbers(st: Stacked, sources: Sequence[Source], plain: tf.Tensor) -> tf.Rag
         s = _split_sources(st.strings, sources, n, count)
         # split values of plain numbers are plain numbers or empty (no delimiter holds a digit, '.', ... and
         # so splits one): the check of the unsplit strings holds for them
-        v, blank, bad = numbers.parse_float64(s.flat_values, plain=plain if _plain_delimiters(sources) else None)
+        v, blank, bad = number_text.parse_float64(s.flat_values, plain=plain if _plain_delimiters(sources) else None)
         parts.append(s.with_flat_values(tf.where(blank, _f64(_BLANK), tf.where(bad, _f64(_BAD), v))))
     if st.ints is not None:
         x = rows_of(st.ints, columns, n, count)
@@ -318,7 +318,7 @@ def _not_utf8(tokens: tf.RaggedTensor, rowids: tf.Tensor, known: Optional[tf.Ten
             joined = tf.strings.unsorted_segment_join(flat, rows, nrows, separator="\n")
             return tf.not_equal(tf.strings.unicode_transcode(joined, "UTF-8", "UTF-8", errors="replace",
                                                              replacement_char=0xFFFD), joined)
-        return tf.cond(numbers.all_ascii(flat), lambda: zeros, transcode)
+        return tf.cond(number_text.all_ascii(flat), lambda: zeros, transcode)
 
     if known is None:
         return check()
@@ -477,7 +477,7 @@ def _identity_ids(part: Sequence[FeaturePlan], piece: tf.Tensor, rowids: tf.Tens
                   start: int, at: Optional[tf.Tensor], k: int):
     """(ids, keep, flag) of identity features' tokens: the integer where it is in [0, num_buckets), else the
     default, else dropped (and flagged under `policies.invalid_ids: error`)."""
-    value, ok = numbers.parse_int64(piece)
+    value, ok = number_text.parse_int64(piece)
     if len(part) == 1:
         buckets: Any = int(part[0].num_buckets or 0)
         default: Any = -1 if part[0].default_value is None else int(part[0].default_value)
@@ -542,7 +542,7 @@ def map_stacked(plan: MappingPlan, layout: Layout, tokens_of: Stacked, numbers_o
     valid = tf.ones([nrows], tf.bool)
     number_strings = numbers_of.strings
     # Whether the number strings are all plain numbers or empty (so ASCII), for their parse and the UTF-8 check
-    plain = numbers.plain_or_empty(number_strings.flat_values) if number_strings is not None else tf.constant(True)
+    plain = number_text.plain_or_empty(number_strings.flat_values) if number_strings is not None else tf.constant(True)
     nums = _numbers(numbers_of, layout.number_sources, plain) if layout.number_sources else None
     dense, flagged = _dense(plan, layout, nums, nrows)
     valid &= ~flagged
@@ -692,7 +692,7 @@ class RawFeatureMapping(tf.Module):
 
     @classmethod
     def from_artifact(cls, artifact_dir: str, **kwargs: Any) -> "RawFeatureMapping":
-        """The mapping of an artifact, its vocabulary files checked (`plan.load_for_serving`), its Examples parsed
+        """The mapping of an artifact, its vocabulary files checked (`rules.load_for_serving`), its Examples parsed
         as the manifest's `value_kinds` say (unless `value_kinds=` is given)."""
         artifact, plan = load_for_serving(artifact_dir)
         kwargs.setdefault("value_kinds", artifact.manifest.value_kinds)
