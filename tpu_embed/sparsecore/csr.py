@@ -166,8 +166,7 @@ def native_available() -> bool:
 
 
 # Fewer ids per call: packed by the calling thread alone.  Waking the pool costs more than it saves on
-# small batches (profile counting calls the kernel once per table and chip: 4.4 vs 9.8 ms per 4096-example
-# step with one thread instead of two).
+# small batches (profile counting calls the kernel once per table and chip: a step is many small calls).
 PARALLEL_MIN_IDS = 16384
 
 

@@ -319,7 +319,7 @@ def _entries_one_by_one(inputs, weights, positions) -> List[Optional[tuple]]:
             rows, ids, splits = None, buf(value), None
         else:
             rows, ids, splits = buf(value.indices), buf(value.values), None
-            shape = getattr(rows, "shape", None)  # a view's: a tuple (a TF tensor's TensorShape costs ~1 us)
+            shape = getattr(rows, "shape", None)  # a view's: a tuple (a TF tensor's TensorShape is slower to read)
             if shape is None or len(shape) != 2 or shape[1] != 2:
                 out.append(None)
                 continue
