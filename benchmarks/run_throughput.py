@@ -505,7 +505,7 @@ def main():
     if tfr and "single" in modes:
         modes.remove("single")  # the one-process reference is written for the CSV workloads' pinned limits
     if "beam" in modes:  # the spec's transform graph in the cache first (built once, not in a measured process)
-        from tpu_embed.serving.transform_output import TransformGraph
+        from tpu_embed.serving.tft_output import TransformGraph
         os.environ["TPU_EMBED_CACHE_DIR"] = os.path.join(args.out, "cache")
         TransformGraph(workload_spec(args)).result()
     results = {}

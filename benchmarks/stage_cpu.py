@@ -102,7 +102,7 @@ def fixed_cost(spec, workload: str, out: str) -> "tuple[float, float]":
     from pipelines import runner
     from pipelines.jobs import JobConfig
     from pipelines.read import splits
-    from tpu_embed.serving.transform_output import TransformGraph
+    from tpu_embed.serving.tft_output import TransformGraph
     first = splits.list_input_files(spec.input_patterns())[0].path
     small_dir = os.path.join(out, "stage-cpu-small")
     shutil.rmtree(small_dir, ignore_errors=True)

@@ -1,7 +1,7 @@
 """`tpu-embed run` writes the artifact's tf.Transform output (`transform_output/`, listed in the manifest).
 
 The graph of a spec comes from the cache, or is built by a child process started with the run, at the lowest
-CPU priority, while the jobs read and shard (`tpu_embed.serving.transform_output.TransformGraph`); when the
+CPU priority, while the jobs read and shard (`tpu_embed.serving.tft_output.TransformGraph`); when the
 shards are written the artifact's vocabulary files go into it, with its schemas: this process imports no
 TensorFlow.
 """
@@ -15,7 +15,7 @@ from pipelines.jobs import manifest_writer
 from pipelines.output import write_atomic
 from tpu_embed.artifact import io as tio
 from tpu_embed.artifact.manifest import Manifest, read_manifest
-from tpu_embed.serving.transform_output import (
+from tpu_embed.serving.tft_output import (
     DIRECTORY,
     TransformGraph,
     TransformOutputError,

@@ -15,7 +15,7 @@ settings.load_profile("default")
 
 
 def pytest_configure(config):
-    # Built transform graphs (`tpu_embed.serving.transform_output.cache_directory`) go to a directory of this
+    # Built transform graphs (`tpu_embed.serving.tft_output.cache_directory`) go to a directory of this
     # session, not the user's cache: a run of the suite builds what it uses.
     if not os.environ.get("TPU_EMBED_CACHE_DIR"):
         os.environ["TPU_EMBED_CACHE_DIR"] = tempfile.mkdtemp(prefix="tpu_embed_test_cache_")

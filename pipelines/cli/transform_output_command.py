@@ -19,7 +19,7 @@ def add_parser(sub) -> None:
 
 def cmd_transform_output(args):
     # A command's imports (see the imports); TensorFlow only in the child that builds a graph not cached.
-    from tpu_embed.serving.transform_output import DIRECTORY, write_transform_output
+    from tpu_embed.serving.tft_output import DIRECTORY, write_transform_output
     if args.output is None:  # the artifact's own: listed in its manifest, as `run` writes it
         from pipelines import tft_output_writer
         from tpu_embed.artifact import io as tio

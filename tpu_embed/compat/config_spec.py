@@ -185,44 +185,10 @@ class EmbeddingConfigSpec(
         tensor_core_feature_columns = None
         embedding_core_feature_columns = None
         if feature_columns:
-            tensor_core_feature_columns = []
-            embedding_core_feature_columns = []
-            for column in feature_columns:
-                if not isinstance(column, _TPU_EMBEDDING_COLUMN_CLASSES):
-                    raise TypeError(
-                        'All feature columns must be supported types in {}. Got {}'
-                        .format(_TPU_EMBEDDING_COLUMN_CLASSES, type(column)))
-                if column.embedding_lookup_device == 'tpu_tensor_core':
-                    tensor_core_feature_columns.append(column)
-                else:
-                    embedding_core_feature_columns.append(column)
-            if not isinstance(optimization_parameters, _opt.SUPPORTED_OPTIMIZERS):
-                raise ValueError('optimization_parameters must be an instance of type '
-                                 '{}. Got {}.'.format(_opt.SUPPORTED_OPTIMIZERS,
-                                                      type(optimization_parameters)))
-            _check_columns(list(feature_columns))
+            embedding_core_feature_columns, tensor_core_feature_columns = _columns_by_device(
+                feature_columns, optimization_parameters)
         else:
-            for feature, config in feature_to_config_dict.items():
-                if not isinstance(config, EstimatorFeatureConfig):
-                    raise TypeError(
-                        'Config for feature {} must be of type `FeatureConfig`. Got {}'
-                        .format(feature, type(config)))
-                if config.table_id not in table_to_config_dict:
-                    raise ValueError('Feature {} refers to table {} which is not in the '
-                                     'table_to_config_dict.'.format(
-                                         feature, config.table_id))
-            for table, config in table_to_config_dict.items():
-                if not isinstance(config, EstimatorTableConfig):
-                    raise TypeError(
-                        'Config for table {} must be of type `TableConfig`. Got '
-                        '{}'.format(table, type(config)))
-            # TF does not check this here (tables may bring their own
-            # optimizer), but a wrong type can only fail later.
-            if (optimization_parameters is not None and
-                    not isinstance(optimization_parameters, _opt.SUPPORTED_OPTIMIZERS)):
-                raise ValueError('optimization_parameters must be an instance of type '
-                                 '{}. Got {}.'.format(_opt.SUPPORTED_OPTIMIZERS,
-                                                      type(optimization_parameters)))
+            _check_config_dicts(feature_to_config_dict, table_to_config_dict, optimization_parameters)
 
         return super().__new__(
             cls,
@@ -239,7 +205,7 @@ class EmbeddingConfigSpec(
 
     # -- one description of the SparseCore tables and features ----------------
 
-    def _sparse_core_plan(self) -> Tuple[Dict[str, _Table], Dict[str, _Feature]]:
+    def _sparse_core_tables(self) -> Tuple[Dict[str, _Table], Dict[str, _Feature]]:
         tables: Dict[str, _Table] = {}
         features: Dict[str, _Feature] = {}
         if self.feature_columns is not None or self.tensor_core_feature_columns is not None:
@@ -303,7 +269,7 @@ class EmbeddingConfigSpec(
         batch = _positive_int(per_chip_batch_size, 'per_chip_batch_size')
         _positive_int(num_chips, 'num_chips')
 
-        tables, features = self._sparse_core_plan()
+        tables, features = self._sparse_core_tables()
         optimizers: Dict[Any, Any] = {}
 
         def optimizer_for(t: _Table):
@@ -345,7 +311,7 @@ class EmbeddingConfigSpec(
         TF 2.x's FeatureConfig has no weight key (weights are passed to
         `enqueue`), so input pipelines read it from here.
         """
-        _, features = self._sparse_core_plan()
+        _, features = self._sparse_core_tables()
         return {f.name: f.weight_key for f in features.values()}
 
     def tensor_core_features(self) -> Dict[str, Any]:
@@ -390,7 +356,7 @@ class EmbeddingConfigSpec(
         the same description. Initializers are left out: they change the
         trained values, not the data layout.
         """
-        tables, features = self._sparse_core_plan()
+        tables, features = self._sparse_core_tables()
         return {
             'version': _FINGERPRINT_VERSION,
             'partition_strategy': self.partition_strategy,
@@ -440,6 +406,54 @@ def _check_columns(columns: List[Any]) -> None:
                 'Two different embedding tables are both named {!r}; give each '
                 'shared_embedding_columns call its own '
                 'shared_embedding_collection_name.'.format(column.table_name))
+
+
+def _columns_by_device(feature_columns, optimization_parameters):
+    """(SparseCore columns, TensorCore columns) of `feature_columns`, each checked a TPU embedding column, with
+    `optimization_parameters` checked and the columns' tables and features checked consistent."""
+    tensor_core_feature_columns = []
+    embedding_core_feature_columns = []
+    for column in feature_columns:
+        if not isinstance(column, _TPU_EMBEDDING_COLUMN_CLASSES):
+            raise TypeError(
+                'All feature columns must be supported types in {}. Got {}'
+                .format(_TPU_EMBEDDING_COLUMN_CLASSES, type(column)))
+        if column.embedding_lookup_device == 'tpu_tensor_core':
+            tensor_core_feature_columns.append(column)
+        else:
+            embedding_core_feature_columns.append(column)
+    if not isinstance(optimization_parameters, _opt.SUPPORTED_OPTIMIZERS):
+        raise ValueError('optimization_parameters must be an instance of type '
+                         '{}. Got {}.'.format(_opt.SUPPORTED_OPTIMIZERS,
+                                              type(optimization_parameters)))
+    _check_columns(list(feature_columns))
+    return embedding_core_feature_columns, tensor_core_feature_columns
+
+
+def _check_config_dicts(feature_to_config_dict, table_to_config_dict, optimization_parameters):
+    """The pair of dicts checked as TF checks them (types, every feature's table listed), and
+    `optimization_parameters`, when given, one of the supported classes."""
+    for feature, config in feature_to_config_dict.items():
+        if not isinstance(config, EstimatorFeatureConfig):
+            raise TypeError(
+                'Config for feature {} must be of type `FeatureConfig`. Got {}'
+                .format(feature, type(config)))
+        if config.table_id not in table_to_config_dict:
+            raise ValueError('Feature {} refers to table {} which is not in the '
+                             'table_to_config_dict.'.format(
+                                 feature, config.table_id))
+    for table, config in table_to_config_dict.items():
+        if not isinstance(config, EstimatorTableConfig):
+            raise TypeError(
+                'Config for table {} must be of type `TableConfig`. Got '
+                '{}'.format(table, type(config)))
+    # TF does not check this here (tables may bring their own
+    # optimizer), but a wrong type can only fail later.
+    if (optimization_parameters is not None and
+            not isinstance(optimization_parameters, _opt.SUPPORTED_OPTIMIZERS)):
+        raise ValueError('optimization_parameters must be an instance of type '
+                         '{}. Got {}.'.format(_opt.SUPPORTED_OPTIMIZERS,
+                                              type(optimization_parameters)))
 
 
 def _optimizer_dict(params):

@@ -399,6 +399,7 @@ class TPUSharedEmbeddingColumn(_TPUColumnMixin, fc_lib.SharedEmbeddingColumn):
         return self._shared_embedding_collection_name
 
 
+# One unit: TF's signature and its documented arguments; each check below is one call.
 def embedding_column(categorical_column,
                      dimension,
                      combiner='mean',
@@ -467,6 +468,7 @@ def embedding_column(categorical_column,
         use_safe_embedding_lookup=use_safe_embedding_lookup)
 
 
+# One unit: TF's signature and its documented arguments; each check below is one call.
 def shared_embedding_columns(categorical_columns,
                              dimension,
                              combiner='mean',
@@ -508,22 +510,8 @@ def shared_embedding_columns(categorical_columns,
         `initializer` not callable, columns with different numbers of buckets, or an invalid
         `combiner`, `embedding_lookup_device` or `tensor_core_shape`.
     """
-    categorical_columns = list(categorical_columns)
-    for categorical_column in categorical_columns:
-        if not _is_supported_categorical_column(categorical_column):
-            # TF's message has the double space too.
-            raise _type_error(' shared_embedding_columns', categorical_column)
-    if not categorical_columns:
-        # TF fails here with an IndexError; say what is wrong instead.
-        raise ValueError('categorical_columns must not be empty.')
-
-    if not max_sequence_lengths:
-        max_sequence_lengths = [0] * len(categorical_columns)
-    if len(max_sequence_lengths) != len(categorical_columns):
-        raise ValueError('max_sequence_lengths and categorical_columns must be of '
-                         'the same length. len(max_sequence_lengths)={} '
-                         'len(categorical_columns)={}.'.format(
-                             len(max_sequence_lengths), len(categorical_columns)))
+    categorical_columns = _shared_categorical_columns(categorical_columns)
+    max_sequence_lengths = _max_sequence_lengths(max_sequence_lengths, len(categorical_columns))
 
     _check_dimension(dimension)
     _check_tensor_core_shape_rank(tensor_core_shape)
@@ -535,14 +523,7 @@ def shared_embedding_columns(categorical_columns,
     # Sorted so the default collection name is deterministic even if the
     # caller passes columns from an unordered collection (TF's reasoning).
     sorted_columns = sorted(categorical_columns, key=lambda x: x.name)
-    num_buckets = sorted_columns[0].num_buckets
-    for c in sorted_columns[1:]:
-        if num_buckets != c.num_buckets:
-            raise ValueError(
-                'To use shared_embedding_column, all categorical_columns must have '
-                'the same number of buckets. Given column: {} with buckets: {} does  '
-                'not match column: {} with buckets: {}'.format(
-                    sorted_columns[0], num_buckets, c, c.num_buckets))
+    num_buckets = _common_num_buckets(sorted_columns)
 
     if not shared_embedding_collection_name:
         shared_embedding_collection_name = '_'.join(c.name for c in sorted_columns)
@@ -573,3 +554,41 @@ def shared_embedding_columns(categorical_columns,
         for categorical_column, max_sequence_length in zip(
             categorical_columns, max_sequence_lengths)
     ]
+
+
+def _shared_categorical_columns(categorical_columns):
+    """The columns as a list, each of a kind `embedding_column` takes, at least one."""
+    categorical_columns = list(categorical_columns)
+    for categorical_column in categorical_columns:
+        if not _is_supported_categorical_column(categorical_column):
+            # TF's message has the double space too.
+            raise _type_error(' shared_embedding_columns', categorical_column)
+    if not categorical_columns:
+        # TF fails here with an IndexError; say what is wrong instead.
+        raise ValueError('categorical_columns must not be empty.')
+    return categorical_columns
+
+
+def _max_sequence_lengths(max_sequence_lengths, num_columns):
+    """One max sequence length per column: the ones given, or 0 for every column when none are."""
+    if not max_sequence_lengths:
+        max_sequence_lengths = [0] * num_columns
+    if len(max_sequence_lengths) != num_columns:
+        raise ValueError('max_sequence_lengths and categorical_columns must be of '
+                         'the same length. len(max_sequence_lengths)={} '
+                         'len(categorical_columns)={}.'.format(
+                             len(max_sequence_lengths), num_columns))
+    return max_sequence_lengths
+
+
+def _common_num_buckets(sorted_columns):
+    """The number of buckets every column has (a table shared by columns of other sizes is refused)."""
+    num_buckets = sorted_columns[0].num_buckets
+    for c in sorted_columns[1:]:
+        if num_buckets != c.num_buckets:
+            raise ValueError(
+                'To use shared_embedding_column, all categorical_columns must have '
+                'the same number of buckets. Given column: {} with buckets: {} does  '
+                'not match column: {} with buckets: {}'.format(
+                    sorted_columns[0], num_buckets, c, c.num_buckets))
+    return num_buckets

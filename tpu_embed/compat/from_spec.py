@@ -35,41 +35,11 @@ def feature_columns(spec: Spec, vocab_dir: Optional[str] = None,
     `vocab_sizes` maps vocabulary keys to sizes; by default the manifest of
     the artifact directory `vocab_dir` lies in.
     """
-    fc = tf.feature_column
     if vocab_sizes is None:
         vocab_sizes = read_manifest(tio.dirname(vocab_dir.rstrip("/"))).vocabulary_sizes if vocab_dir else {}
 
     def categorical(f: CategoricalSpec):
-        v = f.vocabulary
-        seq = f.sequence_length > 0
-        if v.type == "frequency":
-            if vocab_dir is None:
-                raise ValueError("feature_columns needs vocab_dir for frequency vocabularies.")
-            if v.capacity is not None:
-                # TF's vocabulary-file column puts OOV ids right after the file's lines and refuses a
-                # vocabulary_size above their count; under a capacity the OOV ids start at the capacity.
-                raise ValueError(f"feature {f.name!r}: its vocabulary reserves capacity={v.capacity} rows, which "
-                                 "categorical_column_with_vocabulary_file cannot express (OOV ids follow the file's "
-                                 "lines there). Feed the shards (tpu_embed.input_fn), whose ids are exact, or drop "
-                                 "the capacity for the feature-column API.")
-            path = tio.join(vocab_dir, vocabulary_filename(f.name))
-            size = int(vocab_sizes[spec.vocabulary_key(f)])
-            make = (fc.sequence_categorical_column_with_vocabulary_file if seq
-                    else fc.categorical_column_with_vocabulary_file)
-            col = make(f.name, path, vocabulary_size=size, num_oov_buckets=v.num_oov_buckets)
-        else:
-            make = (fc.sequence_categorical_column_with_identity if seq
-                    else fc.categorical_column_with_identity)
-            col = make(f.name, num_buckets=int(v.num_buckets))
-        if f.weight_column:
-            col = fc.weighted_categorical_column(col, weight_feature_key=f.weight_column)
-        return col
-
-    def kwargs(f: CategoricalSpec):
-        if f.embedding_lookup_device == "tpu_tensor_core":
-            return {"embedding_lookup_device": "tpu_tensor_core",
-                    "tensor_core_shape": [None, f.tensor_core_width]}
-        return {"embedding_lookup_device": "tpu_embedding_core"}
+        return _categorical_column(spec, f, vocab_dir, vocab_sizes)
 
     columns: Dict[str, Any] = {}
     by_table: Dict[str, List[CategoricalSpec]] = {}
@@ -80,15 +50,52 @@ def feature_columns(spec: Spec, vocab_dir: Optional[str] = None,
         if len(feats) == 1:
             f = feats[0]
             columns[f.name] = embedding_column(categorical(f), t.dim, combiner=t.combiner,
-                                               max_sequence_length=f.sequence_length, **kwargs(f))
+                                               max_sequence_length=f.sequence_length, **_device_kwargs(f))
         else:
             cols = shared_embedding_columns(
                 [categorical(f) for f in feats], t.dim, combiner=t.combiner,
                 shared_embedding_collection_name=tname,
-                max_sequence_lengths=[f.sequence_length for f in feats], **kwargs(feats[0]))
+                max_sequence_lengths=[f.sequence_length for f in feats], **_device_kwargs(feats[0]))
             for f, c in zip(feats, cols, strict=True):
                 columns[f.name] = c
     return [columns[f.name] for f in spec.categorical]
+
+
+def _categorical_column(spec: Spec, f: CategoricalSpec, vocab_dir: Optional[str], vocab_sizes: Mapping[str, int]):
+    """The categorical column of one feature: its vocabulary file's or identity, sequence or not, weighted or not."""
+    fc = tf.feature_column
+    v = f.vocabulary
+    seq = f.sequence_length > 0
+    if v.type == "frequency":
+        if vocab_dir is None:
+            raise ValueError("feature_columns needs vocab_dir for frequency vocabularies.")
+        if v.capacity is not None:
+            # TF's vocabulary-file column puts OOV ids right after the file's lines and refuses a
+            # vocabulary_size above their count; under a capacity the OOV ids start at the capacity.
+            raise ValueError(f"feature {f.name!r}: its vocabulary reserves capacity={v.capacity} rows, which "
+                             "categorical_column_with_vocabulary_file cannot express (OOV ids follow the file's "
+                             "lines there). Feed the shards (tpu_embed.input_fn), whose ids are exact, or drop "
+                             "the capacity for the feature-column API.")
+        path = tio.join(vocab_dir, vocabulary_filename(f.name))
+        size = int(vocab_sizes[spec.vocabulary_key(f)])
+        make = (fc.sequence_categorical_column_with_vocabulary_file if seq
+                else fc.categorical_column_with_vocabulary_file)
+        col = make(f.name, path, vocabulary_size=size, num_oov_buckets=v.num_oov_buckets)
+    else:
+        make = (fc.sequence_categorical_column_with_identity if seq
+                else fc.categorical_column_with_identity)
+        col = make(f.name, num_buckets=int(v.num_buckets))
+    if f.weight_column:
+        col = fc.weighted_categorical_column(col, weight_feature_key=f.weight_column)
+    return col
+
+
+def _device_kwargs(f: CategoricalSpec) -> Dict[str, Any]:
+    """The lookup device arguments of the feature's embedding column."""
+    if f.embedding_lookup_device == "tpu_tensor_core":
+        return {"embedding_lookup_device": "tpu_tensor_core",
+                "tensor_core_shape": [None, f.tensor_core_width]}
+    return {"embedding_lookup_device": "tpu_embedding_core"}
 
 
 def embedding_config_spec(spec: Spec, vocab_dir: Optional[str] = None,

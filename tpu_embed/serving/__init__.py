@@ -6,8 +6,8 @@ shards hold, over the columns stacked per kind (`tpu_embed.serving.columns`); `t
 parses serialized Examples as the kinds the training data held, or as any kind. `tpu_embed.serving.export`
 (`export_saved_model`, `ServingModel`, `embedding_lookup`): one SavedModel from serialized tf.train.Examples
 (or raw CSV-like strings) to predictions.
-`tpu_embed.serving.transform_output` (`write_transform_output`): the mapping as tf.Transform output, the
-directory `tft.TFTransformOutput` reads. `tpu_embed.serving.numbers`: the offline jobs' number rules as
+`tpu_embed.serving.tft_output` (`write_transform_output`): the mapping as tf.Transform output, the
+directory `tft.TFTransformOutput` reads. `tpu_embed.serving.number_text`: the offline jobs' number rules as
 TensorFlow ops.
 """
 
@@ -18,7 +18,7 @@ _EXPORTS = {name: "tpu_embed.serving.mapping" for name in (
     "vocabulary_tables")}
 _EXPORTS.update({name: "tpu_embed.serving.export" for name in ("ServingModel", "embedding_lookup",
                                                                "export_saved_model")})
-_EXPORTS.update({name: "tpu_embed.serving.transform_output" for name in ("write_transform_output",)})
+_EXPORTS.update({name: "tpu_embed.serving.tft_output" for name in ("write_transform_output",)})
 
 __all__ = sorted(_EXPORTS)
 

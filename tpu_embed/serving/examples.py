@@ -24,9 +24,9 @@ from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
 import tensorflow as tf
 
-from tpu_embed.serving import numbers
+from tpu_embed.serving import number_text
 from tpu_embed.serving.columns import Column
-from tpu_embed.serving.plan import MappingPlan
+from tpu_embed.serving.rules import MappingPlan
 
 __all__ = ["KINDS", "parse_examples", "parse_for_plan", "parse_typed", "typed_kinds"]
 
@@ -173,7 +173,8 @@ def parse_examples(serialized: tf.Tensor, columns: Sequence[str], text_columns: 
         is_text, _ = _column_index(keys, texts)
         sub = {k: tf.ragged.boolean_mask(v, is_text) for k, v in kinds.items()}
         token_texts = tf.concat([sub["strings"], sub["ints"].with_flat_values(tf.strings.as_string(
-            sub["ints"].flat_values)), sub["floats"].with_flat_values(numbers.float_text(sub["floats"].flat_values))],
+            sub["ints"].flat_values)), sub["floats"].with_flat_values(
+                number_text.float_text(sub["floats"].flat_values))],
             axis=1)
         t_keys, t_row = tf.boolean_mask(keys, is_text), tf.boolean_mask(row, is_text)
         for c, kv in _by_column({"strings": token_texts}, t_keys, t_row, batch, texts).items():

@@ -36,13 +36,13 @@ vocabulary assets (not the model as an object: its signatures need only its vari
 from __future__ import annotations
 
 import collections.abc
-from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
+from typing import AbstractSet, Any, Callable, Dict, List, Mapping, Optional, Sequence
 
 import tensorflow as tf
 
 from tpu_embed.serving.columns import block_of_rows
 from tpu_embed.serving.mapping import Mapped, RawFeatureMapping
-from tpu_embed.serving.plan import load_for_serving
+from tpu_embed.serving.rules import load_for_serving
 
 __all__ = ["ServingModel", "embedding_lookup", "export_saved_model", "MODEL_OUTPUTS"]
 
@@ -155,9 +155,6 @@ def _activations(spec: Any, mapped: Mapped, stacked: _StackedTables) -> Dict[str
         place = tf.range(tf.size(segment, out_type=tf.int64)) - tf.gather(mapped.ids.row_splits, segment)
     block = block_of_rows(nfeat, nrows)  # per row of `mapped.ids`: its feature's position
 
-    def per_feature(vals: Sequence[Any], dtype: tf.DType, feature: tf.Tensor) -> tf.Tensor:
-        return tf.gather(tf.constant(list(vals), dtype), feature)
-
     out: Dict[str, tf.Tensor] = {}
     for d in stacked.dims:
         members = [k for k in range(nfeat) if dim_of[k] == d]
@@ -165,72 +162,101 @@ def _activations(spec: Any, mapped: Mapped, stacked: _StackedTables) -> Dict[str
             continue
         ids, w, seg, at = mapped.ids.flat_values, weights, segment, place
         if len(members) < nfeat:  # this width's values only
-            inside = per_feature([dim_of[k] == d for k in range(nfeat)], tf.bool, tf.gather(block, segment))
+            inside = _per_feature([dim_of[k] == d for k in range(nfeat)], tf.bool, tf.gather(block, segment))
             ids, w, seg = tf.boolean_mask(ids, inside), tf.boolean_mask(w, inside), tf.boolean_mask(seg, inside)
             at = None if place is None else tf.boolean_mask(place, inside)
         feature = tf.gather(block, seg)
         offsets = [stacked.row_offset[f.table] for f in feats]
-        rows_of_tables = ids + per_feature(offsets, tf.int64, feature)
+        rows_of_tables = ids + _per_feature(offsets, tf.int64, feature)
         if mapped.weights is None and not any(seq) and len(members) == nfeat:
-            # Every value a gain of 1 before its combiner: one fused gather and sum per bag, then each bag scaled
-            # (mean: 1 / its values, sqrtn: 1 / their square root; 0 for an empty bag).
-            summed = tf.sparse.segment_sum(stacked.variables[d], rows_of_tables, seg, num_segments=nfeat * nrows)
-            count = tf.cast(mapped.ids.row_lengths(), tf.float32)
-            code = tf.repeat(tf.constant(combiner, tf.int32), nrows)
-            scale = tf.where(tf.equal(code, 0), tf.ones_like(count), tf.where(
-                tf.equal(count, 0.0), tf.zeros_like(count),
-                1.0 / tf.where(tf.equal(code, 1), count, tf.sqrt(count))))
-            per_feature_rows = tf.reshape(summed * scale[:, None], [nfeat, nrows, d])
-            for f, a in zip(feats, tf.unstack(per_feature_rows, num=nfeat), strict=True):
-                out[f.name] = a
-            continue
-        row = seg - feature * nrows
-        table_rows = tf.gather(stacked.variables[d], rows_of_tables)
-        # Each value's gain: a bag's weight scaled by its combiner over the bag (sum: 1, mean: 1 / sum of the
-        # weights, sqrtn: 1 / sqrt of the sum of their squares; 0 where that sum is 0); a sequence position's
-        # combiner over its one value.
-        code = per_feature(combiner, tf.int32, feature)
-        gain = w
-        used = {combiner[k] for k in members}
-        if 1 in used:
-            s1 = tf.math.unsorted_segment_sum(w, seg, nfeat * nrows)
-            gain = tf.where(tf.equal(code, 1), w * tf.gather(tf.where(tf.equal(s1, 0.0), tf.zeros_like(s1),
-                                                                       1.0 / s1), seg), gain)
-        if 2 in used:
-            s2 = tf.math.unsorted_segment_sum(w * w, seg, nfeat * nrows)
-            gain = tf.where(tf.equal(code, 2), w * tf.gather(tf.where(tf.equal(s2, 0.0), tf.zeros_like(s2),
-                                                                       1.0 / tf.sqrt(s2)), seg), gain)
-        bags = [k for k in members if not seq[k]]
-        seqs = [k for k in members if seq[k]]
-        bag_index = {k: i for i, k in enumerate(bags)}
-        if not seqs and len(bags) == nfeat:
-            slot, total = seg, nfeat * nrows
+            out.update(_unweighted_bags(mapped, stacked.variables[d], d, rows_of_tables, seg, combiner))
         else:
-            slot = per_feature([bag_index.get(k, 0) for k in range(nfeat)], tf.int64, feature) * nrows + row
-            total = len(bags) * nrows
-        seq_base = {}
-        if seqs:
-            is_seq = per_feature([bool(seq[k]) for k in range(nfeat)], tf.bool, feature)
-            one = tf.where(tf.equal(w, 0.0), tf.zeros_like(w), w / tf.where(tf.equal(code, 2), tf.abs(w), w))
-            gain = tf.where(is_seq & tf.not_equal(code, 0), one, gain)
-            base = 0
-            for k in seqs:
-                seq_base[k] = base
-                base += seq[k]
-            where_seq = (len(bags) * nrows + per_feature([seq_base.get(k, 0) for k in range(nfeat)], tf.int64, feature)
-                         * nrows + row * per_feature(seq, tf.int64, feature) + at)
-            slot = tf.where(is_seq, where_seq, slot)
-            total = total + base * nrows
-        summed = tf.math.unsorted_segment_sum(table_rows * gain[:, None], slot, total)
-        if bags:
-            bag_part = summed if not seqs else summed[:len(bags) * nrows]
-            for k, a in zip(bags, tf.unstack(tf.reshape(bag_part, [len(bags), nrows, d]), num=len(bags)),
-                            strict=True):
-                out[feats[k].name] = a
-        for k in seqs:
-            lo = (len(bags) + seq_base[k]) * nrows
-            out[feats[k].name] = tf.reshape(summed[lo:lo + seq[k] * nrows], [nrows, seq[k], d])
+            out.update(_bags_and_sequences(feats, members, combiner, stacked.variables[d], d, rows_of_tables, w,
+                                           seg, feature, at, nrows))
     return out
+
+
+def _per_feature(vals: Sequence[Any], dtype: tf.DType, feature: tf.Tensor) -> tf.Tensor:
+    """Each value's entry of `vals` (one per feature), by its feature's position."""
+    return tf.gather(tf.constant(list(vals), dtype), feature)
+
+
+def _unweighted_bags(mapped: Mapped, table: tf.Variable, d: int, rows_of_tables: tf.Tensor, seg: tf.Tensor,
+                     combiner: Sequence[int]) -> Dict[str, tf.Tensor]:
+    """{feature: activation} where every feature is a bag of width `d` and every value a gain of 1 before its
+    combiner: one fused gather and sum per bag, then each bag scaled (mean: 1 / its values, sqrtn: 1 / their
+    square root; 0 for an empty bag)."""
+    feats, nrows = mapped.layout.features, mapped.nrows
+    nfeat = len(feats)
+    summed = tf.sparse.segment_sum(table, rows_of_tables, seg, num_segments=nfeat * nrows)
+    count = tf.cast(mapped.ids.row_lengths(), tf.float32)
+    code = tf.repeat(tf.constant(combiner, tf.int32), nrows)
+    scale = tf.where(tf.equal(code, 0), tf.ones_like(count), tf.where(
+        tf.equal(count, 0.0), tf.zeros_like(count),
+        1.0 / tf.where(tf.equal(code, 1), count, tf.sqrt(count))))
+    per_feature_rows = tf.reshape(summed * scale[:, None], [nfeat, nrows, d])
+    return {f.name: a for f, a in zip(feats, tf.unstack(per_feature_rows, num=nfeat), strict=True)}
+
+
+def _bags_and_sequences(feats: Sequence[Any], members: Sequence[int], combiner: Sequence[int], table: tf.Variable,
+                        d: int, rows_of_tables: tf.Tensor, w: tf.Tensor, seg: tf.Tensor, feature: tf.Tensor,
+                        at: Optional[tf.Tensor], nrows: tf.Tensor) -> Dict[str, tf.Tensor]:
+    """{feature: activation} of the features of width `d` (`members`): each value's table row times its gain,
+    summed per slot: a bag's (feature, row), then a sequence feature's (feature, row, position `at`)."""
+    nfeat = len(feats)
+    seq = [f.sequence_length for f in feats]
+    row = seg - feature * nrows
+    table_rows = tf.gather(table, rows_of_tables)
+    code = _per_feature(combiner, tf.int32, feature)
+    gain = _bag_gains(w, seg, code, {combiner[k] for k in members}, nfeat, nrows)
+    bags = [k for k in members if not seq[k]]
+    seqs = [k for k in members if seq[k]]
+    bag_index = {k: i for i, k in enumerate(bags)}
+    if not seqs and len(bags) == nfeat:
+        slot, total = seg, nfeat * nrows
+    else:
+        slot = _per_feature([bag_index.get(k, 0) for k in range(nfeat)], tf.int64, feature) * nrows + row
+        total = len(bags) * nrows
+    seq_base = {}
+    if seqs:
+        is_seq = _per_feature([bool(seq[k]) for k in range(nfeat)], tf.bool, feature)
+        one = tf.where(tf.equal(w, 0.0), tf.zeros_like(w), w / tf.where(tf.equal(code, 2), tf.abs(w), w))
+        gain = tf.where(is_seq & tf.not_equal(code, 0), one, gain)
+        base = 0
+        for k in seqs:
+            seq_base[k] = base
+            base += seq[k]
+        where_seq = (len(bags) * nrows + _per_feature([seq_base.get(k, 0) for k in range(nfeat)], tf.int64, feature)
+                     * nrows + row * _per_feature(seq, tf.int64, feature) + at)
+        slot = tf.where(is_seq, where_seq, slot)
+        total = total + base * nrows
+    summed = tf.math.unsorted_segment_sum(table_rows * gain[:, None], slot, total)
+    out: Dict[str, tf.Tensor] = {}
+    if bags:
+        bag_part = summed if not seqs else summed[:len(bags) * nrows]
+        for k, a in zip(bags, tf.unstack(tf.reshape(bag_part, [len(bags), nrows, d]), num=len(bags)), strict=True):
+            out[feats[k].name] = a
+    for k in seqs:
+        lo = (len(bags) + seq_base[k]) * nrows
+        out[feats[k].name] = tf.reshape(summed[lo:lo + seq[k] * nrows], [nrows, seq[k], d])
+    return out
+
+
+def _bag_gains(w: tf.Tensor, seg: tf.Tensor, code: tf.Tensor, used: AbstractSet[int], nfeat: int, nrows: tf.Tensor
+               ) -> tf.Tensor:
+    """Each value's gain in its bag (`seg`): its weight scaled by its combiner over the bag (`code`; sum: 1,
+    mean: 1 / sum of the weights, sqrtn: 1 / sqrt of the sum of their squares; 0 where that sum is 0).
+    `used`: the combiner codes of the features; `nfeat * nrows` bags."""
+    gain = w
+    if 1 in used:
+        s1 = tf.math.unsorted_segment_sum(w, seg, nfeat * nrows)
+        gain = tf.where(tf.equal(code, 1), w * tf.gather(tf.where(tf.equal(s1, 0.0), tf.zeros_like(s1),
+                                                                   1.0 / s1), seg), gain)
+    if 2 in used:
+        s2 = tf.math.unsorted_segment_sum(w * w, seg, nfeat * nrows)
+        gain = tf.where(tf.equal(code, 2), w * tf.gather(tf.where(tf.equal(s2, 0.0), tf.zeros_like(s2),
+                                                                   1.0 / tf.sqrt(s2)), seg), gain)
+    return gain
 
 
 class _Untracked:

@@ -15,7 +15,7 @@ The rules are the offline jobs' (`pipelines.read.parse`, `pipelines.mapping.ids`
 * frequency vocabularies: the token's line in the vocabulary file (a `tf.lookup.StaticHashTable` over the
   file), an unknown token `V + Fingerprint64(token) % num_oov_buckets` (`tf.strings.to_hash_bucket_fast`), or
   dropped with 0 OOV buckets;
-* identity: the integer (`tpu_embed.serving.numbers.parse_int64`); a value that is not an integer in
+* identity: the integer (`tpu_embed.serving.number_text.parse_int64`); a value that is not an integer in
   `[0, num_buckets)` gets the vocabulary's `default_value`, or is dropped;
 * hashing: `Fingerprint64(token) % num_buckets`;
 * weights (`weight_column`): one per value, blank or unparsable ones are NaN and follow `policies.nan_weights`;
@@ -32,9 +32,10 @@ Example without that key).
 
 The graph is compact: the columns are stacked (`tpu_embed.serving.columns`) and every rule runs once over all
 the features that take it (one split per delimiter, one number parse, one mask per step), features grouped by
-rule (`Layout`): the ops per feature are one lookup per frequency vocabulary and one hash per distinct
-`num_buckets`, whatever the number of columns. `map_stacked` gives the result in that form (`Mapped`: every
-feature's ids in one ragged tensor), which `tpu_embed.serving.export` looks up without splitting it per feature.
+rule (`tpu_embed.serving.feature_layout.Layout`): the ops per feature are one lookup per frequency vocabulary
+and one hash per distinct `num_buckets` (`tpu_embed.serving.token_ids`), whatever the number of columns.
+`map_stacked` gives the result in that form (`Mapped`: every feature's ids in one ragged tensor), which
+`tpu_embed.serving.export` looks up without splitting it per feature.
 
 `map_raw(raw, plan, tables)` is the pure function under the module (no Keras, no Python per value): a
 `tf.Transform` preprocessing function or any `tf.function` can call it with tables made by
@@ -49,7 +50,7 @@ from typing import AbstractSet, Any, Dict, List, Mapping, Optional, Sequence, Tu
 import tensorflow as tf
 
 from tpu_embed.artifact import io as tio
-from tpu_embed.serving import numbers
+from tpu_embed.serving import number_text
 from tpu_embed.serving.columns import (
     Column,
     Stacked,
@@ -64,9 +65,11 @@ from tpu_embed.serving.columns import (
     value_rowids,
 )
 from tpu_embed.serving.examples import parse_examples, parse_for_plan
-from tpu_embed.serving.plan import DensePlan, FeaturePlan, MappingPlan, load_for_serving
+from tpu_embed.serving.feature_layout import Layout, Source, runs
+from tpu_embed.serving.rules import DensePlan, FeaturePlan, MappingPlan, load_for_serving
+from tpu_embed.serving.token_ids import policy, token_ids
 
-__all__ = ["Column", "FeaturePlan", "DensePlan", "Layout", "Mapped", "MappingPlan", "RawFeatureMapping",
+__all__ = ["Column", "FeaturePlan", "DensePlan", "Mapped", "MappingPlan", "RawFeatureMapping",
            "map_raw", "map_stacked", "parse_examples", "vocabulary_tables"]
 
 
@@ -95,78 +98,6 @@ def vocabulary_tables(plan: MappingPlan, shared_names: Optional[Mapping[str, str
                 else _SharedNameTextFileInitializer(shared_names[key], *args))
         tables[key] = tf.lookup.StaticHashTable(init, default_value=-1, name=f"vocabulary_{key}")
     return tables
-
-
-# ---------------------------------------------------------------- the layout: features grouped by rule
-
-_KIND_ORDER = {"frequency": 0, "hashing": 1, "identity": 2}
-Source = Tuple[int, Optional[str]]  # (column's place among the stacked columns, delimiter)
-
-
-def _sources(pairs: Sequence[Tuple[str, Optional[str]]], columns: Sequence[str]
-             ) -> Tuple[Tuple[Source, ...], List[int]]:
-    """(distinct (column, delimiter) sources, grouped by delimiter: no delimiter first, then each in order of
-    first use; the source of each pair)."""
-    delimiters = list(dict.fromkeys([None] + [d for _, d in pairs]))
-    distinct = list(dict.fromkeys(pairs))
-    ordered = sorted(distinct, key=lambda p: (delimiters.index(p[1]), distinct.index(p)))
-    where = {p: i for i, p in enumerate(ordered)}
-    return tuple((columns.index(c), d) for c, d in ordered), [where[p] for p in pairs]
-
-
-def _runs(values: Sequence[Any]) -> List[Tuple[int, int, Any]]:
-    """(start, end, value) of each run of equal consecutive values."""
-    out: List[Tuple[int, int, Any]] = []
-    for i, v in enumerate(values):
-        if out and out[-1][2] == v:
-            out[-1] = (out[-1][0], i + 1, v)
-        else:
-            out.append((i, i + 1, v))
-    return out
-
-
-@dataclasses.dataclass(frozen=True)
-class Layout:
-    """How `map_stacked` lays a plan's features out (TensorFlow-free): the features grouped by rule (frequency by
-    vocabulary, then hashing by `num_buckets`, then identity; spec order otherwise), the columns read as
-    categorical values and as numbers, and where each feature's tokens and weights come from."""
-
-    features: Tuple[FeaturePlan, ...]
-    token_columns: Tuple[str, ...]
-    token_sources: Tuple[Source, ...]
-    feature_token_source: Tuple[int, ...]
-    number_columns: Tuple[str, ...]  # dense columns, then weight columns
-    number_sources: Tuple[Source, ...]
-    dense_sources: Tuple[int, ...]  # the number source of each dense feature
-    weighted: Tuple[int, ...]  # features (by position) with a weight column
-    weight_sources: Tuple[int, ...]  # their number source
-
-    @classmethod
-    def of(cls, plan: MappingPlan) -> "Layout":
-        firsts: Dict[Tuple[Any, ...], int] = {}
-        for i, f in enumerate(plan.features):
-            firsts.setdefault((f.kind, f.vocabulary_key, f.num_buckets), i)
-
-        def rule(i: int):
-            f = plan.features[i]
-            k = _KIND_ORDER[f.kind]
-            if f.kind == "frequency":
-                return (k, f.num_oov_buckets, firsts[(f.kind, f.vocabulary_key, f.num_buckets)], i)
-            if f.kind == "hashing":
-                return (k, int(f.num_buckets or 0), i, i)
-            return (k, 0, i, i)
-
-        features = tuple(plan.features[i] for i in sorted(range(len(plan.features)), key=rule))
-        token_columns = tuple(dict.fromkeys(f.column for f in features))
-        token_sources, feature_token_source = _sources([(f.column, f.delimiter) for f in features], token_columns)
-        number_columns = tuple(dict.fromkeys([d.column for d in plan.dense]
-                                             + [f.weight_column for f in features if f.weight_column]))
-        weighted = tuple(i for i, f in enumerate(features) if f.weight_column)
-        pairs = [(d.column, None) for d in plan.dense] + [(features[i].weight_column, features[i].delimiter)
-                                                          for i in weighted]
-        number_sources, where = _sources(pairs, number_columns)  # type: ignore[arg-type]
-        return cls(features, token_columns, token_sources, tuple(feature_token_source), number_columns,
-                   number_sources, tuple(where[:len(plan.dense)]), weighted, tuple(where[len(plan.dense):]))
 
 
 @dataclasses.dataclass
@@ -223,9 +154,9 @@ def _split(strings: tf.RaggedTensor, delimiter: Optional[str]) -> tf.RaggedTenso
 def _split_sources(strings: tf.RaggedTensor, sources: Sequence[Source], nrows: tf.Tensor, count: int
                    ) -> tf.RaggedTensor:
     """[len(sources) * nrows, None]: each source's column of `strings` ([count * nrows, None]) split at its
-    delimiter; `sources` are grouped by delimiter (`_sources`), so one split per delimiter."""
+    delimiter; `sources` are grouped by delimiter (`Layout`), so one split per delimiter."""
     parts = []
-    for start, end, delimiter in _runs([d for _, d in sources]):
+    for start, end, delimiter in runs([d for _, d in sources]):
         parts.append(_split(rows_of(strings, [c for c, _ in sources[start:end]], nrows, count), delimiter))
     return parts[0] if len(parts) == 1 else tf.concat(parts, axis=0)
 
@@ -248,7 +179,7 @@ def _tokens(st: Stacked, sources: Sequence[Source]) -> tf.RaggedTensor:
         parts.append(x.with_flat_values(tf.strings.as_string(x.flat_values)))
     if st.floats is not None:
         x = rows_of(st.floats, columns, n, count)
-        parts.append(x.with_flat_values(numbers.float_text(x.flat_values)))
+        parts.append(x.with_flat_values(number_text.float_text(x.flat_values)))
     if not parts:
         return _empty(len(sources) * n, tf.string)
     return concat_rows(parts)
@@ -273,7 +204,7 @@ def _numbers(st: Stacked, sources: Sequence[Source], plain: tf.Tensor) -> tf.Rag
         s = _split_sources(st.strings, sources, n, count)
         # split values of plain numbers are plain numbers or empty (no delimiter holds a digit, '.', ... and
         # so splits one): the check of the unsplit strings holds for them
-        v, blank, bad = numbers.parse_float64(s.flat_values, plain=plain if _plain_delimiters(sources) else None)
+        v, blank, bad = number_text.parse_float64(s.flat_values, plain=plain if _plain_delimiters(sources) else None)
         parts.append(s.with_flat_values(tf.where(blank, _f64(_BLANK), tf.where(bad, _f64(_BAD), v))))
     if st.ints is not None:
         x = rows_of(st.ints, columns, n, count)
@@ -318,7 +249,7 @@ def _not_utf8(tokens: tf.RaggedTensor, rowids: tf.Tensor, known: Optional[tf.Ten
             joined = tf.strings.unsorted_segment_join(flat, rows, nrows, separator="\n")
             return tf.not_equal(tf.strings.unicode_transcode(joined, "UTF-8", "UTF-8", errors="replace",
                                                              replacement_char=0xFFFD), joined)
-        return tf.cond(numbers.all_ascii(flat), lambda: zeros, transcode)
+        return tf.cond(number_text.all_ascii(flat), lambda: zeros, transcode)
 
     if known is None:
         return check()
@@ -348,155 +279,6 @@ def _dense(plan: MappingPlan, layout: Layout, numbers_: Optional[tf.RaggedTensor
     return tf.reshape(tf.gather(value, order), [nrows, num]), flagged
 
 
-def _policy(features: Sequence[FeaturePlan], name: str) -> str:
-    values = {getattr(f, name) for f in features}
-    if len(values) > 1:
-        raise ValueError(f"features of one plan have different policies.{name}: {sorted(values)}")
-    return values.pop() if values else "drop"
-
-
-def _groups(features: Sequence[FeaturePlan]) -> List[Tuple[int, int, str, Any]]:
-    """(start, end, rule, its argument) of consecutive features mapped by one op: frequency features of one
-    vocabulary ("lookup", key), hashing features of one `num_buckets` ("hash", n), identity features."""
-    out: List[Tuple[int, int, str, Any]] = []
-    for start, end, kind in _runs([f.kind for f in features]):
-        part = features[start:end]
-        if kind == "frequency":
-            out += [(start + s, start + e, "lookup", k) for s, e, k in _runs([f.vocabulary_key for f in part])]
-        elif kind == "hashing":
-            out += [(start + s, start + e, "hash", n) for s, e, n in _runs([f.num_buckets for f in part])]
-        else:
-            out.append((start, end, "identity", None))
-    return out
-
-
-def _given_tokens(features: Sequence[FeaturePlan], direct: Optional[Mapping[str, tf.Tensor]]) -> Optional[tf.Tensor]:
-    """The tokens of `features` (consecutive ones), in their order, from their columns' values as given
-    (`Stacked.string_columns`): where none splits its values at a delimiter; else None."""
-    if direct is None or any(f.delimiter is not None for f in features):
-        return None
-    values = [direct[f.column] for f in features]
-    return values[0] if len(values) == 1 else tf.concat(values, axis=0)
-
-
-def _ids(features: Sequence[FeaturePlan], tokens: tf.RaggedTensor, rowids: tf.Tensor, tables: Mapping[str, Any],
-         nrows: tf.Tensor, direct: Optional[Mapping[str, tf.Tensor]] = None, utf8: AbstractSet[str] = frozenset()
-         ) -> Tuple[tf.Tensor, Optional[tf.Tensor], Optional[tf.Tensor], Optional[tf.Tensor]]:
-    """(int64 id, keep or None, flag or None, known or None) of every token of `tokens` ([len(features) * nrows,
-    None], features grouped by rule as `Layout` orders them). Per group of `_groups` one op (a vocabulary's
-    lookup, a hash); what follows a lookup (the OOV id, dropping unknown tokens) once for every vocabulary of 0
-    or 1 OOV buckets. keep: False where the value is dropped (an unknown token without OOV buckets, an identity
-    value that is no id and has no default); flag: True where such an identity value stops the job
-    (`policies.invalid_ids: error`); known: True where the token is a line of a vocabulary of `utf8` (keys whose
-    files are UTF-8 text: the token is UTF-8); None: never."""
-    groups = _groups(features)
-    flat = tokens.flat_values
-    if len(groups) == 1:
-        pieces, at, sizes = [flat], None, None
-    else:
-        at = tf.gather(tokens.row_splits, tf.constant([g[0] for g in groups] + [len(features)], tf.int64) * nrows)
-        sizes = at[1:] - at[:-1]
-        given = [_given_tokens(features[s:e], direct) if rule == "lookup" else None for s, e, rule, _ in groups]
-        if any(g is None for g in given):
-            pieces = tf.split(flat, sizes, num=len(groups))
-            pieces = [p if g is None else g for p, g in zip(pieces, given, strict=True)]
-        else:  # every vocabulary looks up its columns' values as they were given
-            pieces = given
-    parts: List[Tuple[tf.Tensor, Optional[tf.Tensor], Optional[tf.Tensor], Optional[tf.Tensor]]] = []
-    lookups: List[int] = []  # groups of vocabularies with 0 or 1 OOV buckets, finished together
-    for k, (piece, (start, end, rule, arg)) in enumerate(zip(pieces, groups, strict=True)):
-        part = features[start:end]
-        if rule == "lookup":
-            table = tables[str(arg)]
-            found_id = table.lookup(piece)
-            n = part[0].num_oov_buckets
-            if n <= 1:
-                lookups.append(k)
-                parts.append((found_id, None, None, None))
-                continue
-            size = _vocabulary_size(part[0], table)
-            found = found_id >= 0
-            parts.append((tf.where(found, found_id, size + tf.strings.to_hash_bucket_fast(piece, n)),
-                          None, None, found if arg in utf8 else None))
-        elif rule == "hash":
-            parts.append((tf.strings.to_hash_bucket_fast(piece, int(arg)), None, None, None))
-        else:
-            parts.append((*_identity_ids(part, piece, rowids, len(features), nrows, start, at, k), None))
-    if lookups:
-        every_utf8 = all(groups[k][3] in utf8 for k in lookups)
-        parts = [_finish_lookups(features, groups, lookups, parts, tables, rowids, nrows, every_utf8)] + \
-            parts[len(lookups):]
-
-    def joined(i: int, fill: bool) -> Optional[tf.Tensor]:
-        if all(p[i] is None for p in parts):
-            return None
-        full = [tf.fill(tf.shape(p[0]), fill) if p[i] is None else p[i] for p in parts]
-        return full[0] if len(full) == 1 else tf.concat(full, axis=0)
-
-    ids = parts[0][0] if len(parts) == 1 else tf.concat([p[0] for p in parts], axis=0)
-    return ids, joined(1, True), joined(2, False), joined(3, False)
-
-
-def _vocabulary_size(f: FeaturePlan, table: Any) -> tf.Tensor:
-    """A frequency vocabulary's first OOV id: the manifest's size, or the table's (a plan without sizes)."""
-    return table.size() if f.vocabulary_size is None else tf.constant(int(f.vocabulary_size), tf.int64)
-
-
-def _finish_lookups(features: Sequence[FeaturePlan], groups: Sequence[Tuple[int, int, str, Any]],
-                    lookups: Sequence[int], parts: List[Any], tables: Mapping[str, Any], rowids: tf.Tensor,
-                    nrows: tf.Tensor, known: bool) -> Tuple[tf.Tensor, Optional[tf.Tensor], None, Optional[tf.Tensor]]:
-    """(ids, keep or None, None, found where `known`, else None) of the vocabularies with 0 or 1 OOV buckets from
-    their lookups (`parts`): the line, else the vocabulary's size (1 bucket) or dropped (0), over all of them at
-    once. They are the first groups (the features `Layout` puts first), so their tokens are the first ones, each
-    token's group its row's."""
-    firsts = [features[groups[k][0]] for k in lookups]
-    raw = parts[lookups[0]][0] if len(lookups) == 1 else tf.concat([parts[k][0] for k in lookups], axis=0)
-    found = raw >= 0
-    if all(f.vocabulary_size is not None for f in firsts):
-        size = tf.constant([int(f.vocabulary_size) for f in firsts], tf.int64)  # type: ignore[arg-type]
-    else:
-        size = tf.stack([_vocabulary_size(f, tables[str(groups[k][3])]) for f, k in zip(firsts, lookups,
-                                                                                         strict=True)])
-    oov = [f.num_oov_buckets for f in firsts]
-    if len(lookups) == 1:
-        per_value, oov_bucket = size[0], None
-    else:
-        assert list(lookups) == list(range(len(lookups))), lookups
-        group_of_feature = [i for i, k in enumerate(lookups) for _ in range(groups[k][0], groups[k][1])]
-        group = tf.gather(per_row(group_of_feature, tf.int64, nrows), rowids[:tf.size(raw, out_type=tf.int64)])
-        per_value = tf.gather(size, group)
-        oov_bucket = tf.gather(tf.constant([n > 0 for n in oov]), group) if 0 in oov else None
-    ids = tf.where(found, raw, per_value)
-    keep = None
-    if 0 in oov:
-        keep = found if all(n == 0 for n in oov) else found | oov_bucket
-    return ids, keep, None, found if known else None
-
-
-def _identity_ids(part: Sequence[FeaturePlan], piece: tf.Tensor, rowids: tf.Tensor, nfeat: int, nrows: tf.Tensor,
-                  start: int, at: Optional[tf.Tensor], k: int):
-    """(ids, keep, flag) of identity features' tokens: the integer where it is in [0, num_buckets), else the
-    default, else dropped (and flagged under `policies.invalid_ids: error`)."""
-    value, ok = numbers.parse_int64(piece)
-    if len(part) == 1:
-        buckets: Any = int(part[0].num_buckets or 0)
-        default: Any = -1 if part[0].default_value is None else int(part[0].default_value)
-    else:  # per token: its feature's bounds and default
-        local = tf.gather(block_of_rows(nfeat, nrows), rowids)
-        local = (local if at is None else local[at[k]:at[k + 1]]) - start
-        buckets = tf.gather(tf.constant([int(f.num_buckets or 0) for f in part], tf.int64), local)
-        default = tf.gather(tf.constant([-1 if f.default_value is None else int(f.default_value) for f in part],
-                                        tf.int64), local)
-    ok &= (value >= 0) & (value < buckets)
-    defaults = [f.default_value is not None for f in part]
-    error = _policy(part, "invalid_ids") == "error"
-    if all(defaults):
-        return tf.where(ok, value, default), None, None
-    if not any(defaults):
-        return value, ok, (~ok if error else None)
-    has_default = tf.greater_equal(default, 0)
-    keep = ok | has_default
-    return tf.where(ok | ~has_default, value, default), keep, (~keep if error else None)
 
 
 def _weights(layout: Layout, tokens: tf.RaggedTensor, rowids: tf.Tensor, numbers_: tf.RaggedTensor,
@@ -542,7 +324,7 @@ def map_stacked(plan: MappingPlan, layout: Layout, tokens_of: Stacked, numbers_o
     valid = tf.ones([nrows], tf.bool)
     number_strings = numbers_of.strings
     # Whether the number strings are all plain numbers or empty (so ASCII), for their parse and the UTF-8 check
-    plain = numbers.plain_or_empty(number_strings.flat_values) if number_strings is not None else tf.constant(True)
+    plain = number_text.plain_or_empty(number_strings.flat_values) if number_strings is not None else tf.constant(True)
     nums = _numbers(numbers_of, layout.number_sources, plain) if layout.number_sources else None
     dense, flagged = _dense(plan, layout, nums, nrows)
     valid &= ~flagged
@@ -559,7 +341,8 @@ def map_stacked(plan: MappingPlan, layout: Layout, tokens_of: Stacked, numbers_o
         weights, mismatch = _weights(layout, tokens, rowids, nums, nrows)
         valid &= ~tf.reduce_any(tf.reshape(mismatch, [len(feats), nrows]), axis=0)
         keep &= ~tf.gather(mismatch, rowids)
-    ids, kept, flags, known = _ids(feats, tokens, rowids, tables, nrows, tokens_of.string_columns, utf8_vocabularies)
+    ids, kept, flags, known = token_ids(feats, tokens, rowids, tables, nrows, tokens_of.string_columns,
+                                        utf8_vocabularies)
     if plan.utf8_text:
         valid &= ~_not_utf8(tokens, rowids, known, number_strings, plain, len(feats), nrows)
     if flags is not None:
@@ -567,24 +350,44 @@ def map_stacked(plan: MappingPlan, layout: Layout, tokens_of: Stacked, numbers_o
     if kept is not None:
         keep &= kept
     if weights is not None:
-        nan = ~tf.math.is_finite(weights) & keep
-        policy = _policy([feats[k] for k in layout.weighted], "nan_weights")
-        if policy == "zero":
-            weights = tf.where(nan, tf.zeros_like(weights), weights)
-        else:
-            keep &= ~nan
-            if policy == "error":
-                valid &= ~_any_per_row(nan, rowids, len(feats), nrows)
-    truncate = [f.truncate for f in feats]
-    if any(truncate):
-        # A token's place among its row's kept tokens: the first `truncate` are kept.
-        count = tf.cast(keep, tf.int64)
-        before = tf.cumsum(count, exclusive=True)
-        at_start = tf.gather(tf.concat([before, [tf.reduce_sum(count)]], axis=0), tokens.row_splits[:-1])
-        place = before - tf.gather(at_start, rowids)
-        limit = tf.gather(per_row([t or -1 for t in truncate], tf.int64, nrows), rowids)
-        keep &= (limit < 0) | (place < limit)
-    # The mask, where it drops a value (a batch whose every value is kept skips the gathers)
+        weights, keep, valid = _nan_weights(feats, layout.weighted, weights, keep, valid, rowids, nrows)
+    if any(f.truncate for f in feats):
+        keep &= _within_length(feats, tokens, rowids, keep, nrows)
+    out, out_rowids, out_weights = _kept(tokens, ids, rowids, keep, weights)
+    return Mapped(layout, nrows, out, None if weights is None else out_weights, dense, valid, out_rowids)
+
+
+def _nan_weights(feats: Sequence[FeaturePlan], weighted: Sequence[int], weights: tf.Tensor, keep: tf.Tensor,
+                 valid: tf.Tensor, rowids: tf.Tensor, nrows: tf.Tensor) -> Tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
+    """(weights, keep, valid) after `policies.nan_weights` on the kept values' NaN weights: `zero` makes them 0,
+    `drop` drops the value, `error` drops it and flags its row."""
+    nan = ~tf.math.is_finite(weights) & keep
+    nan_policy = policy([feats[k] for k in weighted], "nan_weights")
+    if nan_policy == "zero":
+        weights = tf.where(nan, tf.zeros_like(weights), weights)
+    else:
+        keep &= ~nan
+        if nan_policy == "error":
+            valid &= ~_any_per_row(nan, rowids, len(feats), nrows)
+    return weights, keep, valid
+
+
+def _within_length(feats: Sequence[FeaturePlan], tokens: tf.RaggedTensor, rowids: tf.Tensor, keep: tf.Tensor,
+                   nrows: tf.Tensor) -> tf.Tensor:
+    """bool per token: among the first `truncate` kept tokens of its row (features without `truncate`: all)."""
+    # A token's place among its row's kept tokens: the first `truncate` are kept.
+    count = tf.cast(keep, tf.int64)
+    before = tf.cumsum(count, exclusive=True)
+    at_start = tf.gather(tf.concat([before, [tf.reduce_sum(count)]], axis=0), tokens.row_splits[:-1])
+    place = before - tf.gather(at_start, rowids)
+    limit = tf.gather(per_row([f.truncate or -1 for f in feats], tf.int64, nrows), rowids)
+    return (limit < 0) | (place < limit)
+
+
+def _kept(tokens: tf.RaggedTensor, ids: tf.Tensor, rowids: tf.Tensor, keep: tf.Tensor, weights: Optional[tf.Tensor]
+          ) -> Tuple[tf.RaggedTensor, tf.Tensor, tf.Tensor]:
+    """(ids ragged like `tokens` with the kept values only, their rowids, their float32 weights (empty without
+    weights)): one mask, where it drops a value (a batch whose every value is kept skips the gathers)."""
     def masked():
         out, at = _mask(tokens.with_flat_values(ids), rowids, keep)
         return (out.flat_values, out.row_splits, tf.gather(rowids, at),
@@ -594,9 +397,7 @@ def map_stacked(plan: MappingPlan, layout: Layout, tokens_of: Stacked, numbers_o
         return (ids, tokens.row_splits, rowids, tf.zeros([0]) if weights is None else tf.cast(weights, tf.float32))
 
     values, splits, out_rowids, out_weights = tf.cond(tf.reduce_all(keep), as_they_are, masked)
-    out = tf.RaggedTensor.from_row_splits(values, splits, validate=False)
-    return Mapped(layout, nrows, out, None if weights is None else out_weights, dense, valid, out_rowids)
-
+    return tf.RaggedTensor.from_row_splits(values, splits, validate=False), out_rowids, out_weights
 
 def _mask(x: tf.RaggedTensor, rowids: tf.Tensor, keep: tf.Tensor) -> Tuple[tf.RaggedTensor, tf.Tensor]:
     """(`x` ([rows, None]) with the values where `keep` only, rows kept; the positions of those values): the
@@ -692,7 +493,7 @@ class RawFeatureMapping(tf.Module):
 
     @classmethod
     def from_artifact(cls, artifact_dir: str, **kwargs: Any) -> "RawFeatureMapping":
-        """The mapping of an artifact, its vocabulary files checked (`plan.load_for_serving`), its Examples parsed
+        """The mapping of an artifact, its vocabulary files checked (`rules.load_for_serving`), its Examples parsed
         as the manifest's `value_kinds` say (unless `value_kinds=` is given)."""
         artifact, plan = load_for_serving(artifact_dir)
         kwargs.setdefault("value_kinds", artifact.manifest.value_kinds)

@@ -2,7 +2,7 @@
 
     python -m tpu_embed.serving.transform_graph SPEC_YAML OUT_DIR    # -> OUT_DIR/saved_model.pb
 
-`tpu_embed.serving.transform_output` runs this in a child process (a job that writes an artifact does not
+`tpu_embed.serving.tft_output` runs this in a child process (a job that writes an artifact does not
 import TensorFlow) and keeps the graph in its cache; it writes each artifact's transform output from it
 without TensorFlow. What makes one graph serve every artifact of a spec:
 
@@ -12,7 +12,7 @@ without TensorFlow. What makes one graph serve every artifact of a spec:
   process, so the same spec gives the same bytes;
 * a frequency vocabulary's first OOV id is its capacity, or its table's size when the graph runs (the lines of
   its file: the manifest's size where there is no capacity), not a constant of one day;
-* each vocabulary table's shared name is a marker (`transform_output.vocabulary_marker`) of the same length as
+* each vocabulary table's shared name is a marker (`tft_output.vocabulary_marker`) of the same length as
   the sha256 the writer puts in its place: tables over different files never share a resource in a process
   that loads two days' graphs (TensorFlow would refuse the second day's data), tables over equal files do;
 * the vocabulary files are the assets `vocab/<file>` (empty here); the writer puts the artifact's files there.
@@ -29,15 +29,15 @@ import tensorflow as tf
 import yaml
 
 from tpu_embed.artifact.spec import Spec, parse_spec
-from tpu_embed.serving import transform_output as out
+from tpu_embed.serving import tft_output as out
 from tpu_embed.serving.mapping import map_raw, vocabulary_tables
-from tpu_embed.serving.plan import MappingPlan
+from tpu_embed.serving.rules import MappingPlan
 
 __all__ = ["build", "transformed_features"]
 
 
 def transformed_features(mapped: Mapping[str, Any], plan: MappingPlan) -> Dict[str, Any]:
-    """`map_raw`'s output as the transform's outputs (`transform_output`'s module docstring)."""
+    """`map_raw`'s output as the transform's outputs (`tft_output`'s module docstring)."""
     features: Dict[str, Any] = {}
     for f in plan.features:
         features[f.name] = mapped["ids"][f.name].to_sparse()

@@ -17,7 +17,7 @@ import importlib
 import operator
 import os
 from itertools import repeat
-from typing import Any, Callable, Dict, Optional, Sequence
+from typing import Any, Callable, Dict, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -166,8 +166,7 @@ def native_available() -> bool:
 
 
 # Fewer ids per call: packed by the calling thread alone.  Waking the pool costs more than it saves on
-# small batches (profile counting calls the kernel once per table and chip: 4.4 vs 9.8 ms per 4096-example
-# step with one thread instead of two).
+# small batches (profile counting calls the kernel once per table and chip: a step is many small calls).
 PARALLEL_MIN_IDS = 16384
 
 
@@ -283,7 +282,7 @@ def sort_stack(stack: StackLayout, layout: SparseCoreLayout, feature_ids: Dict[s
     topo = layout.topology
     nsc, S = topo.num_sc_per_chip, topo.num_sparse_cores
     tab = _stack_tables(stack, layout)
-    log2s, mask, tbits = tab.log2s, S - 1, tab.tbits
+    log2s, mask = tab.log2s, S - 1
     parts = [feature_ids[p] for p in tab.paths]
     counts = np.fromiter((p.ids.size for p in parts), dtype=np.int64, count=len(parts))
     n = int(counts.sum())
@@ -315,50 +314,18 @@ def sort_stack(stack: StackLayout, layout: SparseCoreLayout, feature_ids: Dict[s
         mw, mrow = w, grow
 
     # 2. Combiner gains: per sample, over all its ids before merging.
-    if tab.all_sum or n == 0:
-        gains = mw if mw is not None else np.ones(mrow.size, np.float32)
-    else:
-        if w is None:
-            s1 = s2 = np.bincount(grow, minlength=stack.sample_count).astype(np.float32)  # exact counts
-        else:
-            s1 = np.zeros(stack.sample_count, np.float32)
-            s2 = np.zeros(stack.sample_count, np.float32)
-            same_row = grow[1:] == grow[:-1]
-            if (tab.row_code == 1).any():
-                rfirst, sums = merge_runs(w, same_row, n)
-                s1[grow[rfirst]] = sums
-            if (tab.row_code == 2).any():
-                rfirst, sums = merge_runs(w * w, same_row, n)
-                s2[grow[rfirst]] = sums
-        scale = np.ones(stack.sample_count, np.float32)
-        with np.errstate(divide="ignore"):
-            m = tab.row_code == 1
-            scale[m] = np.where(s1[m] == 0, np.float32(0), np.float32(1) / s1[m])
-            m = tab.row_code == 2
-            scale[m] = np.where(s2[m] == 0, np.float32(0), np.float32(1) / np.sqrt(s2[m]))
-        gains = scale[mrow]
-        if mw is not None:
-            gains *= mw
+    gains = _combiner_gains(tab, stack.sample_count, n, grow, w, mw, mrow)
 
     # 3. One sort by (local SC, destination SC, token, position).
-    m_n = mrow.size
-    ibits = max(int(m_n).bit_length(), 1)
-    if tab.scbits + log2s + tbits + ibits <= 63:
-        hi = tab.sc_of[mrow] << log2s
-        hi |= dest
-        hi <<= tbits
-        hi |= token
-        keys = hi << ibits
-        keys |= _arange(m_n)
-        keys.sort()
-        pos = keys & ((1 << ibits) - 1)
-        hi = keys >> ibits
-    else:  # astronomically large stacks: fall back to a lexsort
-        sc = tab.sc_of[mrow]
-        pos = np.lexsort((np.arange(m_n), token, dest, sc))
-        hi = (((sc[pos] << log2s) | dest[pos]) << tbits) | token[pos]
-    g_s = mrow[pos]
-    gain_s = gains[pos]
+    hi, pos = _sort_keys(tab, mrow, dest, token, log2s)
+    return _merged(tab, hi, mrow[pos], gains[pos], nsc, S)
+
+
+def _merged(tab: _StackTables, hi: np.ndarray, g_s: np.ndarray, gain_s: np.ndarray, nsc: int, S: int) -> _Sorted:
+    """The sorted ids (`hi`: keys without position, `g_s`: their samples, `gain_s`: their gains) with equal
+    (sample, column) pairs merged, and the ids and unique ids per (local SC, destination SC)."""
+    tbits = tab.tbits
+    m_n = hi.size
 
     # 4. Equal (sample, column) pairs are now adjacent: merge them by adding gains.
     if m_n > 1:
@@ -378,6 +345,58 @@ def sort_stack(stack: StackLayout, layout: SparseCoreLayout, feature_ids: Dict[s
     out.ids_pp = np.bincount(seg, minlength=nsc * S).reshape(nsc, S)
     out.uniq_pp = np.bincount(seg[new_col], minlength=nsc * S).reshape(nsc, S)
     return out
+
+
+def _combiner_gains(tab: _StackTables, sample_count: int, n: int, grow: np.ndarray, w: Optional[np.ndarray],
+                    mw: Optional[np.ndarray], mrow: np.ndarray) -> np.ndarray:
+    """float32 gain of each merged id (`mrow`: its sample): its weight (`mw`, 1 without weights) times its
+    sample's combiner scale (sum: 1, mean: 1 / sum of the sample's weights, sqrtn: 1 / sqrt of their squares'
+    sum; 0 for a sum of 0), over the sample's `n` ids before merging (`grow`, `w`)."""
+    if tab.all_sum or n == 0:
+        return mw if mw is not None else np.ones(mrow.size, np.float32)
+    if w is None:
+        s1 = s2 = np.bincount(grow, minlength=sample_count).astype(np.float32)  # exact counts
+    else:
+        s1 = np.zeros(sample_count, np.float32)
+        s2 = np.zeros(sample_count, np.float32)
+        same_row = grow[1:] == grow[:-1]
+        if (tab.row_code == 1).any():
+            rfirst, sums = merge_runs(w, same_row, n)
+            s1[grow[rfirst]] = sums
+        if (tab.row_code == 2).any():
+            rfirst, sums = merge_runs(w * w, same_row, n)
+            s2[grow[rfirst]] = sums
+    scale = np.ones(sample_count, np.float32)
+    with np.errstate(divide="ignore"):
+        m = tab.row_code == 1
+        scale[m] = np.where(s1[m] == 0, np.float32(0), np.float32(1) / s1[m])
+        m = tab.row_code == 2
+        scale[m] = np.where(s2[m] == 0, np.float32(0), np.float32(1) / np.sqrt(s2[m]))
+    gains = scale[mrow]
+    if mw is not None:
+        gains *= mw
+    return gains
+
+
+def _sort_keys(tab: _StackTables, mrow: np.ndarray, dest: np.ndarray, token: np.ndarray, log2s: int
+               ) -> Tuple[np.ndarray, np.ndarray]:
+    """(sorted keys (local SC, destination SC, token) without the position, the position of each): one sort
+    of the keys packed in an int64 with the position as the last bits, or a lexsort where they do not fit."""
+    m_n, tbits = mrow.size, tab.tbits
+    ibits = max(int(m_n).bit_length(), 1)
+    if tab.scbits + log2s + tbits + ibits <= 63:
+        hi = tab.sc_of[mrow] << log2s
+        hi |= dest
+        hi <<= tbits
+        hi |= token
+        keys = hi << ibits
+        keys |= _arange(m_n)
+        keys.sort()
+        return keys >> ibits, keys & ((1 << ibits) - 1)
+    # astronomically large stacks: fall back to a lexsort
+    sc = tab.sc_of[mrow]
+    pos = np.lexsort((np.arange(m_n), token, dest, sc))
+    return (((sc[pos] << log2s) | dest[pos]) << tbits) | token[pos], pos
 
 
 def count_partitions(stack: StackLayout, layout: SparseCoreLayout, feature_ids: Dict[str, FeatureIds],

@@ -128,64 +128,80 @@ def to_feature_ids(value, weight, *, path: str, sample_count: int, vocabulary_si
         rows = _rows_for_dense(ids.size)
         w = None if weight is None else _weights(weight, "dense", ids.size, path)
     elif kind == "sparse":
-        indices = _np(value.indices).astype(np.int64, copy=False)
-        ids = _np(value.values).reshape(-1)
-        if indices.ndim != 2 or indices.shape[0] != ids.size:
-            raise ValueError(f"Feature {path!r}: SparseTensor indices must be [num_ids, rank]; got shape "
-                             f"{indices.shape} for {ids.size} values.")
-        if indices.shape[1] < 2:
-            raise ValueError(f"Feature {path!r}: a SparseTensor input needs rank >= 2 ([samples, ids]); "
-                             f"got rank {indices.shape[1]}.")
-        if indices.shape[1] == 2:
-            rows = indices[:, 0].copy()
-        else:
-            # Rank > 2 (e.g. [batch, sequence, ids]): the leading dims address one sample,
-            # row-major, like TF's later kernels do with shape strides.
-            shape = _np(value.dense_shape).astype(np.int64)
-            rows = np.zeros(ids.size, dtype=np.int64)
-            for d in range(indices.shape[1] - 1):
-                rows = rows * shape[d] + indices[:, d]
-        if rows.size > 1 and (np.any(rows[1:] < rows[:-1])):
-            bad = int(np.flatnonzero(rows[1:] < rows[:-1])[0]) + 1
-            raise ValueError(
-                f"Feature {path!r}: SparseTensor indices are not sorted (entry {bad} has row "
-                f"{int(rows[bad])} after row {int(rows[bad - 1])}). Call tf.sparse.reorder on the input "
-                "first; SparseCore requires row-major sorted indices.")
-        if rows.size and (rows[0] < 0 or rows[-1] >= sample_count):
-            raise ValueError(
-                f"Feature {path!r}: SparseTensor row {int(rows[-1] if rows[-1] >= sample_count else rows[0])} "
-                f"is outside [0, {sample_count}) samples per chip; the feature's output_shape does not match "
-                "the batch.")
+        rows, ids = _sparse_rows_and_ids(value, path, sample_count)
         w = None if weight is None else _weights(weight, "sparse", ids.size, path)
     else:
-        if hasattr(value, "ragged_rank") and value.ragged_rank != 1:
-            raise ValueError(f"Feature {path!r}: only ragged_rank 1 RaggedTensors are supported "
-                             f"(got ragged_rank {value.ragged_rank}); flatten the inner dimensions first.")
-        ids = _np(value.values).reshape(-1)
-        splits = _np(value.row_splits).astype(np.int64, copy=False)
-        if splits.size != sample_count + 1:
-            raise ValueError(
-                f"Feature {path!r}: a RaggedTensor with {splits.size - 1} rows was given but the feature has "
-                f"{sample_count} samples per chip (prod(output_shape)).")
-        lengths = np.diff(splits)
-        if splits[0] != 0 or splits[-1] != ids.size or (lengths.size and lengths.min() < 0):
-            raise bad_row_splits(path, ids.size)
-        rows = np.repeat(_rows_for_dense(sample_count), lengths)
+        rows, ids = _ragged_rows_and_ids(value, path, sample_count)
         w = None if weight is None else _weights(weight, "ragged", ids.size, path)
 
     if ids.dtype != np.int64:
-        if ids.size and not np.issubdtype(ids.dtype, np.integer):
-            if np.issubdtype(ids.dtype, np.floating) and np.all(np.isfinite(ids)) and np.all(ids == np.round(ids)):
-                ids = ids.astype(np.int64)
-            else:
-                raise TypeError(f"Feature {path!r}: ids must be integers, got dtype {ids.dtype}. "
-                                "Map strings to ids with the feature's vocabulary first.")
-        ids = ids.astype(np.int64)
+        ids = _int64_ids(ids, path)
     if check_ids and ids.size:
         lo, hi = ids.min(), ids.max()
         if lo < 0 or hi >= vocabulary_size:
             raise id_out_of_range(path, int(lo) if lo < 0 else int(hi), vocabulary_size)
     return FeatureIds(rows=rows, ids=ids, weights=w)
+
+
+def _sparse_rows_and_ids(value, path: str, sample_count: int) -> Tuple[np.ndarray, np.ndarray]:
+    """(row of each id, ids) of a SparseTensor-like input, its indices checked sorted and within the samples."""
+    indices = _np(value.indices).astype(np.int64, copy=False)
+    ids = _np(value.values).reshape(-1)
+    if indices.ndim != 2 or indices.shape[0] != ids.size:
+        raise ValueError(f"Feature {path!r}: SparseTensor indices must be [num_ids, rank]; got shape "
+                         f"{indices.shape} for {ids.size} values.")
+    if indices.shape[1] < 2:
+        raise ValueError(f"Feature {path!r}: a SparseTensor input needs rank >= 2 ([samples, ids]); "
+                         f"got rank {indices.shape[1]}.")
+    if indices.shape[1] == 2:
+        rows = indices[:, 0].copy()
+    else:
+        # Rank > 2 (e.g. [batch, sequence, ids]): the leading dims address one sample,
+        # row-major, like TF's later kernels do with shape strides.
+        shape = _np(value.dense_shape).astype(np.int64)
+        rows = np.zeros(ids.size, dtype=np.int64)
+        for d in range(indices.shape[1] - 1):
+            rows = rows * shape[d] + indices[:, d]
+    if rows.size > 1 and (np.any(rows[1:] < rows[:-1])):
+        bad = int(np.flatnonzero(rows[1:] < rows[:-1])[0]) + 1
+        raise ValueError(
+            f"Feature {path!r}: SparseTensor indices are not sorted (entry {bad} has row "
+            f"{int(rows[bad])} after row {int(rows[bad - 1])}). Call tf.sparse.reorder on the input "
+            "first; SparseCore requires row-major sorted indices.")
+    if rows.size and (rows[0] < 0 or rows[-1] >= sample_count):
+        raise ValueError(
+            f"Feature {path!r}: SparseTensor row {int(rows[-1] if rows[-1] >= sample_count else rows[0])} "
+            f"is outside [0, {sample_count}) samples per chip; the feature's output_shape does not match "
+            "the batch.")
+    return rows, ids
+
+
+def _ragged_rows_and_ids(value, path: str, sample_count: int) -> Tuple[np.ndarray, np.ndarray]:
+    """(row of each id, ids) of a RaggedTensor-like input of ragged rank 1, its row splits checked."""
+    if hasattr(value, "ragged_rank") and value.ragged_rank != 1:
+        raise ValueError(f"Feature {path!r}: only ragged_rank 1 RaggedTensors are supported "
+                         f"(got ragged_rank {value.ragged_rank}); flatten the inner dimensions first.")
+    ids = _np(value.values).reshape(-1)
+    splits = _np(value.row_splits).astype(np.int64, copy=False)
+    if splits.size != sample_count + 1:
+        raise ValueError(
+            f"Feature {path!r}: a RaggedTensor with {splits.size - 1} rows was given but the feature has "
+            f"{sample_count} samples per chip (prod(output_shape)).")
+    lengths = np.diff(splits)
+    if splits[0] != 0 or splits[-1] != ids.size or (lengths.size and lengths.min() < 0):
+        raise bad_row_splits(path, ids.size)
+    rows = np.repeat(_rows_for_dense(sample_count), lengths)
+    return rows, ids
+
+
+def _int64_ids(ids: np.ndarray, path: str) -> np.ndarray:
+    """Ids of another dtype as int64: integers, or floats that hold integers; else TypeError."""
+    if ids.size and not np.issubdtype(ids.dtype, np.integer):
+        if np.issubdtype(ids.dtype, np.floating) and np.all(np.isfinite(ids)) and np.all(ids == np.round(ids)):
+            return ids.astype(np.int64)
+        raise TypeError(f"Feature {path!r}: ids must be integers, got dtype {ids.dtype}. "
+                        "Map strings to ids with the feature's vocabulary first.")
+    return ids.astype(np.int64)
 
 
 def _weights(weight, kind: str, n: int, path: str) -> np.ndarray:
@@ -303,7 +319,7 @@ def _entries_one_by_one(inputs, weights, positions) -> List[Optional[tuple]]:
             rows, ids, splits = None, buf(value), None
         else:
             rows, ids, splits = buf(value.indices), buf(value.values), None
-            shape = getattr(rows, "shape", None)  # a view's: a tuple (a TF tensor's TensorShape costs ~1 us)
+            shape = getattr(rows, "shape", None)  # a view's: a tuple (a TF tensor's TensorShape is slower to read)
             if shape is None or len(shape) != 2 or shape[1] != 2:
                 out.append(None)
                 continue

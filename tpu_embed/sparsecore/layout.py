@@ -173,15 +173,37 @@ def stack_tables(
       TypeError: a `topology` that is not a `Topology`, or a feature that is not a FeatureConfig.
     """
     model = from_tf_feature_config(feature_config, topology)
-    topology = model.topology
-    num_sc = topology.num_sparse_cores
+    samples = _samples_per_table(model, tf_first_feature_only)
+    table_stack = _assign_stacks(model, samples, disable_table_stacking, activation_mem_limit_bytes,
+                                 variable_shard_limit_bytes)
+    placements, stack_objs = _place_tables(model, table_stack)
+    features, sample_counts = _place_features(model, placements, list(stack_objs))
+    stacks = {}
+    for s, st in stack_objs.items():
+        stacks[s] = StackLayout(
+            name=s, tables=tuple(st.tables),
+            features=tuple(f.path for f in features if f.stack == s),
+            padded_dim=st.padded_width, total_padded_vocabulary=st.unsharded_height,
+            sample_count=sample_counts[s])
+    return SparseCoreLayout(topology=model.topology, stacks=stacks, tables=placements, features=tuple(features))
 
+
+def _samples_per_table(model: ModelConfig, tf_first_feature_only: bool) -> Dict[str, int]:
+    """{table: samples of its features}, or of the first feature only (TF 2.20/2.21's count)."""
     samples = {t.name: 0 for t in model.tables}
     for i, feature in enumerate(model.features):
         if tf_first_feature_only and i > 0:
             break
         samples[feature.table.name] += feature.samples
+    return samples
 
+
+def _assign_stacks(model: ModelConfig, samples: Dict[str, int], disable_table_stacking: bool,
+                   activation_mem_limit_bytes: int, variable_shard_limit_bytes: int) -> Dict[str, _Stack]:
+    """{table: its stack}: each table, in name order, joins the first stack of its (width, optimizer) group it
+    fits under the limits, or starts one."""
+    topology = model.topology
+    num_sc = topology.num_sparse_cores
     groups: Dict[Tuple[int, str], List[_Stack]] = {}
     table_stack: Dict[str, _Stack] = {}
     for table in model.tables:
@@ -212,24 +234,34 @@ def stack_tables(
         chosen.activation_bytes += activation
         chosen.shard_bytes += shard
         table_stack[name] = chosen
+    return table_stack
 
+
+def _place_tables(model: ModelConfig, table_stack: Dict[str, _Stack]
+                  ) -> Tuple[Dict[str, TablePlacement], Dict[str, _Stack]]:
+    """({table: its placement}, {stack name: stack} in TF's order: by their first member in name order)."""
+    num_sc = model.topology.num_sparse_cores
     placements: Dict[str, TablePlacement] = {}
-    stack_order: List[str] = []
     stack_objs: Dict[str, _Stack] = {}
-    for table in model.tables:  # TF orders stacks by their first member in name order
+    for table in model.tables:
         name = table.name
         st = table_stack[name]
         stack_name = "_".join(st.tables)
         if stack_name not in stack_objs:
             stack_objs[stack_name] = st
-            stack_order.append(stack_name)
         i = st.tables.index(name)
         placements[name] = TablePlacement(
             name=name, stack=stack_name, vocabulary_size=table.vocabulary_size, dim=table.dim,
             padded_vocabulary_size=round_up(table.vocabulary_size, num_sc * 8),
             padded_dim=st.padded_width, combiner=table.combiner,
             shard_row_offset=st.offsets[i], rotation=st.rotations[i], num_sparse_cores=num_sc)
+    return placements, stack_objs
 
+
+def _place_features(model: ModelConfig, placements: Dict[str, TablePlacement], stack_order: List[str]
+                    ) -> Tuple[List[FeaturePlacement], Dict[str, int]]:
+    """(every feature's placement, {stack: its samples}): a feature's sample offset is the samples of the
+    features of its stack before it, in flattened feature order."""
     sample_counts = {s: 0 for s in stack_order}
     features: List[FeaturePlacement] = []
     for i, feature in enumerate(model.features):
@@ -239,16 +271,7 @@ def stack_tables(
             sample_count=feature.samples, sample_offset=sample_counts[tp.stack], combiner=tp.combiner,
             col_offset=tp.col_offset, col_shift=tp.rotation, vocabulary_size=tp.vocabulary_size))
         sample_counts[tp.stack] += feature.samples
-
-    stacks = {}
-    for s in stack_order:
-        st = stack_objs[s]
-        stacks[s] = StackLayout(
-            name=s, tables=tuple(st.tables),
-            features=tuple(f.path for f in features if f.stack == s),
-            padded_dim=st.padded_width, total_padded_vocabulary=st.unsharded_height,
-            sample_count=sample_counts[s])
-    return SparseCoreLayout(topology=topology, stacks=stacks, tables=placements, features=tuple(features))
+    return features, sample_counts
 
 
 def layout_of(model: ModelConfig, *, disable_table_stacking: bool = False) -> SparseCoreLayout:

@@ -128,10 +128,10 @@ def assert_serves_the_shards(spec, d, out):
 
 
 def from_transformed(out, spec) -> dict:
-    """A tf.Transform output's features (`tpu_embed.serving.transform_output`) as `map_raw`'s output."""
+    """A tf.Transform output's features (`tpu_embed.serving.tft_output`) as `map_raw`'s output."""
     import tensorflow as tf
 
-    from tpu_embed.serving.transform_output import VALID, WEIGHTS_SUFFIX
+    from tpu_embed.serving.tft_output import VALID, WEIGHTS_SUFFIX
     return {"ids": {f.name: tf.RaggedTensor.from_sparse(out[f.name]) for f in spec.categorical},
             "weights": {f.name: tf.RaggedTensor.from_sparse(out[f.name + WEIGHTS_SUFFIX])
                         for f in spec.categorical if f.weight_column},

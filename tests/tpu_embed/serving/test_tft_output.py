@@ -19,8 +19,8 @@ from tpu_embed.artifact.load import load_artifact
 from tpu_embed.artifact.manifest import read_manifest
 from tpu_embed.artifact.spec import load_spec
 from tpu_embed.serving import write_transform_output
-from tpu_embed.serving.plan import MappingPlan
-from tpu_embed.serving.transform_output import TransformGraph, schema_texts
+from tpu_embed.serving.rules import MappingPlan
+from tpu_embed.serving.tft_output import TransformGraph, schema_texts
 
 pytestmark = pytest.mark.slow  # the example specs' jobs
 
@@ -223,7 +223,7 @@ def test_a_day_takes_the_graph_from_its_base_where_no_cache_has_it(tmp_path, mon
     transform output (its tables' names put back), the same bytes as a build; another key, or no transform
     output, is not taken. A cache that cannot be written is logged and the run goes on."""
     from tests.helpers import lineage_days
-    from tpu_embed.serving.transform_output import graph_key, graph_of_artifact
+    from tpu_embed.serving.tft_output import graph_key, graph_of_artifact
     outs = lineage_days.build(str(tmp_path), parts=2, transform_output=True)
     spec = load_artifact(outs[1], verify="none").spec
     monkeypatch.setenv("TPU_EMBED_CACHE_DIR", str(tmp_path / "empty"))

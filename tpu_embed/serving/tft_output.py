@@ -52,7 +52,7 @@ from tpu_embed.artifact import io as tio
 from tpu_embed.artifact.load import load_artifact
 from tpu_embed.artifact.manifest import ManifestError, read_manifest
 from tpu_embed.artifact.spec import Spec
-from tpu_embed.serving.plan import MappingPlan, check_vocabulary_files
+from tpu_embed.serving.rules import MappingPlan, check_vocabulary_files
 
 __all__ = ["DIRECTORY", "TransformGraph", "TransformOutputError", "VALID", "WEIGHTS_SUFFIX", "cache_directory",
            "schema_texts", "transformed_names", "vocabulary_marker", "write_transform_output"]
@@ -64,7 +64,8 @@ CACHE_ENV = "TPU_EMBED_CACHE_DIR"
 MARKER_PREFIX = "tpu_embed_vocabulary_"
 GRAPH_RECORD = "transform_fn/assets.extra/tpu_embed_transform_graph.json"
 # The sources the graph is made from: a change to any of them is another graph (another cache entry).
-_GRAPH_SOURCES = ("plan.py", "columns.py", "mapping.py", "numbers.py", "transform_graph.py", "transform_output.py")
+_GRAPH_SOURCES = ("rules.py", "columns.py", "feature_layout.py", "token_ids.py", "mapping.py", "number_text.py",
+                  "transform_graph.py", "tft_output.py")
 _NICE = 19  # the child that builds a graph takes what CPU a job leaves
 
 log = logging.getLogger("tpu_embed.serving")
