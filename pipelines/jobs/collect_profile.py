@@ -116,13 +116,14 @@ def base_profile(vocab_dir: str, profile_dir: str, collector) -> Optional[Profil
         return None
     if lin.base is None:
         return ProfileWindow((lin.day,))
-    base_dir = _under(vocab_dir, lin.base.path)
+    base_path = lin.base.path
+    base_dir = _under(vocab_dir, base_path)
     alone = (lin.day,)
 
     def not_merged(why: str) -> ProfileWindow:
         log.warning("the profile of day %d covers that day only: the profile of its base %s is not merged (%s)",
                     lin.day, base_dir, why)
-        return ProfileWindow(alone, base=lin.base.path, not_merged=why)
+        return ProfileWindow(alone, base=base_path, not_merged=why)
 
     try:
         bm = read_manifest(base_dir)

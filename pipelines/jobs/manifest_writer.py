@@ -119,7 +119,7 @@ def update_manifest(output: str, job: str, job_cfg: dict, *, stats: Dict[str, in
     if job == "vocab":
         m["vocabularies"] = extra.get("vocabularies", {})
         # The transform output holds the vocabularies: a new vocabulary job's makes it stale.
-        kinds = {"vocabulary", "spec", "dead_letter", lineage.COUNTS_KIND, TRANSFORM_OUTPUT_KIND}
+        file_kinds = {"vocabulary", "spec", "dead_letter", lineage.COUNTS_KIND, TRANSFORM_OUTPUT_KIND}
         m.pop("lineage", None)
         if job_cfg.get("lineage") is not None:
             sizes = {k: v["size"] for k, v in m["vocabularies"].items()}
@@ -139,12 +139,12 @@ def update_manifest(output: str, job: str, job_cfg: dict, *, stats: Dict[str, in
                 fmt["jax"] = jax_records.with_static_sizes(fmt["jax"], maxima)
             m["shards"] = {"format": fmt, "steps": batching["steps"],
                            "tail_policy": job_cfg["tail_policy"], "steps_per_file": job_cfg["steps_per_file"]}
-            kinds = {"shard", "dead_letter", "spec", "profile", "plan"}
+            file_kinds = {"shard", "dead_letter", "spec", "profile", "plan"}
         else:
-            kinds = {"dead_letter", "spec", "profile"}
+            file_kinds = {"dead_letter", "spec", "profile"}
         if "profile" in extra:
             m["profile"] = dict(extra["profile"], directory=_rel(extra["profile"]["directory"], output))
-    kept = [f for f in m.get("files", []) if f.get("kind") not in kinds]
+    kept = [f for f in m.get("files", []) if f.get("kind") not in file_kinds]
     m["files"] = sorted(kept + files, key=lambda f: f["path"])
     m["features"] = _features(spec, m)
     return _write(output, m)
@@ -197,7 +197,7 @@ def _summary_counts(stats: Dict[str, int], batching: dict, job_cfg: dict) -> dic
     valid = stats.get("records_valid", 0)
     padding = stats.get("examples_padding", 0)
     written = stats.get("examples_in_steps", 0) - padding
-    features = collections.defaultdict(dict)
+    features: Dict[str, Dict[str, int]] = collections.defaultdict(dict)
     for k, v in stats.items():
         if k.startswith("feature/"):
             _, name, what = k.split("/", 2)

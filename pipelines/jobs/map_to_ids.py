@@ -27,7 +27,7 @@ class _MapToIds(beam.DoFn):
 
     def __init__(self, spec, vocab_dir: str, sizes: Optional[Dict[str, int]] = None):
         self.spec, self.vocab_dir, self.sizes = spec, vocab_dir, sizes
-        self.vocabs = None
+        self.vocabs: Dict[str, TokenIndex] = {}  # from setup
 
     def setup(self):
         # Each vocabulary's hash table is built once per worker, not once per chunk; natively without the GIL,
@@ -37,7 +37,7 @@ class _MapToIds(beam.DoFn):
             self.vocabs = dict(zip(vocabs, pool.map(TokenIndex, vocabs.values())))
 
     def process(self, chunk: ParsedChunk):
-        counts = collections.Counter()
+        counts: collections.Counter = collections.Counter()
         block = ids.map_chunk(chunk, self.spec, self.vocabs, counts, self.sizes)
         inc_counters(counts)
         yield "stats", dict(counts)
