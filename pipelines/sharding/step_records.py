@@ -131,7 +131,7 @@ def chip_entries(block: ExampleBlock, spec, layout, chips) -> List[Dict[str, tup
     `split_global_batch(global_ids_of(block, spec), layout)` (tests/pipelines/test_shard_entries.py)."""
     num_chips = layout.topology.num_chips
     sequence = {f.name: f.sequence_length for f in spec.sparse_core_features}
-    groups: Dict[int, List[Tuple[str, object, np.ndarray]]] = collections.defaultdict(list)
+    groups: Dict[int, List[tuple]] = collections.defaultdict(list)  # (path, feature block, ids per sample)
     for feat in layout.features:
         fb = block.features[feat.path]
         L = sequence.get(feat.path, 0)
@@ -175,7 +175,7 @@ def jax_host_features(block: ExampleBlock, spec, jl: jax_layout_lib.JaxLayout, h
 
 def build_step(step: int, block: ExampleBlock, spec, layout, limits: LimitsInfo, *, encode: bool = True,
                compact: bool = True
-               ) -> Tuple[List[Tuple[int, bytes]], Dict[str, object], Dict[str, int], collections.Counter]:
+               ) -> Tuple[List[Tuple[int, bytes]], GlobalIds, Dict[str, int], collections.Counter]:
     """(records [(host, bytes)], global ids, OOV counts per feature, counters) of one step.
 
     `compact`: the records use `stack_encodings(layout)` (what `shard_format_for` records); False: version 1's
@@ -190,10 +190,10 @@ def build_step(step: int, block: ExampleBlock, spec, layout, limits: LimitsInfo,
         hb = spec.per_host_batch_size
         fmt = shard_format_for(spec, layout, limits, compact=compact)
         native = csr.native_available()
-        kw = dict(max_ids_per_chip_per_sample=limits.max_ids_per_chip_per_sample,
-                  max_ids_per_table=dict(limits.max_ids_per_table),
-                  max_unique_ids_per_table=dict(limits.max_unique_ids_per_table),
-                  allow_id_dropping=limits.allow_id_dropping)
+        kw: dict = dict(max_ids_per_chip_per_sample=limits.max_ids_per_chip_per_sample,
+                        max_ids_per_table=dict(limits.max_ids_per_table),
+                        max_unique_ids_per_table=dict(limits.max_unique_ids_per_table),
+                        allow_id_dropping=limits.allow_id_dropping)
         per_stack = stack_limits_of(layout, kw["max_ids_per_table"], kw["max_unique_ids_per_table"],
                                     kw["max_ids_per_chip_per_sample"], kw["allow_id_dropping"])
         with_tf = "tensorflow" in fmt.layouts
@@ -201,6 +201,7 @@ def build_step(step: int, block: ExampleBlock, spec, layout, limits: LimitsInfo,
         for h in range(topo.num_hosts):
             extra = None
             if jl is not None:
+                assert fmt.jax is not None  # jl is made where the format has jax's part
                 jax_batches = jax_layout_lib.pack_host(jl, jax_host_features(block, spec, jl, h))
                 extra = jax_records.encode_jax_features(jax_batches, fmt.jax)
                 for i, st in enumerate(fmt.jax["stacks"]):  # the static sizes the manifest records
@@ -212,7 +213,9 @@ def build_step(step: int, block: ExampleBlock, spec, layout, limits: LimitsInfo,
                         k = jax_records.max_counter(i, name)
                         counts[k] = max(counts[k], value)
             chips = list(range(h * cph, (h + 1) * cph)) if with_tf else []
-            per_chip = chip_entries(block, spec, layout, chips) if native else split_global_batch(gids, layout, chips)
+            # split_global_batch reads the Mapping GlobalIds as the dict it declares.
+            per_chip: List[dict] = (chip_entries(block, spec, layout, chips) if native
+                                    else split_global_batch(gids, layout, chips))  # type: ignore[arg-type]
             packed = []
             for c, chip in zip(chips, per_chip):
                 try:
@@ -226,7 +229,7 @@ def build_step(step: int, block: ExampleBlock, spec, layout, limits: LimitsInfo,
                         f"step {step}, chip {c} (limits from {limits.source}): {e} Run `tpu-embed profile` then "
                         "`tpu-embed plan` and pass --plan, raise the spec's `limits`, or set "
                         "limits.allow_id_dropping: true (every dropped id is counted).") from None
-                for stack, b in batches.items():
+                for stack, b in batches.items():  # type: ignore[assignment]  # `b` was a jax batch above
                     if b.dropped_ids:
                         counts[f"stack/{stack}/dropped_ids"] += int(b.dropped_ids)
                 packed.append(batches)
