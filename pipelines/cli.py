@@ -495,7 +495,7 @@ def cmd_inspect(args, beam_args):
     except verify.ArtifactDamagedError as e:
         problem = e
     steps = args.steps if args.steps is not None else (0 if args.json else 1)
-    records = []
+    records: list = []
     if problem is None and steps and m.shards is not None:
         fmt = m.shard_format
         if not 0 <= args.host < fmt.num_hosts:

@@ -143,9 +143,9 @@ def holding(output: str) -> Iterator[None]:
             break
         os.close(fd)  # removed by the demo that held it, after this one opened it: open the current file
     try:
-        holder = f"pid {os.getpid()} on {socket.gethostname()}".encode("utf-8")
+        this_holder = f"pid {os.getpid()} on {socket.gethostname()}".encode("utf-8")
         os.ftruncate(fd, 0)
-        os.pwrite(fd, holder, 0)
+        os.pwrite(fd, this_holder, 0)
         yield
     finally:
         try:
@@ -267,7 +267,7 @@ def train_and_evaluate(artifact: str, cfg: DemoConfig, say: Callable[[str], None
 
     spec = load_spec(os.path.join(artifact, "spec.yaml"))
     m = read_manifest(artifact)
-    steps = int(m.counts.steps)
+    steps = int(m.counts.steps)  # type: ignore[union-attr]  # a shard job's manifest has counts
     eval_steps = max(1, int(round(steps * cfg.eval_fraction)))
     train_steps = steps - eval_steps
     if cfg.max_train_steps is not None:
@@ -319,7 +319,7 @@ def train_and_evaluate(artifact: str, cfg: DemoConfig, say: Callable[[str], None
         bar.update(1)
         bar.set_postfix(loss=f"{loss:.4f}")
         if (step + 1) % cfg.log_every == 0 or step + 1 == train_steps:
-            rate = step / (time.time() - t_first) if step else 0.0
+            rate = step / (time.time() - t_first) if step else 0.0  # type: ignore[operator]  # set at step 0
             say(f"  step {step + 1:4d}/{train_steps}  loss {np.mean(window):.4f}  ({rate:.1f} steps/s)")
             window = []
     bar.close()
@@ -398,8 +398,9 @@ def held_out_examples(artifact: str, trained: Trained, inputs: Sequence[str]) ->
         raise DemoError(f"{list(inputs)} hold {len(records)} records from record {trained.eval_first_example} on, "
                         f"not the {n} held-out examples of {artifact}'s shards: the serving check cannot compare "
                         "them.")
-    labels = tf.io.parse_example(records, {spec.label.column: tf.io.FixedLenFeature([], tf.float32)})
-    if not np.array_equal(labels[spec.label.column].numpy(), trained.eval_labels):
+    label = spec.label.column  # type: ignore[union-attr]  # the demo's spec has a label
+    labels = tf.io.parse_example(records, {label: tf.io.FixedLenFeature([], tf.float32)})
+    if not np.array_equal(labels[label].numpy(), trained.eval_labels):
         raise DemoError(f"the held-out input records of {artifact} do not line up with its held-out shards "
                         "(labels differ): the serving check cannot compare them.")
     return records
@@ -477,6 +478,7 @@ def _run_jobs(spec, artifact: str, examples: int, beam_args, say, times: dict, k
         t = time.time()
         with progress.records("  shards + profile", examples):
             m = runner.run_shard(job, beam_args)
+        assert m.counts is not None  # a shard job's manifest has counts
         times[f"{key}shard"] = time.time() - t
         say(f"      shards + profile + plan: {times[f'{key}shard']:.1f} s; {m.counts.examples_written:,} examples in "
             f"{m.counts.steps} steps of {spec.global_batch_size} on {spec.topology.num_chips} chips x "
