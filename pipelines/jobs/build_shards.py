@@ -168,7 +168,7 @@ class BuildShards(beam.PTransform):
     partial profile as it builds them (`_BuildStep`); `CollectProfile` merges the partials.
     """
 
-    def __init__(self, spec, vocab_sizes, limits, output: str, steps_per_file: int = 1000,
+    def __init__(self, spec: Spec, vocab_sizes, limits, output: str, steps_per_file: int = 1000,
                  write_shards: bool = True, profile: bool = True, candidate_chip_counts=None, frequency_ids=None):
         """`frequency_ids`: as for `collect_profile.profile_collector` (balanced vocabularies)."""
         super().__init__()

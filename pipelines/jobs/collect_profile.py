@@ -20,11 +20,12 @@ from pipelines.output import FileInfo
 from profiles.whatif_steps import WhatIfCollector, write_what_if_steps
 from tpu_embed.artifact import io as tio
 from tpu_embed.artifact.manifest import ManifestError, read_manifest
+from tpu_embed.artifact.spec import Spec
 
 log = logging.getLogger("tpu_embed.pipelines")
 
 
-def profile_collector(spec, vocab_sizes, candidate_chip_counts=None, *, warn_skipped: bool = False,
+def profile_collector(spec: Spec, vocab_sizes, candidate_chip_counts=None, *, warn_skipped: bool = False,
                       frequency_ids=None):
     """The job's `profiles.ProfileCollector`: the one that builds the partial profiles and merges them.
 
@@ -167,7 +168,7 @@ class CollectProfile(beam.PTransform):
     """Partial profiles (PCollection(s): BuildShards' "profile") -> paths written by
     profiles.ProfileStore(directory). `candidate_chip_counts` as given to BuildShards."""
 
-    def __init__(self, spec, vocab_sizes, directory: str, candidate_chip_counts=None,
+    def __init__(self, spec: Spec, vocab_sizes, directory: str, candidate_chip_counts=None,
                  base_directory: Optional[str] = None, frequency_ids=None):
         """`base_directory`: a base profile to merge this one into (`ProfileWindow.base_directory`);
         `frequency_ids` as for `profile_collector`."""

@@ -18,6 +18,7 @@ import apache_beam as beam
 import yaml
 
 from pipelines.jobs.counters import MAX_PREFIX, SumCounters
+from pipelines.jobs.job_config import JobConfig
 from pipelines.output import write_atomic
 from pipelines.read import value_kinds
 from pipelines.read.records import InputFile
@@ -38,7 +39,7 @@ from tpu_embed.jax import records as jax_records
 TRANSFORM_OUTPUT_KIND = "transform_output"  # the files of `pipelines.transform_output`
 
 
-def job_json(cfg, files: Sequence[InputFile], job: str) -> dict:
+def job_json(cfg: JobConfig, files: Sequence[InputFile], job: str) -> dict:
     """The job's section of the manifest: what it was given (spec, inputs, options)."""
     spec = cfg.spec
     d = {
