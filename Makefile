@@ -64,7 +64,8 @@ $(JAX_STAMP): tests/conformance/jax-requirements.txt
 demo: $(STAMP)
 	$(VENV)/bin/tpu-embed demo --output build/demo
 
-# ruff over everything, mypy over tpu_embed and profiles, and the layering pipelines -> profiles -> tpu_embed.
+# ruff over everything, mypy over tpu_embed, profiles and pipelines, and the layering
+# pipelines -> profiles -> tpu_embed.
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy

@@ -89,7 +89,7 @@ class Child:
 
     def send(self, msg) -> None:
         try:
-            child_pipe.send(self._proc.stdin, msg)
+            child_pipe.send(self._proc.stdin, msg)  # type: ignore[arg-type]  # started with stdin=PIPE
         except (BrokenPipeError, OSError, ValueError):
             self.receive()  # raises the child's error, or that it exited
             raise ChildProcessError("the child process stopped reading its input") from None
@@ -97,11 +97,11 @@ class Child:
     def receive(self) -> Any:
         """The child's next message; its function's exception raised here, or ChildProcessError if it died."""
         try:
-            msg = child_pipe.receive(self._proc.stdout)
+            msg = child_pipe.receive(self._proc.stdout)  # type: ignore[arg-type]  # started with stdout=PIPE
         except (OSError, ValueError):
             msg = None
         if msg is None:
-            raise ChildProcessError(f"the child process {self._proc.args[-1]} exited (status "
+            raise ChildProcessError(f"the child process {self._proc.args[-1]} exited (status "  # type: ignore[index,str-bytes-safe]
                                     f"{self._proc.wait()})")
         if msg[0] == "error":
             _, exc, text = msg
@@ -112,7 +112,7 @@ class Child:
         """End the child: it exits at the end of its input (or is killed if it does not)."""
         for fh in (self._proc.stdin, self._proc.stdout):
             try:
-                fh.close()
+                fh.close()  # type: ignore[union-attr]  # both pipes
             except OSError:
                 pass
         try:

@@ -21,7 +21,7 @@ numpy byte matrix, the variable-width features are slices of pre-encoded value b
 from __future__ import annotations
 
 import os
-from typing import Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -88,11 +88,11 @@ def _ragged(rng, n: int, lo: int, hi: int, a: float, card: int) -> Tuple[np.ndar
     return lengths, ids
 
 
-def generate(num_examples: int, seed: int = 1234) -> Dict[str, object]:
+def generate(num_examples: int, seed: int = 1234) -> Dict[str, Any]:
     """Columns of the data set: numpy arrays (ragged ones as (lengths, values))."""
     rng = np.random.default_rng(seed)
     n = int(num_examples)
-    cols: Dict[str, object] = {}
+    cols: Dict[str, Any] = {}
     logit = np.full(n, -0.4)
     for name in DENSE:
         x = np.floor(rng.lognormal(mean=1.0, sigma=1.2, size=n))
@@ -124,7 +124,7 @@ def _salt(name: str) -> int:
     return sum((i + 1) * ord(c) for i, c in enumerate(name))
 
 
-def encode_examples(cols: Dict[str, object], start: int, stop: int) -> List[bytes]:
+def encode_examples(cols: Dict[str, Any], start: int, stop: int) -> List[bytes]:
     """Serialized `tf.train.Example`s of rows [start, stop), bytes-identical to protobuf's encoding
     of the same Example (keys in this fixed order)."""
     n = stop - start

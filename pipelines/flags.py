@@ -35,7 +35,7 @@ def beam_flags() -> frozenset:
         except Exception:  # noqa: BLE001 - a runner that is not installed has no flags here
             pass
     parser = po._BeamArgumentParser(allow_abbrev=False)  # noqa: SLF001 - what get_all_options does
-    seen = {}
+    seen: dict = {}
 
     def subclasses(cls):
         for c in cls.__subclasses__():

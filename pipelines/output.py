@@ -53,7 +53,7 @@ import json
 import os
 import socket
 import uuid
-from typing import Iterable, List, Optional, Tuple
+from typing import Iterable, List, Literal, Optional, Tuple
 
 from tpu_embed.artifact import io as tio
 from tpu_embed.artifact import verify as tverify
@@ -89,6 +89,7 @@ class FileInfo:
 def write_atomic(base: str, rel: str, chunks, records: Optional[int] = None, extra=None) -> FileInfo:
     """Write `chunks` (bytes or an iterable of bytes) to base/rel atomically (`tpu_embed.artifact.io.write_atomic`)."""
     written = tio.write_atomic(tio.join(base, rel), chunks)
+    assert written.sha256 is not None  # a durable write's
     return FileInfo(rel, written.sha256, written.bytes, records, extra)
 
 
@@ -476,7 +477,7 @@ class Claim:
                 self._fd = None
             self._held = False
 
-    def __exit__(self, exc_type, exc, tb) -> bool:
+    def __exit__(self, exc_type, exc, tb) -> Literal[False]:
         if self._finished or not self._held:
             return False
         try:

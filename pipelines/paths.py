@@ -12,14 +12,23 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from typing import List, Optional, Tuple
+from typing import TYPE_CHECKING, List, Optional, Tuple, overload
 
 from pipelines.user_errors import UserError
 from tpu_embed.artifact import io as tio
 
+if TYPE_CHECKING:
+    from pipelines.jobs.job_config import JobConfig
+
 # Runners whose workers run on other machines (Dataflow's VMs): local paths cannot reach them. Other runners
 # (Dask, Flink, Spark, portable) may have workers here, so their local paths are allowed, made absolute.
 REMOTE_RUNNERS = ("dataflowrunner", "testdataflowrunner", "dataflow")
+
+
+@overload
+def absolute(path: str) -> str: ...
+@overload
+def absolute(path: Optional[str]) -> Optional[str]: ...
 
 
 def absolute(path: Optional[str]) -> Optional[str]:
@@ -30,29 +39,29 @@ def absolute(path: Optional[str]) -> Optional[str]:
     return os.path.abspath(path[len("file://"):] if path.startswith("file://") else path)
 
 
-def for_workers(cfg, runner: str = ""):
-    """`cfg` (a `pipelines.jobs.JobConfig`) with every local path absolute; `UserError` where `runner` (the
-    --runner option) is a remote one and a path is local."""
+def for_workers(cfg: JobConfig, runner: str = "") -> JobConfig:
+    """`cfg` with every local path absolute; `UserError` where `runner` (the --runner option) is a remote one and
+    a path is local."""
     spec = cfg.spec
     if absolute(spec.base_dir) != spec.base_dir:
         spec = spec.with_inputs(spec.inputs.patterns, base_dir=absolute(spec.base_dir))
     output = absolute(cfg.output)
     cfg = dataclasses.replace(cfg, spec=spec, output=output, vocab_dir=absolute(cfg.vocab_dir),
-                              plan=absolute(cfg.plan), base=absolute(getattr(cfg, "base", None)))
+                              plan=absolute(cfg.plan), base=absolute(cfg.base))
     cfg = dataclasses.replace(cfg, profile_dir=absolute(cfg.resolved_profile_dir()))
     _refuse_local_paths_on_remote_workers(cfg, runner)
     return cfg
 
 
-def _local_paths(cfg) -> List[Tuple[str, str]]:
+def _local_paths(cfg: JobConfig) -> List[Tuple[str, str]]:
     """(what, path) of each location the workers read or write that is on this machine's disk."""
     named = [("--output", cfg.output), ("--vocab", cfg.vocab_dir), ("--profile-dir", cfg.profile_dir),
-             ("--base", getattr(cfg, "base", None) or cfg.spec.base_artifact())]
+             ("--base", cfg.base or cfg.spec.base_artifact())]
     named += [("the input pattern", p) for p in cfg.spec.input_patterns()]
     return [(what, p) for what, p in named if p is not None and not tio.is_url(p)]
 
 
-def _refuse_local_paths_on_remote_workers(cfg, runner: str) -> None:
+def _refuse_local_paths_on_remote_workers(cfg: JobConfig, runner: str) -> None:
     if runner.rsplit(".", 1)[-1].lower() not in REMOTE_RUNNERS:
         return
     local = _local_paths(cfg)

@@ -7,16 +7,17 @@ import dataclasses
 import gc
 import logging
 import os
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import apache_beam as beam
 from apache_beam.options.pipeline_options import PipelineOptions
 
 from pipelines import dask_compat, jobs, paths, tft_output_writer
-from pipelines.jobs import manifest_writer
+from pipelines.jobs import JobConfig, ShardPass, VocabPass, manifest_writer
 from pipelines.jobs.global_batches import INPUT_CHANGED, InputChangedError
 from pipelines.read import chunk_sizes, records, splits
 from pipelines.read import spill as read_spill
+from pipelines.read.records import InputFile
 from pipelines.sharding import planned_limits
 from pipelines.sharding import runs as shard_runs
 from pipelines.user_errors import UserError, job_note
@@ -64,6 +65,8 @@ def local_runner(opts: PipelineOptions):
 
 DASK_RUNNER = "apache_beam.runners.dask.dask_runner.DaskRunner"
 
+Build = Callable[[beam.Pipeline], Any]  # adds a job's transforms to a pipeline
+
 
 def dask_args(beam_args: Sequence[str]) -> Tuple[List[str], Optional[int]]:
     """`--runner=dask` -> Beam's DaskRunner; takes out our `--dask_workers=N` (also `--dask-workers N`)."""
@@ -82,7 +85,7 @@ def dask_args(beam_args: Sequence[str]) -> Tuple[List[str], Optional[int]]:
     return args, workers
 
 
-def _run_dask(build, args: List[str], workers: Optional[int]):
+def _run_dask(build: Build, args: List[str], workers: Optional[int]):
     """Beam's DaskRunner on a LocalCluster of `workers` processes, or on --dask_client_address's cluster.
 
     Each Create element is its own Dask partition unless --dask_npartitions/--dask_partition_size is
@@ -112,7 +115,7 @@ def _run_dask(build, args: List[str], workers: Optional[int]):
         try:
             result.wait_until_finish()
         finally:
-            result.client.close()  # Beam's DaskRunner never closes its client
+            result.client.close()  # type: ignore[attr-defined]  # DaskRunner's result; Beam's never closes it
     finally:
         if cluster is not None:
             cluster.close()
@@ -174,12 +177,12 @@ def _signatures_computed_once():
             return signature
 
     for m in modules:
-        m.get_signature = get_signature
+        m.get_signature = get_signature  # type: ignore[attr-defined]
     try:
         yield
     finally:
         for m in modules:
-            m.get_signature = compute
+            m.get_signature = compute  # type: ignore[attr-defined]
 
 
 M_ARENA_MAX = -8  # glibc's mallopt parameter
@@ -196,6 +199,7 @@ def _one_malloc_arena():
     instead of 0.47 M and ~1 s more CPU in the vocabulary job (2.6 -> 3.1 s of its wall time on 2 cores). A
     shard job that replays the read gains nothing from it and is left as it is. Elsewhere than glibc:
     nothing changes."""
+    mallopt: Optional[Any]  # libc's function, None where it is not glibc's
     try:
         import ctypes
         libc = ctypes.CDLL(None)
@@ -212,7 +216,7 @@ def _one_malloc_arena():
             mallopt(M_ARENA_MAX, 0)  # glibc's default again (0: as many as it decides) for later threads
 
 
-def _run(build, beam_args: Sequence[str], job: str = "Beam", reads_input: bool = True):
+def _run(build: Build, beam_args: Sequence[str], job: str = "Beam", reads_input: bool = True):
     """Build and run one pipeline; a failure carries a note naming `job` (`user_errors.job_note`). `reads_input`:
     the pipeline reads input files (not a shard job replaying the vocabulary job's read)."""
     try:
@@ -222,7 +226,7 @@ def _run(build, beam_args: Sequence[str], job: str = "Beam", reads_input: bool =
         raise
 
 
-def _run_pipeline(build, beam_args: Sequence[str], reads_input: bool = True):
+def _run_pipeline(build: Build, beam_args: Sequence[str], reads_input: bool = True):
     args, dask_workers = dask_args(beam_args)
     opts = pipeline_options(args)
     if opts.get_all_options().get("runner") == DASK_RUNNER:
@@ -276,7 +280,7 @@ def _describe(d: dict) -> str:
     return f"{d['file']} {where}: {d['reason']}: {d['detail']}"
 
 
-def check_outcome(cfg: jobs.JobConfig, m: Manifest, job: str) -> None:
+def check_outcome(cfg: JobConfig, m: Manifest, job: str) -> None:
     """Refuse to succeed silently: lost framing (unless policies.lost_framing: dead_letter), no valid
     record at all, or (shard) no example written raise `DataError` naming file, record and fix."""
     c = dict(m.jobs[job].counts)
@@ -321,7 +325,7 @@ def runs_in_process(beam_args: Sequence[str] = ()) -> bool:
                                                                                           "multi_threading")
 
 
-def split_bytes_for(cfg: jobs.JobConfig, beam_args: Sequence[str] = ()) -> int:
+def split_bytes_for(cfg: JobConfig, beam_args: Sequence[str] = ()) -> int:
     """The split size the jobs read with: `cfg.split_bytes` if given, else whole files where one worker reads
     everything (the DirectRunner with one worker: splits would only add the CSV split scan and a cold start of
     the read at every split), else `splits.DEFAULT_SPLIT_BYTES`. Outputs do not depend on it
@@ -338,10 +342,11 @@ def runner_name(beam_args: Sequence[str] = ()) -> str:
     return str(pipeline_options(dask_args(beam_args)[0]).get_all_options().get("runner") or "")
 
 
-def with_lineage(cfg: jobs.JobConfig) -> jobs.JobConfig:
-    """`cfg` with `lineage` set for the vocabularies of mode append / frozen: the base artifact (`cfg.base`, else
-    the spec's `base`) opened and checked against the spec (`tpu_embed.artifact.lineage.open_base`), and the
-    day. Refused in one line: a base or a day for a spec with no such vocabulary, mode frozen without a base."""
+def lineage_seed_for(cfg: JobConfig) -> Optional[Dict[str, Any]]:
+    """What the vocabulary job of `cfg` continues (`VocabPass.lineage`) for the vocabularies of mode append / frozen:
+    the base artifact (`cfg.base`, else the spec's `base`) opened and checked against the spec
+    (`tpu_embed.artifact.lineage.open_base`), and the day; None where the spec has no such vocabulary. Refused in
+    one line: a base or a day for a spec with no such vocabulary, mode frozen without a base."""
     spec = cfg.spec
     where = cfg.base_artifact
     groups = spec.lineage_groups()
@@ -351,7 +356,7 @@ def with_lineage(cfg: jobs.JobConfig) -> jobs.JobConfig:
             raise UserError(f"{given}: no vocabulary of this spec has mode append or frozen, so there is no lineage "
                             "to continue. Set `vocabulary: {mode: append}` (docs/how-to/daily-retraining.md), or "
                             "leave out the base.")
-        return cfg
+        return None
     base = lineage.open_base(where, spec, cfg.output) if where is not None else None
     if base is None:
         frozen = sorted(k for k, fs in groups.items() if fs[0].vocabulary.mode == "frozen")
@@ -363,12 +368,21 @@ def with_lineage(cfg: jobs.JobConfig) -> jobs.JobConfig:
     path = None
     if base is not None and not (tio.is_url(base.directory) or tio.is_url(cfg.output)):
         path = os.path.relpath(base.directory, cfg.output)  # the manifest does not depend on where both are
-    return dataclasses.replace(cfg, lineage=lineage.lineage_seed(base, day, path))
+    return lineage.lineage_seed(base, day, path)
 
 
-def run_vocab(cfg: jobs.JobConfig, beam_args: Sequence[str] = ()) -> Manifest:
+def _kept_read_memory(cfg: JobConfig, beam_args: Sequence[str]) -> int:
+    """Of a kept read, the bytes that may stay in memory: `cfg.read_memory_bytes` where the pass that replays it
+    runs in this process, else 0 (all of it in spill files)."""
+    return cfg.read_memory_bytes if runs_in_process(beam_args) else 0
+
+
+def run_vocab(cfg: JobConfig, beam_args: Sequence[str] = (), keep_read: bool = False) -> Manifest:
+    """The vocabulary job. Every vocabulary job records its chunks' sizes (`chunk_sizes`): `run`'s shard job takes
+    them, a later `tpu-embed shard` reads them (`run_shard`). `keep_read`: also keep the read for `run`'s shard
+    job to replay (`pipelines.read.spill`)."""
     cfg = paths.for_workers(cfg, runner_name(beam_args))
-    cfg = with_lineage(cfg)
+    seed = lineage_seed_for(cfg)
     files = splits.list_input_files(cfg.spec.input_patterns())
     if not cfg.spec.vocabulary_groups():
         # Nothing to count: still write a manifest with the spec.
@@ -376,22 +390,21 @@ def run_vocab(cfg: jobs.JobConfig, beam_args: Sequence[str] = ()) -> Manifest:
                                   files=[], extra={"vocabularies": {}})
         return read_manifest(cfg.output)
     split = split_bytes_for(cfg, beam_args)
-    # Every vocabulary job records its chunks' sizes (`chunk_sizes`): `run`'s shard job takes them, a later
-    # `tpu-embed shard` reads them (`run_shard`).
-    cfg = dataclasses.replace(cfg, record_chunk_sizes=True)
-    _run(lambda p: jobs.build_vocab_pipeline(p, cfg, files, split), beam_args, "vocabulary")
+    vocab_pass = VocabPass(lineage=seed, keep_read=keep_read,
+                           read_memory_bytes=_kept_read_memory(cfg, beam_args) if keep_read else 0)
+    _run(lambda p: jobs.build_vocab_pipeline(p, cfg, files, split, vocab_pass), beam_args, "vocabulary")
     m = read_manifest(cfg.output)
     check_outcome(cfg, m, "vocab")
     return m
 
 
-def vocab_sizes_for(cfg: jobs.JobConfig) -> Dict[str, int]:
+def vocab_sizes_for(cfg: JobConfig) -> Dict[str, int]:
     vdir = cfg.vocab_dir or cfg.output
     groups = cfg.spec.vocabulary_groups()
     if not groups:
         return {}
     try:
-        m = read_manifest(vdir)
+        m: Optional[Manifest] = read_manifest(vdir)
     except ManifestNotFoundError:
         m = None
     if m is None or m.vocabularies is None:
@@ -410,23 +423,23 @@ def vocab_sizes_for(cfg: jobs.JobConfig) -> Dict[str, int]:
     return {k: sizes[k] for k in groups}
 
 
-def run_shard(cfg: jobs.JobConfig, beam_args: Sequence[str] = ()) -> Manifest:
+def run_shard(cfg: JobConfig, beam_args: Sequence[str] = (), handed: Optional[ShardPass] = None) -> Manifest:
     """The shard (or profile) job. Cutting steps from a stream needs every chunk's size
-    (`pipelines.sharding.chunk_sizes`): `run` passes them (`cfg.known_chunk_sizes`); else those the vocabulary
-    job recorded for the same read are used, and where there are none (other input files, another chunking or
-    split size) the job reads the input in a first pass that records them and keeps the read, which the
-    second pass replays (`pipelines.read.spill`), as `run` does. Memory stays bounded either way."""
+    (`pipelines.sharding.chunk_sizes`): `run` hands them over (`handed`, with its kept read); else those the
+    vocabulary job recorded for the same read are used, and where there are none (other input files, another
+    chunking or split size) the job reads the input in a first pass that records them and keeps the read, which
+    the second pass replays (`pipelines.read.spill`), as `run` does. Memory stays bounded either way."""
     cfg = paths.for_workers(cfg, runner_name(beam_args))
     files = splits.list_input_files(cfg.spec.input_patterns())
     sizes = vocab_sizes_for(cfg)
     split = split_bytes_for(cfg, beam_args)
-    if cfg.known_chunk_sizes is not None or cfg.replay_read:
-        return _shard(cfg, files, sizes, split, beam_args)
+    if handed is not None and handed.hands_anything:
+        return _shard(cfg, handed, files, sizes, split, beam_args)
     key = chunk_sizes.read_key(cfg, files, split)
     recorded = chunk_sizes.read(cfg.vocab_dir or cfg.output, key)
     if recorded is not None:
         try:
-            return _shard(dataclasses.replace(cfg, known_chunk_sizes=recorded), files, sizes, split, beam_args)
+            return _shard(cfg, ShardPass(chunk_sizes=recorded), files, sizes, split, beam_args)
         except Exception as e:  # noqa: BLE001 - which runner raised it (and how it wrapped it) varies
             if not _input_changed(e):
                 raise
@@ -438,36 +451,37 @@ def run_shard(cfg: jobs.JobConfig, beam_args: Sequence[str] = ()) -> Manifest:
 def _input_changed(e: BaseException) -> bool:
     """Whether `e` (as the runner raised it) is the shard job's `InputChangedError`."""
     seen = set()
-    while e is not None and id(e) not in seen:
-        seen.add(id(e))
-        if isinstance(e, InputChangedError) or INPUT_CHANGED in str(e):
+    cause: Optional[BaseException] = e
+    while cause is not None and id(cause) not in seen:
+        seen.add(id(cause))
+        if isinstance(cause, InputChangedError) or INPUT_CHANGED in str(cause):
             return True
-        e = e.__cause__ or e.__context__
+        cause = cause.__cause__ or cause.__context__
     return False
 
 
-def _two_pass_shard(cfg: jobs.JobConfig, files, sizes: Dict[str, int], split: int, key: dict,
+def _two_pass_shard(cfg: JobConfig, files: Sequence[InputFile], sizes: Dict[str, int], split: int, key: dict,
                     beam_args: Sequence[str]) -> Manifest:
     """The read first (its chunks' sizes recorded, the read kept), then the shard job replaying it."""
-    memory = cfg.read_memory_bytes if runs_in_process(beam_args) else 0  # kept where the second pass reads it
+    memory = _kept_read_memory(cfg, beam_args)
     read_spill.remove(cfg.output)  # a killed run's
     try:
-        _run(lambda p: jobs.build_read_pipeline(p, dataclasses.replace(cfg, read_memory_bytes=memory), files, split),
+        _run(lambda p: jobs.build_read_pipeline(p, cfg, files, split, memory),
              beam_args, "shard" if cfg.write_shards else "profile")
         known = chunk_sizes.take(cfg.output, key, chunk_sizes.READ_PASS_FILENAME)
         if known is None:  # the first pass wrote it moments ago
             raise RuntimeError(f"{chunk_sizes.path(cfg.output, chunk_sizes.READ_PASS_FILENAME)} is missing or "
                                "from another read: the output directory changed while the job ran; re-run it.")
-        return _shard(dataclasses.replace(cfg, known_chunk_sizes=known, replay_read=True), files, sizes, split,
-                      beam_args)
+        return _shard(cfg, ShardPass(chunk_sizes=known, replay_read=True), files, sizes, split, beam_args)
     finally:
         read_spill.remove(cfg.output)
 
 
-def _shard(cfg: jobs.JobConfig, files, sizes: Dict[str, int], split: int, beam_args: Sequence[str]) -> Manifest:
+def _shard(cfg: JobConfig, handed: ShardPass, files: Sequence[InputFile], sizes: Dict[str, int], split: int,
+           beam_args: Sequence[str]) -> Manifest:
     try:
-        _run(lambda p: jobs.build_shard_pipeline(p, cfg, files, sizes, split), beam_args,
-             "shard" if cfg.write_shards else "profile", reads_input=not cfg.replay_read)
+        _run(lambda p: jobs.build_shard_pipeline(p, cfg, files, sizes, split, handed), beam_args,
+             "shard" if cfg.write_shards else "profile", reads_input=not handed.replay_read)
     finally:
         shard_runs.remove(cfg.output)  # a failed job's runs (a finished job removed its own)
     m = read_manifest(cfg.output)
@@ -476,12 +490,12 @@ def _shard(cfg: jobs.JobConfig, files, sizes: Dict[str, int], split: int, beam_a
     return read_manifest(cfg.output)
 
 
-def run_profile(cfg: jobs.JobConfig, beam_args: Sequence[str] = ()) -> Manifest:
-    cfg = dataclasses.replace(cfg, write_shards=False, write_profile=True)
-    return run_shard(cfg, beam_args)
+def run_profile(cfg: JobConfig, beam_args: Sequence[str] = ()) -> Manifest:
+    """The shard job writing the profile and no shards."""
+    return run_shard(dataclasses.replace(cfg, write_shards=False, write_profile=True), beam_args)
 
 
-def run_all(cfg: jobs.JobConfig, beam_args: Sequence[str] = ()) -> Manifest:
+def run_all(cfg: JobConfig, beam_args: Sequence[str] = ()) -> Manifest:
     """Vocabulary job, then shards + profile in one read of the data (and, with `cfg.transform_output`, the
     artifact's tf.Transform output: `pipelines.tft_output_writer`).
 
@@ -492,15 +506,14 @@ def run_all(cfg: jobs.JobConfig, beam_args: Sequence[str] = ()) -> Manifest:
     run in this process (`runs_in_process`), the rest in spill files."""
     cfg = paths.for_workers(cfg, runner_name(beam_args))
     reuse = cfg.reuse_read and bool(cfg.spec.vocabulary_groups())  # else the vocabulary job reads nothing
-    memory = cfg.read_memory_bytes if runs_in_process(beam_args) else 0  # kept where the shard job reads it
     read_spill.remove(cfg.output)  # a killed run's
     # Started first: a graph not in the cache is built in a child process while the jobs run.
     graph = tft_output_writer.start(cfg.spec, cfg.base_artifact) if cfg.transform_output else None
     try:
-        run_vocab(dataclasses.replace(cfg, vocab_dir=None, spill_read=reuse, read_memory_bytes=memory), beam_args)
+        run_vocab(cfg, beam_args, keep_read=reuse)
         known = chunk_sizes.take(cfg.output, chunk_sizes.read_key(cfg, splits.list_input_files(
             cfg.spec.input_patterns()), split_bytes_for(cfg, beam_args)))
-        m = run_shard(dataclasses.replace(cfg, known_chunk_sizes=known, replay_read=reuse), beam_args)
+        m = run_shard(cfg, beam_args, ShardPass(chunk_sizes=known, replay_read=reuse))
         if graph is not None:
             m = tft_output_writer.write(cfg.output, cfg.spec, graph)
         return m

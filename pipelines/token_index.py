@@ -32,7 +32,7 @@ import pyarrow.compute as pc
 _native: Any = None
 if os.environ.get("TPU_EMBED_NATIVE", "1") != "0":
     try:
-        from pipelines import _token_index as _native
+        from pipelines import _token_index as _native  # type: ignore[attr-defined,no-redef]  # a C extension
     except ImportError:  # pragma: no cover - installed with TPU_EMBED_NATIVE=optional, the build failed
         pass
 
@@ -302,6 +302,7 @@ class TokenCounter:
 
     def _add_reference(self, tokens: pa.Array, counts: Optional[np.ndarray]) -> None:
         acc = self._tables
+        assert acc is not None  # the reference's state
         acc.append(_table_of(tokens, counts))
         # Merge when the tables added since the last merge hold as many rows as its result: every token
         # is then re-aggregated O(log n) times.
@@ -316,6 +317,7 @@ class TokenCounter:
             data = np.empty(max(2 * self._data.size, used + token_bytes), np.uint8)
             data[:used] = self._data[:used]
             self._data = data
+        assert self._slots is not None  # built before anything is added
         if n + 1 > min(self._counts.size, len(self._slots) // 2):
             size = 2 * self._counts.size
             self._offsets = np.concatenate([self._offsets[:n + 1], np.zeros(size - n, np.int64)])

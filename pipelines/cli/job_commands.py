@@ -166,7 +166,7 @@ def _job_command(job: str):
         # The spec, and whether the runner's workers can see the paths, are checked before the output is touched.
         cfg = paths.for_workers(job_config(args), runner.runner_name(beam_args))
         if job in ("run_vocab", "run_all"):
-            runner.with_lineage(cfg)  # the base too: `--overwrite` of the base itself must not clear it first
+            runner.lineage_seed_for(cfg)  # the base too: `--overwrite` of the base itself must not clear it first
         # One command at a time per output; a killed or failed one's directory is taken over (pipelines.output).
         with output.claim(args.output, args.command, args.overwrite) as claimed:
             getattr(runner, job)(cfg, beam_args)

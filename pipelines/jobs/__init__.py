@@ -11,14 +11,17 @@ Composite transforms (each testable alone with TestPipeline + assert_that):
     dead_letters.WriteDeadLetters         dead letters -> dead_letter/<input file>.jsonl
     manifest_writer.write_manifest        manifest.json, after every other output
 
-`vocab_job.build_vocab_pipeline` / `shard_job.build_shard_pipeline` wire them for a `config.JobConfig`
-(`shard_job.build_read_pipeline`: the shard job's first pass where no vocabulary job recorded its read).
+`vocab_job.build_vocab_pipeline` / `shard_job.build_shard_pipeline` wire them for a `job_config.JobConfig`
+(the user's options) and what the runner decided for that pass (`pass_plan.VocabPass`, `pass_plan.ShardPass`);
+`shard_job.build_read_pipeline`: the shard job's first pass where no vocabulary job recorded its read.
 Shared by the stages: `counters` (Beam counters), `tagged` (one output per step), `coders` (large elements).
 The work itself is Beam-free, in `pipelines.read`, `pipelines.mapping` and `pipelines.sharding`.
 """
 
-from pipelines.jobs.config import JobConfig
+from pipelines.jobs.job_config import JobConfig
+from pipelines.jobs.pass_plan import ShardPass, VocabPass
 from pipelines.jobs.shard_job import build_read_pipeline, build_shard_pipeline
 from pipelines.jobs.vocab_job import build_vocab_pipeline
 
-__all__ = ["JobConfig", "build_read_pipeline", "build_shard_pipeline", "build_vocab_pipeline"]
+__all__ = ["JobConfig", "ShardPass", "VocabPass", "build_read_pipeline", "build_shard_pipeline",
+           "build_vocab_pipeline"]

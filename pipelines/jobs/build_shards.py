@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import typing
+from typing import Optional, Union
 
 import apache_beam as beam
 from apache_beam.transforms.window import GlobalWindows
@@ -17,6 +18,8 @@ from pipelines.jobs.tagged import split_tagged
 from pipelines.sharding import runs as shard_runs
 from pipelines.sharding import step_records
 from tpu_embed.artifact import tfrecord
+from tpu_embed.artifact.spec import Spec
+from tpu_embed.sparsecore.layout import SparseCoreLayout
 
 PROFILE_STEPS_BEHIND = 4  # steps a bundle's profile thread may lag (their ids are held meanwhile)
 # Steps whose records a bundle's build thread may make ahead of the worker writing them: the CSR packing
@@ -36,11 +39,15 @@ class _BuildStep(beam.DoFn):
     are packed and written (native code, without the GIL); the partial is emitted when the bundle ends.
     """
 
-    def __init__(self, spec, vocab_sizes, limits, steps_per_file: int, encode: bool, output: str,
+    def __init__(self, spec: Spec, vocab_sizes, limits, steps_per_file: int, encode: bool, output: str,
                  collector=None):
         self.spec, self.vocab_sizes, self.limits = spec, vocab_sizes, limits
         self.steps_per_file, self.encode, self.output, self.collector = steps_per_file, encode, output, collector
-        self.layout = self.runs = self.profiling = self.building = self.profile_child = None
+        self.layout: Optional[SparseCoreLayout] = None  # from setup
+        self.runs: Optional[shard_runs.RunWriter] = None  # a bundle's, from start_bundle
+        self.building: Optional[Behind] = None
+        self.profiling: Optional[Union[profile_worker.ProfileThread, profile_worker.ProfileProcess]] = None
+        self.profile_child: Optional[child_process.Child] = None
 
     def setup(self):
         self.layout = self.spec.layout(self.vocab_sizes)
@@ -69,6 +76,7 @@ class _BuildStep(beam.DoFn):
 
     def process(self, kv):
         step, block = kv
+        assert self.building is not None  # start_bundle's
         self.building.run(self._build, step, block)
         for built in self.building.results():
             yield from self._emit(*built)
@@ -79,6 +87,7 @@ class _BuildStep(beam.DoFn):
     def _emit(self, step, records, gids, oov, counts):
         inc_counters(counts)
         yield "stats", dict(counts)
+        assert self.runs is not None  # start_bundle's
         for host, rec in records:
             for written in self.runs.add((host, step // self.steps_per_file), step, rec):
                 yield "runs", written
@@ -86,6 +95,7 @@ class _BuildStep(beam.DoFn):
             self._profiling().add_step(gids, oov, step, validate=not self.encode)
 
     def finish_bundle(self):
+        assert self.building is not None and self.runs is not None  # start_bundle's
         for built in self.building.close():
             for out in self._emit(*built):
                 yield GlobalWindows.windowed_value(out)
@@ -158,7 +168,7 @@ class BuildShards(beam.PTransform):
     partial profile as it builds them (`_BuildStep`); `CollectProfile` merges the partials.
     """
 
-    def __init__(self, spec, vocab_sizes, limits, output: str, steps_per_file: int = 1000,
+    def __init__(self, spec: Spec, vocab_sizes, limits, output: str, steps_per_file: int = 1000,
                  write_shards: bool = True, profile: bool = True, candidate_chip_counts=None, frequency_ids=None):
         """`frequency_ids`: as for `collect_profile.profile_collector` (balanced vocabularies)."""
         super().__init__()

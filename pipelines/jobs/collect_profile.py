@@ -20,11 +20,12 @@ from pipelines.output import FileInfo
 from profiles.whatif_steps import WhatIfCollector, write_what_if_steps
 from tpu_embed.artifact import io as tio
 from tpu_embed.artifact.manifest import ManifestError, read_manifest
+from tpu_embed.artifact.spec import Spec
 
 log = logging.getLogger("tpu_embed.pipelines")
 
 
-def profile_collector(spec, vocab_sizes, candidate_chip_counts=None, *, warn_skipped: bool = False,
+def profile_collector(spec: Spec, vocab_sizes, candidate_chip_counts=None, *, warn_skipped: bool = False,
                       frequency_ids=None):
     """The job's `profiles.ProfileCollector`: the one that builds the partial profiles and merges them.
 
@@ -116,13 +117,14 @@ def base_profile(vocab_dir: str, profile_dir: str, collector) -> Optional[Profil
         return None
     if lin.base is None:
         return ProfileWindow((lin.day,))
-    base_dir = _under(vocab_dir, lin.base.path)
+    base_path = lin.base.path
+    base_dir = _under(vocab_dir, base_path)
     alone = (lin.day,)
 
     def not_merged(why: str) -> ProfileWindow:
         log.warning("the profile of day %d covers that day only: the profile of its base %s is not merged (%s)",
                     lin.day, base_dir, why)
-        return ProfileWindow(alone, base=lin.base.path, not_merged=why)
+        return ProfileWindow(alone, base=base_path, not_merged=why)
 
     try:
         bm = read_manifest(base_dir)
@@ -166,7 +168,7 @@ class CollectProfile(beam.PTransform):
     """Partial profiles (PCollection(s): BuildShards' "profile") -> paths written by
     profiles.ProfileStore(directory). `candidate_chip_counts` as given to BuildShards."""
 
-    def __init__(self, spec, vocab_sizes, directory: str, candidate_chip_counts=None,
+    def __init__(self, spec: Spec, vocab_sizes, directory: str, candidate_chip_counts=None,
                  base_directory: Optional[str] = None, frequency_ids=None):
         """`base_directory`: a base profile to merge this one into (`ProfileWindow.base_directory`);
         `frequency_ids` as for `profile_collector`."""

@@ -23,7 +23,7 @@ from pipelines.user_errors import UserError
 from tpu_embed.artifact import io as tio
 from tpu_embed.artifact import lineage
 from tpu_embed.artifact.manifest import read_manifest
-from tpu_embed.artifact.spec import vocabulary_filename
+from tpu_embed.artifact.spec import Spec, vocabulary_filename
 
 
 @beam.typehints.with_output_types(BulkElement)
@@ -62,7 +62,7 @@ def _uncounted(key: str, counted: List[str]):
 class _WriteVocabulary(beam.DoFn):
     """(key, token counts) -> the vocabulary files of the key's features, and the key's info."""
 
-    def __init__(self, spec, output: str, base: Optional[str] = None, day: int = 0):
+    def __init__(self, spec: Spec, output: str, base: Optional[str] = None, day: int = 0):
         """`base`: the base artifact of the vocabularies of mode append / frozen (None: the first day); `day`:
         this run's day in their lineage (`tpu_embed.artifact.lineage`)."""
         self.spec, self.output, self.base, self.day = spec, output, base, day
@@ -94,7 +94,7 @@ def _base_counts(base: Optional[str], key: str):
     return lineage.BaseArtifact(base, read_manifest(base)).token_counts(key) if base else None
 
 
-def _lineage_files(spec, output, key, r, tokens, table, distinct, total, extra=None):
+def _lineage_files(spec: Spec, output, key, r, tokens, table, distinct, total, extra=None):
     """The token-count file of a vocabulary of mode append / frozen (`table`: its token counts in id order), its
     vocabulary files (`tokens` in id order) and its info with the mode's figures (`r`: the mode's result)."""
     v = spec.vocabulary_groups()[key][0].vocabulary
@@ -114,7 +114,7 @@ def _lineage_files(spec, output, key, r, tokens, table, distinct, total, extra=N
 class _DraftVocabulary(beam.DoFn):
     """(key, token counts) -> (key, `balanced_ids.VocabularyDraft`): the vocabulary before its ids are balanced."""
 
-    def __init__(self, spec, base: Optional[str] = None, day: int = 0):
+    def __init__(self, spec: Spec, base: Optional[str] = None, day: int = 0):
         self.spec, self.base, self.day = spec, base, day
 
     def process(self, kv):
@@ -124,13 +124,13 @@ class _DraftVocabulary(beam.DoFn):
         yield key, balanced_ids.draft(self.spec, key, counts, base, self.day)
 
 
-def _assign_ids(drafts, spec, fixed):
+def _assign_ids(drafts, spec: Spec, fixed):
     """[(key, draft without tokens)] of every vocabulary and {table: (ids, lookups)} of the tables whose ids
     nobody chooses -> {key: KeyAssignment} (`balanced_ids.assign`)."""
     return balanced_ids.assign(spec, dict(drafts), fixed)
 
 
-def _fixed_ids(kv, spec):
+def _fixed_ids(kv, spec: Spec):
     table, counts = kv
     return table, balanced_ids.fixed_table_ids(spec, table, counts)
 
@@ -140,7 +140,7 @@ class _WriteBalanced(beam.DoFn):
     """(key, draft) and every key's ids -> the key's vocabulary files in balanced id order, its frequency-ids file
     (and under append / frozen its token-count file), and the key's info with the assignment's record."""
 
-    def __init__(self, spec, output: str):
+    def __init__(self, spec: Spec, output: str):
         self.spec, self.output = spec, output
 
     def process(self, kv, assignment):
@@ -160,7 +160,7 @@ class _WriteBalanced(beam.DoFn):
         yield from _vocab_outputs(self.spec, self.output, key, numbered.tokens, d.kept, d.distinct, d.total, extra)
 
 
-def _vocab_outputs(spec, output, key, tokens, kept: int, distinct, total, extra=None):
+def _vocab_outputs(spec: Spec, output, key, tokens, kept: int, distinct, total, extra=None):
     """("files", FileInfo) of each feature's vocabulary file (the same tokens), then ("info", the key's info).
     `kept`: the occurrences of the vocabulary's tokens in this run's data."""
     feats = spec.vocabulary_groups()[key]
@@ -184,7 +184,7 @@ def _vocab_outputs(spec, output, key, tokens, kept: int, distinct, total, extra=
 class ComputeVocabulary(beam.PTransform):
     """ParsedChunk -> {"vocabularies": per-key info dicts, "files": FileInfo} (files written under output/vocab)."""
 
-    def __init__(self, spec, output: str, engine: str = "combine", base: Optional[str] = None, day: int = 0):
+    def __init__(self, spec: Spec, output: str, engine: str = "combine", base: Optional[str] = None, day: int = 0):
         """`base`, `day`: for the vocabularies of mode append / frozen (`_WriteVocabulary`)."""
         super().__init__()
         if engine not in ("combine", "tft"):
@@ -261,7 +261,7 @@ class ComputeVocabulary(beam.PTransform):
         return {"vocabularies": out["info"], "files": out["files"]}
 
 
-def _copy_tft_vocabulary(kv, _written, spec, output: str, names):
+def _copy_tft_vocabulary(kv, _written, spec: Spec, output: str, names):
     """(key, token counts) -> the vocabulary files of the key from tft's asset (after `_written`: the
     transform_fn is written), with the info of the combine engine."""
     key, counts = kv

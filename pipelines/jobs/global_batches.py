@@ -208,6 +208,7 @@ class FormGlobalBatches(beam.PTransform):
                     | "Info" >> beam.Map(_checked_info, beam.pvalue.AsList(sizes), known,
                                          static).with_output_types(Any))
         starts = _ChunkStarts(None if known is None else dict(known))
+        splitter: beam.DoFn
         if seed is None and known is not None:
             splitter = _StitchSteps(starts, self.batch, self.num_dense)
         elif seed is None:

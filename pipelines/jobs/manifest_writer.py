@@ -18,6 +18,7 @@ import apache_beam as beam
 import yaml
 
 from pipelines.jobs.counters import MAX_PREFIX, SumCounters
+from pipelines.jobs.job_config import JobConfig
 from pipelines.output import write_atomic
 from pipelines.read import value_kinds
 from pipelines.read.records import InputFile
@@ -37,7 +38,7 @@ from tpu_embed.artifact.manifest import (
 TRANSFORM_OUTPUT_KIND = "transform_output"  # the files of `pipelines.tft_output_writer`
 
 
-def job_json(cfg, files: Sequence[InputFile], job: str) -> dict:
+def job_json(cfg: JobConfig, files: Sequence[InputFile], job: str) -> dict:
     """The job's section of the manifest: what it was given (spec, inputs, options)."""
     spec = cfg.spec
     d = {
@@ -208,7 +209,7 @@ def _summary_counts(stats: Dict[str, int], batching: dict, job_cfg: dict) -> dic
     valid = stats.get("records_valid", 0)
     padding = stats.get("examples_padding", 0)
     written = stats.get("examples_in_steps", 0) - padding
-    features = collections.defaultdict(dict)
+    features: Dict[str, Dict[str, int]] = collections.defaultdict(dict)
     for k, v in stats.items():
         if k.startswith("feature/"):
             _, name, what = k.split("/", 2)

@@ -17,7 +17,7 @@ from pipelines.mapping import ids
 from pipelines.read.parse import ParsedChunk
 from pipelines.token_index import TokenIndex
 from tpu_embed.artifact import io as tio
-from tpu_embed.artifact.spec import vocabulary_filename
+from tpu_embed.artifact.spec import Spec, vocabulary_filename
 from tpu_embed.sparsecore.csr import native_threads
 
 
@@ -25,9 +25,9 @@ from tpu_embed.sparsecore.csr import native_threads
 class _MapToIds(beam.DoFn):
     """A chunk's tokens -> ids through the vocabularies (`pipelines.mapping.ids.map_chunk`), every policy counted."""
 
-    def __init__(self, spec, vocab_dir: str, sizes: Optional[Dict[str, int]] = None):
+    def __init__(self, spec: Spec, vocab_dir: str, sizes: Optional[Dict[str, int]] = None):
         self.spec, self.vocab_dir, self.sizes = spec, vocab_dir, sizes
-        self.vocabs = None
+        self.vocabs: Dict[str, TokenIndex] = {}  # from setup
 
     def setup(self):
         # Each vocabulary's hash table is built once per worker, not once per chunk; natively without the GIL,
@@ -37,14 +37,14 @@ class _MapToIds(beam.DoFn):
             self.vocabs = dict(zip(vocabs, pool.map(TokenIndex, vocabs.values())))
 
     def process(self, chunk: ParsedChunk):
-        counts = collections.Counter()
+        counts: collections.Counter = collections.Counter()
         block = ids.map_chunk(chunk, self.spec, self.vocabs, counts, self.sizes)
         inc_counters(counts)
         yield "stats", dict(counts)
         yield "blocks", ((chunk.file_index, chunk.chunk_index), block)
 
 
-def load_vocabularies(spec, vocab_dir: str) -> Dict[str, pa.Array]:
+def load_vocabularies(spec: Spec, vocab_dir: str) -> Dict[str, pa.Array]:
     """{vocabulary key: its tokens in id order} from the vocabulary files under vocab_dir/vocab."""
     out = {}
     for key, feats in spec.vocabulary_groups().items():
@@ -79,7 +79,7 @@ def vocabulary_tokens(data: bytes) -> pa.Array:
 class MapToIds(beam.PTransform):
     """ParsedChunk -> {"blocks": ((file, chunk), ExampleBlock), "stats": counter dicts}."""
 
-    def __init__(self, spec, vocab_dir: str, sizes: Optional[Dict[str, int]] = None):
+    def __init__(self, spec: Spec, vocab_dir: str, sizes: Optional[Dict[str, int]] = None):
         """`sizes`: the vocabulary sizes of the manifest, each the first OOV id (a capacity, under one)."""
         super().__init__()
         self.spec, self.vocab_dir, self.sizes = spec, vocab_dir, sizes

@@ -24,6 +24,7 @@ from pipelines.read.records import (
     RawBatch,
     StrictModeError,
 )
+from tpu_embed.artifact.spec import Spec
 from tpu_embed.sparsecore.csr import native_threads
 
 
@@ -35,7 +36,7 @@ class _ReadAndParse(beam.DoFn):
     (file, record) order whatever the splits, which is the order global batches follow.
     """
 
-    def __init__(self, spec, strict: bool, chunk_rows: int, spill: Optional[str] = None,
+    def __init__(self, spec: Spec, strict: bool, chunk_rows: int, spill: Optional[str] = None,
                  replay: Optional[str] = None, spill_memory_bytes: int = 0):
         self.spec = spec
         self.strict = strict
@@ -187,7 +188,7 @@ class ReadExamples(beam.PTransform):
     vectorised pass over those splits first ("CsvScan", in parallel), then the reads.
     """
 
-    def __init__(self, spec, files: Sequence[InputFile], strict: bool = False,
+    def __init__(self, spec: Spec, files: Sequence[InputFile], strict: bool = False,
                  chunk_rows: int = DEFAULT_CHUNK_ROWS, split_bytes: int = splits.DEFAULT_SPLIT_BYTES,
                  spill: Optional[str] = None, replay: Optional[str] = None, spill_memory_bytes: int = 0):
         super().__init__()

@@ -19,11 +19,12 @@ from pipelines.jobs.collect_profile import (
     profile_collector,
     profile_file_infos,
 )
-from pipelines.jobs.config import JobConfig
 from pipelines.jobs.dead_letters import WriteDeadLetters
 from pipelines.jobs.global_batches import FormGlobalBatches
+from pipelines.jobs.job_config import JobConfig
 from pipelines.jobs.manifest_writer import job_json, write_manifest
 from pipelines.jobs.map_to_ids import MapToIds
+from pipelines.jobs.pass_plan import ShardPass
 from pipelines.jobs.read_examples import ReadExamples, RecordChunkSizes
 from pipelines.mapping import balanced_ids
 from pipelines.output import FileInfo
@@ -43,30 +44,34 @@ def _profile_extra(paths: List[str], directory: str, window: Optional[ProfileWin
                         **(window.manifest_fields() if window is not None else {})}}
 
 
-def build_read_pipeline(p, cfg: JobConfig, files: Sequence[InputFile], split_bytes: Optional[int] = None):
-    """Read, keep the read (`pipelines.read.spill`, up to `cfg.read_memory_bytes` in this process) and record every
+def build_read_pipeline(p: beam.Pipeline, cfg: JobConfig, files: Sequence[InputFile], split_bytes: Optional[int],
+                        read_memory_bytes: int):
+    """Read, keep the read (`pipelines.read.spill`, up to `read_memory_bytes` in this process) and record every
     chunk's size under `chunk_sizes.READ_PASS_FILENAME`. `split_bytes` as for `build_vocab_pipeline`."""
     split = cfg.read_split_bytes(split_bytes)
     read = p | "Read" >> ReadExamples(cfg.spec, files, cfg.strict, cfg.chunk_rows, split,
-                                      spill=read_spill.spill_dir(cfg.output), spill_memory_bytes=cfg.read_memory_bytes)
+                                      spill=read_spill.spill_dir(cfg.output), spill_memory_bytes=read_memory_bytes)
     return read["chunks"] | "ChunkSizes" >> RecordChunkSizes(cfg.output, chunk_sizes.read_key(cfg, files, split),
                                                              chunk_sizes.READ_PASS_FILENAME)
 
 
-def build_shard_pipeline(p, cfg: JobConfig, files: Sequence[InputFile], vocab_sizes: Dict[str, int],
-                         split_bytes: Optional[int] = None):
-    """`split_bytes` as for `build_vocab_pipeline`."""
+def build_shard_pipeline(p: beam.Pipeline, cfg: JobConfig, files: Sequence[InputFile], vocab_sizes: Dict[str, int],
+                         split_bytes: Optional[int] = None, handed: Optional[ShardPass] = None):
+    """`split_bytes` as for `build_vocab_pipeline`. `handed`: what the first pass hands this one, the chunks'
+    sizes and the kept read (None: neither)."""
+    handed = handed or ShardPass()
     spec = cfg.spec
     layout = spec.layout(vocab_sizes)
     limits = shard_limits.resolve_limits(spec, layout, cfg.plan, auto=cfg.write_shards and cfg.write_profile)
     fmt = shard_format_for(spec, layout, limits)
     read = p | "Read" >> ReadExamples(spec, files, cfg.strict, cfg.chunk_rows, cfg.read_split_bytes(split_bytes),
-                                      replay=read_spill.spill_dir(cfg.output) if cfg.replay_read else None)
+                                      replay=read_spill.spill_dir(cfg.output) if handed.replay_read else None)
     dead_files = read["dead"] | "DeadLetters" >> WriteDeadLetters(cfg.output, files, cfg.dead_letter_limit)
     mapped = read["chunks"] | "Ids" >> MapToIds(spec, cfg.vocab_dir or cfg.output, vocab_sizes)
     batches = mapped["blocks"] | "Batches" >> FormGlobalBatches(spec.global_batch_size, len(spec.dense),
-                                                                cfg.tail_policy, spec.shuffle and spec.shuffle.seed,
-                                                                spec.epochs, cfg.known_chunk_sizes)
+                                                                cfg.tail_policy,
+                                                                spec.shuffle.seed if spec.shuffle else None,
+                                                                spec.epochs, handed.chunk_sizes)
     # Balanced ids (`partition: {ids: balanced}`): the profile also counts every step in frequency order.
     freq = (balanced_ids.load_frequency_ids(spec, cfg.vocab_dir or cfg.output)
             if cfg.write_profile and spec.partition.balanced_ids else None)
@@ -85,7 +90,8 @@ def build_shard_pipeline(p, cfg: JobConfig, files: Sequence[InputFile], vocab_si
                               profile_collector(spec, vocab_sizes, cfg.candidate_chip_counts, warn_skipped=True,
                                                 frequency_ids=freq))
         paths = built["profile"] | "Profile" >> CollectProfile(spec, vocab_sizes, pdir, cfg.candidate_chip_counts,
-                                                               window and window.base_directory, frequency_ids=freq)
+                                                               window.base_directory if window else None,
+                                                               frequency_ids=freq)
         file_pcolls.append(paths | "ProfileFileInfo" >> beam.FlatMap(profile_file_infos, cfg.output)
                            .with_output_types(FileInfo))
         extras.append(paths | "ProfileInfo" >> beam.Map(_profile_extra, pdir, window).with_output_types(typing.Any))

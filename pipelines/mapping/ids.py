@@ -101,7 +101,7 @@ def _row_of(lengths: np.ndarray, value: int) -> int:
 def _value_text(fv: FeatureValues, i: int) -> str:
     if fv.ints is not None:
         return str(int(fv.ints[i]))
-    v = fv.tokens[i].as_py()
+    v = fv.tokens[i].as_py()  # type: ignore[index]  # tokens where there are no ints
     return repr(v.decode("utf-8", "backslashreplace") if isinstance(v, bytes) else v)
 
 

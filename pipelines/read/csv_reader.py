@@ -206,7 +206,8 @@ def _plain_table(data: bytes, names: List[str], columns: List[str], delimiter: s
         if c in split:
             offsets, codes, d_offsets, d_data = parts
             lengths = np.diff(np.frombuffer(offsets, np.int64))
-            encoded[c] = (encode[c], lengths, encoded_from_buffers(np.frombuffer(codes, np.int32), d_offsets, d_data))
+            tokens = encoded_from_buffers(np.frombuffer(codes, np.int32), d_offsets, d_data)
+            encoded[c] = (encode[c], lengths, tokens)  # type: ignore[index]  # split: columns of encode
         else:
             table[c] = pa.Array.from_buffers(pa.large_string(), records, [
                 None, pa.py_buffer(parts[0]), pa.py_buffer(parts[1])])

@@ -33,7 +33,7 @@ BOM = b"\xef\xbb\xbf"
 _csv_native: Any = None  # the native scanner (native/_csv_native.c, built in place by the install), else numpy
 if os.environ.get("TPU_EMBED_NATIVE", "1") != "0":
     try:
-        from pipelines import _csv_native
+        from pipelines import _csv_native  # type: ignore[attr-defined,no-redef]  # a C extension
     except ImportError:  # pragma: no cover - installed with TPU_EMBED_NATIVE=optional, the build failed
         pass
 
@@ -68,7 +68,8 @@ def _scan(b: np.ndarray, lo: int, hi: int, q: int, bof: int, delim: int, after: 
         else:
             end = _csv_native.quote_states(b, lo, hi, q, bof, delim, after, flags)
             other = end ^ 1
-        return breaks + lo, (flags.view(bool) if records else None), (other if q else end), (end if q else other)
+        return (breaks + lo, (flags.view(bool) if records else None),  # type: ignore[union-attr]  # set with records
+                (other if q else end), (end if q else other))
     seg = b[lo:hi]
     brk = seg == LF
     cr = seg == CR
@@ -250,7 +251,7 @@ class Scanner:
         self.kept = max(self.kept, min(keep_from, self.pos - 1))
 
 
-def _scan_end(b: bytes, lo: int, eof: bool) -> int:
+def _scan_end(b: Union[bytes, bytearray], lo: int, eof: bool) -> int:
     """The end of the part of b[lo:] that can be scanned now: all of it at the end of the file, else
     without a trailing run of quote characters (it may go on) or a trailing \\r (it may be a \\r\\n)."""
     hi = len(b)

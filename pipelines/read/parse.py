@@ -329,7 +329,7 @@ def _categorical(raw: RawBatch, f, probs: _Problems) -> FeatureValues:
             if tokens is not None:
                 tokens = tokens.filter(pa.array(vkeep))
             else:
-                ints = ints[vkeep]
+                ints = ints[vkeep]  # type: ignore[index]  # ints where there are no tokens
                 nulls = None if nulls is None else nulls[vkeep]
             w = w[wkeep]
         weights = w

@@ -114,9 +114,10 @@ class ExampleBlock:
 
 # ---------------------------------------------------------------- global batches
 
-def chunk_offsets(sizes: Sequence[Tuple[Tuple[int, int], int]]) -> Dict[Tuple[int, int], int]:
+def chunk_offsets(sizes: Sequence[Tuple[Tuple[int, int], int]]) -> Dict[Tuple[int, ...], int]:
     """{(file, chunk): first global example index} from every chunk's example count."""
-    out, pos = {}, 0
+    out: Dict[Tuple[int, ...], int] = {}
+    pos = 0
     for key, n in sorted(sizes):
         out[tuple(key)] = pos
         pos += int(n)

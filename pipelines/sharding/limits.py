@@ -6,6 +6,7 @@ from typing import Optional
 
 from profiles import load_plan
 from tpu_embed.artifact.manifest import LimitsInfo
+from tpu_embed.artifact.spec import Spec
 from tpu_embed.sparsecore import (
     DEFAULT_MAX_IDS_PER_CHIP_PER_SAMPLE,
     DEFAULT_MAX_IDS_PER_TABLE,
@@ -28,7 +29,7 @@ def unbounded_limits(layout) -> LimitsInfo:
                       allow_id_dropping=False, source=UNBOUNDED_SOURCE)
 
 
-def resolve_limits(spec, layout, plan_path: Optional[str] = None, *, auto: bool = False) -> LimitsInfo:
+def resolve_limits(spec: Spec, layout, plan_path: Optional[str] = None, *, auto: bool = False) -> LimitsInfo:
     """Limits from a plan file (profiles.load_plan), else the spec's `limits`; else, with `auto` (the
     job also profiles), unbounded limits to be replaced by the plan of that profile; else TF's defaults."""
     stacks = list(layout.stacks)

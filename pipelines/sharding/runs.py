@@ -28,7 +28,7 @@ import dataclasses
 import hashlib
 import os
 import uuid
-from typing import Dict, Iterable, Iterator, List, Optional, Tuple
+from typing import IO, Dict, Iterable, Iterator, List, Optional, Tuple
 
 from pipelines.background import Behind
 from tpu_embed.artifact import io as tio
@@ -71,7 +71,8 @@ class _Open:
 
     def __init__(self, path: str):
         self.path, self.fh = path, tio.open_write(path)
-        self.hash, self.size, self.records = hashlib.sha256(), 0, []
+        self.hash, self.size = hashlib.sha256(), 0
+        self.records: List[Tuple[int, int, int]] = []  # (step, offset, length) of each frame
         self.synced = 0 if not tio.is_url(path) else None  # bytes synced to disk (None: an object store)
 
     def append(self, step: int, frame: bytes) -> None:
@@ -147,7 +148,7 @@ def frames_in_step_order(runs: Iterable[Run]) -> Iterator[bytes]:
         if a[0] == b[0]:
             raise ValueError(f"step {a[0]} was built twice ({a[1]}, {b[1]}): the runner delivered one bundle's "
                              "output twice; re-run the job.")
-    handles: "collections.OrderedDict[str, object]" = collections.OrderedDict()
+    handles: "collections.OrderedDict[str, IO[bytes]]" = collections.OrderedDict()
     try:
         for _step, path, offset, length in entries:
             fh = handles.get(path)

@@ -67,7 +67,7 @@ def chip_entries(block: ExampleBlock, spec, layout, chips) -> List[Dict[str, tup
     `split_global_batch(global_ids_of(block, spec), layout)` (tests/pipelines/sharding/test_shard_entries.py)."""
     num_chips = layout.topology.num_chips
     sequence = {f.name: f.sequence_length for f in spec.sparse_core_features}
-    groups: Dict[int, List[Tuple[str, object, np.ndarray]]] = collections.defaultdict(list)
+    groups: Dict[int, List[tuple]] = collections.defaultdict(list)  # (path, feature block, ids per sample)
     for feat in layout.features:
         fb = block.features[feat.path]
         L = sequence.get(feat.path, 0)
@@ -111,7 +111,7 @@ def jax_host_features(block: ExampleBlock, spec, jl: jax_layout_lib.JaxLayout, h
 
 def build_step(step: int, block: ExampleBlock, spec, layout, limits: LimitsInfo, *, encode: bool = True,
                compact: bool = True
-               ) -> Tuple[List[Tuple[int, bytes]], Dict[str, object], Dict[str, int], collections.Counter]:
+               ) -> Tuple[List[Tuple[int, bytes]], GlobalIds, Dict[str, int], collections.Counter]:
     """(records [(host, bytes)], global ids, OOV counts per feature, counters) of one step.
 
     `compact`: the records use `stack_encodings(layout)` (what `shard_format_for` records,

@@ -126,7 +126,7 @@ def vocabulary_fingerprint(files: Sequence[Mapping], spec_fingerprint: str, day:
 
 
 def lineage_seed(base: Optional["BaseArtifact"], day: int, path: Optional[str] = None) -> dict:
-    """What the vocabulary job needs of its lineage (`JobConfig.lineage`): the day and the base (its
+    """What the vocabulary job needs of its lineage: the day and the base (its
     directory, the path recorded for it, its day, fingerprint, lineage id and vocabulary sizes)."""
     if base is None:
         return {"day": day, "base": None}

@@ -20,7 +20,7 @@ import shutil
 import pytest
 
 from pipelines import runner
-from pipelines.jobs import JobConfig, global_batches
+from pipelines.jobs import JobConfig, ShardPass, global_batches
 from pipelines.read import chunk_sizes, splits
 from pipelines.read import spill as read_spill
 from pipelines.sharding import runs as shard_runs
@@ -53,7 +53,7 @@ def _side_input_path(cfg):
     runner.run_vocab(dataclasses.replace(cfg, vocab_dir=None))
     cfg = runner.paths.for_workers(cfg)
     files = splits.list_input_files(cfg.spec.input_patterns())
-    runner._shard(cfg, files, runner.vocab_sizes_for(cfg), _split(cfg), [])
+    runner._shard(cfg, ShardPass(), files, runner.vocab_sizes_for(cfg), _split(cfg), [])
     os.remove(chunk_sizes.path(cfg.output))  # the vocabulary job's record: compared apart
 
 
@@ -193,7 +193,7 @@ def test_sizes_that_do_not_match_the_read_stop_the_shard_job(tmp_path, change):
     bad = {"count": [(k0, n0 - 1)] + rest, "missing chunk": rest,
            "extra chunk": sizes + [((k0[0], 10 ** 9), 5)]}[change]
     with pytest.raises(Exception, match="the input changed after the vocabulary job") as e:
-        runner.run_shard(dataclasses.replace(cfg, record_chunk_sizes=False, known_chunk_sizes=bad))
+        runner.run_shard(cfg, handed=ShardPass(chunk_sizes=bad))
     assert "re-run `tpu-embed run`" in str(e.value)
     assert read_manifest(cfg.output).shards is None  # the shard job wrote no manifest
 

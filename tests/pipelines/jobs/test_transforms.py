@@ -415,8 +415,8 @@ def test_the_jobs_pipelines_stay_small(tmp_path):
     write(tmp_path, "a.csv", GOOD)
     spec = small_spec(tmp_path)
     files = splits.list_input_files(spec.input_patterns())
-    cfg = jobs.JobConfig(spec=spec, output=str(tmp_path / "o"), record_chunk_sizes=True,
-                         known_chunk_sizes=[((0, 0), 5)])
+    cfg = jobs.JobConfig(spec=spec, output=str(tmp_path / "o"))
+    handed = jobs.ShardPass(chunk_sizes=[((0, 0), 5)])
 
     def pardos(build):
         p = beam.Pipeline(options=runner.pipeline_options([]))
@@ -425,7 +425,7 @@ def test_the_jobs_pipelines_stay_small(tmp_path):
         return sum(t.spec.urn == "beam:transform:pardo:v1" for t in transforms)
 
     assert pardos(lambda p: jobs.build_vocab_pipeline(p, cfg, files)) <= 33
-    assert pardos(lambda p: jobs.build_shard_pipeline(p, cfg, files, {"c": 3})) <= 48
+    assert pardos(lambda p: jobs.build_shard_pipeline(p, cfg, files, {"c": 3}, handed=handed)) <= 48
 
 
 def test_no_output_type_of_the_jobs_is_inferred_from_bytecode(tmp_path, monkeypatch):
@@ -435,8 +435,8 @@ def test_no_output_type_of_the_jobs_is_inferred_from_bytecode(tmp_path, monkeypa
     write(tmp_path, "a.csv", GOOD)
     spec = small_spec(tmp_path)
     files = splits.list_input_files(spec.input_patterns())
-    cfg = jobs.JobConfig(spec=spec, output=str(tmp_path / "o"), record_chunk_sizes=True,
-                         known_chunk_sizes=[((0, 0), 5)])
+    cfg = jobs.JobConfig(spec=spec, output=str(tmp_path / "o"))
+    handed = jobs.ShardPass(chunk_sizes=[((0, 0), 5)])
     inferred, depth, infer = [], [0], trivial_inference.infer_return_type
 
     def ours(fn):
@@ -464,7 +464,7 @@ def test_no_output_type_of_the_jobs_is_inferred_from_bytecode(tmp_path, monkeypa
 
     monkeypatch.setattr(trivial_inference, "infer_return_type", recording)
     for build in (lambda p: jobs.build_vocab_pipeline(p, cfg, files),
-                  lambda p: jobs.build_shard_pipeline(p, cfg, files, {"c": 3})):
+                  lambda p: jobs.build_shard_pipeline(p, cfg, files, {"c": 3}, handed=handed)):
         build(beam.Pipeline(options=runner.pipeline_options([])))
     assert len(inferred) > 0 and [q for q in inferred if q] == []
 

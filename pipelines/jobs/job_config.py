@@ -1,18 +1,23 @@
-"""What a job is given: the spec, the output, and how to read, batch and write (`JobConfig`)."""
+"""What the user asks of a job: the spec, the output, and how to read, batch and write (`JobConfig`).
+
+Frozen: the runner derives what one pass needs beyond it (`pipelines.jobs.pass_plan`) instead of
+rewriting it between the passes.
+"""
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, List, Optional, Sequence
+from typing import Optional, Sequence
 
 from pipelines.read import spill, splits
 from pipelines.read.records import DEFAULT_CHUNK_ROWS
 from tpu_embed.artifact import io as tio
+from tpu_embed.artifact.spec import Spec
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(frozen=True)
 class JobConfig:
-    spec: Any  # tpu_embed.artifact.spec.Spec
+    spec: Spec
     output: str
     vocab_dir: Optional[str] = None  # artifact dir holding vocab/ + manifest.json; default: output
     profile_dir: Optional[str] = None  # default: spec.profile_data_directory, relative to output
@@ -28,23 +33,17 @@ class JobConfig:
     write_profile: bool = True
     candidate_chip_counts: Optional[Sequence[int]] = None
     dead_letter_limit: int = 0  # 0: all; else at most this many per input file are written (all counted)
-    # `run`: the vocabulary job records every chunk's valid examples (pipelines.sharding.chunk_sizes) and the
-    # shard job gets them, so its batching needs no side input over the mapped data (FormGlobalBatches).
-    record_chunk_sizes: bool = False
-    known_chunk_sizes: Optional[List[Any]] = None
-    # `run`: the vocabulary job keeps its read (`pipelines.read.spill`) and the shard job replays it.
-    reuse_read: bool = True  # honoured by `runner.run_all`
-    spill_read: bool = False
-    replay_read: bool = False
+    # `run`: the vocabulary job keeps its read (`pipelines.read.spill`) and the shard job replays it
+    # (`runner.run_all`, `pass_plan.VocabPass.keep_read`).
+    reuse_read: bool = True
     # Of the kept read, the bytes that may stay in this process's memory instead of the spill files; `run_all`
     # uses it where both jobs run in this process, else 0 (`pipelines.read.spill`, "memory_bytes").
     read_memory_bytes: int = spill.MEMORY_BYTES
     # Vocabulary modes append / frozen (`tpu_embed.artifact.lineage`): the previous artifact (None: the spec's
-    # `base`, else the first day), this run's day (None: the base's + 1, else 1), and what `runner.run_vocab`
-    # made of them for the vocabulary job ({"day", "base": {...} or None}).
+    # `base`, else the first day) and this run's day (None: the base's + 1, else 1). What the vocabulary job
+    # makes of them: `pass_plan.VocabPass.lineage`.
     base: Optional[str] = None
     day: Optional[int] = None
-    lineage: Optional[dict] = None
     # `runner.run_all` also writes the artifact's tf.Transform output (`pipelines.tft_output_writer`); `tpu-embed
     # run` sets it unless --no-transform-output.
     transform_output: bool = False
