@@ -89,7 +89,7 @@ def train_and_evaluate(artifact: str, cfg: DemoConfig, say: Callable[[str], None
     from tpu_embed.training.input import input_fn
 
     spec = load_spec(os.path.join(artifact, "spec.yaml"))
-    steps = int(read_manifest(artifact).counts.steps)
+    steps = int(read_manifest(artifact).counts.steps)  # type: ignore[union-attr]  # a shard job's manifest has counts
     eval_steps = max(1, int(round(steps * cfg.eval_fraction)))
     train_steps = steps - eval_steps
     if cfg.max_train_steps is not None:
@@ -164,7 +164,7 @@ def _train(ds, emb, model, opt, train_steps: int, cfg: DemoConfig, say: Callable
         bar.update(1)
         bar.set_postfix(loss=f"{loss:.4f}")
         if (step + 1) % cfg.log_every == 0 or step + 1 == train_steps:
-            rate = step / (time.time() - t_first) if step else 0.0
+            rate = step / (time.time() - t_first) if step else 0.0  # type: ignore[operator]  # set at step 0
             say(f"  step {step + 1:4d}/{train_steps}  loss {np.mean(window):.4f}  ({rate:.1f} steps/s)")
             window = []
     bar.close()

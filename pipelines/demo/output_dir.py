@@ -86,9 +86,9 @@ def holding(output: str) -> Iterator[None]:
             break
         os.close(fd)  # removed by the demo that held it, after this one opened it: open the current file
     try:
-        holder = f"pid {os.getpid()} on {socket.gethostname()}".encode("utf-8")
+        this_holder = f"pid {os.getpid()} on {socket.gethostname()}".encode("utf-8")
         os.ftruncate(fd, 0)
-        os.pwrite(fd, holder, 0)
+        os.pwrite(fd, this_holder, 0)
         yield
     finally:
         try:

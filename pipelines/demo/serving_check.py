@@ -59,8 +59,9 @@ def held_out_examples(artifact: str, trained: Trained, inputs: Sequence[str]) ->
         raise DemoError(f"{list(inputs)} hold {len(records)} records from record {trained.eval_first_example} on, "
                         f"not the {n} held-out examples of {artifact}'s shards: the serving check cannot compare "
                         "them.")
-    labels = tf.io.parse_example(records, {spec.label.column: tf.io.FixedLenFeature([], tf.float32)})
-    if not np.array_equal(labels[spec.label.column].numpy(), trained.eval_labels):
+    label = spec.label.column  # type: ignore[union-attr]  # the demo's spec has a label
+    labels = tf.io.parse_example(records, {label: tf.io.FixedLenFeature([], tf.float32)})
+    if not np.array_equal(labels[label].numpy(), trained.eval_labels):
         raise DemoError(f"the held-out input records of {artifact} do not line up with its held-out shards "
                         "(labels differ): the serving check cannot compare them.")
     return records

@@ -105,6 +105,7 @@ def _run_jobs(spec: Union[str, Spec], artifact: str, examples: int, beam_args, s
         t = time.time()
         with progress.records("  shards + profile", examples):
             m = runner.run_shard(job, beam_args)
+        assert m.counts is not None  # a shard job's manifest has counts
         times[f"{key}shard"] = time.time() - t
         say(f"      shards + profile + plan: {times[f'{key}shard']:.1f} s; {m.counts.examples_written:,} examples in "
             f"{m.counts.steps} steps of {spec.global_batch_size} on {spec.topology.num_chips} chips x "

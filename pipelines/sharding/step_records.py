@@ -178,7 +178,7 @@ class _ChipPacker:
     def __init__(self, step: int, spec, layout, limits: LimitsInfo):
         self.step, self.spec, self.layout, self.limits = step, spec, layout, limits
         self.native = csr.native_available()
-        self.kw = dict(max_ids_per_chip_per_sample=limits.max_ids_per_chip_per_sample,
+        self.kw: dict = dict(max_ids_per_chip_per_sample=limits.max_ids_per_chip_per_sample,
                        max_ids_per_table=dict(limits.max_ids_per_table),
                        max_unique_ids_per_table=dict(limits.max_unique_ids_per_table),
                        allow_id_dropping=limits.allow_id_dropping)
@@ -187,8 +187,9 @@ class _ChipPacker:
 
     def __call__(self, block: ExampleBlock, gids, chips: List[int], counts: collections.Counter) -> List[dict]:
         layout = self.layout
-        per_chip = (chip_entries(block, self.spec, layout, chips) if self.native
-                    else split_global_batch(gids, layout, chips))
+        # The native packer's entries or the reference's FeatureIds: each chip's batch as its packer takes it.
+        per_chip: List[dict] = (chip_entries(block, self.spec, layout, chips) if self.native
+                                else split_global_batch(gids, layout, chips))
         packed = []
         for c, chip in zip(chips, per_chip):
             try:
