@@ -329,7 +329,7 @@ def split_bytes_for(cfg: JobConfig, beam_args: Sequence[str] = ()) -> int:
     """The split size the jobs read with: `cfg.split_bytes` if given, else whole files where one worker reads
     everything (the DirectRunner with one worker: splits would only add the CSV split scan and a cold start of
     the read at every split), else `splits.DEFAULT_SPLIT_BYTES`. Outputs do not depend on it
-    (tests/pipelines/test_splits.py)."""
+    (tests/pipelines/read/test_splits.py)."""
     if cfg.split_bytes is not None:
         return cfg.split_bytes
     opts = pipeline_options(dask_args(beam_args)[0]).get_all_options(drop_default=False)
@@ -425,7 +425,7 @@ def vocab_sizes_for(cfg: JobConfig) -> Dict[str, int]:
 
 def run_shard(cfg: JobConfig, beam_args: Sequence[str] = (), handed: Optional[ShardPass] = None) -> Manifest:
     """The shard (or profile) job. Cutting steps from a stream needs every chunk's size
-    (`pipelines.sharding.chunk_sizes`): `run` hands them over (`handed`, with its kept read); else those the
+    (`pipelines.read.chunk_sizes`): `run` hands them over (`handed`, with its kept read); else those the
     vocabulary job recorded for the same read are used, and where there are none (other input files, another
     chunking or split size) the job reads the input in a first pass that records them and keeps the read, which
     the second pass replays (`pipelines.read.spill`), as `run` does. Memory stays bounded either way."""
@@ -499,7 +499,7 @@ def run_all(cfg: JobConfig, beam_args: Sequence[str] = ()) -> Manifest:
     """Vocabulary job, then shards + profile in one read of the data (and, with `cfg.transform_output`, the
     artifact's tf.Transform output: `pipelines.tft_output_writer`).
 
-    The vocabulary job records every chunk's size (`pipelines.sharding.chunk_sizes`, taken here: `run` leaves no
+    The vocabulary job records every chunk's size (`pipelines.read.chunk_sizes`, taken here: `run` leaves no
     record), so the shard job streams its chunks; with `cfg.reuse_read` it also keeps what it
     read and parsed, and the shard job replays that instead of reading the input again
     (`pipelines.read.spill`): up to `cfg.read_memory_bytes` of it in this process's memory where both jobs

@@ -2,7 +2,7 @@
 
 A job runs in one or two passes over its input: `run` is the vocabulary pass then the shard pass; `tpu-embed
 shard` alone is the shard pass, preceded by its own read pass where no vocabulary job recorded its read
-(`runner.run_shard`). The first pass records every chunk's valid examples (`pipelines.sharding.chunk_sizes`)
+(`runner.run_shard`). The first pass records every chunk's valid examples (`pipelines.read.chunk_sizes`)
 and may keep what it read and parsed (`pipelines.read.spill`); the shard pass is handed both (`ShardPass`),
 so it cuts steps without a side input over the mapped data and replays the read instead of reading again.
 """
