@@ -8,10 +8,10 @@ logs below errors are dropped and its start-up lines (oneDNN, CUDA, `cuInit`) ar
 (`tpu_embed.core.quiet`; TensorFlow itself is still imported only when first used).
 """
 
-import importlib
 from typing import TYPE_CHECKING
 
 from tpu_embed.core import quiet as _quiet
+from tpu_embed.core.lazy import lazy_exports
 
 _quiet.install_unless_user_chose()  # before anything imports TensorFlow
 
@@ -80,18 +80,6 @@ __all__ = [
 ]
 
 
-def __getattr__(name):
-    if name in _EXPORTS:
-        module = importlib.import_module(_EXPORTS[name])
-        value = getattr(module, name)
-        globals()[name] = value
-        return value
-    if name == "training":  # the training side (TensorFlow is imported where it is used)
-        return importlib.import_module("tpu_embed.training")
-    if name == "sparsecore":
-        return importlib.import_module("tpu_embed.sparsecore")
-    raise AttributeError(f"module 'tpu_embed' has no attribute {name!r}")
-
-
-def __dir__():
-    return __all__
+# TensorFlow and Beam are imported where a name is first used; the subpackages training and sparsecore too.
+__getattr__, __dir__ = lazy_exports(globals(), {**_EXPORTS, "training": "tpu_embed.training",
+                                                "sparsecore": "tpu_embed.sparsecore"})

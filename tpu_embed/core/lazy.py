@@ -15,12 +15,15 @@ from typing import Any, Callable, Dict, List, Mapping, Tuple
 def lazy_exports(namespace: Dict[str, Any], exports: Mapping[str, str]
                  ) -> Tuple[Callable[[str], Any], Callable[[], List[str]]]:
     """The `__getattr__` and `__dir__` of the package whose globals are `namespace`: a name of `exports`
-    ({name: module}) is imported from its module when first read, then kept in the package's globals."""
+    ({name: module}) is imported from its module when first read, then kept in the package's globals; a name
+    whose module is the package's own subpackage of that name is the subpackage."""
     package = namespace["__name__"]
 
     def __getattr__(name: str) -> Any:
         if name in exports:
-            value = getattr(importlib.import_module(exports[name]), name)
+            module = importlib.import_module(exports[name])
+            # A subpackage is exported as its own module path (`"training": "tpu_embed.training"`).
+            value = module if exports[name] == f"{package}.{name}" else getattr(module, name)
             namespace[name] = value
             return value
         raise AttributeError(f"module {package!r} has no attribute {name!r}")

@@ -11,7 +11,7 @@ directory `tft.TFTransformOutput` reads. `tpu_embed.serving.number_text`: the of
 TensorFlow ops.
 """
 
-import importlib
+from tpu_embed.core.lazy import lazy_exports
 
 _EXPORTS = {name: "tpu_embed.serving.mapping" for name in (
     "Column", "DensePlan", "FeaturePlan", "MappingPlan", "RawFeatureMapping", "map_raw", "parse_examples",
@@ -23,13 +23,4 @@ _EXPORTS.update({name: "tpu_embed.serving.tft_output" for name in ("write_transf
 __all__ = sorted(_EXPORTS)
 
 
-def __getattr__(name):
-    if name in _EXPORTS:  # TensorFlow is imported on first use
-        value = getattr(importlib.import_module(_EXPORTS[name]), name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module 'tpu_embed.serving' has no attribute {name!r}")
-
-
-def __dir__():
-    return sorted(set(globals()) | set(_EXPORTS))
+__getattr__, __dir__ = lazy_exports(globals(), _EXPORTS)  # TensorFlow is imported on first use
