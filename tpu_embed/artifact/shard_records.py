@@ -86,6 +86,50 @@ def layout_from_counts(counts: np.ndarray) -> Tuple[np.ndarray, np.ndarray, int]
     return (starts + c).astype(np.int32), positions, int(padded.sum())
 
 
+def _stack_features(fmt: Optional[ShardFormat], step: int, c: int, stack: str, b: Any) -> Dict[str, Tuple[str, Any]]:
+    """The record features of chip `c`'s batch `b` of `stack`, in `fmt`'s encoding of that stack (version 1's
+    without a format)."""
+    feats: Dict[str, Tuple[str, Any]] = {}
+    enc = fmt.encoding(stack) if fmt is not None else V1_ENCODING
+    key = {a: fmt.key(c, stack, a) if fmt is not None else f"sc/{c}/{stack}/{a}"
+           for a in ("row_pointers", "counts", "sorted_sample_ids", "sorted_token_ids", "sorted_gains",
+                     "sizes")}
+    what = f"step {step}, chip {c}, stack {stack}"
+    r, n = int(b.row_pointers_unpadded_size), int(b.ids_unpadded_size)
+    rp = np.asarray(b.row_pointers[:r], np.int32)
+    sample_ids = np.asarray(b.sorted_sample_ids[:n], np.int32)
+    token_ids = np.asarray(b.sorted_token_ids[:n], np.int32)
+    gains = np.asarray(b.sorted_gains[:n], np.float32)
+    unit = enc.gains == "omitted_if_unit" and np.array_equal(gains.view(np.int32),
+                                                             unit_gains(sample_ids).view(np.int32))
+    if enc != V1_ENCODING and enc.padding == "stored" and not np.array_equal(sample_ids == PAD_VALUE,
+                                                                          token_ids == PAD_VALUE):
+        raise ValueError(f"{what}: sample and token ids are not PAD_VALUE at the same entries")
+    if enc.padding == "omitted":
+        counts = partition_counts(rp)
+        rp2, positions, n2 = layout_from_counts(counts)
+        pad = np.ones(n, bool)
+        pad[positions] = False
+        if not (np.array_equal(rp2, rp) and n2 == n and np.all(sample_ids[pad] == PAD_VALUE)
+                and np.all(token_ids[pad] == PAD_VALUE) and np.all(gains[pad] == np.float32(PAD_VALUE))
+                and not np.any(sample_ids[positions] == PAD_VALUE)):
+            raise ValueError(f"{what}: the CSR prefixes are not in TF's padded layout; they cannot be "
+                             "stored with padding: omitted")
+        feats[key["counts"]] = ("int64", counts.tolist())
+        sample_ids, token_ids, gains = sample_ids[positions], token_ids[positions], gains[positions]
+    else:
+        feats[key["row_pointers"]] = _raw(rp, np.int32)
+    feats[key["sorted_sample_ids"]] = _raw(narrow_ids(sample_ids, enc.sample_ids, f"{what}: sample ids"),
+                                           ID_DTYPES[enc.sample_ids])
+    feats[key["sorted_token_ids"]] = _raw(narrow_ids(token_ids, enc.token_ids, f"{what}: token ids"),
+                                          ID_DTYPES[enc.token_ids])
+    if not unit:
+        feats[key["sorted_gains"]] = _raw(gains, np.float32)
+    feats[key["sizes"]] = ("int64", [r, n, int(b.sample_count),
+                                     int(b.num_minibatches_per_physical_sparse_core), int(b.dropped_ids)])
+    return feats
+
+
 def encode_step_record(*, step: int, host: int, label: np.ndarray, mask: np.ndarray, dense: np.ndarray,
                        tensor_core: Mapping[str, Tuple[np.ndarray, np.ndarray, Optional[np.ndarray]]],
                        chips: Sequence[Mapping[str, Any]], fmt: Optional[ShardFormat] = None,
@@ -112,43 +156,7 @@ def encode_step_record(*, step: int, host: int, label: np.ndarray, mask: np.ndar
             feats[f"tc/{name}/weights"] = _raw(weights, np.float32)
     for c, batches in enumerate(chips):
         for stack, b in batches.items():
-            enc = fmt.encoding(stack) if fmt is not None else V1_ENCODING
-            key = {a: fmt.key(c, stack, a) if fmt is not None else f"sc/{c}/{stack}/{a}"
-                   for a in ("row_pointers", "counts", "sorted_sample_ids", "sorted_token_ids", "sorted_gains",
-                             "sizes")}
-            what = f"step {step}, chip {c}, stack {stack}"
-            r, n = int(b.row_pointers_unpadded_size), int(b.ids_unpadded_size)
-            rp = np.asarray(b.row_pointers[:r], np.int32)
-            sample_ids = np.asarray(b.sorted_sample_ids[:n], np.int32)
-            token_ids = np.asarray(b.sorted_token_ids[:n], np.int32)
-            gains = np.asarray(b.sorted_gains[:n], np.float32)
-            unit = enc.gains == "omitted_if_unit" and np.array_equal(gains.view(np.int32),
-                                                                     unit_gains(sample_ids).view(np.int32))
-            if enc != V1_ENCODING and enc.padding == "stored" and not np.array_equal(sample_ids == PAD_VALUE,
-                                                                                  token_ids == PAD_VALUE):
-                raise ValueError(f"{what}: sample and token ids are not PAD_VALUE at the same entries")
-            if enc.padding == "omitted":
-                counts = partition_counts(rp)
-                rp2, positions, n2 = layout_from_counts(counts)
-                pad = np.ones(n, bool)
-                pad[positions] = False
-                if not (np.array_equal(rp2, rp) and n2 == n and np.all(sample_ids[pad] == PAD_VALUE)
-                        and np.all(token_ids[pad] == PAD_VALUE) and np.all(gains[pad] == np.float32(PAD_VALUE))
-                        and not np.any(sample_ids[positions] == PAD_VALUE)):
-                    raise ValueError(f"{what}: the CSR prefixes are not in TF's padded layout; they cannot be "
-                                     "stored with padding: omitted")
-                feats[key["counts"]] = ("int64", counts.tolist())
-                sample_ids, token_ids, gains = sample_ids[positions], token_ids[positions], gains[positions]
-            else:
-                feats[key["row_pointers"]] = _raw(rp, np.int32)
-            feats[key["sorted_sample_ids"]] = _raw(narrow_ids(sample_ids, enc.sample_ids, f"{what}: sample ids"),
-                                                   ID_DTYPES[enc.sample_ids])
-            feats[key["sorted_token_ids"]] = _raw(narrow_ids(token_ids, enc.token_ids, f"{what}: token ids"),
-                                                  ID_DTYPES[enc.token_ids])
-            if not unit:
-                feats[key["sorted_gains"]] = _raw(gains, np.float32)
-            feats[key["sizes"]] = ("int64", [r, n, int(b.sample_count),
-                                             int(b.num_minibatches_per_physical_sparse_core), int(b.dropped_ids)])
+            feats.update(_stack_features(fmt, step, c, stack, b))
     if extra:
         clash = sorted(set(extra) & set(feats))
         if clash:

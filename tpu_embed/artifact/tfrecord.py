@@ -222,6 +222,7 @@ class RangedSource(Protocol):
     def read(self, offset: int, n: int) -> bytes: ...
 
 
+# One unit: the fast loop and the recovery share the buffer, its base and the run's unchecked CRCs.
 def scan_frames(src: RangedSource, most: int = 4096, read_bytes: int = 4 << 20) -> Iterator[Tuple[str, int, Any]]:
     """Walk a TFRecord file: ("ok", pos, [payloads]) | ("corrupt", pos, detail) | ("lost", pos, detail) |
     ("after_loss", pos, [payloads]).
