@@ -24,7 +24,7 @@ def main() -> None:
     import numpy as np
     from profile_step import assembled_steps, timed
 
-    from pipelines.sharding import limits as shard_limits
+    from pipelines.sharding import packing_limits as shard_limits
     from pipelines.sharding import step_records
     from tpu_embed.artifact import shard_records
     from tpu_embed.sparsecore import csr, preprocess_with_layout, split_global_batch

@@ -58,7 +58,7 @@ def assembled_steps(data: str):
 def steps_of(data: str):
     """(spec, vocabulary sizes, [(step, global ids, OOV counts)]) as the shard job hands them to the profile."""
     spec, sizes, blocks = assembled_steps(data)
-    from pipelines.sharding import limits as shard_limits
+    from pipelines.sharding import packing_limits as shard_limits
     from pipelines.sharding import step_records
     layout = spec.layout(sizes)
     limits = shard_limits.resolve_limits(spec, layout)

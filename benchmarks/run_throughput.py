@@ -209,7 +209,7 @@ def single_process(spec, out: str, candidates) -> int:
     from pipelines.mapping import vocabulary as pvocab
     from pipelines.read import parse, records, splits
     from pipelines.sharding import batches as batching
-    from pipelines.sharding import limits as shard_limits
+    from pipelines.sharding import packing_limits as shard_limits
     from pipelines.sharding import step_records
     from pipelines.token_index import TokenCounter, TokenIndex
     from tpu_embed.artifact import tfrecord

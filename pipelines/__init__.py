@@ -19,7 +19,7 @@ Every job is a thin composite `beam.PTransform` over Beam-free numpy / Arrow cod
   child process (`pipelines.child_pipe`)
 * `pipelines.dask_compat` — work-arounds for Beam 2.77's DaskRunner
 * `pipelines.demo`, `pipelines.demo_data` — `tpu-embed demo`: synthetic data to a trained model
-* `pipelines.progress`, `pipelines.quiet` — progress bars; TensorFlow start-up noise off the terminal
+* `pipelines.progress` — progress bars (TensorFlow start-up noise is kept off the terminal by `tpu_embed.core.quiet`)
 
 Dependencies point one way: pipelines -> profiles -> tpu_embed.
 

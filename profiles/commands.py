@@ -27,7 +27,7 @@ def make_plan(profiles: str, model_config: Optional[ModelConfig] = None, *, quan
               model: Optional[str] = None) -> Plan:
     """The plan of the profile in `profiles` for `model_config` (default: the profiled one), with its balance;
     the planner's warnings are in `Plan.warnings`, not raised."""
-    from profiles.balance import with_balance
+    from profiles.balance_figures import with_balance
     from profiles.planner import plan
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the caller shows them from the plan, once each

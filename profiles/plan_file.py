@@ -62,7 +62,7 @@ class Plan:
     warnings: List[str]
     model: Optional[Dict[str, Any]] = None  # the ModelConfig planned for (JSON), for reports
     schema_version: int = PLAN_SCHEMA_VERSION
-    # Per stack the balance of frequency order and balanced ids, with the floor (profiles.balance); None where
+    # Per stack the balance of frequency order and balanced ids, with the floor (profiles.balance_figures); None where
     # the plan was not made from a profile of its own configuration that counted it.
     balance: Optional[Dict[str, Any]] = None
     # Placements compared under the cost model and the configurations chosen (`tpu-embed plan --propose`,

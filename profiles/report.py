@@ -19,7 +19,7 @@ from typing import Dict, List, Optional, Tuple, Union
 
 import numpy as np
 
-from profiles.balance import balance_comparison
+from profiles.balance_figures import balance_comparison
 from profiles.display import natural_sorted, short_stack_name
 from profiles.plan_file import Plan, load_plan
 from profiles.planner import plan as make_plan

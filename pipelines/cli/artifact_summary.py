@@ -77,13 +77,13 @@ def limits_table(m) -> list:
 
 
 def balance_table(m, output: str) -> list:
-    """The balance per stacked table that the artifact's plan.json records (`profiles.balance`): frequency order
+    """The balance per stacked table that the artifact's plan.json records (`profiles.balance_figures`): frequency order
     and balanced ids side by side, with the floor; nothing without a plan that has it."""
     plan_files = [f.path for f in m.files if f.kind == "plan"]
     if not plan_files:
         return []
     from profiles import load_plan  # a command's imports (see the imports)
-    from profiles.balance import balance_lines
+    from profiles.balance_figures import balance_lines
     from tpu_embed.artifact import io as tio
     try:
         plan = load_plan(tio.join(output, plan_files[0]))

@@ -7,9 +7,10 @@ import os
 import sys
 from typing import Optional, Sequence
 
-from pipelines import paths, quiet, user_errors
+from pipelines import paths, user_errors
 from pipelines.cli.parser import build_parser
 from pipelines.flags import check_pass_through, subcommand_flags
+from tpu_embed.core import quiet
 
 # Beam is imported by the commands that run a job (pipelines.jobs, pipelines.runner, pipelines.demo), not here:
 # it takes about a second, which `tpu-embed --help`, `plan`, `report` and `inspect` do not pay. The artifact

@@ -129,7 +129,7 @@ def _add_report(subparsers) -> None:
 
 def cmd_plan(args, spec_loader: Optional[SpecLoader]) -> int:
     from profiles import commands  # a command's imports (see the imports)
-    from profiles.balance import balance_lines
+    from profiles.balance_figures import balance_lines
     from profiles.model_file import load_model_config
     if getattr(args, "format", "plan") == "jax-fdo":
         return _cmd_plan_jax_fdo(args, spec_loader)

@@ -12,11 +12,11 @@ from typing import List, Sequence
 
 import numpy as np
 
-from pipelines import quiet
 from pipelines.demo.dlrm_training import Trained, auc, model_dense
 from pipelines.demo.options import DemoError
 from tpu_embed.artifact import tfrecord
 from tpu_embed.artifact.spec import load_spec
+from tpu_embed.core import quiet
 
 
 @dataclasses.dataclass

@@ -29,7 +29,7 @@ from pipelines.jobs import JobConfig
 from pipelines.lineage_report import lineage_lines
 from pipelines.sharding.planned_limits import PLAN_FILE
 from profiles import load_plan
-from profiles.balance import balance_lines
+from profiles.balance_figures import balance_lines
 from profiles.display import short_stack_name
 from profiles.report import write_report
 from tpu_embed.artifact.spec import Spec, load_spec

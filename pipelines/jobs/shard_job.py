@@ -31,7 +31,7 @@ from pipelines.output import FileInfo
 from pipelines.read import chunk_sizes
 from pipelines.read import spill as read_spill
 from pipelines.read.records import InputFile
-from pipelines.sharding import limits as shard_limits
+from pipelines.sharding import packing_limits as shard_limits
 from tpu_embed.artifact.shard_format_choice import shard_format_for
 
 

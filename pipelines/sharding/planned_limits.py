@@ -1,7 +1,7 @@
 """Limits planned from the same pass that wrote the shards (the default of `tpu-embed run` / `shard`).
 
 Without `--plan` and without a `limits` section in the spec, the shard job
-packs every step with unbounded limits (`pipelines.sharding.limits.unbounded_limits`):
+packs every step with unbounded limits (`pipelines.sharding.packing_limits.unbounded_limits`):
 the CSR prefixes written to the shards do not depend on the limits, only
 overflow does.  The profile of that same pass is then planned with exact
 maxima (`profiles.plan(..., quantile="max", partition_quantile="max")`), and
@@ -13,7 +13,7 @@ the artifact records the planned limits:
   to, from the planned `max_ids_per_chip_per_sample`;
 * `plan.json` in the artifact directory (the whole plan: observed figures,
   drops, memory, and `balance`: per stack frequency order and balanced ids side by side with their floor,
-  `profiles.balance`), listed in the manifest's files.
+  `profiles.balance_figures`), listed in the manifest's files.
 
 No step can overflow those limits: they are the maxima over every step.
 """
@@ -24,9 +24,9 @@ import warnings
 from typing import Optional
 
 from pipelines.output import write_atomic
-from pipelines.sharding import limits as shard_limits
+from pipelines.sharding import packing_limits as shard_limits
 from profiles import plan as make_plan
-from profiles.balance import with_balance
+from profiles.balance_figures import with_balance
 from profiles.jsonio import dumps_readable
 from tpu_embed.artifact.manifest import FILENAME, LimitsInfo, Manifest, manifest_bytes, manifest_path, read_manifest
 from tpu_embed.artifact.shard_format_choice import shard_format_for

@@ -21,7 +21,7 @@ what `install()` changed, and only that.
 `import tpu_embed` runs `install_unless_user_chose()`: nothing when the user has set `TF_CPP_MIN_LOG_LEVEL`
 (their choice wins: TensorFlow then logs as it does without tpu_embed), else `install()`; a child process
 inherits the variables with a marker (`TPU_EMBED_QUIET`), so it is quiet too.  The `tpu-embed`
-command calls `install()` itself, or `uninstall()` for `--debug` (`pipelines.quiet`).
+command calls `install()` itself, or `uninstall()` for `--debug` (`pipelines.cli.entry`).
 """
 
 from __future__ import annotations

@@ -316,7 +316,7 @@ def test_form_global_batches(tail, steps):
 def _mapped_first_chunk(tmp_path, csv_text):
     """The small spec's vocabulary job over `csv_text` in a.csv, then its first chunk read, parsed and mapped:
     (spec, output dir, vocabulary sizes, layout, limits, ExampleBlock)."""
-    from pipelines.sharding import limits as shard_limits
+    from pipelines.sharding import packing_limits as shard_limits
     write(tmp_path, "a.csv", csv_text)
     spec = small_spec(tmp_path)
     out = str(tmp_path / "o")

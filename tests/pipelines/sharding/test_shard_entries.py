@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pipelines.sharding import batches as batching
-from pipelines.sharding import limits as shard_limits
+from pipelines.sharding import packing_limits as shard_limits
 from pipelines.sharding import step_records
 from pipelines.sharding.batches import ExampleBlock, FeatureBlock
 from tests.helpers import native as helpers_native

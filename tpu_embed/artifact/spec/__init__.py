@@ -61,7 +61,6 @@ It needs pydantic and pyyaml; TensorFlow is imported by
 """
 
 from tpu_embed.artifact.spec.document import SPEC_VERSION, Spec, optimizer_kwargs, vocabulary_filename
-from tpu_embed.artifact.spec.errors import SpecError
 from tpu_embed.artifact.spec.loading import load_spec, parse_spec
 from tpu_embed.artifact.spec.sections import (
     OPTIMIZERS,
@@ -78,7 +77,8 @@ from tpu_embed.artifact.spec.sections import (
     TableSpec,
     TrainingSpec,
 )
-from tpu_embed.artifact.spec.vocabulary import (
+from tpu_embed.artifact.spec.spec_error import SpecError
+from tpu_embed.artifact.spec.vocabulary_sections import (
     VOCABULARIES,
     FrequencyVocabulary,
     HashingVocabulary,

@@ -10,7 +10,6 @@ import yaml
 from pydantic import Field, PlainValidator, PrivateAttr, model_validator
 
 from tpu_embed.artifact import io as tio
-from tpu_embed.artifact.spec.errors import SpecError, unknown_key
 from tpu_embed.artifact.spec.fields import NullIsDefault, PosInt, SpecModel, Str, field, section_keys
 from tpu_embed.artifact.spec.normalized import fingerprint_of, normalize
 from tpu_embed.artifact.spec.sections import (
@@ -29,8 +28,9 @@ from tpu_embed.artifact.spec.sections import (
     no_limits,
     topology_of,
 )
+from tpu_embed.artifact.spec.spec_error import SpecError, unknown_key
 from tpu_embed.artifact.spec.validation import validate
-from tpu_embed.artifact.spec.vocabulary import VOCABULARIES, FrequencyVocabulary, vocabulary_type
+from tpu_embed.artifact.spec.vocabulary_sections import VOCABULARIES, FrequencyVocabulary, vocabulary_type
 from tpu_embed.core import optimizers
 from tpu_embed.core.model import FeatureConfig, ModelConfig, OptimizerConfig, TableConfig, to_tf_feature_config
 from tpu_embed.core.topology import Topology

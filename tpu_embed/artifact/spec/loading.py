@@ -11,7 +11,7 @@ import yaml
 
 from tpu_embed.artifact import io as tio
 from tpu_embed.artifact.spec.document import Spec
-from tpu_embed.artifact.spec.errors import SpecError
+from tpu_embed.artifact.spec.spec_error import SpecError
 from tpu_embed.artifact.spec.validation import validate
 
 

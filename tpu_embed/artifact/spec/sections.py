@@ -9,10 +9,10 @@ from typing import Annotated, Any, ClassVar, Dict, Literal, Mapping, Optional, T
 
 from pydantic import AliasChoices, BeforeValidator, Field, PrivateAttr, model_validator
 
-from tpu_embed.artifact.spec.errors import SpecError, unknown_key
 from tpu_embed.artifact.spec.fields import Count, Float, Name, NullIsDefault, PosInt, SpecModel, Str, field
+from tpu_embed.artifact.spec.spec_error import SpecError, unknown_key
 from tpu_embed.artifact.spec.validation import validate
-from tpu_embed.artifact.spec.vocabulary import FrequencyVocabulary, VocabularySpec
+from tpu_embed.artifact.spec.vocabulary_sections import FrequencyVocabulary, VocabularySpec
 from tpu_embed.core import optimizers
 from tpu_embed.core.topology import Topology
 

@@ -7,9 +7,9 @@ from typing import Any, List, Tuple, get_args
 
 from pydantic import BaseModel, ValidationError
 
-from tpu_embed.artifact.spec.errors import SpecError, unknown_key
 from tpu_embed.artifact.spec.fields import section_keys
-from tpu_embed.artifact.spec.vocabulary import VOCABULARIES
+from tpu_embed.artifact.spec.spec_error import SpecError, unknown_key
+from tpu_embed.artifact.spec.vocabulary_sections import VOCABULARIES
 
 PROBLEMS = {  # pydantic error type -> problem (others: pydantic's message)
     "missing": "missing.", "extra_forbidden": "unknown key.", "too_short": "must not be empty.",

@@ -10,9 +10,9 @@ from typing import Annotated, Any, ClassVar, Dict, Literal, Mapping, Optional, T
 
 from pydantic import BaseModel, Discriminator, Tag, model_validator
 
-from tpu_embed.artifact.spec.errors import SpecError
 from tpu_embed.artifact.spec.fields import Count, NullIsDefault, PosInt, SpecModel, field
 from tpu_embed.artifact.spec.normalized import normalize_vocabulary
+from tpu_embed.artifact.spec.spec_error import SpecError
 
 
 class FrequencyVocabulary(SpecModel):
