@@ -25,6 +25,10 @@ _ORDINARY = [0.0, 0.5, 1.0, 1.5, 3.0]
 # no sum is inf - inf.
 _HUGE = [1e38, 2e38, 1e20]
 POOL = np.array(_TINY + [-x for x in _TINY] + _ORDINARY + [-x for x in _ORDINARY[1:]] + _HUGE, np.float32)
+# Normal weights whose squares stay normal, with gains or scales below 2**-126 all the same (2**-60 / 1e20,
+# mean sums above 2**126): what the numpy path detects after computing with gradual underflow.
+_SMALL = [2.0 ** -63, 2.0 ** -60, 1e-18]
+UNDERFLOWING = np.array(_SMALL + [-x for x in _SMALL] + [0.0, 1.0, -1.0, 1e20, 1e38, 2e38], np.float32)
 
 
 @st.composite
@@ -32,8 +36,12 @@ def tiny_weight_cases(draw):
     case = draw(C.cases(weighted=True, allow_sequence=False, limit_modes=("default",), max_chips=4))
     rng = np.random.default_rng(draw(st.integers(0, 2**31 - 1)))
     p_tiny = draw(st.sampled_from([0.2, 0.5, 0.9]))
+    underflowing = draw(st.booleans())
     for spec in case["weights"].values():
         w = spec["values"]
+        if underflowing:
+            spec["values"] = rng.choice(UNDERFLOWING, w.shape).astype(np.float32)
+            continue
         tiny = rng.random(w.shape) < p_tiny
         spec["values"] = np.where(tiny, rng.choice(POOL[:2 * len(_TINY)], w.shape),
                                   rng.choice(POOL, w.shape)).astype(np.float32)
@@ -50,13 +58,16 @@ def test_gains_of_tiny_weights_match_tensorflow(case, oracle):
 
 
 def test_subnormal_weights_are_flushed_as_tensorflow_flushes(oracle):
-    """One sample per combiner, by hand: what TF writes for subnormal weights and underflowing gains."""
+    """By hand, per combiner and with a sum table stacked beside a mean one (a sum sample's gains are copied,
+    the others' multiplied): what TF writes for subnormal weights and underflowing gains."""
     w = np.array([1e-40, -1e-40, 1e-40, 2.0 ** -125, -1.5 * 2.0 ** -126, 1e-30, 1e10, 1e-40], np.float32)
     ids = np.array([3, 3, 5, 7, 7, 9, 11, 13])
-    for combiner in ("sum", "mean", "sqrtn"):
-        case = {"tables": [{"name": "t", "vocabulary_size": 16, "dim": 8, "combiner": combiner}],
-                "features": [{"name": "f00", "table": "t", "output_shape": [4]}], "num_chips": 1,
-                "num_sc_per_chip": 4,
-                "inputs": {"f00": {"kind": "ragged", "values": ids, "row_splits": np.array([0, 3, 5, 7, 8])}},
-                "weights": {"f00": {"kind": "ragged", "values": w, "row_splits": np.array([0, 3, 5, 7, 8])}}}
-        assert _compare(case, oracle, implementations=IMPLEMENTATIONS) == "ok", combiner
+    splits = np.array([0, 3, 5, 7, 8])
+    for combiners in (["sum"], ["mean"], ["sqrtn"], ["sum", "mean"]):
+        tables = [{"name": f"t{i}", "vocabulary_size": 16, "dim": 8, "combiner": c} for i, c in enumerate(combiners)]
+        names = [f"f{i:02d}" for i in range(len(combiners))]
+        case = {"tables": tables, "num_chips": 1, "num_sc_per_chip": 4,
+                "features": [{"name": n, "table": t["name"], "output_shape": [4]} for n, t in zip(names, tables)],
+                "inputs": {n: {"kind": "ragged", "values": ids, "row_splits": splits} for n in names},
+                "weights": {n: {"kind": "ragged", "values": w, "row_splits": splits} for n in names}}
+        assert _compare(case, oracle, implementations=IMPLEMENTATIONS) == "ok", combiners
