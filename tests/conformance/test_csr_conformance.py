@@ -19,8 +19,9 @@ def _apply_limits(case, layout):
         case["max_unique_ids_per_table"] = {s: max(1, lim - 1) for s in layout.stacks}
 
 
-def _compare(case, oracle, tf_inputs=None):
-    """`tf_inputs`: None, our side gets numpy inputs; "int64" / "int32", the TF tensors a user has."""
+def _compare(case, oracle, tf_inputs=None, implementations=("auto",)):
+    """`tf_inputs`: None, our side gets numpy inputs; "int64" / "int32", the TF tensors a user has.
+    `implementations`: those of `preprocess` compared, each against the one answer of TF."""
     inputs, fc, topo, kwargs = C.to_ours(case)
     layout = stack_tables(fc, topo)
     _apply_limits(case, layout)
@@ -28,16 +29,21 @@ def _compare(case, oracle, tf_inputs=None):
     if tf_inputs is not None:
         inputs, kwargs["weights"] = C.tf_inputs(case, int32=tf_inputs == "int32")
     tf_out = oracle(C.request(case, "preprocess"))
-    if "error" in tf_out:
-        with pytest.raises((LimitExceededError, ValueError)):
-            preprocess(inputs, fc, topo, **kwargs)
-        return "error"
-    ours = preprocess(inputs, fc, topo, **kwargs)
+    for implementation in implementations:
+        if "error" in tf_out:
+            with pytest.raises((LimitExceededError, ValueError)):
+                preprocess(inputs, fc, topo, implementation=implementation, **kwargs)
+            continue
+        _same_as_tf(preprocess(inputs, fc, topo, implementation=implementation, **kwargs), tf_out, implementation)
+    return "error" if "error" in tf_out else "ok"
+
+
+def _same_as_tf(ours, tf_out, implementation):
     assert list(ours) == list(tf_out)
     for name, t in tf_out.items():
         b = ours[name]
         p = b.prefixes()
-        assert b.row_pointers_unpadded_size == t["row_pointers_unpadded_size"], name
+        assert b.row_pointers_unpadded_size == t["row_pointers_unpadded_size"], (name, implementation)
         assert b.ids_unpadded_size == t["ids_unpadded_size"], name
         assert b.sample_count == t["sample_count"]
         assert b.num_minibatches_per_physical_sparse_core == t["num_minibatches"]
@@ -47,8 +53,7 @@ def _compare(case, oracle, tf_inputs=None):
         np.testing.assert_array_equal(p["sorted_sample_ids"], t["sorted_sample_ids"], err_msg=name)
         # Bit for bit: float32 gains compared as raw bits.
         np.testing.assert_array_equal(p["sorted_gains"].view(np.uint32), t["sorted_gains"].view(np.uint32),
-                                      err_msg=name)
-    return "ok"
+                                      err_msg=f"{name} ({implementation})")
 
 
 @settings(max_examples=150)

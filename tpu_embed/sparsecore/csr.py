@@ -9,6 +9,13 @@
   float32 sums that TF does sequentially (combiner weights, merged duplicates)
   are done sequentially too, because numpy's pairwise reductions round
   differently.
+
+Both flush denormals as TF's kernels do (flush-to-zero and denormals-are-zero:
+`tpu_embed.sparsecore.denormals`).  The C kernel sets the CPU's modes; numpy
+computes with gradual underflow, which gives the same bits while no operand or
+result is subnormal: it switches to the flushing operations when a weight is
+that small, or its square, or when a scale, a gain or a merged sum comes out below
+2**-126.
 """
 
 from __future__ import annotations
@@ -21,6 +28,7 @@ from typing import Any, Callable, Dict, Optional, Sequence, Tuple
 
 import numpy as np
 
+from tpu_embed.sparsecore import denormals
 from tpu_embed.sparsecore.csr_types import BufferSizes, CsrBatch, StackLimits, buffer_sizes
 from tpu_embed.sparsecore.inputs import (
     FeatureIds,
@@ -35,6 +43,7 @@ from tpu_embed.sparsecore.layout import SparseCoreLayout, StackLayout
 from tpu_embed.sparsecore.padding import PAD_VALUE, XLA_PAD, round_up
 
 _COMBINER_CODE = {"sum": 0, "mean": 1, "sqrtn": 2}
+_TINY_WEIGHT = 2.0 ** -63  # below it a weight's square is subnormal
 _PAD_GAIN = np.float32(PAD_VALUE)
 
 
@@ -46,7 +55,7 @@ def merge_runs(values, same_as_prev: np.ndarray, n: int, add=np.add):
     ones, whose sums are exact counts.  The sums are sequential, as TF's C++
     loops add, because numpy's pairwise reductions would round differently.
     Only the few non-first elements are touched. `add(a, b)`: the float32
-    addition (jax's flushes denormals: `tpu_embed.sparsecore.jax_denormals.add`).
+    addition (with denormals flushed: `tpu_embed.sparsecore.denormals.add`).
     """
     nf = np.flatnonzero(same_as_prev) + 1  # elements that merge into an earlier one
     starts = np.ones(n, dtype=bool)
@@ -300,6 +309,11 @@ def sort_stack(stack: StackLayout, layout: SparseCoreLayout, feature_ids: Dict[s
     dest = (ids + np.repeat(tab.shift, counts)) & mask
     token = (ids >> log2s) + np.repeat(tab.col_token_offset, counts)
 
+    # Below 2**-63 a weight or its square is subnormal: the flushing arithmetic throughout. Otherwise no weight,
+    # square, combiner sum or adjacent merge is subnormal (a nonzero sum of such weights is a multiple of 2**-86),
+    # and only the scales, the gains and the merges of gains are checked.
+    flushing = w is not None and denormals.is_tiny(w, _TINY_WEIGHT)
+
     # 1. Merge adjacent duplicates (same sample, same id), as ConvertToList...CooTensors does.
     if n > 1:
         adj = grow[1:] == grow[:-1]
@@ -308,22 +322,30 @@ def sort_stack(stack: StackLayout, layout: SparseCoreLayout, feature_ids: Dict[s
     else:
         has_adj = False
     if has_adj:
-        first, mw = merge_runs(w, adj, n)
+        first, mw = merge_runs(w, adj, n, add=denormals.add if flushing else np.add)
         mrow, dest, token = grow[first], dest[first], token[first]
     else:
         mw, mrow = w, grow
 
     # 2. Combiner gains: per sample, over all its ids before merging.
-    gains = _combiner_gains(tab, stack.sample_count, n, grow, w, mw, mrow)
+    gains = _combiner_gains(tab, stack.sample_count, n, grow, w, mw, mrow, flushing)
+    if gains is None:  # a scale or gain below 2**-126
+        flushing = True
+        gains = _combiner_gains(tab, stack.sample_count, n, grow, w, mw, mrow, flushing)
+        assert gains is not None  # the flushing computation always answers
 
     # 3. One sort by (local SC, destination SC, token, position).
     hi, pos = _sort_keys(tab, mrow, dest, token, log2s)
-    return _merged(tab, hi, mrow[pos], gains[pos], nsc, S)
+    return _merged(tab, hi, mrow[pos], gains[pos], nsc, S, flushing if w is not None else None)
 
 
-def _merged(tab: _StackTables, hi: np.ndarray, g_s: np.ndarray, gain_s: np.ndarray, nsc: int, S: int) -> _Sorted:
+def _merged(tab: _StackTables, hi: np.ndarray, g_s: np.ndarray, gain_s: np.ndarray, nsc: int, S: int,
+            flushing: Optional[bool]) -> _Sorted:
     """The sorted ids (`hi`: keys without position, `g_s`: their samples, `gain_s`: their gains) with equal
-    (sample, column) pairs merged, and the ids and unique ids per (local SC, destination SC)."""
+    (sample, column) pairs merged, and the ids and unique ids per (local SC, destination SC).
+
+    `flushing`: True, gains are added with denormals flushed; False, numpy's sums are kept unless one is
+    subnormal; None (gains of unweighted ids: positive, at least 2**-31), numpy's sums."""
     tbits = tab.tbits
     m_n = hi.size
 
@@ -332,7 +354,16 @@ def _merged(tab: _StackTables, hi: np.ndarray, g_s: np.ndarray, gain_s: np.ndarr
         dup = hi[1:] == hi[:-1]
         dup &= g_s[1:] == g_s[:-1]
         if dup.any():
-            first, gain_s = merge_runs(gain_s, dup, m_n)
+            sums: list = []
+
+            def add(a, b):  # numpy's, remembering its sums: the only values here that can be subnormal
+                sums.append(np.add(a, b))
+                return sums[-1]
+
+            first, merged = merge_runs(gain_s, dup, m_n, add=denormals.add if flushing else add)
+            if flushing is False and any(denormals.is_tiny(x) for x in sums):
+                first, merged = merge_runs(gain_s, dup, m_n, add=denormals.add)
+            gain_s = merged
             hi, g_s = hi[first], g_s[first]
     k = hi.size
     seg = hi >> tbits  # local SC * S + destination SC
@@ -348,12 +379,18 @@ def _merged(tab: _StackTables, hi: np.ndarray, g_s: np.ndarray, gain_s: np.ndarr
 
 
 def _combiner_gains(tab: _StackTables, sample_count: int, n: int, grow: np.ndarray, w: Optional[np.ndarray],
-                    mw: Optional[np.ndarray], mrow: np.ndarray) -> np.ndarray:
+                    mw: Optional[np.ndarray], mrow: np.ndarray, flushing: bool) -> Optional[np.ndarray]:
     """float32 gain of each merged id (`mrow`: its sample): its weight (`mw`, 1 without weights) times its
     sample's combiner scale (sum: 1, mean: 1 / sum of the sample's weights, sqrtn: 1 / sqrt of their squares'
-    sum; 0 for a sum of 0), over the sample's `n` ids before merging (`grow`, `w`)."""
+    sum; 0 for a sum of 0), over the sample's `n` ids before merging (`grow`, `w`).
+
+    `flushing`: with denormals flushed as TF's kernels compute (a 'sum' sample's gains are copied, so they
+    keep their bits). Without it, None where a scale or a weighted gain is subnormal (numpy's would differ)."""
     if tab.all_sum or n == 0:
         return mw if mw is not None else np.ones(mrow.size, np.float32)
+    if flushing:  # only with weights
+        assert w is not None and mw is not None
+        return _flushed_combiner_gains(tab, sample_count, n, grow, w, mw, mrow)
     if w is None:
         s1 = s2 = np.bincount(grow, minlength=sample_count).astype(np.float32)  # exact counts
     else:
@@ -372,9 +409,39 @@ def _combiner_gains(tab: _StackTables, sample_count: int, n: int, grow: np.ndarr
         scale[m] = np.where(s1[m] == 0, np.float32(0), np.float32(1) / s1[m])
         m = tab.row_code == 2
         scale[m] = np.where(s2[m] == 0, np.float32(0), np.float32(1) / np.sqrt(s2[m]))
+    if w is not None and denormals.is_tiny(scale[tab.row_code == 1]):  # a mean sample's sum above 2**126
+        return None
     gains = scale[mrow]
     if mw is not None:
         gains *= mw
+        if w is not None and denormals.is_tiny(gains):
+            return None
+    return gains
+
+
+def _flushed_combiner_gains(tab: _StackTables, sample_count: int, n: int, grow: np.ndarray, w: np.ndarray,
+                            mw: np.ndarray, mrow: np.ndarray) -> np.ndarray:
+    """`_combiner_gains` with denormals flushed, as TF's kernels compute: each sum starts from 0 (a lone
+    subnormal weight adds as zero), scales are 1.0 / x (and 1.0 / sqrt(x)) in double rounded to float32 with
+    flush-to-zero, weighted gains are products, and a 'sum' sample's gains are copied."""
+    s1 = np.zeros(sample_count, np.float32)
+    s2 = np.zeros(sample_count, np.float32)
+    same_row = grow[1:] == grow[:-1]
+    if (tab.row_code == 1).any():
+        rfirst, sums = merge_runs(w, same_row, n, add=denormals.add)
+        s1[grow[rfirst]] = denormals.flush(sums)
+    if (tab.row_code == 2).any():
+        rfirst, sums = merge_runs(denormals.multiply(w, w), same_row, n, add=denormals.add)
+        s2[grow[rfirst]] = sums
+    scale = np.ones(sample_count, np.float64)
+    with np.errstate(divide="ignore"):
+        m = tab.row_code == 1
+        scale[m] = np.where(s1[m] == 0, 0.0, 1.0 / s1[m].astype(np.float64))
+        m = tab.row_code == 2
+        scale[m] = np.where(s2[m] == 0, 0.0, 1.0 / np.sqrt(s2[m]).astype(np.float64))
+    gains = denormals.multiply(mw, denormals.to_float32(scale)[mrow])
+    summed = tab.row_code[mrow] == 0
+    gains[summed] = mw[summed]
     return gains
 
 

@@ -5,7 +5,9 @@ A direct, per-id transcription of TensorFlow's three host kernels
 `ConvertToSparseCoreCsrWrappedCooTensor`).  It is slow on purpose: it is the
 yardstick the fast implementation (`csr.py`) is tested against, and it is
 small enough to read next to TF's C++.  float32 arithmetic is done one
-operation at a time with numpy float32 scalars, in TF's order.
+operation at a time on numpy float32 scalars, in TF's order, with denormals
+flushed as TF's kernels compute (`tpu_embed.sparsecore.denormals`): a gain only
+copied keeps its bits.
 """
 
 from __future__ import annotations
@@ -14,12 +16,18 @@ from typing import Any, Dict, List, Optional
 
 import numpy as np
 
+from tpu_embed.sparsecore import denormals
 from tpu_embed.sparsecore.csr_types import CsrBatch, StackLimits, buffer_sizes
 from tpu_embed.sparsecore.inputs import FeatureIds
 from tpu_embed.sparsecore.layout import FeaturePlacement, SparseCoreLayout, StackLayout
 from tpu_embed.sparsecore.padding import PAD_VALUE, XLA_PAD, round_up
 
 f32 = np.float32
+
+
+def _flushed(op, *args) -> np.float32:
+    """A `tpu_embed.sparsecore.denormals` operation on scalars."""
+    return f32(op(*(np.asarray([a]) for a in args))[0])
 
 
 def feature_to_coo(fid: FeatureIds, feat: FeaturePlacement, stack: StackLayout, num_sc_per_chip: int,
@@ -34,28 +42,28 @@ def feature_to_coo(fid: FeatureIds, feat: FeaturePlacement, stack: StackLayout, 
         row, col = int(fid.rows[i]), int(fid.ids[i])
         w = f32(1) if fid.weights is None else f32(fid.weights[i])
         if feat.combiner == "mean":
-            rescale[row] = f32(rescale[row] + w)
+            rescale[row] = _flushed(denormals.add, rescale[row], w)
         elif feat.combiner == "sqrtn":
-            rescale[row] = f32(rescale[row] + f32(w * w))
+            rescale[row] = _flushed(denormals.add, rescale[row], _flushed(denormals.multiply, w, w))
         if merged and merged[-1][0] == row and merged[-1][1] == col:
-            merged[-1][2] = f32(merged[-1][2] + w)
+            merged[-1][2] = _flushed(denormals.add, merged[-1][2], w)
         else:
             merged.append([row, col, w])
     if feat.combiner != "sum":
         for r in range(feat.sample_count):
-            x = rescale[r]
+            x = rescale[r]  # a flushed sum: never subnormal
             if x == 0:
                 rescale[r] = f32(0)
             elif feat.combiner == "mean":
-                rescale[r] = f32(1.0 / float(x))
+                rescale[r] = _flushed(denormals.to_float32, 1.0 / float(x))
             else:
-                rescale[r] = f32(1.0 / float(np.sqrt(x)))
+                rescale[r] = _flushed(denormals.to_float32, 1.0 / float(np.sqrt(x)))
     out: List[List[tuple]] = [[] for _ in range(num_sc_per_chip)]
     for row, col, gain in merged:
         sc = row // per_sc
         new_row = row % per_sc + row_offset_per_sc
         new_col = ((col + feat.col_shift) & mask) + (col & ~mask) + feat.col_offset
-        g = gain if feat.combiner == "sum" else f32(gain * rescale[row])
+        g = gain if feat.combiner == "sum" else _flushed(denormals.multiply, gain, rescale[row])
         out[sc].append((new_row, new_col, g))
     return out
 
@@ -80,7 +88,7 @@ def sort_and_dedup(coos_in_feature_order: List[List[tuple]], num_sparse_cores: i
         row, col, gain = flat[i]
         dest = col & (num_sparse_cores - 1)
         if row == prev_row and col == prev_col:
-            last[2] = f32(last[2] + gain)
+            last[2] = _flushed(denormals.add, last[2], gain)
             continue
         ids[dest] += 1
         if col != prev_col:

@@ -23,7 +23,7 @@ This is jax-tpu-embedding 0.2.0 (`nn/table_stacking.py`, `nn/embedding.py` and i
   slice s of every feature of the stack, features in row-offset order, so its sample ids are
   `row_offset / all SparseCores + row in slice`. Gains per sample: sum `w`, mean `w / sum(w)`, sqrtn
   `w / sqrt(sum(w^2))`, float32 sums left to right (1 / n and 1 / sqrt(n) without weights), with denormals
-  flushed to zero of their sign as jax's preprocessing threads compute (`tpu_embed.sparsecore.jax_denormals`).
+  flushed to zero of their sign as jax's preprocessing threads compute (`tpu_embed.sparsecore.denormals`).
   The column rewrite is TF's; ids are sorted per local SparseCore by (destination SparseCore, column, sample, input
   order), equal (sample, column) pairs merged by adding their gains left to right; embedding id =
   column >> log2(all SparseCores). Per local SparseCore, per destination: the ids, the row pointer (the
@@ -50,7 +50,7 @@ from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 import numpy as np
 
 from tpu_embed.core.model import ModelConfig, TableConfig
-from tpu_embed.sparsecore import jax_denormals
+from tpu_embed.sparsecore import denormals
 from tpu_embed.sparsecore.csr import merge_runs
 from tpu_embed.sparsecore.csr_types import LimitExceededError
 
@@ -299,28 +299,28 @@ class JaxHostBatch:
 
 def _row_gains(combiner: str, splits: np.ndarray, weights: Optional[np.ndarray]) -> np.ndarray:
     """Per id, the gain of jax's ProcessCooTensors: w / divisor of its sample (float32, sums left to right,
-    denormals flushed as jax's preprocessing threads do: `tpu_embed.sparsecore.jax_denormals`)."""
+    denormals flushed as jax's preprocessing threads do: `tpu_embed.sparsecore.denormals`)."""
     n = int(splits[-1])
     lengths = np.diff(splits)
     if combiner == "sum":  # w / 1.0f: a subnormal weight becomes zero of its sign
-        return np.ones(n, np.float32) if weights is None else jax_denormals.flush(weights).copy()
+        return np.ones(n, np.float32) if weights is None else denormals.flush(weights).copy()
     if weights is None:  # 1 / n, or 1 / sqrt(n), per sample
         cnt = lengths.astype(np.float32)
         with np.errstate(divide="ignore"):
             per = np.float32(1) / (cnt if combiner == "mean" else np.sqrt(cnt))
         return np.repeat(per.astype(np.float32), lengths)
-    w = jax_denormals.flush(weights)
+    w = denormals.flush(weights)
     starts = splits[:-1]
     acc = np.zeros(lengths.size, np.float32)
     for j in range(int(lengths.max(initial=0))):
         rows = np.flatnonzero(lengths > j)
         x = w[starts[rows] + j]
         if combiner == "mean":
-            acc[rows] = jax_denormals.add(acc[rows], x)
+            acc[rows] = denormals.add(acc[rows], x)
         else:  # C++: float sum += std::pow(w, 2) (a double): the square is exact, the sum rounded to float
-            acc[rows] = jax_denormals.to_float32(acc[rows].astype(np.float64) + x.astype(np.float64) ** 2)
+            acc[rows] = denormals.to_float32(acc[rows].astype(np.float64) + x.astype(np.float64) ** 2)
     div = acc if combiner == "mean" else np.sqrt(acc)  # the root of a normal float32 (or 0) is normal
-    return jax_denormals.divide(w, np.repeat(div, lengths))
+    return denormals.divide(w, np.repeat(div, lengths))
 
 
 def _check_host_feature(f: JaxFeature, hf: HostFeature, samples: int) -> Tuple[np.ndarray, np.ndarray]:
@@ -419,7 +419,7 @@ def _sort_and_merge(seg: np.ndarray, row: np.ndarray, col: np.ndarray, gain: np.
         same = np.all(cols[:, 1:] == cols[:, :-1], axis=0) if n > 1 else np.zeros(0, bool)
     seg, dest, token, row, gain = seg[order], dest[order], token[order], row[order], gain[order]
     if same.any():
-        first, gain = merge_runs(gain, same, n, add=jax_denormals.add)
+        first, gain = merge_runs(gain, same, n, add=denormals.add)
         seg, dest, token, row = seg[first], dest[first], token[first], row[first]
     return seg, dest, token, row, gain
 

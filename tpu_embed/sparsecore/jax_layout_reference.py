@@ -3,7 +3,7 @@
 A per-id transcription of jax-tpu-embedding's C++ loops (`ExtractCooTensors`, `SortAndGroup`, `FillBuffer`):
 the yardstick `tpu_embed.sparsecore.jax_layout.pack_host` (vectorised) is tested against, and small enough to
 read next to the C++. float32 arithmetic is done one operation at a time with numpy float32 scalars, with
-denormals flushed as jax's preprocessing threads compute (`tpu_embed.sparsecore.jax_denormals`).
+denormals flushed as jax's preprocessing threads compute (`tpu_embed.sparsecore.denormals`).
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from typing import Dict, List, Mapping, Sequence, Tuple
 
 import numpy as np
 
-from tpu_embed.sparsecore import jax_denormals
+from tpu_embed.sparsecore import denormals
 from tpu_embed.sparsecore.jax_layout import ALIGN, PAD_ID, HostFeature, JaxHostBatch, JaxLayout, JaxStack
 
 # (column, sample row, gain, extraction index) of one id, as ExtractCooTensors makes it.
@@ -20,7 +20,7 @@ Coo = Tuple[int, int, np.float32, int]
 
 
 def _scalar(op, *args) -> np.float32:
-    """A `tpu_embed.sparsecore.jax_denormals` operation on scalars."""
+    """A `tpu_embed.sparsecore.denormals` operation on scalars."""
     return np.float32(op(*(np.asarray([a]) for a in args))[0])
 
 
@@ -32,12 +32,12 @@ def _divisor(combiner: str, ws: Sequence[np.float32]) -> np.float32:
     if combiner == "mean":
         div = np.float32(0)
         for x in ws:
-            div = _scalar(jax_denormals.add, div, x)
+            div = _scalar(denormals.add, div, x)
         return div
     acc = np.float32(0)
     for x in ws:
-        x = _scalar(jax_denormals.flush, x)
-        acc = _scalar(jax_denormals.to_float32, np.float64(acc) + np.float64(x) * np.float64(x))
+        x = _scalar(denormals.flush, x)
+        acc = _scalar(denormals.to_float32, np.float64(acc) + np.float64(x) * np.float64(x))
     return np.float32(np.sqrt(acc))
 
 
@@ -61,7 +61,7 @@ def _extract_coo(layout: JaxLayout, st: JaxStack, features: Mapping[str, HostFea
             div = _divisor(st.combiner, ws)
             for v, x in zip(vals, ws):
                 c = ((v + f.col_shift) & (S - 1)) + (v & ~(S - 1)) + f.col_offset
-                gain = _scalar(jax_denormals.divide, x, div) if (weighted or st.combiner != "sum") \
+                gain = _scalar(denormals.divide, x, div) if (weighted or st.combiner != "sum") \
                     else np.float32(1)
                 coo.append((c, r - start + row_offset, gain, len(coo)))
     return coo
@@ -74,7 +74,7 @@ def _sort_and_group(coo: List[Coo], S: int) -> List[List]:
     grouped: List[List] = []
     for c, r, gain, _ in coo:
         if grouped and grouped[-1][0] == c and grouped[-1][1] == r:
-            grouped[-1][2] = _scalar(jax_denormals.add, grouped[-1][2], gain)
+            grouped[-1][2] = _scalar(denormals.add, grouped[-1][2], gain)
         else:
             grouped.append([c, r, gain])
     return grouped

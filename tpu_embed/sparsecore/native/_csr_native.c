@@ -6,7 +6,8 @@
  * output bytes (tests/conformance compares against TF itself).
  *
  * Exactness: every float operation is a single IEEE float32 operation in TF's
- * order (compile without -ffast-math).
+ * order (compile without -ffast-math), with denormals flushed as TF's kernels
+ * run them (x86's flush-to-zero and denormals-are-zero modes, see sc_task_flushed).
  *
  * Speed: TF sorts and merges per local SparseCore, so local SparseCores are
  * independent tasks; they run on a persistent pool of worker threads with the
@@ -29,6 +30,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#if defined(__x86_64__) || defined(__i386__)
+#include <xmmintrin.h>
+#endif
 
 #define XLA_PAD 8
 #define MAX_THREADS 64
@@ -338,6 +342,8 @@ typedef struct {
   const int64_t *offsets, *shift, *ctok, *vocab;
   const int8_t *row_code;
   int nsc, log2s, tbits, any_combiner;
+  int mixed;       /* weighted ids, and sum samples beside mean or sqrtn ones */
+  int8_t *code_of; /* R, as scale: each sample's combiner code (read in mixed stacks) */
   const Py_ssize_t *bounds; /* F x (nsc + 1): first element of local SC s in feature f */
   float *scale;             /* R: combiner sums, then scales; SC s owns R / nsc of them, by sample id on it */
   Scratch *scratch;         /* nsc slots */
@@ -496,12 +502,14 @@ static void sc_task(Job *J, int s) {
    *    value, double rounding being innocuous for / and sqrt.  'sum' samples get 1.0f, and
    *    x * 1.0f == x for every finite x. */
   if (J->any_combiner) {
+    int8_t *code_of = J->code_of + s * (J->R / J->nsc);
     for (Py_ssize_t f = 0; f < F; f++) {
       const int64_t off = J->offsets[f];
       const int64_t per_sc = ((f + 1 < F ? J->offsets[f + 1] : J->R) - off) / J->nsc;
       const int code = J->row_code[off];
       for (int64_t q = off / J->nsc, qe = q + per_sc; q < qe; q++) {
         const float x = scale[q];
+        code_of[q] = (int8_t)code;
         scale[q] = code == 0 ? 1.0f : x == 0.0f ? 0.0f : code == 1 ? 1.0f / x : 1.0f / sqrtf(x);
       }
     }
@@ -514,7 +522,8 @@ static void sc_task(Job *J, int s) {
   /* 4. Merge equal (sample, column) pairs, now adjacent; count ids and unique ids. */
   int64_t *ids_pp = J->ids_pp + s * S, *uniq_pp = J->uniq_pp + s * S;
   const uint64_t imask = ((uint64_t)1 << ibits) - 1;
-  const int any_combiner = J->any_combiner;
+  const int any_combiner = J->any_combiner, mixed = J->mixed;
+  const int8_t *code_of = J->code_of + s * (J->R / J->nsc);
   Py_ssize_t k = 0;
   int64_t ph = -1;
   int32_t prow = -1;
@@ -522,7 +531,9 @@ static void sc_task(Job *J, int s) {
     const uint64_t key = sorted[j];
     const Entry p = P[key & imask];
     const int64_t h = (int64_t)(key >> ibits);
-    const float gain = any_combiner ? p.w * scale[p.srow] : p.w;
+    float gain = any_combiner ? p.w * scale[p.srow] : p.w;
+    /* A sum sample's scale is 1.0f, so its product is p.w but where p.w is subnormal (zero then): TF copies. */
+    if (mixed && gain == 0.0f && !code_of[p.srow]) gain = p.w;
     if (h == ph && p.srow == prow) { out_gain[k - 1] = out_gain[k - 1] + gain; continue; }
     const int64_t dest = h >> tbits;
     ids_pp[dest]++;
@@ -537,6 +548,25 @@ static void sc_task(Job *J, int s) {
   J->out_srow[s] = out_srow;
   J->out_gain[s] = out_gain;
   J->out_k[s] = k;
+}
+
+/* sc_task with the float mode of TF's kernels: TF runs them with flush-to-zero and
+ * denormals-are-zero set, so a subnormal operand of a gain's arithmetic reads as zero of its sign and a
+ * result below 2**-126 becomes zero of its sign (a gain only copied keeps its bits).  The mode is this
+ * thread's: the caller's is restored.  Elsewhere than x86 the kernel computes with gradual underflow. */
+static void sc_task_flushed(Job *J, int s) {
+#if defined(__x86_64__) || defined(__i386__)
+  const unsigned int mode = _mm_getcsr();
+  _mm_setcsr(mode | _MM_FLUSH_ZERO_ON | 0x0040u /* denormals are zero */);
+  /* Compiler barriers: sc_task's float operations read and write memory, so none moves across the mode
+   * changes (the compiler does not model the float mode; keeping sc_task out of line would cost more). */
+  __asm__ __volatile__("" ::: "memory");
+  sc_task(J, s);
+  __asm__ __volatile__("" ::: "memory");
+  _mm_setcsr(mode);
+#else
+  sc_task(J, s);
+#endif
 }
 
 /* Phase 2 for local SC s: its entries go to start[q] + rank (q = s * S + destination) while the
@@ -619,7 +649,7 @@ static void run_share(Job *J) {
   for (;;) {
     const int s = __atomic_fetch_add(&J->next_task, 1, __ATOMIC_RELAXED);
     if (s >= J->nsc) break;
-    if (J->phase == 2) sc_fill(J, s); else sc_task(J, s);
+    if (J->phase == 2) sc_fill(J, s); else sc_task_flushed(J, s);
   }
 }
 
@@ -804,6 +834,7 @@ static PyObject *pack_stack(PyObject *self, PyObject *args) {
   Buf *fb = calloc(4 * (F + 1), sizeof(Buf));
   int64_t **copies = calloc(3 * (F + 1), sizeof(int64_t *)); /* int32 inputs widened */
   Job J;
+  int weighted = 0;
   memset(&J, 0, sizeof(J));
   PyObject *result = NULL, *convert = NULL;
   int own_scratch = 0, locked = 0;
@@ -830,6 +861,7 @@ static PyObject *pack_stack(PyObject *self, PyObject *args) {
   bounds = calloc((F + 1) * (nsc + 1), sizeof(Py_ssize_t));
   J.bounds = bounds;
   J.scale = calloc(J.R + 1, sizeof(float));
+  J.code_of = calloc(J.R + 1, 1);
   J.out_hi = calloc(nsc, sizeof(int64_t *));
   J.out_srow = calloc(nsc, sizeof(int32_t *));
   J.out_gain = calloc(nsc, sizeof(float *));
@@ -842,7 +874,7 @@ static PyObject *pack_stack(PyObject *self, PyObject *args) {
   J.err_v = calloc(nsc, sizeof(int64_t));
   J.err_w = calloc(nsc, sizeof(float));
   convert = PyList_New(0);
-  if (!J.rows || !J.ids || !J.weights || !J.splits || !rstride || !bounds || !J.scale || !J.out_hi ||
+  if (!J.rows || !J.ids || !J.weights || !J.splits || !rstride || !bounds || !J.scale || !J.code_of || !J.out_hi ||
       !J.out_srow || !J.out_gain || !J.out_k || !J.ids_pp || !J.uniq_pp || !J.err_kind || !J.err_f || !J.err_i ||
       !J.err_v || !J.err_w || !convert) {
     if (!PyErr_Occurred()) PyErr_NoMemory();
@@ -881,6 +913,7 @@ static PyObject *pack_stack(PyObject *self, PyObject *args) {
     }
     J.ids[f] = as_int64(ib, it, nf, 1, &copies[3 * f]);
     J.weights[f] = wb->held ? wb->b.buf : NULL;
+    if (J.weights[f]) weighted = 1;
     J.rows[f] = rb->held ? as_int64(rb, rt, nf, rs, &copies[3 * f + 1]) : NULL;
     rstride[f] = rb->held && rt == E_I64 ? rs : 1;
     J.splits[f] = sb->held ? as_int64(sb, st, sb->b.len / sb->b.itemsize, 1, &copies[3 * f + 2]) : NULL;
@@ -928,6 +961,8 @@ static PyObject *pack_stack(PyObject *self, PyObject *args) {
     goto done;
   }
 
+  /* Only a weight can be subnormal: unweighted ids need no copy of a sum sample's gains. */
+  for (Py_ssize_t r = 0; weighted && J.any_combiner && r < J.R; r++) if (!J.row_code[r]) { J.mixed = 1; break; }
   Py_ssize_t total_ids = 0;
   for (Py_ssize_t f = 0; f < F; f++) total_ids += fb[4 * f + 1].b.len / fb[4 * f + 1].b.itemsize;
   if (total_ids < parallel_min) nthreads = 1;
@@ -1045,7 +1080,7 @@ done:
   free(fb); free(copies);
   Py_XDECREF(convert);
   free(J.out_hi); free(J.out_srow); free(J.out_gain); free(J.out_k);
-  free(J.rows); free(J.ids); free(J.weights); free(J.splits); free(bounds); free(J.scale);
+  free(J.rows); free(J.ids); free(J.weights); free(J.splits); free(bounds); free(J.scale); free(J.code_of);
   free(J.ids_pp); free(J.uniq_pp); free(J.err_kind); free(J.err_f); free(J.err_i);
   free(J.err_v); free(J.err_w); free(rstride);
   return result;

@@ -1,11 +1,12 @@
-"""tpu_embed.sparsecore.jax_denormals: float32 arithmetic with x86's flush-to-zero and denormals-are-zero (what
-jax-tpu-embedding's preprocessing threads compute; the layout conformance test checks the gains against jax itself)."""
+"""tpu_embed.sparsecore.denormals: float32 arithmetic with x86's flush-to-zero and denormals-are-zero (what
+TensorFlow's kernels and jax-tpu-embedding's preprocessing threads compute; the conformance tests check the gains
+against TF and jax themselves)."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from tpu_embed.sparsecore import jax_denormals as D
+from tpu_embed.sparsecore import denormals as D
 
 MIN = np.float32(2.0 ** -126)
 
@@ -41,3 +42,19 @@ def test_add_and_divide_read_subnormals_as_zero_and_write_zero_below_the_smalles
     rng = np.random.default_rng(1)
     x, y = (rng.uniform(-2, 2, 1000).astype(np.float32) for _ in range(2))
     assert bits(D.divide(x, y)) == bits(x / y) and bits(D.add(x, y)) == bits(x + y)
+
+
+def test_multiply_reads_subnormals_as_zero_and_flushes_products_below_the_smallest_normal():
+    a = np.array([1e-40, -1e-40, 2.0 ** -63, 2.0 ** -64, 1.5 * MIN, 3.0, 1e30], np.float32)
+    b = np.array([1.0, 1.0, 2.0 ** -63, -(2.0 ** -64), 0.5, 0.5, 1e30], np.float32)
+    assert bits(D.multiply(a, b)) == bits([0.0, -0.0, MIN, -0.0, 0.0, 1.5, np.inf])
+    rng = np.random.default_rng(2)
+    x, y = (rng.standard_normal(1000).astype(np.float32) for _ in range(2))
+    assert bits(D.multiply(x, y)) == bits(x * y)
+
+
+def test_is_tiny_looks_for_nonzero_values_below_the_bound():
+    assert not D.is_tiny(np.array([0.0, -0.0, MIN, -MIN, np.inf, np.nan, 1.0], np.float32))
+    assert D.is_tiny(np.array([0.0, -1e-45], np.float32)) and D.is_tiny(np.float32(1e-40))
+    assert not D.is_tiny(np.array([2.0 ** -63, 0.0], np.float32), 2.0 ** -63)
+    assert D.is_tiny(np.array([2.0 ** -64], np.float32), 2.0 ** -63) and not D.is_tiny(np.zeros(0, np.float32))

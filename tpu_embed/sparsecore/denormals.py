@@ -1,16 +1,19 @@
-"""jax-tpu-embedding's gain arithmetic: float32 with denormals flushed to zero (x86's FTZ and DAZ).
+"""float32 arithmetic with denormals flushed to zero (x86's FTZ and DAZ), as both frameworks' preprocessing computes.
 
-jax-tpu-embedding's preprocessing runs on the workers of a `tsl::thread::ThreadPool`, which set the CPU's
-flush-to-zero and denormals-are-zero modes: every float operation on a gain (a weight divided by its
-sample's divisor, a divisor summed, duplicate ids' gains added) reads a subnormal operand as zero of its
-sign, and writes zero of its sign where the result, rounded to float32 as if the exponent were unbounded,
-is below the smallest normal 2**-126 (x86 detects tininess after rounding). numpy computes with gradual
-underflow; these functions give the flushed results, bit for bit:
+TensorFlow's SparseCore preprocessing kernels run on threads with the CPU's flush-to-zero and
+denormals-are-zero modes set, and so does jax-tpu-embedding's preprocessing (the workers of
+a `tsl::thread::ThreadPool`): every float operation on a gain (a combiner sum, a weight times or divided by
+its sample's scale, duplicate ids' gains added) reads a subnormal operand as zero of its sign, and writes
+zero of its sign where the result, rounded to float32 as if the exponent were unbounded, is below the
+smallest normal 2**-126 (x86 detects tininess after rounding). A value only copied keeps its bits, subnormal
+or not. numpy computes with gradual underflow; these functions give the flushed results, bit for bit:
 
 * `flush(x)`: subnormal float32 values become zero of their sign (what DAZ reads, and a copy through
   `w / 1.0f`);
 * `to_float32(x)`: a float64 value rounded to float32 as an FTZ conversion does;
-* `add(a, b)`, `divide(a, b)`: float32 `a + b`, `a / b` with DAZ and FTZ.
+* `add(a, b)`, `multiply(a, b)`, `divide(a, b)`: float32 `a + b`, `a * b`, `a / b` with DAZ and FTZ;
+* `is_tiny(x, bound)`: whether a nonzero value of float32 `x` is below `bound` in magnitude (the fast paths'
+  test for when flushing can matter).
 """
 
 from __future__ import annotations
@@ -52,6 +55,20 @@ def add(a, b) -> np.ndarray:
     """float32 `a + b` with DAZ and FTZ. The sum of two normal float32 values (or zeros) is a multiple of 2**-149:
     where it is below 2**-126 numpy's result is exact, and FTZ makes it zero."""
     return flush(np.add(flush(a), flush(b), dtype=np.float32))
+
+
+def multiply(a, b) -> np.ndarray:
+    """float32 `a * b` with DAZ and FTZ (the product of two float32 values is exact in float64)."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        return to_float32(flush(a).astype(np.float64) * flush(b).astype(np.float64))
+
+
+def is_tiny(x, bound: float = _MIN_NORMAL) -> bool:
+    """Whether float32 `x` holds a nonzero value below `bound` (a power of two, at most 2**127) in magnitude."""
+    bits = np.asarray(x, np.float32).view(np.uint32) << np.uint32(1)  # the sign shifted out, zero stays zero
+    limit = np.uint32(np.float32(bound).view(np.uint32) << np.uint32(1))
+    bits -= np.uint32(1)  # zero wraps to the largest value
+    return bool((bits < limit - np.uint32(1)).any())
 
 
 def divide(a, b) -> np.ndarray:
