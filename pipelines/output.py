@@ -52,6 +52,7 @@ import errno
 import json
 import os
 import socket
+import time
 import uuid
 from typing import Iterable, List, Literal, Optional, Tuple
 
@@ -364,7 +365,7 @@ class Claim:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
-                info = tverify.parse_run_marker(_read_fd(fd))
+                info = _holder(fd)
                 os.close(fd)
                 raise OutputError(
                     f"--output {self.output} is being written by another run, {tverify.describe_run(info)}, which "
@@ -495,6 +496,23 @@ class Claim:
 def claim(output: str, command: str, overwrite: bool) -> Claim:
     """`with claim(output, command, overwrite) as run: ...; run.finish()`: see the module docstring."""
     return Claim(output, command, overwrite)
+
+
+HOLDER_WAIT_S = 5.0  # how long a refused run waits for the holder's marker to name it
+
+
+def _holder(fd: int) -> dict:
+    """The fields of the run that holds the lock on marker `fd`. A run locks the marker before it writes its
+    fields (it first checks the directory), so until then the file is empty or still names the run before it:
+    read again until it names a live run, for at most `HOLDER_WAIT_S` ({} after that: "a tpu-embed job")."""
+    deadline = time.monotonic() + HOLDER_WAIT_S
+    while True:
+        info = tverify.parse_run_marker(_read_fd(fd))
+        if info and not _gone(info):
+            return info
+        if time.monotonic() >= deadline:
+            return {}
+        time.sleep(0.02)
 
 
 def _read_fd(fd: int) -> bytes:

@@ -186,6 +186,28 @@ def test_a_second_claim_is_refused_while_the_first_holds_the_directory(tmp_path)
         pass
 
 
+def test_a_run_refused_while_the_holder_has_not_yet_written_its_marker_names_the_holder(tmp_path):
+    # The holder locks the marker, checks the directory, then writes its fields: a run refused in between
+    # waits for them rather than naming "a tpu-embed job" (or the killed run before the holder).
+    import fcntl
+    import threading
+    out = tmp_path / "out"
+    out.mkdir()
+    marker = out / verify.RUN_MARKER
+    marker.write_text(json.dumps({"command": "tpu-embed run", "pid": 2 ** 22 + 7, "host": socket.gethostname()}))
+    fd = os.open(marker, os.O_RDWR)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    holder = {"command": "tpu-embed shard", "pid": 4242, "host": "elsewhere", "state": "running"}
+    later = threading.Timer(0.3, lambda: os.pwrite(fd, json.dumps(holder).encode() + b" " * 64, 0))
+    later.start()
+    try:
+        with pytest.raises(output.OutputError, match=r"another run, `tpu-embed shard` \(pid 4242, host elsewhere\)"):
+            output.claim(str(out), "run", False).__enter__()
+    finally:
+        later.join()
+        os.close(fd)
+
+
 def test_another_runs_write_probe_under_its_temporary_name_is_no_file_of_the_directory(tmp_path):
     # Two runs started at once: one checks the directory while the other's write probe is a `.tmp-` file.
     out = tmp_path / "out"
