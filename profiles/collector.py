@@ -14,7 +14,7 @@ only plain data (`ModelConfig`, chip counts), so it pickles to workers.
 
 from __future__ import annotations
 
-from typing import Any, Dict, Iterable, Mapping, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterable, List, Mapping, NamedTuple, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -22,7 +22,7 @@ from profiles.counting import (
     candidate_table_counts,
     core_table_counts,
     dedup_table,
-    hottest_per_table,
+    hottest_per_table_steps,
     one_chip_model,
     relabelled_stack_counts,
     stack_counts,
@@ -40,6 +40,17 @@ from tpu_embed.sparsecore import FeatureIds, layout_of
 # `--candidate-chip-counts`, the spec's `profile_candidate_chip_counts`): each one re-partitions every step, and
 # nine of them (1..256) made the statistics cost several times the rest of a `tpu-embed run`.
 DEFAULT_CANDIDATE_CHIP_COUNTS: Tuple[int, ...] = ()
+# Steps a job's profile adds per `add_steps` call: the per-call cost of ~30 statistics x ~20 numpy calls is paid
+# once per group; 8 steps of 4096 examples hold ~13 MB of ids.
+STEPS_PER_CALL = 8
+
+
+class StepInput(NamedTuple):
+    """One step for `ProfileCollector.add_steps`: `add_step`'s arguments."""
+
+    global_ids: Mapping[str, FeatureIds]
+    oov_counts: Optional[Mapping[str, int]] = None
+    step: Optional[int] = None
 
 
 class ProfileCollector:
@@ -127,58 +138,79 @@ class ProfileCollector:
         `validate=False`: the caller has checked what `_validate` checks (the shard job's steps: their ids went
         through the CSR packer, which refuses ids outside a table and unsorted rows).
         """
+        return self.add_steps(acc, [StepInput(global_ids, oov_counts, step)], validate=validate)
+
+    def add_steps(self, acc: ProfileAccumulator, steps: Sequence["StepInput"], *,
+                  validate: bool = True) -> ProfileAccumulator:
+        """`add_step` of each of `steps` in order, the numpy work of all of them at once (a step's own figures,
+        its maxima, series and balance, stay its own): the same accumulator as adding them one by one, at a
+        fraction of the calls (the profile of a job adds its steps in groups of `STEPS_PER_CALL`)."""
+        if not steps:
+            return acc
         if validate:
-            self._validate(global_ids, oov_counts)
-        step = acc.steps if step is None else int(step)
-        self._add_lookups(acc, global_ids, oov_counts)
-        self._add_main_partitions(acc, global_ids, step)
+            for s in steps:
+                self._validate(s.global_ids, s.oov_counts)
+        numbers = [acc.steps + g if s.step is None else int(s.step) for g, s in enumerate(steps)]
+        gids = [s.global_ids for s in steps]
+        self._add_lookups(acc, gids, [s.oov_counts for s in steps])
+        self._add_main_partitions(acc, gids, numbers)
         if self._candidate_models:
-            self._add_candidate_partitions(acc, global_ids, step)
-        acc.steps += 1
+            for g, n in zip(gids, numbers):
+                self._add_candidate_partitions(acc, g, n)
+        acc.steps += len(steps)
         return acc
 
-    def _add_lookups(self, acc: ProfileAccumulator, global_ids: Mapping[str, FeatureIds],
-                     oov_counts: Optional[Mapping[str, int]]) -> None:
-        """Per feature and table: valency, hot ids, OOV. (Shard loads follow from the id counts: `extract_output`.)"""
+    def _add_lookups(self, acc: ProfileAccumulator, steps: Sequence[Mapping[str, FeatureIds]],
+                     oov_counts: Sequence[Optional[Mapping[str, int]]]) -> None:
+        """Per feature and table: valency, hot ids, OOV. (Shard loads follow from the id counts: `extract_output`.)
+        Every figure is a sum over steps: each feature's steps are counted together (the valency histogram of
+        every step's examples, step g's examples numbered after step g-1's)."""
         m = self.model
         g = m.topology
+        G = len(steps)
         for t in m.tables:
             ts = acc.tables[t.name]
-            ts.steps += 1
-            all_ids = []
+            ts.steps += G
+            all_ids: List[np.ndarray] = []
             for f in m.table_features(t.name):
-                fid = global_ids[f.name]
                 fs = ts.features[f.name]
                 examples = f.examples * g.num_chips
-                fs.examples += examples
-                fs.ids += int(fid.ids.size)
-                per_example = np.bincount(fid.rows // f.samples_per_example, minlength=examples)
-                fs.ids_per_example.add_array(per_example)
-                if oov_counts is not None and f.name in oov_counts:
-                    fs.oov_ids += int(oov_counts[f.name])
-                    fs.oov_reported_ids += int(fid.ids.size) + (0 if self.oov_ids_in_batch else int(oov_counts[f.name]))
-                all_ids.append(fid.ids)
+                fs.examples += examples * G
+                fids = [s[f.name] for s in steps]
+                fs.ids += sum(int(fid.ids.size) for fid in fids)
+                example_of = [fid.rows // f.samples_per_example + i * examples for i, fid in enumerate(fids)]
+                fs.ids_per_example.add_array(np.bincount(np.concatenate(example_of) if G > 1 else example_of[0],
+                                                         minlength=examples * G))
+                for fid, oov in zip(fids, oov_counts):
+                    if oov is not None and f.name in oov:
+                        fs.oov_ids += int(oov[f.name])
+                        fs.oov_reported_ids += int(fid.ids.size) + (0 if self.oov_ids_in_batch else int(oov[f.name]))
+                all_ids.extend(fid.ids for fid in fids)
             ts.id_counts.add(np.concatenate(all_ids) if all_ids else np.zeros(0, np.int64))
 
-    def _add_main_partitions(self, acc: ProfileAccumulator, global_ids: Mapping[str, FeatureIds], step: int) -> None:
+    def _add_main_partitions(self, acc: ProfileAccumulator, steps: Sequence[Mapping[str, FeatureIds]],
+                             numbers: Sequence[int]) -> None:
         """Main topology: the core's own per-chip counts, tables alone, then stacks (all added at once); per stack
         the step's hottest id (after dedup) for the balance floor."""
         m = self.model
         layout = layout_of(m)
-        per_table = hottest_per_table(m, global_ids)
-        hottest = {name: max(per_table[t] for t in st.tables) for name, st in layout.stacks.items()}
-        table_counts = core_table_counts(global_ids, m, self._one_chip)
-        stacked = stack_counts(layout, table_counts)
-        PartitionStats.add_step_many([acc.tables[n].partitions for n in table_counts] +
-                                     [acc.stacks[n] for n in stacked],
-                                     list(table_counts.values()) + list(stacked.values()), step,
-                                     [None] * len(table_counts) + [hottest[n] for n in stacked])
-        if self.frequency_ids and all(acc.stacks[n].frequency_order is not None for n in stacked):
+        hottest = []
+        counts = []
+        for per_table, gids in zip(hottest_per_table_steps(m, steps), steps):
+            hottest.append([None] * len(m.tables) + [max(per_table[t] for t in st.tables)
+                                                     for st in layout.stacks.values()])
+            table_counts = core_table_counts(gids, m, self._one_chip)
+            stacked = stack_counts(layout, table_counts)
+            counts.append([table_counts[t.name] for t in m.tables] + [stacked[n] for n in layout.stacks])
+        PartitionStats.add_steps_many([acc.tables[t.name].partitions for t in m.tables] +
+                                      [acc.stacks[n] for n in layout.stacks], counts, numbers, hottest)
+        if self.frequency_ids and all(acc.stacks[n].frequency_order is not None for n in layout.stacks):
             # The same steps with frequency-order ids: a table's (sample, id) pairs are the same pairs relabelled,
             # so only their destinations (and which ids are equal) change.
-            freq = relabelled_stack_counts(m, global_ids, self.frequency_ids)
-            PartitionStats.add_step_many([acc.stacks[n].frequency_order for n in freq],  # type: ignore[misc]
-                                         list(freq.values()), step, [hottest[n] for n in freq])
+            freq = [relabelled_stack_counts(m, gids, self.frequency_ids) for gids in steps]
+            PartitionStats.add_steps_many([acc.stacks[n].frequency_order for n in layout.stacks],  # type: ignore[misc]
+                                          [[c[n] for n in layout.stacks] for c in freq], numbers,
+                                          [h[len(m.tables):] for h in hottest])
 
     def _add_candidate_partitions(self, acc: ProfileAccumulator, global_ids: Mapping[str, FeatureIds],
                                   step: int) -> None:

@@ -27,7 +27,7 @@ tested equal to the core.
 from __future__ import annotations
 
 import dataclasses
-from typing import Dict, Mapping, Optional, Tuple
+from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -209,31 +209,37 @@ def _deduped(fid: FeatureIds) -> Tuple[np.ndarray, np.ndarray]:
 
 def hottest_per_table(model: ModelConfig, global_ids: Mapping[str, FeatureIds]) -> Dict[str, int]:
     """Per table, the lookups of its hottest id in one step after dedup (equal (sample, id) pairs of a feature
-    counted once, as the core merges them): the floor of a step's busiest destination. One sort of every table's
-    ids at once (each table's ids offset past the previous tables'); a feature is deduplicated only where a
-    sample holds several ids."""
+    counted once, as the core merges them): the floor of a step's busiest destination."""
+    return hottest_per_table_steps(model, [global_ids])[0]
+
+
+def hottest_per_table_steps(model: ModelConfig, steps: Sequence[Mapping[str, FeatureIds]]) -> List[Dict[str, int]]:
+    """`hottest_per_table` of each step: one sort of every step's and table's ids at once (each table's ids
+    offset past the previous tables', each step's past the previous steps'); a feature is deduplicated only
+    where a sample holds several ids."""
     names = [t.name for t in model.tables]
     base = np.zeros(len(names) + 1, np.int64)
     np.cumsum([t.vocabulary_size for t in model.tables], out=base[1:])
+    span = int(base[-1])
     index = {n: i for i, n in enumerate(names)}
     parts = []
-    for f in model.features:
-        fid = global_ids[f.name]
-        if not fid.ids.size:
-            continue
-        _, ids = _deduped(fid)
-        parts.append(ids + base[index[f.table.name]])
-    out = dict.fromkeys(names, 0)
-    if not parts:
-        return out
-    keys = np.concatenate(parts)
-    keys = np.sort(keys.astype(np.uint32) if base[-1] <= 1 << 32 else keys)  # uint32 sorts ~3x faster
-    starts = np.flatnonzero(np.concatenate([[True], keys[1:] != keys[:-1]]))
-    runs = np.diff(np.append(starts, keys.size))
-    table_of = np.searchsorted(base, keys[starts].astype(np.int64), side="right") - 1
-    best = np.zeros(len(names), np.int64)
-    np.maximum.at(best, table_of, runs)
-    return dict(zip(names, best.tolist()))
+    for g, global_ids in enumerate(steps):
+        for f in model.features:
+            fid = global_ids[f.name]
+            if not fid.ids.size:
+                continue
+            _, ids = _deduped(fid)
+            parts.append(ids + (base[index[f.table.name]] + g * span))
+    best = np.zeros(len(steps) * len(names), np.int64)
+    if parts:
+        keys = np.concatenate(parts)
+        keys = np.sort(keys.astype(np.uint32) if len(steps) * span <= 1 << 32 else keys)  # uint32 sorts ~3x faster
+        starts = np.flatnonzero(np.concatenate([[True], keys[1:] != keys[:-1]]))
+        runs = np.diff(np.append(starts, keys.size))
+        first = keys[starts].astype(np.int64)
+        slot = (first // span) * len(names) + np.searchsorted(base, first % span, side="right") - 1
+        np.maximum.at(best, slot, runs)
+    return [dict(zip(names, row)) for row in best.reshape(len(steps), len(names)).tolist()]
 
 
 def relabelled_stack_counts(model: ModelConfig, global_ids: Mapping[str, FeatureIds],

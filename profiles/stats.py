@@ -152,50 +152,74 @@ class PartitionStats(JsonEq):
     @staticmethod
     def add_step_many(stats: Sequence["PartitionStats"], counts: Sequence[CellCounts], step: int,
                       hottest: Optional[Sequence[Optional[int]]] = None) -> None:
-        """stats[i].add_step(counts[i], step) for every i (one topology): the numpy work of all of them at once.
+        """stats[i].add_step(counts[i], step) for every i (one topology): `add_steps_many` of one step."""
+        PartitionStats.add_steps_many(stats, [counts], [step], None if hottest is None else [hottest])
+
+    @staticmethod
+    def add_steps_many(stats: Sequence["PartitionStats"], counts: Sequence[Sequence[CellCounts]],
+                       steps: Sequence[int], hottest: Optional[Sequence[Optional[Sequence[Optional[int]]]]] = None
+                       ) -> None:
+        """stats[i].add_step(counts[g][i], steps[g], hottest[g][i]) for every step g, in order, then every i (one
+        topology): the numpy work of all of them at once, the arrays of each statistic's steps added together.
 
         Per statistic: ids and unique ids summed and maximised over cells; every cell's values into the cell
         histograms (cells without ids as zeros); per local SC and per chip the id buffer (the cells' ids padded
         to XLA_PAD, summed); per destination SC the ids; the heat map's (local SC, destination) ids; where the
-        statistic counts them, the step's balance, and with `hottest` (per statistic: the lookups of the step's
-        hottest id, after dedup) its floor.
+        statistic counts them, the step's balance, and with `hottest` (per step and statistic: the lookups of
+        the step's hottest id, after dedup) its floor. Sums, histograms and maxima do not depend on how steps
+        are grouped, so adding G steps at once equals adding them one by one (tests/profiles/test_stats.py).
         """
-        if not stats:
+        if not stats or not steps:
             return
+        G, k = len(steps), len(stats)
+        if len(counts) != G or (hottest is not None and len(hottest) != G):
+            raise ValueError("one list of cell counts (and of hottest ids) per step")
         chips, nsc, S = stats[0].num_chips, stats[0].num_sc_per_chip, stats[0].num_sparse_cores
-        for ps, c in zip(stats, counts, strict=True):
-            if (ps.num_chips, ps.num_sc_per_chip) != (chips, nsc) or (c.num_chips, c.num_sc_per_chip) != (chips, nsc):
-                raise ValueError("cell counts of another topology")
-        f = _StepCells.of(counts, chips, nsc, S, heat_map=any(ps.sc_dest_ids is not None for ps in stats),
-                          per_partition=any(ps.has_per_partition for ps in stats))  # max over a chip's local SCs
-        sizes, ends, ids, uniq = f.sizes, f.ends, f.ids, f.uniq
-        for i, (ps, c) in enumerate(zip(stats, counts)):
-            ps.steps += 1
-            ps.ids += int(f.sum_ids[i])
-            ps.unique_ids += int(f.sum_uniq[i])
-            mx_ids, mx_uniq, mx_chip = int(f.max_ids[i]), int(f.max_uniq[i]), int(f.max_chip[i])
-            ps.step_max_ids.add(mx_ids)
-            ps.step_max_unique_ids.add(mx_uniq)
-            empty_cells = c.num_cells - int(sizes[i])
-            ps.cell_ids.add_array(ids[ends[i] - sizes[i]:ends[i]])
+        for step_counts in counts:
+            for ps, c in zip(stats, step_counts, strict=True):
+                if (ps.num_chips, ps.num_sc_per_chip) != (chips, nsc) or \
+                        (c.num_chips, c.num_sc_per_chip) != (chips, nsc):
+                    raise ValueError("cell counts of another topology")
+        # Statistic-major (row i * G + g): each statistic's steps are consecutive rows, its cells one run.
+        f = _StepCells.of([counts[g][i] for i in range(k) for g in range(G)], chips, nsc, S,
+                          heat_map=any(ps.sc_dest_ids is not None for ps in stats),
+                          per_partition=any(ps.has_per_partition for ps in stats))
+        num_cells = chips * nsc * S
+        for i, ps in enumerate(stats):
+            r = slice(i * G, (i + 1) * G)
+            first, last = f.ends[i * G] - f.sizes[i * G], f.ends[i * G + G - 1]
+            ps.steps += G
+            ps.ids += int(f.sum_ids[r].sum())
+            ps.unique_ids += int(f.sum_uniq[r].sum())
+            ps.step_max_ids.add_array(f.max_ids[r])
+            ps.step_max_unique_ids.add_array(f.max_uniq[r])
+            empty_cells = G * num_cells - int(f.sizes[r].sum())
+            ps.cell_ids.add_array(f.ids[first:last])
             ps.cell_ids.add(0, empty_cells)
-            ps.cell_unique_ids.add_array(uniq[ends[i] - sizes[i]:ends[i]])
+            ps.cell_unique_ids.add_array(f.uniq[first:last])
             ps.cell_unique_ids.add(0, empty_cells)
-            ps.chip_buffer.add_array(f.chip_need[i])
-            ps.step_max_sc_buffer.add(int(f.max_sc[i]))
-            ps.step_max_chip_buffer.add(mx_chip)
-            ps.dest_ids = f.dest[i].copy() if ps.dest_ids is None else ps.dest_ids + f.dest[i]
-            ps.step_max_dest_ids += int(f.max_dest[i])
-            if ps.sc_dest_ids is not None and f.heat is not None and sizes[i]:
-                ps.sc_dest_ids += f.heat[i]
+            ps.chip_buffer.add_array(f.chip_need[r])
+            ps.step_max_sc_buffer.add_array(f.max_sc[r])
+            ps.step_max_chip_buffer.add_array(f.max_chip[r])
+            dest = f.dest[r].sum(axis=0)
+            ps.dest_ids = dest if ps.dest_ids is None else ps.dest_ids + dest
+            ps.step_max_dest_ids += int(f.max_dest[r].sum())
+            if ps.sc_dest_ids is not None and f.heat is not None:  # a step without ids adds zeros
+                ps.sc_dest_ids += f.heat[r].sum(axis=0)
             if ps.series is not None:
-                ps.series.record(step, mx_ids, mx_uniq, mx_chip)
+                for g, step in enumerate(steps):
+                    ps.series.record(step, int(f.max_ids[i * G + g]), int(f.max_uniq[i * G + g]),
+                                     int(f.max_chip[i * G + g]))
             if ps.has_per_partition:
-                ps._max_per_partition(f.part_ids[i], f.part_uniq[i],
-                                      f.sc_need[i].reshape(chips, nsc).astype(np.int64))
-            if ps.step_floor_ids is not None and f.sum_ids[i]:
-                h = None if hottest is None else hottest[i]
-                ps._add_step_balance(int(f.max_dest[i]), int(f.sum_ids[i]), None if h is None else int(h))
+                ps._max_per_partition(f.part_ids[r].max(axis=0), f.part_uniq[r].max(axis=0),
+                                      f.sc_need[r].reshape(G, chips, nsc).max(axis=0).astype(np.int64))
+            for g in range(G):
+                if ps.step_floor_ids is None:
+                    break
+                j = i * G + g
+                if f.sum_ids[j]:
+                    h = None if hottest is None or hottest[g] is None else hottest[g][i]  # type: ignore[index]
+                    ps._add_step_balance(int(f.max_dest[j]), int(f.sum_ids[j]), None if h is None else int(h))
 
     def _add_step_balance(self, busiest: int, ids: int, hottest: Optional[int]) -> None:
         S = self.num_sparse_cores
