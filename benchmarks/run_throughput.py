@@ -35,7 +35,8 @@ Modes, each in a child process of its own (wall time, CPU time and peak RSS of i
   as for every run of a spec after its first). Both jobs do the same work as `single`: read + parse, exact
   vocabularies, ids, global batches, per-chip CSR, shard records written, lookup statistics.
 * `beam-bare`: the same with `--no-transform-output`; `beam-cold`: the same as `beam` with an empty cache (the
-  first run of a spec: the transform graph built in a child process beside the jobs).
+  first run of a spec: the transform graph built in a child process beside the jobs); `beam-noprofile`: the same
+  as `beam` with `--no-profile` (no lookup statistics: what they cost; for workloads whose spec pins its limits).
 
 Prints a Markdown table row naming the workload and configuration, for docs/benchmarks.md.
 """
@@ -422,7 +423,8 @@ def _run_mode(mode: str, args) -> dict:
         shutil.rmtree(os.path.join(args.out, "cache-cold"), ignore_errors=True)
         os.environ["TPU_EMBED_CACHE_DIR"] = os.path.join(args.out, "cache-cold" if mode == "beam-cold" else "cache")
         m = runner.run_all(JobConfig(spec=spec, output=os.path.join(args.out, "beam"),
-                                     candidate_chip_counts=candidates, transform_output=mode != "beam-bare"),
+                                     candidate_chip_counts=candidates, transform_output=mode != "beam-bare",
+                                     write_profile=mode != "beam-noprofile"),
                            beam_args)
         n = m.counts.examples_written
     return {"mode": mode, "examples": n, "seconds": time.time() - t}
@@ -475,7 +477,7 @@ def main():
                     "none given (the spec's own topology, as `tpu-embed run`)")
     ap.add_argument("--modes", default="floor,single,beam",
                     help="which measurements, in this order (floor: pyarrow for CSV, tfxbsl for TFRecord; also "
-                         "beam-bare, beam-cold)")
+                         "beam-bare, beam-cold, beam-noprofile)")
     ap.add_argument("--mode", help=argparse.SUPPRESS)  # internal: run one measurement in this process
     args = ap.parse_args()
     tfr = args.workload == "tfrecord"
@@ -526,6 +528,11 @@ def main():
             if mode in rate:
                 print(f"the transform output ({mode}) adds {rate['beam-bare'] / rate[mode] - 1:.1%} to tpu-embed run "
                       f"({results[mode]['seconds']:.2f} s against {results['beam-bare']['seconds']:.2f} s)")
+    if "beam-noprofile" in rate and "beam" in rate:
+        print(f"the lookup statistics add {rate['beam-noprofile'] / rate['beam'] - 1:.1%} to tpu-embed run "
+              f"({results['beam']['seconds']:.2f} s against {results['beam-noprofile']['seconds']:.2f} s)")
+        if floor in rate:
+            print(f"tpu-embed run --no-profile is {rate[floor] / rate['beam-noprofile']:.2f}x the time of {floor}")
     if floor in rate and "beam" in rate:
         chips = args.candidates or "spec's own (default)"
         single = f"{rate['single']:,.0f}" if "single" in rate else "-"
