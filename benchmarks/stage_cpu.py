@@ -6,11 +6,11 @@ The data of `benchmarks/run_throughput.py` (same --workload, --out and --example
 stages are the jobs' own functions, in the order a run calls them: the read (framing, the native split
 and the categorical columns dictionary-encoded), the parse, the vocabulary counting, the vocabularies
 (filtered and ordered), their token indexes, the mapping of every chunk to ids, the global batches, each
-step's build (per-chip CSR and its records) and the lookup statistics (the profile's `add_step` and
-its output). Each stage's figure is its thread's CPU time; the job runs them on several threads and a
-child process at once. Last, `tpu-embed run`'s fixed cost: `runner.run_all` on the first 1,000 rows
-(the two Beam pipelines, manifests, the transform output), its wall and CPU time. Prints one Markdown
-table.
+step's build (per-chip CSR and its records) and the lookup statistics (the job's collector: the profile's
+`add_steps` in the job's groups of steps, the what-if steps kept, and its output). Each stage's figure is its
+thread's CPU time; the job runs them on several threads and a child process at once. Last, `tpu-embed run`'s
+fixed cost: `runner.run_all` on the first 1,000 rows (the two Beam pipelines, manifests, the transform output),
+its wall and CPU time. Prints one Markdown table.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ import run_throughput as bench  # benchmarks/run_throughput.py: this script's di
 
 
 def stages(spec) -> "collections.OrderedDict[str, float]":
-    import profiles
+    from pipelines.jobs.collect_profile import profile_collector
     from pipelines.mapping import ids as mapping
     from pipelines.mapping import vocabulary as pvocab
     from pipelines.read import parse, records, splits
@@ -35,6 +35,7 @@ def stages(spec) -> "collections.OrderedDict[str, float]":
     from pipelines.sharding import packing_limits as shard_limits
     from pipelines.sharding import step_records
     from pipelines.token_index import TokenCounter, TokenIndex
+    from profiles.collector import STEPS_PER_CALL, StepInput
 
     cpu: "collections.OrderedDict[str, float]" = collections.OrderedDict()
     clock = [time.thread_time()]
@@ -87,12 +88,13 @@ def stages(spec) -> "collections.OrderedDict[str, float]":
             tick("global batches")
             built.append(step_records.build_step(s, step, spec, layout, limits))
             tick("steps built (per-chip CSR, records)")
-    collector = profiles.ProfileCollector(spec.model(sizes), spec.topology)
+    collector = profile_collector(spec, sizes)  # the job's: the profile and the what-if steps
     acc = collector.create_accumulator()
-    for s, (_, global_ids, oov, *_rest) in enumerate(built):
-        collector.add_step(acc, global_ids, oov, step=s, validate=False)
+    for first in range(0, len(built), STEPS_PER_CALL):  # in the job's groups of steps
+        collector.add_steps(acc, [StepInput(global_ids, oov, first + i) for i, (_, global_ids, oov, *_rest)
+                                  in enumerate(built[first:first + STEPS_PER_CALL])], validate=False)
     collector.extract_output(acc)
-    tick("lookup statistics (profile)")
+    tick("lookup statistics (profile, what-if steps)")
     return cpu
 
 
