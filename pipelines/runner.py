@@ -275,10 +275,6 @@ def _first_dead_letters(output: str, m: Manifest, reasons=None, limit: int = 1) 
     return out
 
 
-def _describe(d: dict) -> str:
-    where = f"record {d['record']}" if d["record"] >= 0 else "whole file"
-    return f"{d['file']} {where}: {d['reason']}: {d['detail']}"
-
 
 def check_outcome(cfg: JobConfig, m: Manifest, job: str) -> None:
     """Refuse to succeed silently: lost framing (unless policies.lost_framing: dead_letter), no valid
@@ -289,8 +285,9 @@ def check_outcome(cfg: JobConfig, m: Manifest, job: str) -> None:
     lost = sum(dead.get(r, 0) for r in records.FRAMING_REASONS)
     if lost and cfg.spec.policies.lost_framing == "error":
         first = _first_dead_letters(cfg.output, m, ("framing_lost",))
+        what = records.describe_letter(first[0]) if first else "framing lost"
         raise records.DataError(
-            f"{_describe(first[0]) if first else 'framing lost'} ({lost} record(s) lost with it; {where}). "
+            f"{what} ({lost} record(s) lost with it; {where}). "
             "Fix: repair or re-create the file, or set policies.lost_framing: dead_letter to dead-letter the rest "
             "of such files, count it, and go on.")
     read, valid = int(c.get("records_read", 0)), int(c.get("records_valid", 0))
@@ -304,8 +301,8 @@ def check_outcome(cfg: JobConfig, m: Manifest, job: str) -> None:
                 "lines after its header), or point inputs.patterns / --input at files that hold records.")
         raise records.DataError(
             f"no valid record in {ninputs} input file(s) ({read} records read, all dead-lettered; "
-            f"{int(c.get('files_dead_lettered', 0))} whole file(s) refused). First: {_describe(first[0])}. "
-            f"All in {where}. Fix the input or the spec.")
+            f"{int(c.get('files_dead_lettered', 0))} whole file(s) refused). First: "
+            f"{records.describe_letter(first[0])}. All in {where}. Fix the input or the spec.")
     if job != "vocab" and m.counts is not None and m.counts.examples_written == 0:
         raise records.DataError(
             f"0 examples written: the {valid} valid example(s) do not fill one global batch of "

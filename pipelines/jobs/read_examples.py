@@ -79,8 +79,7 @@ class _ReadAndParse(beam.DoFn):
 
         def stop(letters):
             first = min(letters, key=lambda d: d.record)
-            raise StrictModeError(f"--strict: {first.file} record {first.record}: {first.reason}: "
-                                      f"{first.detail}")
+            raise StrictModeError(f"--strict: {first.describe()}")
 
         for item, parsed in self._parsed(split, state):
             if isinstance(item, DeadLetter):

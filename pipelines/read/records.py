@@ -62,6 +62,16 @@ class DeadLetter:
     def to_json(self) -> dict:
         return {"file": self.file, "record": self.record, "reason": self.reason, "detail": self.detail}
 
+    def describe(self) -> str:
+        """"FILE record N: reason: detail" ("FILE whole file: ..." for a letter of the whole file)."""
+        return describe_letter(self.to_json())
+
+
+def describe_letter(d: dict) -> str:
+    """A dead letter (`DeadLetter.to_json`, or a line of a dead-letter file) in the words of the jobs' errors."""
+    where = f"record {d['record']}" if d["record"] >= 0 else "whole file"
+    return f"{d['file']} {where}: {d['reason']}: {d['detail']}"
+
 
 @dataclasses.dataclass
 class RawBatch:

@@ -81,7 +81,7 @@ def read_split(fmt: str, split: InputSplit, columns: Sequence[str], *, csv_delim
         if isinstance(item, DeadLetter):
             item.file_index = f.index
             if strict and item.record < 0:  # record-level letters: the caller raises on the first one
-                raise StrictModeError(f"--strict: {item.file} record {item.record}: {item.reason}: {item.detail}")
+                raise StrictModeError(f"--strict: {item.describe()}")
         elif item.num_rows:
             any_rows = True
             progress.advance(item.num_rows)

@@ -108,6 +108,16 @@ def test_strict_stops_with_file_and_record(tmp_path, capsys):
             _ = p | read_examples.ReadExamples(spec, files, strict=True)
 
 
+def test_strict_names_a_whole_file_as_such(tmp_path):
+    write(tmp_path, "c_missing.csv", "label,x\n1,2\n")
+    spec = small_spec(tmp_path)
+    files = splits.list_input_files(spec.input_patterns())
+    with pytest.raises(Exception, match=r"--strict: \S*c_missing.csv whole file: missing_columns") as e:
+        with tp() as p:
+            _ = p | read_examples.ReadExamples(spec, files, strict=True)
+    assert "record -1" not in str(e.value)
+
+
 def test_policies_counted_and_dead_letter_files(tmp_path):
     write(tmp_path, "b_bad.csv", BAD)
     spec = small_spec(tmp_path)
