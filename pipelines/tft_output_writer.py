@@ -9,7 +9,7 @@ TensorFlow.
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING, Dict, Mapping, Optional
 
 from pipelines.jobs import manifest_writer
 from pipelines.output import write_atomic
@@ -39,16 +39,25 @@ def start(spec: Spec, base: Optional[str] = None) -> TransformGraph:
 
 def write(output: str, spec: Spec, graph: Optional[TransformGraph] = None) -> Manifest:
     """Write output/transform_output/ of the artifact of `spec` in `output` (replacing what is there) and list its
-    files in the manifest. The manifest stops listing the old files before they are deleted, and lists the new
-    ones once all are written."""
+    files in the manifest: `write_files` of `transform_files`."""
+    return write_files(output, transform_files(output, spec, graph))
+
+
+def transform_files(output: str, spec: Spec, graph: Optional[TransformGraph] = None) -> Dict[str, bytes]:
+    """The files of the artifact's transform output, {path under transform_output/: bytes}; nothing is written."""
     m = read_manifest(output)
     try:
-        graph = graph or TransformGraph(spec)
-        files = transform_output_files(output, spec, m.vocabulary_sizes, graph)
+        return transform_output_files(output, spec, m.vocabulary_sizes, graph or TransformGraph(spec))
     except TransformOutputError as e:
         raise TransformOutputError(f"{output}: the shards are written but not {DIRECTORY}/: {e} (write it with "
                                    f"`tpu-embed transform-output {output}`, or run with --no-transform-output)"
                                    ) from None
+
+
+def write_files(output: str, files: Mapping[str, bytes]) -> Manifest:
+    """Replace output/transform_output/ by `files` (`transform_files`) and list them in the manifest. The manifest
+    stops listing the old files before they are deleted, and lists the new ones once all are written."""
+    m = read_manifest(output)
     if m.files_of(manifest_writer.TRANSFORM_OUTPUT_KIND):  # no longer listed before its files are replaced
         manifest_writer.replace_files(output, manifest_writer.TRANSFORM_OUTPUT_KIND, [])
     tio.delete_tree(tio.join(output, DIRECTORY))

@@ -228,6 +228,61 @@ def test_a_file_url_output_is_locked_as_its_local_path(work, reference, monkeypa
     _accepted(out, reference)
 
 
+# ---------------------------------------------------------------- `tpu-embed transform-output` into an artifact
+
+def _copy_of_ref(work, name):
+    full = os.path.join(work, name)
+    shutil.rmtree(full, ignore_errors=True)
+    shutil.copytree(os.path.join(work, "ref"), full)
+    return full
+
+
+def test_transform_output_takes_the_artifacts_claim(work, reference, capsys, monkeypatch):
+    monkeypatch.chdir(work)
+    full = _copy_of_ref(work, "to_busy")
+    with output.claim(full, "profile", False):  # a job writing the artifact: transform-output is refused
+        assert cli.main(["transform-output", full]) == 1
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "is being written by another run, `tpu-embed profile` (pid " in err, err
+    assert {k: v for k, v in tree(full).items() if k != verify.RUN_MARKER} == reference  # untouched (the holder,
+    # not finished, left its marker)
+    with output.claim(full, "transform-output", False):  # and it holds the claim while it writes
+        assert cli.main([*RUN, "--output", full, "--overwrite"]) == 1
+        err = capsys.readouterr().err
+        assert "is being written by another run, `tpu-embed transform-output` (pid " in err, err
+    assert cli.main(["transform-output", full]) == 0
+    _accepted(full, reference)
+
+
+def test_a_failed_transform_output_leaves_an_unfinished_artifact_that_the_rerun_finishes(work, reference, capsys):
+    from pipelines import tft_output_writer
+    full = _copy_of_ref(work, "to_failed")
+    with pytest.raises(RuntimeError, match="killed"):
+        with output.claim(full, "transform-output", False):
+            tft_output_writer.write_files(full, {"transform_fn/saved_model.pb": b"half"})
+            raise RuntimeError("killed while it wrote")
+    with pytest.raises(verify.ArtifactUnfinishedError, match="`tpu-embed transform-output`"):
+        load_artifact(full)
+    assert cli.main(["inspect", full]) == 1
+    capsys.readouterr()
+    assert cli.main(["transform-output", full]) == 0  # takes it over, no --overwrite needed
+    _accepted(full, reference)
+
+
+def test_transform_output_refuses_an_artifact_another_command_left_unfinished(work, capsys):
+    from pipelines.jobs import manifest_writer
+    full = _copy_of_ref(work, "to_unfinished")
+    with pytest.raises(RuntimeError):
+        with output.claim(full, "profile", False):
+            manifest_writer.replace_files(full, "plan", read_manifest(full).to_json()["files"][:0])
+            raise RuntimeError("killed")
+    before = tree(full)
+    assert cli.main(["transform-output", full]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "is an unfinished artifact: `tpu-embed profile` (pid" in err, err
+    assert tree(full) == before
+
+
 # ---------------------------------------------------------------- a user's files, a failed run, leftovers
 
 def test_user_files_kept_failed_run_rerun_without_overwrite_and_leftovers_swept(work, reference, monkeypatch,
