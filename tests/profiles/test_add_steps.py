@@ -80,3 +80,13 @@ def test_an_empty_group_adds_nothing():
     collector = ProfileCollector(synthetic.feature_config(2, per_chip_batch=8, vocab_sizes=[10, 20]), Topology(2, 4))
     acc = collector.create_accumulator()
     assert collector.add_steps(acc, []) is acc and acc.steps == 0
+
+
+def test_hottest_ids_of_steps_whose_ids_span_more_than_32_bits():
+    # Three steps of a 2^31-row table: the keys of the one sort do not fit 32 bits (the int64 sort).
+    fc = synthetic.feature_config(2, per_chip_batch=8, vocab_sizes=[2**31, 50])
+    topo = Topology(2, 4)
+    model = ProfileCollector(fc, topo).model
+    rng = np.random.default_rng(5)
+    batches = [synthetic.global_batch(fc, topo.num_chips, rng, zipf_a=1.3) for _ in range(3)]
+    assert hottest_per_table_steps(model, batches) == [plain_hottest(model, b) for b in batches]
