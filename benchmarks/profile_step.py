@@ -1,10 +1,12 @@
-"""Cost of the profile statistics per step (`ProfileCollector.add_step`), one thread, no Beam.
+"""Cost of the profile statistics per step (`ProfileCollector.add_step`, and `add_steps` in the job's groups of
+`STEPS_PER_CALL` steps), one thread, no Beam.
 
     .venv/bin/python benchmarks/profile_step.py [DATA_DIR] [--cprofile]
 
 DATA_DIR: the `data` directory of `benchmarks/run_throughput.py --examples 200000` (default build/bench/data).
 Builds every step of it as the shard job does (vocabularies, mapping, steps, CSR with global ids), then
-adds them to one accumulator and prints ms per step (best of 3); `--cprofile` also prints the top entries.
+adds them to one accumulator, one by one and in the job's groups, and prints ms per step (best of 3 each);
+`--cprofile` also prints the top entries of the grouped form.
 """
 
 from __future__ import annotations
@@ -74,19 +76,28 @@ def main() -> None:
     data = os.path.abspath(args[0] if args else os.path.join(ROOT, "build", "bench", "data"))
     spec, sizes, steps = steps_of(data)
     import profiles
+    from profiles.collector import STEPS_PER_CALL, StepInput
     collector = profiles.ProfileCollector(spec.model(sizes), spec.topology, candidate_chip_counts=[4])
 
-    def add_all():
+    def one_by_one():
         acc = collector.create_accumulator()
         for s, gids, oov in steps:
             collector.add_step(acc, gids, oov, step=s, validate=False)
 
-    best = min(timed(add_all) for _ in range(3))
-    print(f"ProfileCollector.add_step: {best / len(steps) * 1e3:.2f} ms per step ({len(steps)} steps of "
-          f"{spec.global_batch_size} examples, best of 3)")
+    def grouped():
+        acc = collector.create_accumulator()
+        for first in range(0, len(steps), STEPS_PER_CALL):
+            collector.add_steps(acc, [StepInput(gids, oov, s) for s, gids, oov in steps[first:first + STEPS_PER_CALL]],
+                                validate=False)
+
+    forms = (("add_step, one by one", one_by_one), (f"add_steps, {STEPS_PER_CALL} at a time (the job)", grouped))
+    for name, fn in forms:
+        best = min(timed(fn) for _ in range(3))
+        print(f"ProfileCollector.{name}: {best / len(steps) * 1e3:.2f} ms per step ({len(steps)} steps of "
+              f"{spec.global_batch_size} examples, best of 3)")
     if "--cprofile" in sys.argv:
         prof = cProfile.Profile()
-        prof.runcall(add_all)
+        prof.runcall(grouped)
         pstats.Stats(prof).sort_stats("tottime").print_stats(15)
 
 
