@@ -75,13 +75,15 @@ def remap(from_artifact: str, to_artifact: str, checkpoint: str, output: str, *,
     and their optimizer slots moved to artifact `to_artifact`'s ids.
 
     Args:
-      from_artifact, to_artifact: artifact directories (A, B) of one spec's features and tables; their
-        vocabularies, top_k / frequency_threshold, topology and batch sizes may differ.
+      from_artifact: artifact directory A, whose ids the checkpoint was trained on.
+      to_artifact: artifact directory B, of the same spec's features and tables as A; their vocabularies,
+        top_k / frequency_threshold, topology and batch sizes may differ.
       checkpoint: a checkpoint prefix (`tf.train.Checkpoint.save`'s return value) or the directory whose
         `checkpoint` file names the latest one.
       output: the new checkpoint's prefix (writes `output.index` and `output.data-00000-of-00001`).
-      prefix, layout: where the embedding's variables are ("host_embedding": `HostEmbedding`, or
-        "tpu_embedding": per-table `TPUEmbeddingForServing` / `TPUEmbeddingV2`), found when not given.
+      prefix: where the embedding's variables are in the checkpoint, found when not given.
+      layout: how they are laid out ("host_embedding": `HostEmbedding`, or "tpu_embedding": per-table
+        `TPUEmbeddingForServing` / `TPUEmbeddingV2`), found when not given.
       seed: seeds the default initializer of new rows (TF's TableConfig default, a truncated normal)
         together with the table's name. None (default): artifact B's fingerprint (`artifact_seed(B)`) does,
         so a re-run gives the same bytes and another day's remap other values; an int gives the same
