@@ -10,7 +10,7 @@ accumulator as one by one, at a fraction of the calls.
 
 from __future__ import annotations
 
-from typing import List, Optional
+from typing import Optional
 
 from pipelines import child_process
 from pipelines.background import Behind
@@ -24,28 +24,40 @@ def start(collector, depth: int, child: Optional[child_process.Child] = None):
     return ProfileThread(collector, depth) if child is None else ProfileProcess(collector, depth, child)
 
 
+class StepGroups:
+    """Steps collected into groups of `STEPS_PER_CALL`, each handed to `add(group, validate)` when full (and the
+    last one at `flush`); `validate` is whether any step of the group asked for it."""
+
+    def __init__(self, add):
+        self._add, self._group, self._validate = add, [], False
+
+    def append(self, global_ids, oov_counts, step: int, validate: bool) -> None:
+        self._group.append(StepInput(global_ids, oov_counts, int(step)))
+        self._validate = self._validate or bool(validate)
+        if len(self._group) >= STEPS_PER_CALL:
+            self.flush()
+
+    def flush(self) -> None:
+        if self._group:
+            group, validate = self._group, self._validate
+            self._group, self._validate = [], False
+            self._add(group, validate)
+
+
 class ProfileThread:
     """`collector.add_steps` of one accumulator, in order, on a background thread of this process."""
 
     def __init__(self, collector, depth: int):
         self.collector, self.acc, self._behind = collector, collector.create_accumulator(), Behind(depth)
-        self._group: List[StepInput] = []
-        self._validate = False
+        self._groups = StepGroups(lambda group, validate: self._behind.run(
+            self.collector.add_steps, self.acc, group, validate=validate))
 
     def add_step(self, global_ids, oov_counts, step: int, validate: bool) -> None:
-        self._group.append(StepInput(global_ids, oov_counts, int(step)))
-        self._validate = self._validate or bool(validate)
-        if len(self._group) >= STEPS_PER_CALL:
-            self._flush()
-
-    def _flush(self) -> None:
-        if self._group:
-            group, self._group = self._group, []
-            self._behind.run(self.collector.add_steps, self.acc, group, validate=self._validate)
+        self._groups.append(global_ids, oov_counts, step, validate)
 
     def close(self):
         """The accumulator of every step added (the first error of a step is raised here, or at `add_step`)."""
-        self._flush()
+        self._groups.flush()
         self._behind.close()
         return self.acc
 
@@ -88,17 +100,11 @@ def serve(receive, send, collector):
     """In the child: add every step the parent sends to one accumulator, in groups of `STEPS_PER_CALL`; return
     it at ("finish",)."""
     acc = collector.create_accumulator()
-    group: List[StepInput] = []
-    validate = False
+    groups = StepGroups(lambda group, validate: collector.add_steps(acc, group, validate=validate))
     while True:
         msg = receive()
         if msg is None or msg[0] == "finish":
-            if group:
-                collector.add_steps(acc, group, validate=validate)
+            groups.flush()
             return acc
-        _, gids, oov, step, check = msg
-        group.append(StepInput(gids, oov, step))
-        validate = validate or check
-        if len(group) >= STEPS_PER_CALL:
-            collector.add_steps(acc, group, validate=validate)
-            group, validate = [], False
+        _, gids, oov, step, validate = msg
+        groups.append(gids, oov, step, validate)

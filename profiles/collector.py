@@ -53,6 +53,12 @@ class StepInput(NamedTuple):
     step: Optional[int] = None
 
 
+def step_numbers(acc: ProfileAccumulator, steps: Sequence[StepInput]) -> List[int]:
+    """The index of each of `steps` added to `acc`: its `step`, or where none is given, its place after the
+    accumulator's steps."""
+    return [acc.steps + g if s.step is None else int(s.step) for g, s in enumerate(steps)]
+
+
 class ProfileCollector:
     def __init__(self, feature_config: Any, topology: Optional[Topology] = None, *,
                  candidate_chip_counts: Sequence[int] = DEFAULT_CANDIDATE_CHIP_COUNTS,
@@ -150,7 +156,7 @@ class ProfileCollector:
         if validate:
             for s in steps:
                 self._validate(s.global_ids, s.oov_counts)
-        numbers = [acc.steps + g if s.step is None else int(s.step) for g, s in enumerate(steps)]
+        numbers = step_numbers(acc, steps)
         gids = [s.global_ids for s in steps]
         self._add_lookups(acc, gids, [s.oov_counts for s in steps])
         self._add_main_partitions(acc, gids, numbers)

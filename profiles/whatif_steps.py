@@ -29,7 +29,7 @@ from typing import Dict, Mapping, Optional, Tuple
 
 import numpy as np
 
-from profiles.collector import ProfileCollector
+from profiles.collector import ProfileCollector, step_numbers
 from profiles.errors import CorruptProfileError, ProfileMismatchError, SchemaVersionError
 from profiles.idcounts import ENCODING, unpack_ids
 from profiles.jsonio import atomic_write_text, dumps_readable, read_json
@@ -139,8 +139,8 @@ class WhatIfSteps:
         cat = lambda parts: np.concatenate(parts).astype(np.int64) if parts else np.zeros(0, np.int64)
         all_rows = cat(rows)
         deltas = np.diff(all_rows, prepend=np.int64(0)) if all_rows.size else all_rows  # sorted within a feature
-        # The two large arrays compressed side by side (zlib releases the GIL): at the default budget ~0.1 s each,
-        # at the end of the shard job, when nothing else runs.
+        # The two large arrays compressed side by side (zlib releases the GIL), at the end of the shard job when
+        # nothing else runs: the demo's 1.3 M kept ids 0.076 s one after the other, 0.062 s side by side.
         with concurrent.futures.ThreadPoolExecutor(2) as pool:
             packed_rows, packed_ids = pool.map(_pack, (deltas, cat(ids)))
         return {"schema_version": FILE_VERSION, "kind": FILE_KIND, "model_key": model_key,
@@ -243,10 +243,10 @@ class WhatIfCollector(ProfileCollector):
                                  what_if=WhatIfSteps(self.budget_ids))
 
     def add_steps(self, acc, steps, **kwargs):
-        first = acc.steps
+        numbers = step_numbers(acc, steps)  # before they are added: where no step is given, acc.steps moves on
         out = super().add_steps(acc, steps, **kwargs)
         kept = getattr(out, "what_if", None)
         if kept is not None:  # an accumulator of this collector
-            for g, s in enumerate(steps):
-                kept.add(first + g if s.step is None else int(s.step), s.global_ids)
+            for n, s in zip(numbers, steps):
+                kept.add(n, s.global_ids)
         return out
