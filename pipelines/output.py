@@ -330,13 +330,18 @@ def _gone(info: dict) -> bool:
         info.get("host") == socket.gethostname() and info.get("pid") is not None and not _alive(info["pid"]))
 
 
+def marker_command(command: str) -> str:
+    """How a run marker (and an unfinished manifest) names the command that claimed the directory."""
+    return f"tpu-embed {command}"
+
+
 class Claim:
     """A job command's hold on its output directory (`claim`)."""
 
     def __init__(self, output: str, command: str, overwrite: bool):
         self.output, self.command, self.overwrite = output, command, overwrite
         self.path = tio.join(output, RUN_MARKER)
-        self.info = {"command": f"tpu-embed {command}", "pid": os.getpid(), "host": socket.gethostname(),
+        self.info = {"command": marker_command(command), "pid": os.getpid(), "host": socket.gethostname(),
                      "started": _now(), "token": uuid.uuid4().hex, "state": "running"}
         self.keep: List[str] = []  # files of a directory that never held an artifact (`sweep` keeps them)
         self.replacing = False  # --overwrite or a take-over: `finish` deletes what the new manifest does not list

@@ -46,7 +46,7 @@ def _write_into_artifact(artifact: str) -> str:
 
     m = read_manifest(artifact)
     left = (m.model_extra or {}).get(verify.UNFINISHED_KEY)
-    if not (isinstance(left, dict) and left.get("command") == f"tpu-embed {COMMAND}"):
+    if not (isinstance(left, dict) and left.get("command") == output.marker_command(COMMAND)):
         verify.check_finished(m, artifact)  # unfinished by another command: refused, naming it
     files = tft_output_writer.transform_files(artifact, load_spec_of(artifact, m))
     with output.claim(artifact, COMMAND, False) as claimed:
