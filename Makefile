@@ -26,7 +26,7 @@ ORACLE_STAMP := $(ORACLE_VENV)/.installed-py3.12
 install: $(STAMP)
 
 $(STAMP): pyproject.toml setup.py tpu_embed/sparsecore/native/_csr_native.c pipelines/native/_csv_native.c \
-		pipelines/native/_token_index.c
+		pipelines/native/_token_index.c profiles/native/_step_counts.c
 	@echo "installing tpu-embed into $(VENV) (a few minutes the first time; log: $(VENV)/install.log)"
 	$(call venv,$(VENV))
 	@# pip's own output (and this machine's index warnings) go to the log; its tail is shown on failure.

@@ -1,4 +1,4 @@
-"""Builds the native extensions: the CSR kernel, the CSV scanner and the token index; the rest is in pyproject.toml.
+"""Builds the native extensions (CSR kernel, CSV scanner, token index, step counts); the rest: pyproject.toml.
 
 The extensions are required: when one does not compile (no C compiler, a compiler error), the install fails,
 so `make test` and CI fail rather than run the slower fallbacks unnoticed.
@@ -39,5 +39,7 @@ setup(
         native_extension("pipelines._csv_native", "pipelines/native/_csv_native.c", depends=[TOKEN_TABLE]),
         # Fallback: vocabulary lookups with pyarrow's index_in.
         native_extension("pipelines._token_index", "pipelines/native/_token_index.c", depends=[TOKEN_TABLE]),
+        # Fallback: the lookup statistics' numpy counting (profiles/counting.py).
+        native_extension("profiles._step_counts", "profiles/native/_step_counts.c"),
     ],
 )

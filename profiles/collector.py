@@ -18,18 +18,11 @@ from typing import Any, Dict, Iterable, List, Mapping, NamedTuple, Optional, Seq
 
 import numpy as np
 
-from profiles.counting import (
-    candidate_table_counts,
-    core_table_counts,
-    dedup_table,
-    hottest_per_table_steps,
-    one_chip_model,
-    relabelled_stack_counts,
-    stack_counts,
-)
+from profiles.counting import candidate_table_counts, dedup_table, one_chip_model, stack_counts
 from profiles.idcounts import IdCounts
 from profiles.profile import CandidateStatus, Profile, ProfileAccumulator
 from profiles.stats import FeatureStats, PartitionStats, ShardLoad, TableStats, deep_copy
+from profiles.step_counts import StepCounts, count_steps
 from profiles.step_series import DEFAULT_SERIES_STEPS
 from profiles.units import CandidateUnavailable, GlobalConfig, rescaled
 from tpu_embed.core.model import ModelConfig, from_tf_feature_config
@@ -158,64 +151,61 @@ class ProfileCollector:
                 self._validate(s.global_ids, s.oov_counts)
         numbers = step_numbers(acc, steps)
         gids = [s.global_ids for s in steps]
-        self._add_lookups(acc, gids, [s.oov_counts for s in steps])
-        self._add_main_partitions(acc, gids, numbers)
+        counted = count_steps(self.model, self._one_chip, gids, self.frequency_ids,
+                              {t.name: acc.tables[t.name].id_counts for t in self.model.tables})
+        self._add_lookups(acc, [s.oov_counts for s in steps], counted)
+        self._add_main_partitions(acc, counted, numbers)
         if self._candidate_models:
             for g, n in zip(gids, numbers):
                 self._add_candidate_partitions(acc, g, n)
         acc.steps += len(steps)
         return acc
 
-    def _add_lookups(self, acc: ProfileAccumulator, steps: Sequence[Mapping[str, FeatureIds]],
-                     oov_counts: Sequence[Optional[Mapping[str, int]]]) -> None:
-        """Per feature and table: valency, hot ids, OOV. (Shard loads follow from the id counts: `extract_output`.)
-        Every figure is a sum over steps: each feature's steps are counted together (the valency histogram of
-        every step's examples, step g's examples numbered after step g-1's)."""
+    def _add_lookups(self, acc: ProfileAccumulator, oov_counts: Sequence[Optional[Mapping[str, int]]],
+                     counted: Sequence[StepCounts]) -> None:
+        """Per feature and table: valency, OOV (the id counts are `count_steps`'; shard loads follow from them:
+        `extract_output`). Every figure is a sum over steps."""
         m = self.model
         g = m.topology
-        G = len(steps)
+        G = len(counted)
         for t in m.tables:
             ts = acc.tables[t.name]
             ts.steps += G
-            all_ids: List[np.ndarray] = []
             for f in m.table_features(t.name):
                 fs = ts.features[f.name]
-                examples = f.examples * g.num_chips
-                fs.examples += examples * G
-                fids = [s[f.name] for s in steps]
-                fs.ids += sum(int(fid.ids.size) for fid in fids)
-                example_of = [fid.rows // f.samples_per_example + i * examples for i, fid in enumerate(fids)]
-                fs.ids_per_example.add_array(np.bincount(np.concatenate(example_of) if G > 1 else example_of[0],
-                                                         minlength=examples * G))
-                for fid, oov in zip(fids, oov_counts):
+                fs.examples += f.examples * g.num_chips * G
+                lookups = [c.lookups[f.name] for c in counted]
+                fs.ids += sum(lookups)
+                valency = counted[0].valency[f.name]
+                for c in counted[1:]:
+                    other = c.valency[f.name]
+                    if other.size > valency.size:
+                        valency, other = other, valency
+                    valency = valency.copy()
+                    valency[:other.size] += other
+                fs.ids_per_example.add_counts(valency)
+                for n, oov in zip(lookups, oov_counts):
                     if oov is not None and f.name in oov:
                         fs.oov_ids += int(oov[f.name])
-                        fs.oov_reported_ids += int(fid.ids.size) + (0 if self.oov_ids_in_batch else int(oov[f.name]))
-                all_ids.extend(fid.ids for fid in fids)
-            ts.id_counts.add(np.concatenate(all_ids) if all_ids else np.zeros(0, np.int64))
+                        fs.oov_reported_ids += n + (0 if self.oov_ids_in_batch else int(oov[f.name]))
 
-    def _add_main_partitions(self, acc: ProfileAccumulator, steps: Sequence[Mapping[str, FeatureIds]],
+    def _add_main_partitions(self, acc: ProfileAccumulator, counted: Sequence[StepCounts],
                              numbers: Sequence[int]) -> None:
-        """Main topology: the core's own per-chip counts, tables alone, then stacks (all added at once); per stack
-        the step's hottest id (after dedup) for the balance floor."""
+        """Main topology: tables alone, then stacks (all added at once); per stack the step's hottest id (after
+        dedup) for the balance floor."""
         m = self.model
         layout = layout_of(m)
-        hottest = []
-        counts = []
-        for per_table, gids in zip(hottest_per_table_steps(m, steps), steps):
-            hottest.append([None] * len(m.tables) + [max(per_table[t] for t in st.tables)
-                                                     for st in layout.stacks.values()])
-            table_counts = core_table_counts(gids, m, self._one_chip)
-            stacked = stack_counts(layout, table_counts)
-            counts.append([table_counts[t.name] for t in m.tables] + [stacked[n] for n in layout.stacks])
+        hottest = [[None] * len(m.tables) + [max(c.hottest[t] for t in st.tables) for st in layout.stacks.values()]
+                   for c in counted]
+        counts = [[c.cells[t.name] for t in m.tables] + [c.stacks[n] for n in layout.stacks] for c in counted]
         PartitionStats.add_steps_many([acc.tables[t.name].partitions for t in m.tables] +
                                       [acc.stacks[n] for n in layout.stacks], counts, numbers, hottest)
         if self.frequency_ids and all(acc.stacks[n].frequency_order is not None for n in layout.stacks):
             # The same steps with frequency-order ids: a table's (sample, id) pairs are the same pairs relabelled,
             # so only their destinations (and which ids are equal) change.
-            freq = [relabelled_stack_counts(m, gids, self.frequency_ids) for gids in steps]
             PartitionStats.add_steps_many([acc.stacks[n].frequency_order for n in layout.stacks],  # type: ignore[misc]
-                                          [[c[n] for n in layout.stacks] for c in freq], numbers,
+                                          [[c.frequency_stacks[n] for n in layout.stacks]  # type: ignore[index]
+                                           for c in counted], numbers,
                                           [h[len(m.tables):] for h in hottest])
 
     def _add_candidate_partitions(self, acc: ProfileAccumulator, global_ids: Mapping[str, FeatureIds],

@@ -100,6 +100,16 @@ class Histogram:
         if n:
             self._counts[value] = self._counts.get(value, 0) + n
 
+    def add_counts(self, counts: np.ndarray) -> None:
+        """Add `counts[v]` occurrences of each value v (a histogram as `np.bincount` gives it)."""
+        counts = np.asarray(counts).reshape(-1)
+        nz = np.flatnonzero(counts)
+        if nz.size and counts[nz].min() < 0:
+            raise ValueError("Histogram counts must be >= 0")
+        mine = self._counts
+        for v, c in zip(nz.tolist(), counts[nz].tolist()):
+            mine[v] = mine.get(v, 0) + c
+
     def add_array(self, values: np.ndarray) -> None:
         values = np.asarray(values).reshape(-1)
         if not values.size:

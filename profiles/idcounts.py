@@ -7,7 +7,9 @@ is exact (add counts per id), and memory is 16 bytes per *distinct* id seen
 
 Per-step batches are appended to a pending list and folded in only when the
 pending data outgrows the folded arrays, so adding a step costs O(batch log
-batch) amortised, not O(distinct ids).  Pickling folds first.
+batch) amortised, not O(distinct ids).  A counter that adds lookups in place
+(the native step counts) asks for a dense array (`counting_array`), folded in
+when the counts are read.  Pickling folds first.
 
 In JSON the arrays are delta-encoded ids and counts, zlib-compressed, base64.
 """
@@ -55,7 +57,7 @@ def _fold_dense(ids: Sequence[np.ndarray], counts: Sequence[Optional[np.ndarray]
 
 
 class IdCounts:
-    __slots__ = ("_ids", "_counts", "_pending", "_pending_size", "_encoded")
+    __slots__ = ("_ids", "_counts", "_pending", "_pending_size", "_encoded", "_dense")
 
     def __init__(self, ids: Optional[np.ndarray] = None, counts: Optional[np.ndarray] = None):
         self._set(ids, counts)
@@ -66,6 +68,7 @@ class IdCounts:
         self._pending: List[Tuple[np.ndarray, Optional[np.ndarray]]] = []
         self._pending_size = 0
         self._encoded: Optional[dict] = None  # lazily decoded JSON payload
+        self._dense: Optional[np.ndarray] = None  # counts added in place (`counting_array`), not yet folded
 
     # ------------------------------------------------------------ building
 
@@ -78,6 +81,16 @@ class IdCounts:
         self._pending_size += ids.size
         if self._pending_size > max(self._ids.size, 1 << 16):
             self._compact()
+
+    def counting_array(self, size: int) -> np.ndarray:
+        """An int64 array of at least `size` zeros-or-counts: `a[i] += k` counts k lookups of id i. Folded in
+        (and zeroed) when the counts are next read, merged or pickled."""
+        if self._dense is None or self._dense.size < size:
+            grown = np.zeros(max(int(size), 1), np.int64)
+            if self._dense is not None:
+                grown[:self._dense.size] = self._dense
+            self._dense = grown
+        return self._dense
 
     def merge_from(self, other: "IdCounts") -> None:
         other._decode()
@@ -97,6 +110,12 @@ class IdCounts:
 
     def _compact(self) -> None:
         self._decode()
+        if self._dense is not None:
+            u = np.flatnonzero(self._dense)
+            if u.size:
+                self._pending.append((u.astype(np.int64), self._dense[u]))
+                self._pending_size += u.size
+            self._dense = None
         if not self._pending:
             return
         parts_ids = [self._ids] + [p[0] for p in self._pending]
@@ -155,7 +174,7 @@ class IdCounts:
         return f"IdCounts(distinct={self.distinct}, total={self.total})"
 
     def to_json(self) -> dict:
-        if self._encoded is not None and not self._pending:
+        if self._encoded is not None and not self._pending and self._dense is None:
             return dict(self._encoded)
         ids, counts = self._folded()
         return {"encoding": ENCODING, "distinct": int(ids.size),

@@ -1,4 +1,4 @@
-"""The three native extensions setup.py builds are there: a failed C build fails the suite, not skips its tests."""
+"""The native extensions setup.py builds are there: a failed C build fails the suite, not skips its tests."""
 
 import importlib
 import os

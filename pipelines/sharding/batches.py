@@ -335,6 +335,12 @@ class GlobalIds(Mapping[str, FeatureIds]):
                                  block.features[name].weights, length)
                           for name, length in sequence_lengths.items()})
 
+    def example_lengths(self, name: str) -> Tuple[np.ndarray, np.ndarray, int]:
+        """(ids per example, ids, sequence length) of a feature: what its rows are made from
+        (`profiles.step_counts` counts from them without making the rows)."""
+        lengths, ids, _, sequence_length = self._features[name]
+        return lengths, ids, sequence_length
+
     def __getitem__(self, name: str) -> FeatureIds:
         got = self._made.get(name)
         if got is None:

@@ -17,6 +17,7 @@ EXTENSIONS = {
     "csr": "tpu_embed.sparsecore._csr_native",
     "csv": "pipelines._csv_native",
     "token_index": "pipelines._token_index",
+    "step_counts": "profiles._step_counts",
 }
 
 
