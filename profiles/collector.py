@@ -195,18 +195,22 @@ class ProfileCollector:
         dedup) for the balance floor."""
         m = self.model
         layout = layout_of(m)
-        hottest = [[None] * len(m.tables) + [max(c.hottest[t] for t in st.tables) for st in layout.stacks.values()]
-                   for c in counted]
-        counts = [[c.cells[t.name] for t in m.tables] + [c.stacks[n] for n in layout.stacks] for c in counted]
-        PartitionStats.add_steps_many([acc.tables[t.name].partitions for t in m.tables] +
-                                      [acc.stacks[n] for n in layout.stacks], counts, numbers, hottest)
-        if self.frequency_ids and all(acc.stacks[n].frequency_order is not None for n in layout.stacks):
+        stacks = list(layout.stacks)
+        members = [[i for i, t in enumerate(m.tables) if layout.tables[t.name].stack == n] for n in stacks]
+        # Per step: the tables' hottest ids (not used: a table alone keeps no balance), then each stack's.
+        hottest = np.array([np.concatenate([c.hottest, [c.hottest[ix].max() for ix in members]]) for c in counted])
+        PartitionStats.add_steps_dense([acc.tables[t.name].partitions for t in m.tables] +
+                                       [acc.stacks[n] for n in stacks],
+                                       np.stack([np.concatenate([c.table_ids, c.stack_ids]) for c in counted]),
+                                       np.stack([np.concatenate([c.table_unique, c.stack_unique]) for c in counted]),
+                                       numbers, hottest)
+        if self.frequency_ids and all(acc.stacks[n].frequency_order is not None for n in stacks):
             # The same steps with frequency-order ids: a table's (sample, id) pairs are the same pairs relabelled,
             # so only their destinations (and which ids are equal) change.
-            PartitionStats.add_steps_many([acc.stacks[n].frequency_order for n in layout.stacks],  # type: ignore[misc]
-                                          [[c.frequency_stacks[n] for n in layout.stacks]  # type: ignore[index]
-                                           for c in counted], numbers,
-                                          [h[len(m.tables):] for h in hottest])
+            PartitionStats.add_steps_dense([acc.stacks[n].frequency_order for n in stacks],  # type: ignore[misc]
+                                           np.stack([c.frequency_stack_ids for c in counted]),  # type: ignore[misc]
+                                           np.stack([c.frequency_stack_unique for c in counted]),  # type: ignore[misc]
+                                           numbers, hottest[:, len(m.tables):])
 
     def _add_candidate_partitions(self, acc: ProfileAccumulator, global_ids: Mapping[str, FeatureIds],
                                   step: int) -> None:

@@ -184,6 +184,36 @@ class PartitionStats(JsonEq):
         f = _StepCells.of([counts[g][i] for i in range(k) for g in range(G)], chips, nsc, S,
                           heat_map=any(ps.sc_dest_ids is not None for ps in stats),
                           per_partition=any(ps.has_per_partition for ps in stats))
+        PartitionStats._add_cells(stats, f, steps, hottest)
+
+    @staticmethod
+    def add_steps_dense(stats: Sequence["PartitionStats"], ids: np.ndarray, unique: np.ndarray,
+                        steps: Sequence[int], hottest: Optional[np.ndarray] = None) -> None:
+        """`add_steps_many` of dense cell counts: `ids[g, i]` and `unique[g, i]` are statistic i's cells of step
+        g (int64 [G, k, num_cells], cell (chip * nsc + local SC) * S + destination), `hottest[g, i]` its
+        hottest id's lookups. The same statistics as the `CellCounts` of the nonzero cells (tests/profiles/
+        test_stats.py), without a Python object per statistic and step."""
+        if not stats or not steps:
+            return
+        G, k = len(steps), len(stats)
+        chips, nsc, S = stats[0].num_chips, stats[0].num_sc_per_chip, stats[0].num_sparse_cores
+        if any((ps.num_chips, ps.num_sc_per_chip) != (chips, nsc) for ps in stats):
+            raise ValueError("statistics of another topology")
+        if ids.shape != (G, k, chips * nsc * S) or unique.shape != ids.shape or \
+                (hottest is not None and hottest.shape != (G, k)):
+            raise ValueError(f"dense cell counts of shape {ids.shape}: expected ({G}, {k}, {chips * nsc * S})")
+        f = _StepCells.of_dense(ids.transpose(1, 0, 2).reshape(k * G, -1),
+                                unique.transpose(1, 0, 2).reshape(k * G, -1), chips, nsc, S,
+                                heat_map=any(ps.sc_dest_ids is not None for ps in stats),
+                                per_partition=any(ps.has_per_partition for ps in stats))
+        PartitionStats._add_cells(stats, f, steps, None if hottest is None else hottest.tolist())
+
+    @staticmethod
+    def _add_cells(stats: Sequence["PartitionStats"], f: "_StepCells", steps: Sequence[int],
+                   hottest: Optional[Sequence[Optional[Sequence[Optional[int]]]]]) -> None:
+        """What `add_steps_many` adds of its statistics' cells `f` (row i * G + g: statistic i, step g)."""
+        G = len(steps)
+        chips, nsc, S = stats[0].num_chips, stats[0].num_sc_per_chip, stats[0].num_sparse_cores
         num_cells = chips * nsc * S
         for i, ps in enumerate(stats):
             r = slice(i * G, (i + 1) * G)
@@ -427,6 +457,29 @@ class _StepCells:
             np.maximum.at(part_uniq.reshape(-1), part, uniq)
         return cls(sizes, np.cumsum(sizes), ids, uniq, sum_ids, sum_uniq, max_ids, max_uniq, sc_need, chip_need,
                    max_sc, max_chip, dest, dest.max(axis=1), heat, part_ids, part_uniq)
+
+    @classmethod
+    def of_dense(cls, ids: np.ndarray, uniq: np.ndarray, chips: int, nsc: int, S: int, *, heat_map: bool,
+                 per_partition: bool) -> "_StepCells":
+        """`of` from dense rows (row i: statistic i's cells, [k, chips * nsc * S]); the cells with ids are the
+        cells a `CellCounts` lists, in the same order."""
+        k, scs = ids.shape[0], chips * nsc
+        nz = ids > 0
+        sizes = nz.sum(axis=1).astype(np.int64)
+        by_sc = ids.reshape(k, scs, S)
+        sc_need = round_up(by_sc, XLA_PAD).sum(axis=2)
+        chip_need = sc_need.reshape(k, chips, nsc).sum(axis=2)
+        dest = by_sc.sum(axis=1)
+        by_chip = ids.reshape(k, chips, nsc, S)
+        heat = by_chip.sum(axis=1) if heat_map else None
+        if per_partition:
+            part_ids, part_uniq = by_chip.max(axis=2), uniq.reshape(k, chips, nsc, S).max(axis=2)
+        else:
+            part_ids = np.zeros((k, 0, 0), np.int64)
+            part_uniq = np.zeros_like(part_ids)
+        return cls(sizes, np.cumsum(sizes), ids[nz], uniq[nz], ids.sum(axis=1), uniq.sum(axis=1), ids.max(axis=1),
+                   uniq.max(axis=1), sc_need, chip_need, sc_need.max(axis=1), chip_need.max(axis=1), dest,
+                   dest.max(axis=1), heat, part_ids, part_uniq)
 
 
 @dataclasses.dataclass(eq=False)

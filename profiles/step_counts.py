@@ -17,7 +17,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import threading
-from typing import Any, Dict, List, Mapping, Optional, Sequence
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -49,16 +49,23 @@ def native_available() -> bool:
 
 @dataclasses.dataclass(frozen=True)
 class StepCounts:
-    """One step's statistics. `cells`: per table, its cells on the main topology (`core_table_counts`);
-    `stacks`: per stack, its cells (`stack_counts` of `cells`); `frequency_stacks`: per stack, the cells with
-    the balanced tables' frequency-order ids (`relabelled_stack_counts`), or None without frequency ids;
-    `hottest`: per table, its hottest id's lookups; `valency`: per feature, histogram[k] = examples with k ids;
-    `lookups`: per feature, its ids."""
+    """One step's statistics, dense over the main topology's cells (cell (chip * nsc + local SC) * S +
+    destination, as `CellCounts.cells`).
 
-    cells: Dict[str, CellCounts]
-    stacks: Dict[str, CellCounts]
-    frequency_stacks: Optional[Dict[str, CellCounts]]
-    hottest: Dict[str, int]
+    `table_ids`, `table_unique`: [tables, cells] (the model's tables in order), each table laid out alone
+    (`core_table_counts`); `stack_ids`, `stack_unique`: [stacks, cells] (the layout's stacks in order,
+    `stack_counts`); `frequency_stack_ids`, `frequency_stack_unique`: the stacks with the balanced tables'
+    frequency-order ids (`relabelled_stack_counts`), or None without frequency ids; `hottest`: [tables], each
+    table's hottest id's lookups; `valency`: per feature, histogram[k] = examples with k ids; `lookups`: per
+    feature, its ids."""
+
+    table_ids: np.ndarray
+    table_unique: np.ndarray
+    stack_ids: np.ndarray
+    stack_unique: np.ndarray
+    frequency_stack_ids: Optional[np.ndarray]
+    frequency_stack_unique: Optional[np.ndarray]
+    hottest: np.ndarray
     valency: Dict[str, np.ndarray]
     lookups: Dict[str, int]
 
@@ -101,6 +108,44 @@ def _kernel_inputs(model: ModelConfig, global_ids: Mapping[str, FeatureIds]) -> 
     return out
 
 
+def stack_cells(model: ModelConfig, table_cells: np.ndarray) -> np.ndarray:
+    """[stacks, cells] of [tables, cells]: each member's cells rolled by its rotation (destination d to
+    (d + rotation) mod S), summed per stack (`counting.stack_counts`, dense)."""
+    plan = _stacking(model)
+    T, S = table_cells.shape[0], model.topology.num_sparse_cores
+    rolled = np.take_along_axis(table_cells.reshape(T, -1, S), plan.gather, axis=2).reshape(T, -1)
+    out = np.zeros((plan.num_stacks, rolled.shape[1]), np.int64)
+    np.add.at(out, plan.stack_of, rolled)
+    return out
+
+
+@dataclasses.dataclass(frozen=True)
+class _Stacking:
+    num_stacks: int
+    stack_of: np.ndarray  # [tables] the stack of each table
+    gather: np.ndarray  # [tables, 1, S]: rolled[t, :, d] = cells[t, :, gather[t, 0, d]]
+
+
+_stackings: Dict[int, Tuple[ModelConfig, _Stacking]] = {}
+
+
+def _stacking(model: ModelConfig) -> _Stacking:
+    got = _stackings.get(id(model))
+    if got is not None and got[0] is model:
+        return got[1]
+    layout = layout_of(model)
+    S = model.topology.num_sparse_cores
+    stacks = list(layout.stacks)
+    rot = np.array([layout.tables[t.name].rotation for t in model.tables], np.int64)
+    plan = _Stacking(len(stacks), np.array([stacks.index(layout.tables[t.name].stack) for t in model.tables],
+                                           np.int64),
+                     ((np.arange(S)[None, :] - rot[:, None]) % S)[:, None, :])
+    if len(_stackings) >= 32:  # a process profiles a few models: keep the cache small
+        _stackings.clear()
+    _stackings[id(model)] = (model, plan)
+    return plan
+
+
 # ---------------------------------------------------------------- native
 
 _scratch = threading.local()  # per thread: the kernel's stamp slots, reused call after call
@@ -117,41 +162,27 @@ def _count_step_native(model: ModelConfig, global_ids: Mapping[str, FeatureIds],
                        frequency_ids: Mapping[str, np.ndarray], id_counts: Mapping[str, IdCounts]) -> StepCounts:
     topo = model.topology
     nsc, S, chips = topo.num_sc_per_chip, topo.num_sparse_cores, topo.num_chips
-    num_cells = chips * nsc * S
-    cells: Dict[str, CellCounts] = {}
-    freq_cells: Dict[str, CellCounts] = {}
-    hottest: Dict[str, int] = {}
-    valency: Dict[str, np.ndarray] = {}
-    for t in model.tables:
-        feats = model.table_features(t.name)
-        perm = frequency_ids.get(t.name)
-        ids_cells, uniq_cells = np.zeros(num_cells, np.int64), np.zeros(num_cells, np.int64)
-        pids, puniq = (np.zeros(num_cells, np.int64), np.zeros(num_cells, np.int64)) if perm is not None else \
-            (None, None)
-        hist = np.zeros(len(feats) * HISTOGRAM_SIZE, np.int64)
-        hot, overflowed = _native.count_table(
-            [inputs[f.name] for f in feats], t.vocabulary_size, S, chips * nsc, _scratch_for(t.vocabulary_size),
-            id_counts[t.name].counting_array(t.vocabulary_size), perm, ids_cells, uniq_cells, pids, puniq,
-            hist, HISTOGRAM_SIZE)
-        hottest[t.name] = int(hot)
-        cells[t.name] = _cell_counts(chips, nsc, S, ids_cells, uniq_cells)
-        if pids is not None and puniq is not None:
-            freq_cells[t.name] = _cell_counts(chips, nsc, S, pids, puniq)
-        per_feature = hist.reshape(len(feats), HISTOGRAM_SIZE)
-        for i, f in enumerate(feats):
-            valency[f.name] = _valency(global_ids[f.name], f.samples_per_example, f.examples * chips) \
-                if i in overflowed else per_feature[i]
-    layout = layout_of(model)
-    frequency_stacks = None
-    if frequency_ids:
-        frequency_stacks = stack_counts(layout, {t.name: freq_cells.get(t.name, cells[t.name]) for t in model.tables})
-    lookups = {name: int(i[1].size) for name, i in inputs.items()}
-    return StepCounts(cells, stack_counts(layout, cells), frequency_stacks, hottest, valency, lookups)
-
-
-def _cell_counts(chips: int, nsc: int, S: int, ids: np.ndarray, unique: np.ndarray) -> CellCounts:
-    nz = np.flatnonzero(ids)
-    return CellCounts(chips, nsc, S, nz.astype(np.int64), ids[nz], unique[nz])
+    T, num_cells = len(model.tables), chips * nsc * S
+    tables = [([inputs[f.name] for f in model.table_features(t.name)], t.vocabulary_size,
+               id_counts[t.name].counting_array(t.vocabulary_size), frequency_ids.get(t.name))
+              for t in model.tables]
+    ids, unique = np.zeros((T, num_cells), np.int64), np.zeros((T, num_cells), np.int64)
+    freq_ids, freq_unique = (np.zeros_like(ids), np.zeros_like(ids)) if frequency_ids else (None, None)
+    features = [f for t in model.tables for f in model.table_features(t.name)]
+    hist = np.zeros((len(features), HISTOGRAM_SIZE), np.int64)
+    hottest, overflowed = _native.count_step(tables, S, chips * nsc, _scratch_for(max(t[1] for t in tables)),
+                                             ids, unique, freq_ids, freq_unique, hist, HISTOGRAM_SIZE)
+    valency = {f.name: hist[i] for i, f in enumerate(features)}
+    for i in overflowed:
+        f = features[i]
+        valency[f.name] = _valency(global_ids[f.name], f.samples_per_example, f.examples * chips)
+    frequency: Tuple[Optional[np.ndarray], Optional[np.ndarray]] = (None, None)
+    if freq_ids is not None and freq_unique is not None:
+        frequency = (stack_cells(model, freq_ids), stack_cells(model, freq_unique))
+    return StepCounts(table_ids=ids, table_unique=unique, stack_ids=stack_cells(model, ids),
+                      stack_unique=stack_cells(model, unique), frequency_stack_ids=frequency[0],
+                      frequency_stack_unique=frequency[1], hottest=np.asarray(hottest, np.int64), valency=valency,
+                      lookups={name: int(i[1].size) for name, i in inputs.items()})
 
 
 # ---------------------------------------------------------------- reference
@@ -161,20 +192,34 @@ def _valency(fid: FeatureIds, samples_per_example: int, examples: int) -> np.nda
     return np.bincount(np.bincount(fid.rows // samples_per_example, minlength=examples))
 
 
+def _dense(counts: Sequence[CellCounts]) -> Tuple[np.ndarray, np.ndarray]:
+    ids, unique = zip(*(c.dense() for c in counts))
+    return np.stack([a.reshape(-1) for a in ids]), np.stack([a.reshape(-1) for a in unique])
+
+
 def count_steps_reference(model: ModelConfig, one_chip: ModelConfig, steps: Sequence[Mapping[str, FeatureIds]],
                           frequency_ids: Mapping[str, np.ndarray], id_counts: Mapping[str, IdCounts]
                           ) -> List[StepCounts]:
-    """`count_steps` with numpy: the core's own counter per table, one sort for every step's hottest ids."""
+    """`count_steps` with numpy: the core's own counter per table, `stack_counts` of its counts, one sort for
+    every step's hottest ids."""
     layout = layout_of(model)
     chips = model.topology.num_chips
     out = []
     for global_ids, hottest in zip(steps, hottest_per_table_steps(model, steps)):
         cells = core_table_counts(global_ids, model, one_chip)
+        stacked = stack_counts(layout, cells)
         freq = relabelled_stack_counts(model, global_ids, frequency_ids) if frequency_ids else None
         valency = {f.name: _valency(global_ids[f.name], f.samples_per_example, f.examples * chips)
                    for f in model.features}
         lookups = {f.name: int(global_ids[f.name].ids.size) for f in model.features}
-        out.append(StepCounts(cells, stack_counts(layout, cells), freq, hottest, valency, lookups))
+        table_ids, table_unique = _dense([cells[t.name] for t in model.tables])
+        stack_ids, stack_unique = _dense([stacked[n] for n in layout.stacks])
+        freq_ids, freq_unique = _dense([freq[n] for n in layout.stacks]) if freq is not None else (None, None)
+        out.append(StepCounts(table_ids=table_ids, table_unique=table_unique, stack_ids=stack_ids,
+                              stack_unique=stack_unique, frequency_stack_ids=freq_ids,
+                              frequency_stack_unique=freq_unique,
+                              hottest=np.array([hottest[t.name] for t in model.tables], np.int64), valency=valency,
+                              lookups=lookups))
     for t in model.tables:
         ids = [s[f.name].ids for s in steps for f in model.table_features(t.name)]
         id_counts[t.name].add(np.concatenate(ids) if ids else np.zeros(0, np.int64))

@@ -16,6 +16,7 @@ from typing import List, Optional, Tuple
 import apache_beam as beam
 
 import profiles
+from pipelines.jobs.coders import BulkCoder
 from pipelines.output import FileInfo
 from profiles.whatif_steps import WhatIfCollector, write_what_if_steps
 from tpu_embed.artifact import io as tio
@@ -61,6 +62,11 @@ class MergeProfiles(beam.CombineFn):
 
     def __init__(self, collector):
         self.collector = collector
+
+    def get_accumulator_coder(self):
+        # Pickle, sized without encoding: the default coder encodes every accumulator once more to size it, and
+        # an accumulator holds the what-if steps (up to 2^21 ids, ~25 MB).
+        return BulkCoder()
 
     def create_accumulator(self):
         return self.collector.create_accumulator()

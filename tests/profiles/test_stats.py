@@ -356,6 +356,33 @@ def test_partition_stats_of_many_at_once_equal_one_by_one(data, topo, k, steps):
         assert a == b
 
 
+@settings(max_examples=60, deadline=None)
+@given(st.data(), st.sampled_from([(1, 1), (1, 4), (2, 2), (4, 4)]), st.integers(1, 5), st.integers(1, 4),
+       st.booleans())
+def test_partition_stats_of_dense_counts_equal_those_of_cell_counts(data, topo, k, steps, floors):
+    """`PartitionStats.add_steps_dense` (the collector's: dense cells of every table and stack) against
+    `add_steps_many` of the same cells as `CellCounts`; heat maps, series, per-partition maxima and step balance
+    with its floor, empty counts included."""
+    from profiles.stats import PartitionStats
+    chips, nsc = topo
+
+    def fresh():
+        return [PartitionStats.empty(chips, nsc, heat_map=i % 2 == 0, series_steps=10 if i % 3 == 0 else None,
+                                     per_partition=i % 4 < 2, step_balance=i % 2 == 1)
+                for i in range(k)]
+
+    sparse, dense = fresh(), fresh()
+    counts = [[data.draw(_cell_counts(chips, nsc)) for _ in range(k)] for _ in range(steps)]
+    hottest = np.array([[data.draw(st.integers(1, 40)) for _ in range(k)] for _ in range(steps)], np.int64)
+    numbers = list(range(3, 3 + steps))
+    PartitionStats.add_steps_many(sparse, counts, numbers, hottest.tolist() if floors else None)
+    ids = np.stack([np.stack([c.dense()[0].reshape(-1) for c in step]) for step in counts])
+    unique = np.stack([np.stack([c.dense()[1].reshape(-1) for c in step]) for step in counts])
+    PartitionStats.add_steps_dense(dense, ids, unique, numbers, hottest if floors else None)
+    for a, b in zip(dense, sparse):
+        assert a == b
+
+
 def test_partition_stats_refuse_another_topology():
     from profiles.counting import CellCounts
     from profiles.stats import PartitionStats
