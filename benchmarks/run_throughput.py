@@ -203,7 +203,7 @@ def single_process(spec, out: str, candidates) -> int:
     the profile statistics behind in a child process when the machine has 2 cores or more
     (`pipelines.profile_worker`, as the shard job's workers)."""
     import profiles
-    from pipelines import child_process, profile_worker
+    from pipelines import profile_worker
     from pipelines.background import Behind, prefetched
     from pipelines.jobs.build_shards import BUILD_STEPS_AHEAD, PROFILE_STEPS_BEHIND
     from pipelines.mapping import ids as mapping
@@ -255,7 +255,7 @@ def single_process(spec, out: str, candidates) -> int:
                 done += 1
 
     collector = profiles.ProfileCollector(spec.model(sizes), spec.topology, candidate_chip_counts=candidates)
-    profile = (profile_worker.ProfileProcess(collector, PROFILE_STEPS_BEHIND) if child_process.wanted() else
+    profile = (profile_worker.ProfileProcess(collector, PROFILE_STEPS_BEHIND) if profile_worker.use_child() else
                profile_worker.ProfileThread(collector, PROFILE_STEPS_BEHIND))
     os.makedirs(os.path.join(out, "shards"), exist_ok=True)
     building = Behind(BUILD_STEPS_AHEAD)  # as the job: steps built one thread ahead of their writes

@@ -1,8 +1,9 @@
 """Work of a worker run in a child process, beside the worker's own threads.
 
-A Beam worker process runs one bundle at a time, and much of our per-step work is numpy calls that hold the
-GIL between them: in threads, the shard job's step builds, its mapping and its profile statistics took turns,
-and the job used ~1.3 of 2 cores. A child process has a GIL of its own (`pipelines.profile_worker`).
+A Beam worker process runs one bundle at a time, and per-step work made of numpy calls holds the GIL between
+them: in threads, the shard job's step builds, its mapping and numpy profile statistics take turns, and the
+job used ~1.3 of 2 cores. A child process has a GIL of its own (`pipelines.profile_worker`, where the profile's
+counting is the numpy fallback).
 
 `Child` starts `python -m pipelines.child_process` (not multiprocessing: nothing of the parent's `__main__`
 is imported again, and no fork of a process with threads), and runs functions there that talk to the
@@ -19,7 +20,7 @@ in the parent by `receive()` (the same type where it pickles, with the child's t
 the child then exits. If the child dies, `receive` and `send` raise `ChildProcessError` with its exit status.
 If the parent dies, the child reads the end of its input and exits.
 
-`wanted()` decides whether to use a child: TPU_EMBED_CHILD_PROCESS=1/0, else when this worker may use two or
+`wanted()` says whether a child may be used: TPU_EMBED_CHILD_PROCESS=1/0, else when this worker may use two or
 more CPUs (TPU_EMBED_THREADS unset or >= 2: not under multi-process runners, which use the cores already).
 """
 

@@ -1,20 +1,35 @@
-"""A bundle's partial profile, in a child process (`pipelines.child_process`) or in a thread.
+"""A bundle's partial profile, in a thread or in a child process (`pipelines.child_process`).
 
-The shard job adds every step to a partial profile (`profiles.ProfileCollector.add_step`): ~5 ms of numpy
-calls per 4096-example step, most of them holding the GIL. In a thread they take turns with the build of the
-next steps' records and the worker's mapping; in a child process they run beside them. The statistics are
-the same: the same steps, in step order, on the same arrays; the child returns the accumulator when the
-bundle ends. Both add the steps in groups (`profiles.collector.STEPS_PER_CALL`, `add_steps`): the same
-accumulator as one by one, at a fraction of the calls.
+The shard job adds every step to a partial profile (`profiles.ProfileCollector.add_step`). With the native
+step counts (`profiles.step_counts`, built by the install) that is ~1 ms per 4096-example step, most of it
+without the GIL: a thread runs it beside the build of the next steps' records and the worker's mapping. Without
+them it is ~5 ms of numpy calls that mostly hold the GIL: in a thread they would take turns with the rest, so
+where the worker may use two or more CPUs they run in a child process (`use_child`). The statistics are the
+same: the same steps, in step order, on the same arrays; the child returns the accumulator when the bundle
+ends. Both add the steps in groups (`profiles.collector.STEPS_PER_CALL`, `add_steps`): the same accumulator
+as one by one, at a fraction of the calls.
 """
 
 from __future__ import annotations
 
+import os
 from typing import Optional
 
 from pipelines import child_process
 from pipelines.background import Behind
+from profiles import step_counts
 from profiles.collector import STEPS_PER_CALL, StepInput
+
+
+def use_child() -> bool:
+    """Whether a worker's profile statistics run in a child process: as `TPU_EMBED_CHILD_PROCESS=0/1` says, else
+    where the worker may use two or more CPUs (`child_process.wanted`) and the counting holds the GIL (the
+    native step counts are not built, or `TPU_EMBED_NATIVE=0`). Feeding a child costs its start and a pickle of
+    every step's ids both ways: on the quoted workload of `benchmarks/run_throughput.py` a run with the native
+    counting in a thread takes 0.3 s less than in a child (docs/benchmarks.md)."""
+    if os.environ.get(child_process.ENV):
+        return child_process.wanted()
+    return child_process.wanted() and not step_counts.native_available()
 
 
 def start(collector, depth: int, child: Optional[child_process.Child] = None):

@@ -376,11 +376,14 @@ def test_a_bundle_without_steps_starts_no_profile_child(tmp_path, monkeypatch):
     assert len(started) == 1
 
 
-def test_the_profile_of_partials_per_bundle_is_the_profile_of_all_steps_at_once(tmp_path):
-    """BuildShards adds each bundle's steps to a partial profile in a background thread; merged, the partials
-    are the profile one collector makes from every step in order (same files, the what-if steps' too, byte for
-    byte)."""
+@pytest.mark.parametrize("child", ["0", "1"], ids=["thread", "child process"])
+def test_the_profile_of_partials_per_bundle_is_the_profile_of_all_steps_at_once(tmp_path, monkeypatch, child):
+    """BuildShards adds each bundle's steps to a partial profile in a background thread or a child process;
+    merged, the partials are the profile one collector makes from every step in order (same files, the what-if
+    steps' too, byte for byte)."""
     import profiles
+    from pipelines import child_process
+    monkeypatch.setenv(child_process.ENV, child)
     from pipelines.sharding import step_records
     from profiles.whatif_steps import write_what_if_steps
     rows = "".join(f"{i % 2},{i * 0.5},{'a|b' if i % 3 else 'c'},{'1|2' if i % 3 else '1'},{i % 10}\n"

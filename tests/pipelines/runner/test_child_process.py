@@ -101,6 +101,25 @@ def test_wanted_follows_the_environment(monkeypatch):
     assert child_process.wanted()
 
 
+def test_the_profile_uses_a_child_where_its_counting_holds_the_gil(monkeypatch):
+    from pipelines import profile_worker
+    from profiles import step_counts
+    monkeypatch.delenv(child_process.ENV, raising=False)
+    monkeypatch.setenv("TPU_EMBED_THREADS", "2")
+    monkeypatch.setattr(step_counts, "_native", None)  # the numpy counting
+    assert profile_worker.use_child()
+    monkeypatch.setenv("TPU_EMBED_THREADS", "1")
+    assert not profile_worker.use_child()
+    monkeypatch.setenv("TPU_EMBED_THREADS", "2")
+    monkeypatch.setattr(step_counts, "_native", object())  # the native counting: a thread
+    assert not profile_worker.use_child()
+    monkeypatch.setenv(child_process.ENV, "1")
+    assert profile_worker.use_child()
+    monkeypatch.setenv(child_process.ENV, "0")
+    monkeypatch.setattr(step_counts, "_native", None)
+    assert not profile_worker.use_child()
+
+
 # ---------------------------------------------------------------- the profile in a child
 
 FC = synthetic.feature_config(3, per_chip_batch=8, vocab_sizes=[40, 500, 7], shared=1, sequence={1: 2})
