@@ -7,6 +7,7 @@ away again), the plan is made from it, and the manifest's `profile.days` lists t
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import logging
 import os
@@ -164,10 +165,15 @@ def base_profile(vocab_dir: str, profile_dir: str, collector) -> Optional[Profil
 def _write_profile(profile, directory: str, base_directory: Optional[str] = None) -> List[str]:
     """Write `profile`, merged into the base's profile in `base_directory` where given (`ProfileWindow`), and the
     steps its collector kept for the what-if figures (this job's steps: a base's are not merged into them)."""
-    what_if = write_what_if_steps(directory, profile)
-    if base_directory is not None:
-        profile = profiles.ProfileStore(base_directory).read(model=profile.model.key).merge(profile)
-    return sorted(profiles.ProfileStore(directory).write(profile) + ([what_if] if what_if else []))
+    # The what-if file is written beside the profile's files: most of its time is zlib, which releases the GIL
+    # (at the end of the job, when nothing else runs: 0.1 s of the quoted workload's 0.2 s).
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        writing = pool.submit(write_what_if_steps, directory, profile)
+        if base_directory is not None:
+            profile = profiles.ProfileStore(base_directory).read(model=profile.model.key).merge(profile)
+        paths = profiles.ProfileStore(directory).write(profile)
+        what_if = writing.result()
+    return sorted(paths + ([what_if] if what_if else []))
 
 
 class CollectProfile(beam.PTransform):
