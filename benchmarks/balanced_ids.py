@@ -8,9 +8,9 @@
 2. `tpu-embed run --no-transform-output` of the demo's spec in frequency order and with balanced ids, alternating,
    `--pairs` times (wall time of the command): the assignment, its Beam stages, and the profile counting every
    step a second time in frequency order.
-3. The balance floor the profile counts on every run (the hottest id of each table per step: one sort of the
-   step's ids), against `ProfileCollector.add_step` as a whole, and `add_step` of a balanced artifact (each step
-   counted in frequency order too), on the demo's first steps (its generator's ids as global ids), best of 3.
+3. `ProfileCollector.add_step`, and `add_step` of a balanced artifact (each step counted in frequency order too),
+   on the demo's first steps (its generator's ids as global ids), with the native step counts and with their numpy
+   reference (`profiles.step_counts`), best of 3.
 
 Prints a Markdown table for docs/benchmarks.md.
 """
@@ -100,10 +100,10 @@ def time_runs(specs: dict, out: str, pairs: int) -> dict:
     return times
 
 
-def time_floor(spec_path: str, out: str, steps: int = 24) -> dict:
-    """add_step on the frequency artifact's first steps, and the floor's part of it (dedup + hottest per table)."""
+def time_profile(spec_path: str, out: str, steps: int = 24) -> dict:
+    """add_step on the frequency artifact's first steps, plain and balanced, native counting and numpy."""
     import profiles
-    from profiles.counting import hottest_per_table
+    from profiles import step_counts
     from tpu_embed.artifact.manifest import read_manifest
     from tpu_embed.artifact.spec import load_spec
     from tpu_embed.sparsecore import FeatureIds
@@ -140,21 +140,25 @@ def time_floor(spec_path: str, out: str, steps: int = 24) -> dict:
     rng = np.random.default_rng(0)
     both = profiles.ProfileCollector(model, frequency_ids={t.name: rng.permutation(t.vocabulary_size - 1)
                                                            for t in model.tables})
-    best = {"add_step": float("inf"), "floor": float("inf"), "add_step_both": float("inf")}
+    best = {(name, counting): float("inf")
+            for name in ("add_step", "add_step_both") for counting in ("native", "numpy")}
+    native = step_counts._native
 
-    def timed(name, fn, *args):
+    def timed(name, counting, c):
+        step_counts._native = native if counting == "native" else None
+        acc = c.create_accumulator()
         t = time.perf_counter()
-        fn(*args)
-        best[name] = min(best[name], (time.perf_counter() - t) / steps)
-
-    def profile(c, acc):
-        for i, g in enumerate(batches):
-            c.add_step(acc, g, step=i)
+        try:
+            for i, g in enumerate(batches):
+                c.add_step(acc, g, step=i)
+        finally:
+            step_counts._native = native
+        best[name, counting] = min(best[name, counting], (time.perf_counter() - t) / steps)
 
     for _ in range(3):
-        timed("add_step", profile, collector, collector.create_accumulator())
-        timed("floor", lambda: [hottest_per_table(model, g) for g in batches])
-        timed("add_step_both", profile, both, both.create_accumulator())
+        for counting in ("native", "numpy"):
+            timed("add_step", counting, collector)
+            timed("add_step_both", counting, both)
     return best
 
 
@@ -168,7 +172,7 @@ def main(argv=None) -> int:
     specs = data_and_specs(args.out, args.examples)
     runs = time_runs(specs, args.out, args.pairs)
     assignment = time_assignment(specs["balanced"], args.examples)
-    floor = time_floor(specs["frequency"], args.out)
+    prof = time_profile(specs["frequency"], args.out)
     freq, bal = min(runs["frequency"]), min(runs["balanced"])
     cost = assignment["assign"] + assignment["apply"]
     print(f"| measurement (demo data, {args.examples:,} examples, {os.cpu_count()} cores) | figure |")
@@ -180,11 +184,11 @@ def main(argv=None) -> int:
     print(f"| `tpu-embed run`, balanced ids (best of {args.pairs}) | {bal:.1f} s |")
     print(f"| assignment / balanced run | {cost / bal:.1%} |")
     print(f"| balanced run / frequency run | {bal / freq:.3f} |")
-    print(f"| `ProfileCollector.add_step` per 2048-example step | {floor['add_step'] * 1e3:.2f} ms |")
-    print(f"| of which the balance floor (`hottest_per_table`) | {floor['floor'] * 1e3:.2f} ms "
-          f"({floor['floor'] / floor['add_step']:.0%}) |")
-    print(f"| `add_step` of a balanced artifact (every step also counted in frequency order) | "
-          f"{floor['add_step_both'] * 1e3:.2f} ms ({floor['add_step_both'] / floor['add_step']:.2f}x) |")
+    for counting in ("native", "numpy"):
+        plain, both = prof["add_step", counting], prof["add_step_both", counting]
+        print(f"| `ProfileCollector.add_step` per 2048-example step, {counting} counting | {plain * 1e3:.2f} ms |")
+        print(f"| `add_step` of a balanced artifact (every step also counted in frequency order), {counting} counting "
+              f"| {both * 1e3:.2f} ms ({both / plain:.2f}x) |")
     print(f"runs (s): {runs}")
     return 0
 
