@@ -255,7 +255,8 @@ def single_process(spec, out: str, candidates) -> int:
                 done += 1
 
     collector = profiles.ProfileCollector(spec.model(sizes), spec.topology, candidate_chip_counts=candidates)
-    profile = (profile_worker.ProfileProcess(collector, PROFILE_STEPS_BEHIND) if profile_worker.use_child() else
+    profile = (profile_worker.ProfileProcess(collector, PROFILE_STEPS_BEHIND)
+               if profile_worker.use_child(collector.model) else
                profile_worker.ProfileThread(collector, PROFILE_STEPS_BEHIND))
     os.makedirs(os.path.join(out, "shards"), exist_ok=True)
     building = Behind(BUILD_STEPS_AHEAD)  # as the job: steps built one thread ahead of their writes

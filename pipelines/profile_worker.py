@@ -21,15 +21,16 @@ from profiles import step_counts
 from profiles.collector import STEPS_PER_CALL, StepInput
 
 
-def use_child() -> bool:
-    """Whether a worker's profile statistics run in a child process: as `TPU_EMBED_CHILD_PROCESS=0/1` says, else
-    where the worker may use two or more CPUs (`child_process.wanted`) and the counting holds the GIL (the
-    native step counts are not built, or `TPU_EMBED_NATIVE=0`). Feeding a child costs its start and a pickle of
+def use_child(model) -> bool:
+    """Whether a worker's profile statistics of `model` run in a child process: as `TPU_EMBED_CHILD_PROCESS=0/1`
+    says, else where the worker may use two or more CPUs (`child_process.wanted`) and the counting holds the GIL
+    (the numpy counting: the native step counts are not built, `TPU_EMBED_NATIVE=0`, or the model's tables are
+    past their limits, `profiles.step_counts.native_counts`). Feeding a child costs its start and a pickle of
     every step's ids both ways: on the quoted workload of `benchmarks/run_throughput.py` a run with the native
     counting in a thread takes 0.3 s less than in a child (docs/benchmarks.md)."""
     if os.environ.get(child_process.ENV):
         return child_process.wanted()
-    return child_process.wanted() and not step_counts.native_available()
+    return child_process.wanted() and not step_counts.native_counts(model)
 
 
 def start(collector, depth: int, child: Optional[child_process.Child] = None):

@@ -41,9 +41,15 @@ if os.environ.get("TPU_EMBED_NATIVE", "1") != "0":
 
 # Examples with this many ids of one feature or more are counted by numpy (the kernel's histogram is fixed).
 HISTOGRAM_SIZE = 64
+# The kernel's memory follows the vocabularies: a scratch slot of 16 bytes per row of the largest table (one per
+# thread) and a dense id count of 8 bytes per row of every table. Models within these limits (64 MB of scratch,
+# 128 MB of counts) are counted natively; a larger one by numpy, whose memory follows the ids looked up.
+NATIVE_MAX_TABLE_ROWS = 1 << 22
+NATIVE_MAX_MODEL_ROWS = 1 << 24
 
 
 def native_available() -> bool:
+    """Whether the extension is loaded (`native_counts` also says whether a model is within its limits)."""
     return _native is not None
 
 
@@ -78,13 +84,20 @@ def count_steps(model: ModelConfig, one_chip: ModelConfig, steps: Sequence[Mappi
 
     A step may also say what its rows are made from, `example_lengths(feature) -> (ids per example, ids,
     sequence length)` (as `pipelines.sharding.batches.GlobalIds` does): the kernel then counts from those."""
-    if _native is None:
+    if _native is None or not native_counts(model):
         return count_steps_reference(model, one_chip, steps, frequency_ids, id_counts)
     inputs = [_kernel_inputs(model, s) for s in steps]
     if any(i is None for i in inputs):
         return count_steps_reference(model, one_chip, steps, frequency_ids, id_counts)
     return [_count_step_native(model, s, i, frequency_ids, id_counts)  # type: ignore[arg-type]
             for s, i in zip(steps, inputs)]
+
+
+def native_counts(model: ModelConfig) -> bool:
+    """Whether `count_steps` counts `model`'s steps natively (the extension is there, the tables within the
+    kernel's memory limits)."""
+    rows = [t.vocabulary_size for t in model.tables]
+    return _native is not None and max(rows, default=0) <= NATIVE_MAX_TABLE_ROWS and sum(rows) <= NATIVE_MAX_MODEL_ROWS
 
 
 def _kernel_inputs(model: ModelConfig, global_ids: Mapping[str, FeatureIds]) -> Optional[Dict[str, tuple]]:

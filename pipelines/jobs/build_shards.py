@@ -69,7 +69,7 @@ class _BuildStep(beam.DoFn):
 
     def _profiling(self):
         if self.profiling is None:
-            if self.profile_child is None and profile_worker.use_child():
+            if self.profile_child is None and profile_worker.use_child(self.collector.model):
                 self.profile_child = child_process.Child()  # one per DoFn instance, bundle after bundle
             self.profiling = profile_worker.start(self.collector, PROFILE_STEPS_BEHIND, self.profile_child)
         return self.profiling

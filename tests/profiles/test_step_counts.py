@@ -172,3 +172,23 @@ def test_steps_given_as_ids_per_example_are_counted_as_their_rows(cfg, n_steps, 
     got, want, counts = _both(model, steps, freq)
     assert [_plain(s) for s in got] == [_plain(s) for s in want]
     assert counts[0] == counts[1]
+
+
+@pytest.mark.parametrize("limit", ["NATIVE_MAX_TABLE_ROWS", "NATIVE_MAX_MODEL_ROWS"])
+def test_a_model_past_the_kernels_memory_limits_is_counted_by_numpy(monkeypatch, limit):
+    fc = synthetic.feature_config(2, per_chip_batch=8, vocab_sizes=[30, 70])
+    model = from_tf_feature_config(fc, Topology(2, 2))
+    batches = [synthetic.global_batch(fc, 2, np.random.default_rng(4)) for _ in range(2)]
+    want, _, _ = _both(model, batches, {})
+    monkeypatch.setattr(step_counts, limit, 50)
+    assert not step_counts.native_counts(model)
+
+    class Refused:
+        def count_step(self, *args):
+            raise AssertionError("the kernel was called")
+
+    monkeypatch.setattr(step_counts, "_native", Refused())
+    counts = {t.name: IdCounts() for t in model.tables}
+    got = step_counts.count_steps(model, one_chip_model(model), batches, {}, counts)
+    assert [_plain(s) for s in got] == [_plain(s) for s in want]
+    assert all(c._dense is None for c in counts.values())  # no dense count of the vocabulary

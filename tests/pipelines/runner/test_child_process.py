@@ -104,20 +104,24 @@ def test_wanted_follows_the_environment(monkeypatch):
 def test_the_profile_uses_a_child_where_its_counting_holds_the_gil(monkeypatch):
     from pipelines import profile_worker
     from profiles import step_counts
+    from tpu_embed.core.model import from_tf_feature_config
+    model = from_tf_feature_config(FC, TOPO)
     monkeypatch.delenv(child_process.ENV, raising=False)
     monkeypatch.setenv("TPU_EMBED_THREADS", "2")
     monkeypatch.setattr(step_counts, "_native", None)  # the numpy counting
-    assert profile_worker.use_child()
+    assert profile_worker.use_child(model)
     monkeypatch.setenv("TPU_EMBED_THREADS", "1")
-    assert not profile_worker.use_child()
+    assert not profile_worker.use_child(model)
     monkeypatch.setenv("TPU_EMBED_THREADS", "2")
     monkeypatch.setattr(step_counts, "_native", object())  # the native counting: a thread
-    assert not profile_worker.use_child()
+    assert not profile_worker.use_child(model)
+    monkeypatch.setattr(step_counts, "NATIVE_MAX_TABLE_ROWS", 100)  # a table of 500 rows: past the kernel's limit
+    assert profile_worker.use_child(model)
     monkeypatch.setenv(child_process.ENV, "1")
-    assert profile_worker.use_child()
+    assert profile_worker.use_child(model)
     monkeypatch.setenv(child_process.ENV, "0")
     monkeypatch.setattr(step_counts, "_native", None)
-    assert not profile_worker.use_child()
+    assert not profile_worker.use_child(model)
 
 
 # ---------------------------------------------------------------- the profile in a child
