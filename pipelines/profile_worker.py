@@ -1,7 +1,7 @@
 """A bundle's partial profile, in a thread or in a child process (`pipelines.child_process`).
 
 The shard job adds every step to a partial profile (`profiles.ProfileCollector.add_step`). With the native
-step counts (`profiles.step_counts`, built by the install) that is ~1 ms per 4096-example step, most of it
+step counts (`profiles.step_counts`, built by the install) that is ~1.5 ms per 4096-example step, most of it
 without the GIL: a thread runs it beside the build of the next steps' records and the worker's mapping. Without
 them it is ~5 ms of numpy calls that mostly hold the GIL: in a thread they would take turns with the rest, so
 where the worker may use two or more CPUs they run in a child process (`use_child`). The statistics are the
