@@ -83,8 +83,8 @@ class IdCounts:
             self._compact()
 
     def counting_array(self, size: int) -> np.ndarray:
-        """An int64 array of at least `size` zeros-or-counts: `a[i] += k` counts k lookups of id i. Folded in
-        (and zeroed) when the counts are next read, merged or pickled."""
+        """An int64 array of at least `size` counts, zero until counted: `a[i] += k` counts k lookups of id i.
+        Folded in (and let go: the next call makes a new one) when the counts are next read, merged or pickled."""
         if self._dense is None or self._dense.size < size:
             grown = np.zeros(max(int(size), 1), np.int64)
             if self._dense is not None:
