@@ -52,14 +52,19 @@ def _frequency_ids(model, rng):
             for t in model.tables if rng.random() < 0.7}
 
 
-@settings(max_examples=60, deadline=None)
-@given(configs(), st.integers(1, 4), st.booleans())
-def test_native_step_counts_equal_the_reference(cfg, n_steps, balanced):
+def _drawn(cfg, n_steps: int, balanced: bool):
+    """The model of a drawn config, `n_steps` of its batches and, if `balanced`, frequency ids of some tables."""
     model, _ = _model_and_batch(cfg)
     fc, topo, seed, zipf = cfg
     rng = np.random.default_rng(seed)
     batches = [synthetic.global_batch(fc, topo.num_chips, rng, zipf_a=zipf) for _ in range(n_steps)]
-    freq = _frequency_ids(model, rng) if balanced else {}
+    return model, batches, _frequency_ids(model, rng) if balanced else {}
+
+
+@settings(max_examples=60, deadline=None)
+@given(configs(), st.integers(1, 4), st.booleans())
+def test_native_step_counts_equal_the_reference(cfg, n_steps, balanced):
+    model, batches, freq = _drawn(cfg, n_steps, balanced)
     got, want, counts = _both(model, batches, freq)
     assert [_plain(s) for s in got] == [_plain(s) for s in want]
     assert counts[0] == counts[1]
@@ -112,9 +117,8 @@ def test_the_kernel_refuses_what_would_corrupt_its_counts(rows, ids, message):
 
 
 def test_stamps_that_would_wrap_clear_the_scratch_first():
-    model, _ = _model_and_batch((synthetic.feature_config(2, per_chip_batch=8, vocab_sizes=[30, 70]), Topology(2, 2),
-                                 5, 1.3))
     fc = synthetic.feature_config(2, per_chip_batch=8, vocab_sizes=[30, 70])
+    model = from_tf_feature_config(fc, Topology(2, 2))
     rng = np.random.default_rng(5)
     batches = [synthetic.global_batch(fc, 2, rng) for _ in range(3)]
     want, _, _ = _both(model, batches, {})
@@ -128,12 +132,8 @@ def test_stamps_that_would_wrap_clear_the_scratch_first():
 @settings(max_examples=25, deadline=None)
 @given(configs(), st.integers(1, 5), st.booleans())
 def test_the_collectors_accumulator_is_the_same_native_or_not(cfg, n_steps, balanced):
-    model, _ = _model_and_batch(cfg)
-    fc, topo, seed, zipf = cfg
-    rng = np.random.default_rng(seed)
-    freq = _frequency_ids(model, rng) if balanced else None
-    batches = [synthetic.global_batch(fc, topo.num_chips, rng, zipf_a=zipf) for _ in range(n_steps)]
-    collector = ProfileCollector(model, frequency_ids=freq)
+    model, batches, freq = _drawn(cfg, n_steps, balanced)
+    collector = ProfileCollector(model, frequency_ids=freq or None)
     accs = []
     for use_native in (True, False):
         acc = collector.create_accumulator()
@@ -165,11 +165,10 @@ def _global_ids(model, rng, chips):
 @given(configs(), st.integers(1, 3), st.booleans())
 def test_steps_given_as_ids_per_example_are_counted_as_their_rows(cfg, n_steps, balanced):
     model, _ = _model_and_batch(cfg)
-    fc, topo, seed, zipf = cfg
+    _, topo, seed, _ = cfg
     rng = np.random.default_rng(seed)
     steps = [_global_ids(model, rng, topo.num_chips) for _ in range(n_steps)]
-    freq = _frequency_ids(model, rng) if balanced else {}
-    got, want, counts = _both(model, steps, freq)
+    got, want, counts = _both(model, steps, _frequency_ids(model, rng) if balanced else {})
     assert [_plain(s) for s in got] == [_plain(s) for s in want]
     assert counts[0] == counts[1]
 
