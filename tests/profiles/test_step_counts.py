@@ -148,31 +148,6 @@ def test_the_collectors_accumulator_is_the_same_native_or_not(cfg, n_steps, bala
     assert collector.extract_output(accs[0]) == collector.extract_output(accs[1])
 
 
-def _global_ids(model, rng, chips):
-    """A step as the shard job hands it over (`GlobalIds`: ids per example, rows made on demand)."""
-    from pipelines.sharding.batches import GlobalIds
-    feats = {}
-    for f in model.features:
-        examples = f.examples * chips
-        longest = f.samples_per_example if f.samples_per_example > 1 else 4
-        lengths = rng.integers(0, longest + 1, examples).astype(np.int64)
-        ids = (rng.zipf(1.3, int(lengths.sum())) % f.table.vocabulary_size).astype(np.int64)
-        feats[f.name] = (lengths, ids, None, f.samples_per_example if f.samples_per_example > 1 else 0)
-    return GlobalIds(feats)
-
-
-@settings(max_examples=40, deadline=None)
-@given(configs(), st.integers(1, 3), st.booleans())
-def test_steps_given_as_ids_per_example_are_counted_as_their_rows(cfg, n_steps, balanced):
-    model, _ = _model_and_batch(cfg)
-    _, topo, seed, _ = cfg
-    rng = np.random.default_rng(seed)
-    steps = [_global_ids(model, rng, topo.num_chips) for _ in range(n_steps)]
-    got, want, counts = _both(model, steps, _frequency_ids(model, rng) if balanced else {})
-    assert [_plain(s) for s in got] == [_plain(s) for s in want]
-    assert counts[0] == counts[1]
-
-
 @pytest.mark.parametrize("limit", ["NATIVE_MAX_TABLE_ROWS", "NATIVE_MAX_MODEL_ROWS"])
 def test_a_model_past_the_kernels_memory_limits_is_counted_by_numpy(monkeypatch, limit):
     fc = synthetic.feature_config(2, per_chip_batch=8, vocab_sizes=[30, 70])
