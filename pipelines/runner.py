@@ -13,7 +13,7 @@ import apache_beam as beam
 from apache_beam.options.pipeline_options import PipelineOptions
 
 from pipelines import dask_compat, jobs, paths, tft_output_writer
-from pipelines.jobs import JobConfig, ShardPass, VocabPass, manifest_writer
+from pipelines.jobs import JobConfig, ShardPass, VocabPass, collect_profile, manifest_writer
 from pipelines.jobs.global_batches import INPUT_CHANGED, InputChangedError
 from pipelines.read import chunk_sizes, records, splits
 from pipelines.read import spill as read_spill
@@ -480,7 +480,8 @@ def _shard(cfg: JobConfig, handed: ShardPass, files: Sequence[InputFile], sizes:
         _run(lambda p: jobs.build_shard_pipeline(p, cfg, files, sizes, split, handed), beam_args,
              "shard" if cfg.write_shards else "profile", reads_input=not handed.replay_read)
     finally:
-        shard_runs.remove(cfg.output)  # a failed job's runs (a finished job removed its own)
+        shard_runs.remove(cfg.output)  # a failed job's runs and partial profiles (a finished job removed its own)
+        collect_profile.remove_partials(cfg.output)
     m = read_manifest(cfg.output)
     check_outcome(cfg, m, "shard" if cfg.write_shards else "profile")
     planned_limits.finalize(cfg, sizes)  # no pinned limits: record the plan of this pass's profile

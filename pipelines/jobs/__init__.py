@@ -7,7 +7,7 @@ Composite transforms (each testable alone with TestPipeline + assert_that):
     map_to_ids.MapToIds                   ParsedChunk -> ((file, chunk), ExampleBlock) through the vocabularies
     global_batches.FormGlobalBatches      keyed blocks -> (step, global batch), ordered by (file, record)
     build_shards.BuildShards              (step, batch) -> shard files (+ the partial profiles)
-    collect_profile.CollectProfile        partial profiles (one per BuildShards bundle) -> profile files
+    collect_profile.CollectProfile        partial profiles' files (one per BuildShards bundle) -> profile files
     dead_letters.WriteDeadLetters         dead letters -> dead_letter/<input file>.jsonl
     manifest_writer.write_manifest        manifest.json, after every other output
 

@@ -12,7 +12,7 @@ from apache_beam.transforms.window import GlobalWindows
 from pipelines import child_process, output, profile_worker
 from pipelines.background import Behind
 from pipelines.jobs.coders import BulkElement
-from pipelines.jobs.collect_profile import profile_collector
+from pipelines.jobs.collect_profile import profile_collector, write_partial
 from pipelines.jobs.counters import inc_counters
 from pipelines.jobs.tagged import split_tagged
 from pipelines.sharding import runs as shard_runs
@@ -29,14 +29,15 @@ BUILD_STEPS_AHEAD = 2
 
 @beam.typehints.with_output_types(BulkElement)
 class _BuildStep(beam.DoFn):
-    """(step, ExampleBlock) -> ("runs", ((host, file), shard_runs.Run)) | ("profile", partial profile) |
-    ("stats", ...).
+    """(step, ExampleBlock) -> ("runs", ((host, file), shard_runs.Run)) | ("profile", collect_profile.PartialFile)
+    | ("stats", ...).
 
     The records go to run files as they are built (`pipelines.sharding.runs`): only their places travel on.
     The records are built by a background thread (`pipelines.background.Behind`), up to `BUILD_STEPS_AHEAD`
     steps ahead, and written by this one in step order. With a `collector`, the bundle's steps are added to
     one partial profile (a `ProfileCollector` accumulator) by another: its numpy work runs while the steps
-    are packed and written (native code, without the GIL); the partial is emitted when the bundle ends.
+    are packed and written (native code, without the GIL); the partial is written to a file when the bundle
+    ends (`collect_profile.write_partial`) and its place emitted.
     """
 
     def __init__(self, spec: Spec, vocab_sizes, limits, steps_per_file: int, encode: bool, output: str,
@@ -110,7 +111,7 @@ class _BuildStep(beam.DoFn):
                 self.profile_child = None  # killed by close: the next bundle starts another
                 raise
             if partial.steps:
-                yield GlobalWindows.windowed_value(("profile", partial))
+                yield GlobalWindows.windowed_value(("profile", write_partial(self.output, partial)))
 
 
 @beam.typehints.with_output_types(typing.Any)
@@ -153,19 +154,19 @@ class _BuildTagged(beam.PTransform):
         self.build = build
 
     def expand(self, steps):
-        return split_tagged(steps | "BuildStep" >> beam.ParDo(self.build), ("runs", "profile", "stats"),
-                            bulk=("profile",))
+        return split_tagged(steps | "BuildStep" >> beam.ParDo(self.build), ("runs", "profile", "stats"))
 
 
 class BuildShards(beam.PTransform):
-    """((step, ExampleBlock) PCollections, info) -> {"files": FileInfo, "profile": [partial profile
-    PCollections], "stats": dicts}.
+    """((step, ExampleBlock) PCollections, info) -> {"files": FileInfo, "profile": [PCollections of partial
+    profiles' files, `collect_profile.PartialFile`], "stats": dicts}.
 
     Each step stream is built where it arrives (a stream of whole steps stays fused with the read that
     produced it) and its records written to runs there (`pipelines.sharding.runs`); only the runs' places
     meet in one GroupByKey per shard file, whose writer streams them into the file. The runs are deleted
     once every shard file is written, before "files" is complete. Each bundle adds its steps to one
-    partial profile as it builds them (`_BuildStep`); `CollectProfile` merges the partials.
+    partial profile as it builds them (`_BuildStep`), written to a file when the bundle ends; `CollectProfile`
+    merges the partials and deletes their files.
     """
 
     def __init__(self, spec: Spec, vocab_sizes, limits, output: str, steps_per_file: int = 1000,

@@ -34,6 +34,8 @@ from pipelines.mapping import vocabulary as pvocab
 from pipelines.read import parse, records, splits
 from pipelines.sharding import batches as batching
 from pipelines.token_index import TokenCounter
+from profiles.errors import ProfileMismatchError
+from profiles.store import ProfileStore
 from tpu_embed.artifact import tfrecord
 from tpu_embed.artifact.spec import parse_spec
 
@@ -410,6 +412,44 @@ def test_the_profile_of_partials_per_bundle_is_the_profile_of_all_steps_at_once(
     assert got == sorted(os.path.basename(w) for w in want) and len(got) > 0
     for name in got:
         assert (tmp_path / "got" / name).read_bytes() == (tmp_path / "want" / name).read_bytes(), name
+    assert not os.path.exists(collect_profile.partials_dir(out))  # the partials' files are deleted
+
+
+def test_partial_profiles_merged_from_their_files_are_the_profile_of_all_steps(tmp_path):
+    """Partial profiles travel as files (`write_partial`): merged in any grouping they are the accumulator of
+    every step at once; `CollectProfile` writes that profile and deletes every partial's file, a lost attempt's
+    too (a file no element names)."""
+    import pickle
+
+    from pipelines.sharding import step_records
+    rows = "".join(f"{i % 2},{i * 0.5},{'a|b' if i % 3 else 'c'},{'1|2' if i % 3 else '1'},{i % 10}\n"
+                   for i in range(64))
+    spec, out, sizes, layout, limits, block = _mapped_first_chunk(tmp_path, "label,x,c,w,d\n" + rows)
+    B = spec.global_batch_size
+    collector = collect_profile.profile_collector(spec, sizes, [1, 2])
+    whole, parts = collector.create_accumulator(), [collector.create_accumulator() for _ in range(3)]
+    for s in range(block.num_examples // B):
+        _, gids, oov, _ = step_records.build_step(s, block.slice(s * B, (s + 1) * B), spec, layout, limits)
+        whole = collector.add_step(whole, gids, oov, step=s)
+        parts[s % 3] = collector.add_step(parts[s % 3], gids, oov, step=s)
+    files = [collect_profile.write_partial(out, part) for part in parts]
+    assert [f.steps for f in files] == [part.steps for part in parts] and all(os.path.exists(f.path) for f in files)
+    assert collect_profile.merge_partials(collector, files) == whole
+    assert collect_profile.merge_partials(collector, files[::-1]) == whole
+    assert collect_profile.merge_partials(collector, []) == collector.create_accumulator()
+    other = collect_profile.profile_collector(spec, {k: v + 1 for k, v in sizes.items()}, [1, 2])
+    with pytest.raises(ProfileMismatchError, match="different tables"):
+        collect_profile.merge_partials(other, files)  # partials of another model configuration
+    lost = collect_profile.write_partial(out, parts[0])  # a failed attempt's partial: written, never named
+    with tp() as p:
+        paths = (p | beam.Create(files) | collect_profile.CollectProfile(spec, sizes, str(tmp_path / "got"),
+                                                                         candidate_chip_counts=[1, 2]))
+        assert_that(paths | beam.Map(len), equal_to([len(whole.tables) + len(whole.stacks) + 2]))
+    assert not os.path.exists(lost.path) and not os.path.exists(collect_profile.partials_dir(out))
+    want = collector.extract_output(pickle.loads(pickle.dumps(whole)))
+    assert ProfileStore(str(tmp_path / "got")).read(model=want.model.key).accumulator == want.accumulator
+
+
 
 
 def test_manifest_extras_merge_a_keys_dicts_and_set_other_values():
