@@ -5,7 +5,7 @@ A bundle's partial profile is a file (`write_partial`: its accumulator pickled u
 (`pipelines.sharding.runs`): an accumulator holds the exact id counts and the what-if steps (~30 MB on
 `benchmarks/run_throughput.py`'s quoted workload), and each of Beam's hops of an element that size (the
 in-memory data channel's copies, a combine's pre-combine, its GroupByKey and the coder on each side) cost
-about 0.08 s there: the files take about 0.2 s off the end of that job, and ~150 MB off its peak memory.
+about 0.08 s there: the files take about 0.2 s off the end of that job, and ~140 MB off its peak memory.
 
 A day of a lineage (`tpu_embed.artifact.lineage`) merges its profile into its base's (`base_profile`): the
 profile then covers the steps of every day since the lineage's first (statistics add up; they cannot be taken

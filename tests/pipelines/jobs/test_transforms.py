@@ -419,8 +419,6 @@ def test_partial_profiles_merged_from_their_files_are_the_profile_of_all_steps(t
     """Partial profiles travel as files (`write_partial`): merged in any grouping they are the accumulator of
     every step at once; `CollectProfile` writes that profile and deletes every partial's file, a lost attempt's
     too (a file no element names)."""
-    import pickle
-
     from pipelines.sharding import step_records
     rows = "".join(f"{i % 2},{i * 0.5},{'a|b' if i % 3 else 'c'},{'1|2' if i % 3 else '1'},{i % 10}\n"
                    for i in range(64))
@@ -446,9 +444,8 @@ def test_partial_profiles_merged_from_their_files_are_the_profile_of_all_steps(t
                                                                          candidate_chip_counts=[1, 2]))
         assert_that(paths | beam.Map(len), equal_to([len(whole.tables) + len(whole.stacks) + 2]))
     assert not os.path.exists(lost.path) and not os.path.exists(collect_profile.partials_dir(out))
-    want = collector.extract_output(pickle.loads(pickle.dumps(whole)))
+    want = collector.extract_output(whole)
     assert ProfileStore(str(tmp_path / "got")).read(model=want.model.key).accumulator == want.accumulator
-
 
 
 
