@@ -230,9 +230,10 @@ class ProfileCollector:
             out.merge_from(a)
         return out
 
-    def extract_output(self, acc: ProfileAccumulator) -> Profile:
-        # Deep copy: the profile must not alias a live accumulator.
-        out = deep_copy(acc)
+    def extract_output(self, acc: ProfileAccumulator, *, consume: bool = False) -> Profile:
+        """The profile of `acc`. It does not alias `acc` (a deep copy), unless `consume`: the caller hands `acc`
+        over and never uses it again (the job's merged partials), and the profile takes its statistics."""
+        out = acc if consume else deep_copy(acc)
         for t in self.model.tables:  # each S's mod/div loads, from the exact per-id counts (one pass per table)
             ts = out.tables[t.name]
             ids, counts = ts.id_counts.arrays()

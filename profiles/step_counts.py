@@ -125,18 +125,17 @@ def stack_cells(model: ModelConfig, table_cells: np.ndarray) -> np.ndarray:
     """[stacks, cells] of [tables, cells]: each member's cells rolled by its rotation (destination d to
     (d + rotation) mod S), summed per stack (`counting.stack_counts`, dense)."""
     plan = _stacking(model)
-    T, S = table_cells.shape[0], model.topology.num_sparse_cores
-    rolled = np.take_along_axis(table_cells.reshape(T, -1, S), plan.gather, axis=2).reshape(T, -1)
-    out = np.zeros((plan.num_stacks, rolled.shape[1]), np.int64)
-    np.add.at(out, plan.stack_of, rolled)
-    return out
+    if table_cells.shape[1] != plan.num_cells:
+        raise ValueError(f"table cells of shape {table_cells.shape}: expected (tables, {plan.num_cells})")
+    # One gather takes every table's cells rolled, the tables in stack order; one reduceat sums each stack's.
+    return np.add.reduceat(table_cells.reshape(-1)[plan.gather], plan.first_member, axis=0)
 
 
 @dataclasses.dataclass(frozen=True)
 class _Stacking:
-    num_stacks: int
-    stack_of: np.ndarray  # [tables] the stack of each table
-    gather: np.ndarray  # [tables, 1, S]: rolled[t, :, d] = cells[t, :, gather[t, 0, d]]
+    num_cells: int
+    gather: np.ndarray  # [tables, cells]: flat indices of the tables' rolled cells, the tables in stack order
+    first_member: np.ndarray  # [stacks]: each stack's first row of `gather`
 
 
 _stackings: Dict[int, Tuple[ModelConfig, _Stacking]] = {}
@@ -147,12 +146,19 @@ def _stacking(model: ModelConfig) -> _Stacking:
     if got is not None and got[0] is model:
         return got[1]
     layout = layout_of(model)
-    S = model.topology.num_sparse_cores
+    topo = model.topology
+    S = topo.num_sparse_cores
+    num_cells = topo.num_chips * topo.num_sc_per_chip * S
     stacks = list(layout.stacks)
+    stack_of = np.array([stacks.index(layout.tables[t.name].stack) for t in model.tables], np.int64)
     rot = np.array([layout.tables[t.name].rotation for t in model.tables], np.int64)
-    plan = _Stacking(len(stacks), np.array([stacks.index(layout.tables[t.name].stack) for t in model.tables],
-                                           np.int64),
-                     ((np.arange(S)[None, :] - rot[:, None]) % S)[:, None, :])
+    order = np.argsort(stack_of, kind="stable")
+    # rolled[t, c * S + d] = cells[t, c * S + (d - rotation[t]) mod S]
+    cell = np.arange(num_cells)
+    source = (cell // S * S)[None, :] + ((cell % S)[None, :] - rot[:, None]) % S
+    gather = (np.arange(len(rot))[:, None] * num_cells + source)[order]
+    first = np.searchsorted(stack_of[order], np.arange(len(stacks)))
+    plan = _Stacking(num_cells, gather, first)
     if len(_stackings) >= 32:  # a process profiles a few models: keep the cache small
         _stackings.clear()
     _stackings[id(model)] = (model, plan)

@@ -198,7 +198,8 @@ def _write_profile(profile, directory: str, base_directory: Optional[str] = None
 def _merge_and_write(files: List[PartialFile], collector, directory: str, base_directory: Optional[str]):
     """Every partial (`files`) merged, its profile written (`_write_profile`), the partials deleted: [the paths
     written]."""
-    paths = _write_profile(collector.extract_output(merge_partials(collector, files)), directory, base_directory)
+    merged = merge_partials(collector, files)  # this step's own accumulator: the profile may take it over
+    paths = _write_profile(collector.extract_output(merged, consume=True), directory, base_directory)
     for d in sorted({tio.dirname(f.path) for f in files}):  # with the partials of failed attempts of bundles
         if tio.basename(d) == PARTIALS_DIR:
             tio.delete_tree(d)

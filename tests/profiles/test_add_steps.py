@@ -90,3 +90,25 @@ def test_hottest_ids_of_steps_whose_ids_span_more_than_32_bits():
     rng = np.random.default_rng(5)
     batches = [synthetic.global_batch(fc, topo.num_chips, rng, zipf_a=1.3) for _ in range(3)]
     assert hottest_per_table_steps(model, batches) == [plain_hottest(model, b) for b in batches]
+
+
+@settings(max_examples=15, deadline=None)
+@given(configs(), st.integers(1, 4))
+def test_a_consumed_accumulator_gives_the_same_profile_and_a_copied_one_stays_apart(cfg, n_steps):
+    """`extract_output(acc, consume=True)` (the job's merged partials, never used again) is the profile of a
+    copy; without it the profile does not alias the accumulator: steps added afterwards leave it as it was."""
+    model, _ = _model_and_batch(cfg)
+    fc, topo, seed, zipf = cfg
+    rng = np.random.default_rng(seed)
+    collector = WhatIfCollector(model)
+    batches = [synthetic.global_batch(fc, topo.num_chips, rng, zipf_a=zipf) for _ in range(n_steps + 1)]
+    acc = collector.create_accumulator()
+    collector.add_steps(acc, [StepInput(b, None, i) for i, b in enumerate(batches[:n_steps])])
+    copied = collector.extract_output(acc)
+    again = collector.extract_output(acc)
+    collector.add_step(acc, batches[-1], step=n_steps)  # the accumulator goes on: the copies do not move
+    assert copied == again and copied.accumulator.steps == n_steps
+    want = collector.extract_output(acc)
+    consumed = collector.extract_output(acc, consume=True)
+    assert consumed == want and consumed.accumulator is acc and consumed.accumulator.steps == n_steps + 1
+    assert consumed != copied

@@ -251,10 +251,28 @@ class ModelConfig:
 
     # -- lookups ---------------------------------------------------------------
 
+    # A model is frozen, and the statistics and the packer ask for its tables, its features per table and its
+    # hash (every lookup of a cache keyed by it) many times a step: each is computed once per instance and kept
+    # in its __dict__, not pickled (a hash of strings differs between processes).
+    _CACHED = ("_hash", "_tables", "_table_features")
+
+    def __hash__(self) -> int:
+        h = self.__dict__.get("_hash")
+        if h is None:
+            h = self.__dict__["_hash"] = hash((self.features, self.topology))
+        return h
+
+    def __getstate__(self) -> dict:
+        return {k: v for k, v in self.__dict__.items() if k not in self._CACHED}
+
     @property
     def tables(self) -> Tuple[TableConfig, ...]:
         """Every table once, sorted by name (the order TF stacks them in)."""
-        return _tables(self)
+        got = self.__dict__.get("_tables")
+        if got is None:
+            by_name = {f.table.name: f.table for f in self.features}
+            got = self.__dict__["_tables"] = tuple(by_name[n] for n in sorted(by_name))
+        return got
 
     def table(self, name: str) -> TableConfig:
         for t in self.tables:
@@ -270,7 +288,13 @@ class ModelConfig:
 
     def table_features(self, table: str) -> Tuple[FeatureConfig, ...]:
         """The features that look `table` up, in flattened order."""
-        return tuple(f for f in self.features if f.table.name == table)
+        per_table = self.__dict__.get("_table_features")
+        if per_table is None:
+            per_table = {}
+            for f in self.features:
+                per_table[f.table.name] = per_table.get(f.table.name, ()) + (f,)
+            self.__dict__["_table_features"] = per_table
+        return per_table.get(table, ())
 
     @property
     def per_chip_batch(self) -> int:
@@ -317,12 +341,6 @@ class ModelConfig:
     def key(self) -> str:
         """A short stable identity of the model (sha256 of its JSON)."""
         return fingerprint(self.to_json(), 20)
-
-
-@functools.lru_cache(maxsize=512)
-def _tables(model: ModelConfig) -> Tuple[TableConfig, ...]:
-    by_name = {f.table.name: f.table for f in model.features}
-    return tuple(by_name[n] for n in sorted(by_name))
 
 
 # ---------------------------------------------------------------- the TF boundary

@@ -150,3 +150,27 @@ def test_invalid_models_say_what_is_wrong():
         TableConfig("t", 0, 8)
     with pytest.raises(ValueError, match="laid out for"):
         from_tf_feature_config(ModelConfig((FeatureConfig("f", t, (8,)),), Topology(1)), Topology(2))
+
+
+def test_tables_features_and_hash_are_kept_per_model_and_never_pickled():
+    """A model computes its tables, features per table and hash once (the statistics ask for them many times a
+    step); the kept values are what a fresh computation gives, and a pickle carries none of them (the hash of
+    strings differs between processes)."""
+    a, b, c = _table("b_t", 300), _table("a_t", 200), _table("c_t", 100)
+    feats = (FeatureConfig("f1", a, (64,)), FeatureConfig("f2", b, (64,)), FeatureConfig("f3", a, (64, 2)),
+             FeatureConfig("f4", c, (64,)))
+    model = ModelConfig(feats, Topology(num_chips=4))
+    twin = ModelConfig(tuple(feats), Topology(num_chips=4))
+    assert [t.name for t in model.tables] == ["a_t", "b_t", "c_t"] and model.tables is model.tables
+    assert [f.name for f in model.table_features("b_t")] == ["f1", "f3"]
+    assert model.table_features("a_t") == (feats[1],) and model.table_features("nope") == ()
+    assert hash(model) == hash(twin) == hash((feats, Topology(num_chips=4))) and model == twin
+    assert {model: 1}[twin] == 1
+    state = model.__getstate__()
+    assert set(state) == {"features", "topology"}  # after every kept value was computed above
+    back = pickle.loads(pickle.dumps(model))
+    assert not {"_hash", "_tables", "_table_features"} & set(back.__dict__)
+    assert back == model and hash(back) == hash(model)
+    assert back.tables == model.tables and back.table_features("b_t") == model.table_features("b_t")
+    other = dataclasses.replace(model, topology=Topology(num_chips=8))
+    assert other != model and other.tables == model.tables and hash(other) != hash(model)
