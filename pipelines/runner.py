@@ -476,6 +476,7 @@ def _two_pass_shard(cfg: JobConfig, files: Sequence[InputFile], sizes: Dict[str,
 
 def _shard(cfg: JobConfig, handed: ShardPass, files: Sequence[InputFile], sizes: Dict[str, int], split: int,
            beam_args: Sequence[str]) -> Manifest:
+    handed = dataclasses.replace(handed, partials_in_memory=runs_in_process(beam_args))
     try:
         _run(lambda p: jobs.build_shard_pipeline(p, cfg, files, sizes, split, handed), beam_args,
              "shard" if cfg.write_shards else "profile", reads_input=not handed.replay_read)

@@ -37,13 +37,15 @@ class _BuildStep(beam.DoFn):
     steps ahead, and written by this one in step order. With a `collector`, the bundle's steps are added to
     one partial profile (a `ProfileCollector` accumulator) by another: its numpy work runs while the steps
     are packed and written (native code, without the GIL); the partial is written to a file when the bundle
-    ends (`collect_profile.write_partial`) and its place emitted.
+    ends (`collect_profile.write_partial`; kept in this process's memory instead where `partials_in_memory`)
+    and its place emitted.
     """
 
     def __init__(self, spec: Spec, vocab_sizes, limits, steps_per_file: int, encode: bool, output: str,
-                 collector=None):
+                 collector=None, partials_in_memory: bool = False):
         self.spec, self.vocab_sizes, self.limits = spec, vocab_sizes, limits
         self.steps_per_file, self.encode, self.output, self.collector = steps_per_file, encode, output, collector
+        self.partials_in_memory = partials_in_memory
         self.layout: Optional[SparseCoreLayout] = None  # from setup
         self.runs: Optional[shard_runs.RunWriter] = None  # a bundle's, from start_bundle
         self.building: Optional[Behind] = None
@@ -111,7 +113,8 @@ class _BuildStep(beam.DoFn):
                 self.profile_child = None  # killed by close: the next bundle starts another
                 raise
             if partial.steps:
-                yield GlobalWindows.windowed_value(("profile", write_partial(self.output, partial)))
+                yield GlobalWindows.windowed_value(("profile", write_partial(self.output, partial,
+                                                                             self.partials_in_memory)))
 
 
 @beam.typehints.with_output_types(typing.Any)
@@ -170,12 +173,16 @@ class BuildShards(beam.PTransform):
     """
 
     def __init__(self, spec: Spec, vocab_sizes, limits, output: str, steps_per_file: int = 1000,
-                 write_shards: bool = True, profile: bool = True, candidate_chip_counts=None, frequency_ids=None):
-        """`frequency_ids`: as for `collect_profile.profile_collector` (balanced vocabularies)."""
+                 write_shards: bool = True, profile: bool = True, candidate_chip_counts=None, frequency_ids=None,
+                 partials_in_memory: bool = False):
+        """`frequency_ids`: as for `collect_profile.profile_collector` (balanced vocabularies).
+        `partials_in_memory`: the bundles and `CollectProfile` run in this process; the partial profiles stay
+        in its memory (`collect_profile.write_partial`)."""
         super().__init__()
         self.spec, self.vocab_sizes, self.limits, self.output = spec, vocab_sizes, limits, output
         self.steps_per_file, self.write_shards, self.profile = steps_per_file, write_shards, profile
         self.candidates, self.frequency_ids = candidate_chip_counts, frequency_ids
+        self.partials_in_memory = partials_in_memory
 
     def expand(self, steps_and_info):
         steps, info = steps_and_info
@@ -183,7 +190,7 @@ class BuildShards(beam.PTransform):
         collector = (profile_collector(self.spec, self.vocab_sizes, self.candidates, frequency_ids=self.frequency_ids)
                      if self.profile else None)
         build = _BuildStep(self.spec, self.vocab_sizes, self.limits, self.steps_per_file, self.write_shards,
-                           self.output, collector)
+                           self.output, collector, self.partials_in_memory)
         built = [stream | f"Build{i}" >> _BuildTagged(build) for i, stream in enumerate(streams)]
         runs = tuple(b["runs"] for b in built) | "AllRuns" >> beam.Flatten()
         stats = tuple(b["stats"] for b in built) | "AllBuildStats" >> beam.Flatten()

@@ -36,6 +36,9 @@ class ShardPass:
     # learns the offsets from a side input over every mapped block.
     chunk_sizes: Optional[ChunkSizes] = None
     replay_read: bool = False  # the first pass kept its read: the shard pass replays it instead of reading
+    # The shard pass's bundles and its profile's merge run in this process (`runner.runs_in_process`): a bundle's
+    # partial profile stays in memory, not pickled to a file (`collect_profile.write_partial`).
+    partials_in_memory: bool = False
 
     @property
     def hands_anything(self) -> bool:

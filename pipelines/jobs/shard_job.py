@@ -77,7 +77,7 @@ def build_shard_pipeline(p: beam.Pipeline, cfg: JobConfig, files: Sequence[Input
             if cfg.write_profile and spec.partition.balanced_ids else None)
     built = ((batches["whole"], batches["steps"]), batches["info"]) | "Shards" >> BuildShards(
         spec, vocab_sizes, limits, cfg.output, cfg.steps_per_file, cfg.write_shards, cfg.write_profile,
-        cfg.candidate_chip_counts, frequency_ids=freq)
+        cfg.candidate_chip_counts, frequency_ids=freq, partials_in_memory=handed.partials_in_memory)
     extras = [batches["info"] | "BatchInfo" >> beam.Map(_batching_extra).with_output_types(typing.Any)]
     file_pcolls = [dead_files, built["files"]]
     job = "shard" if cfg.write_shards else "profile"

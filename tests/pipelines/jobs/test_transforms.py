@@ -378,11 +378,13 @@ def test_a_bundle_without_steps_starts_no_profile_child(tmp_path, monkeypatch):
     assert len(started) == 1
 
 
+@pytest.mark.parametrize("in_memory", [False, True], ids=["partial files", "partials in memory"])
 @pytest.mark.parametrize("child", ["0", "1"], ids=["thread", "child process"])
-def test_the_profile_of_partials_per_bundle_is_the_profile_of_all_steps_at_once(tmp_path, monkeypatch, child):
+def test_the_profile_of_partials_per_bundle_is_the_profile_of_all_steps_at_once(tmp_path, monkeypatch, child,
+                                                                                in_memory):
     """BuildShards adds each bundle's steps to a partial profile in a background thread or a child process;
     merged, the partials are the profile one collector makes from every step in order (same files, the what-if
-    steps' too, byte for byte)."""
+    steps' too, byte for byte), whether the partials travel as files or stay in this process's memory."""
     import profiles
     from pipelines import child_process
     monkeypatch.setenv(child_process.ENV, child)
@@ -405,9 +407,10 @@ def test_the_profile_of_partials_per_bundle_is_the_profile_of_all_steps_at_once(
         step_pc = p | "Steps" >> beam.Create(steps).with_output_types(typing.Any) | beam.Reshuffle()
         info = p | "Info" >> beam.Create([{"steps": len(steps)}])
         built = (step_pc, info) | build_shards.BuildShards(spec, sizes, limits, out, profile=True,
-                                                           candidate_chip_counts=[1, 2])
+                                                           candidate_chip_counts=[1, 2], partials_in_memory=in_memory)
         _ = built["profile"] | collect_profile.CollectProfile(spec, sizes, str(tmp_path / "got"),
                                                               candidate_chip_counts=[1, 2])
+    assert not collect_profile._held  # every partial kept in memory was taken by the merge
     got = sorted(os.listdir(tmp_path / "got"))
     assert got == sorted(os.path.basename(w) for w in want) and len(got) > 0
     for name in got:
@@ -446,6 +449,13 @@ def test_partial_profiles_merged_from_their_files_are_the_profile_of_all_steps(t
     assert not os.path.exists(lost.path) and not os.path.exists(collect_profile.partials_dir(out))
     want = collector.extract_output(whole)
     assert ProfileStore(str(tmp_path / "got")).read(model=want.model.key).accumulator == want.accumulator
+    # Kept in this process's memory: no file; the merge takes each partial (once) as the files give it.
+    held = [collect_profile.write_partial(out, part, in_memory=True) for part in parts]
+    assert [f.steps for f in held] == [f.steps for f in files] and not os.path.exists(collect_profile.partials_dir(out))
+    assert collect_profile.merge_partials(collector, held[::-1]) == whole and not collect_profile._held
+    unnamed = collect_profile.write_partial(out, parts[0], in_memory=True)  # a failed attempt's, never named
+    collect_profile.remove_partials(out)  # as the runner after a failed job
+    assert not collect_profile._held and not os.path.exists(unnamed.path)
 
 
 
