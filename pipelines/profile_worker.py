@@ -61,10 +61,12 @@ class StepGroups:
 
 
 class ProfileThread:
-    """`collector.add_steps` of one accumulator, in order, on a background thread of this process."""
+    """`collector.add_steps` of one accumulator, in order, on a background thread of this process. `depth`: the
+    steps that may wait for it, as whole groups of `STEPS_PER_CALL` (one at least), besides the group gathered."""
 
     def __init__(self, collector, depth: int):
-        self.collector, self.acc, self._behind = collector, collector.create_accumulator(), Behind(depth)
+        self.collector, self.acc = collector, collector.create_accumulator()
+        self._behind = Behind(max(1, depth // STEPS_PER_CALL))
         self._groups = StepGroups(lambda group, validate: self._behind.run(
             self.collector.add_steps, self.acc, group, validate=validate))
 

@@ -21,7 +21,9 @@ from tpu_embed.artifact import tfrecord
 from tpu_embed.artifact.spec import Spec
 from tpu_embed.sparsecore.layout import SparseCoreLayout
 
-PROFILE_STEPS_BEHIND = 4  # steps a bundle's profile thread may lag (their ids are held meanwhile)
+# Steps a bundle's profile may lag (their ids are held meanwhile): in a thread, two groups of
+# `profiles.collector.STEPS_PER_CALL` steps being counted while the next is gathered; in a child, the steps sent.
+PROFILE_STEPS_BEHIND = 32
 # Steps whose records a bundle's build thread may make ahead of the worker writing them: the CSR packing
 # (native, without the GIL) of the next steps runs while the worker maps and writes.
 BUILD_STEPS_AHEAD = 2
