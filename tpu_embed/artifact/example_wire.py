@@ -35,6 +35,11 @@ def varint(n: int) -> bytes:
 _SMALL_VARINTS = [bytes([i]) for i in range(128)] + [bytes([i & 0x7F | 0x80, i >> 7]) for i in range(128, 1 << 14)]
 
 
+def _varint(n: int) -> bytes:
+    """`varint`, looked up for the tags and lengths below 2^14 that make most of a record's framing."""
+    return _SMALL_VARINTS[n] if 0 <= n < 16384 else varint(n)
+
+
 def _packed_varints(values) -> bytes:
     """The varints of `values` one after another (a record's partition counts and sizes: mostly small)."""
     small = _SMALL_VARINTS
@@ -43,7 +48,7 @@ def _packed_varints(values) -> bytes:
 
 def length_delimited(field: int, payload: bytes) -> bytes:
     """A length-delimited protobuf field (wire type 2)."""
-    return varint((field << 3) | 2) + varint(len(payload)) + payload
+    return _varint((field << 3) | 2) + _varint(len(payload)) + payload
 
 
 def _feature_parts(value) -> Tuple[List[Any], int]:
@@ -56,10 +61,10 @@ def _feature_parts(value) -> Tuple[List[Any], int]:
     inner: List[Any] = []
     n = 0
     for x in v:
-        head = varint(0x0A) + varint(len(x))  # BytesList.value (field 1, length-delimited)
+        head = b"\x0a" + _varint(len(x))  # BytesList.value (field 1, length-delimited)
         inner += (head, x)
         n += len(head) + len(x)
-    head = varint(0x0A) + varint(n)  # Feature.bytes_list (field 1)
+    head = b"\x0a" + _varint(n)  # Feature.bytes_list (field 1)
     return [head] + inner, len(head) + n
 
 
@@ -74,12 +79,12 @@ def encode_example(features: Mapping[str, Tuple[str, Any]]) -> bytes:
     for k in sorted(features):
         key = length_delimited(1, k.encode("utf-8"))  # Features.feature entry: key (1), value (2)
         parts, n = _feature_parts(features[k])
-        value_head = varint(0x12) + varint(n)
+        value_head = b"\x12" + _varint(n)
         size = len(key) + len(value_head) + n
-        entry_head = varint(0x0A) + varint(size)  # Features.feature (field 1)
+        entry_head = b"\x0a" + _varint(size)  # Features.feature (field 1)
         entries += [entry_head, key, value_head] + parts
         total += len(entry_head) + size
-    return b"".join([varint(0x0A) + varint(total)] + entries)  # Example.features (field 1)
+    return b"".join([b"\x0a" + _varint(total)] + entries)  # Example.features (field 1)
 
 
 def _feature_bytes(value) -> bytes:

@@ -58,6 +58,7 @@ def test_packed_varints_are_the_varints_one_after_another():
     one- and two-byte value, the edges around them and negative / 64-bit values."""
     values = list(range(1 << 14)) + [1 << 14, (1 << 14) + 1, 2 ** 40, 2 ** 63 - 1, -1, -(2 ** 63)]
     assert example_wire._packed_varints(values) == b"".join(example_wire.varint(v) for v in values)
+    assert [example_wire._varint(v) for v in values] == [example_wire.varint(v) for v in values]  # the framing's
     assert example_wire._packed_varints(np.array([3, 300, -5], np.int64)) == b"".join(
         map(example_wire.varint, (3, 300, -5)))
 
