@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import functools
 import math
 from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 
