@@ -42,8 +42,7 @@ def _varint(n: int) -> bytes:
 
 def _packed_varints(values) -> bytes:
     """The varints of `values` one after another (a record's partition counts and sizes: mostly small)."""
-    small = _SMALL_VARINTS
-    return b"".join(small[x] if 0 <= x < 16384 else varint(x) for x in map(int, values))
+    return b"".join(map(_varint, map(int, values)))
 
 
 def length_delimited(field: int, payload: bytes) -> bytes:
