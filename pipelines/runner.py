@@ -4,15 +4,17 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import gc
 import logging
 import os
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+import types
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import apache_beam as beam
 from apache_beam.options.pipeline_options import PipelineOptions
 
-from pipelines import dask_compat, jobs, paths, tft_output_writer
+from pipelines import beam_overheads, dask_compat, jobs, paths, tft_output_writer
 from pipelines.jobs import JobConfig, ShardPass, VocabPass, collect_profile, manifest_writer
 from pipelines.jobs.global_batches import INPUT_CHANGED, InputChangedError
 from pipelines.read import chunk_sizes, records, splits
@@ -34,18 +36,29 @@ def pipeline_options(beam_args: Sequence[str] = ()) -> PipelineOptions:
     `--direct_num_workers=N` (N > 1) without a running mode selects
     `multi_processing`.  Flags for other runners (Dataflow, Flink, Spark) pass through.
     """
+    return PipelineOptions(list(_resolved_options(tuple(beam_args))[0]))
+
+
+def option_values(beam_args: Sequence[str] = ()) -> Mapping[str, Any]:
+    """Every option's value (`get_all_options(drop_default=False)`) of `pipeline_options(beam_args)`: read-only."""
+    return _resolved_options(tuple(beam_args))[1]
+
+
+@functools.lru_cache(maxsize=32)
+def _resolved_options(beam_args: Tuple[str, ...]) -> Tuple[Tuple[str, ...], Mapping[str, Any]]:
+    """(the flags `pipeline_options` parses, every option's value): Beam parses the flags with a parser of every
+    options class (~7 ms); a run asks a dozen times for the same flags."""
     args = list(beam_args)
     flags = {a.split("=", 1)[0] for a in args if a.startswith("--")}
     if "--runner" not in flags:
         args.append("--runner=DirectRunner")
-    opts = PipelineOptions(args)
-    all_opts = opts.get_all_options(drop_default=False)
-    runner = str(all_opts.get("runner") or "")
+    values = PipelineOptions(args).get_all_options(drop_default=False)
+    runner = str(values.get("runner") or "")
     if runner in ("DirectRunner", "BundleBasedDirectRunner", "") and "--direct_running_mode" not in flags:
-        workers = int(all_opts.get("direct_num_workers") or 1)
+        workers = int(values.get("direct_num_workers") or 1)
         args.append("--direct_running_mode=" + ("multi_processing" if workers > 1 else "in_memory"))
-        opts = PipelineOptions(args)
-    return opts
+        values = PipelineOptions(args).get_all_options(drop_default=False)
+    return tuple(args), types.MappingProxyType(values)
 
 
 def local_runner(opts: PipelineOptions):
@@ -124,67 +137,6 @@ def _run_dask(build: Build, args: List[str], workers: Optional[int]):
     return result
 
 
-# Beam's state sampler (the msec counters of each step) runs a thread per bundle that sleeps up to its
-# sampling period (200 ms) between samples, and the end of every bundle joins it: a bundle that ran for
-# seconds waits ~100 ms on average for nothing. The jobs' in-process bundles run for seconds (the read,
-# the vocabulary combine, the shard build), one after another: 0.2-0.4 s of a 2 M-example `run`.
-# Beam 2.77 has no option for the period, so for the runs of the in-process runner its default is this.
-STATE_SAMPLING_MS = 20
-
-
-@contextlib.contextmanager
-def _state_sampling_period(ms: int):
-    from apache_beam.runners.worker import statesampler
-    init = statesampler.StateSampler.__init__
-    defaults = init.__defaults__
-    if defaults != (statesampler.DEFAULT_SAMPLING_PERIOD_MS,):  # another Beam: leave it as it is
-        yield
-        return
-    init.__defaults__ = (ms,)
-    try:
-        yield
-    finally:
-        init.__defaults__ = defaults
-
-
-# Beam asks for the signature of a DoFn's methods whenever it builds, translates or starts running a ParDo (its
-# state and timer parameters, `userstate.get_dofn_specs`): ~20,000 `inspect.signature` calls in one `run`, of
-# the same few dozen functions, 0.2-0.3 s of the jobs' fixed cost. While a job is built and run they are
-# computed once per function (per method and class, the same for every instance), as Beam computes them.
-_SIGNATURE_USERS = ("apache_beam.typehints.decorators", "apache_beam.transforms.core",
-                    "apache_beam.transforms.ptransform", "apache_beam.transforms.util")
-
-
-@contextlib.contextmanager
-def _signatures_computed_once():
-    import importlib
-    modules = [importlib.import_module(m) for m in _SIGNATURE_USERS]
-    compute = modules[0].get_signature
-    if any(getattr(m, "get_signature", None) is not compute for m in modules):  # another Beam: leave it
-        yield
-        return
-    cache: dict = {}
-
-    def get_signature(func):
-        owner = getattr(func, "__self__", None)
-        key = (getattr(func, "__func__", func), None if owner is None else type(owner))
-        try:
-            return cache[key]
-        except TypeError:  # not hashable: computed each time
-            return compute(func)
-        except KeyError:
-            signature = cache[key] = compute(func)
-            return signature
-
-    for m in modules:
-        m.get_signature = get_signature  # type: ignore[attr-defined]
-    try:
-        yield
-    finally:
-        for m in modules:
-            m.get_signature = compute  # type: ignore[attr-defined]
-
-
 M_ARENA_MAX = -8  # glibc's mallopt parameter
 
 
@@ -228,15 +180,16 @@ def _run(build: Build, beam_args: Sequence[str], job: str = "Beam", reads_input:
 
 def _run_pipeline(build: Build, beam_args: Sequence[str], reads_input: bool = True):
     args, dask_workers = dask_args(beam_args)
-    opts = pipeline_options(args)
-    if opts.get_all_options().get("runner") == DASK_RUNNER:
+    values = option_values(args)
+    if values.get("runner") == DASK_RUNNER:
         return _run_dask(build, args, dask_workers)
     if dask_workers is not None:
         raise UserError("--dask_workers needs --runner=dask")
-    direct = opts.get_all_options().get("runner") == "DirectRunner"
+    opts = pipeline_options(args)
+    direct = values.get("runner") == "DirectRunner"
     # Worker processes already use the cores; the packer's own threads would oversubscribe them.
     # Workers inherit the environment at start; an explicit TPU_EMBED_THREADS wins.
-    multi = opts.get_all_options().get("direct_running_mode") == "multi_processing"
+    multi = values.get("direct_running_mode") == "multi_processing"
     set_threads = multi and "TPU_EMBED_THREADS" not in os.environ
     # The objects of the interpreter and Beam outlive the job: the collector's full passes, triggered by what
     # the job allocates, skip them while it builds and runs the pipeline (a full pass over them during the
@@ -244,12 +197,13 @@ def _run_pipeline(build: Build, beam_args: Sequence[str], reads_input: bool = Tr
     # worker's threads, where they hold the GIL).
     gc.freeze()
     try:
-        with _signatures_computed_once():
+        with beam_overheads.signatures_computed_once(), beam_overheads.option_views_made_once():
             p = beam.Pipeline(runner=local_runner(opts) if direct else None, options=opts)
             build(p)
             if set_threads:
                 os.environ["TPU_EMBED_THREADS"] = "1"
-            with _state_sampling_period(STATE_SAMPLING_MS) if direct else contextlib.nullcontext(), \
+            with beam_overheads.state_sampling_period(beam_overheads.STATE_SAMPLING_MS) if direct \
+                    else contextlib.nullcontext(), \
                     _one_malloc_arena() if direct and not multi and reads_input else contextlib.nullcontext():
                 result = p.run()
                 result.wait_until_finish()
@@ -317,7 +271,7 @@ WHOLE_FILES = 1 << 62  # a split size no file reaches
 def runs_in_process(beam_args: Sequence[str] = ()) -> bool:
     """Whether the jobs' bundles run in this process: the DirectRunner in memory or in threads (not its
     worker processes, not another runner)."""
-    opts = pipeline_options(dask_args(beam_args)[0]).get_all_options(drop_default=False)
+    opts = option_values(dask_args(beam_args)[0])
     return opts.get("runner") == "DirectRunner" and opts.get("direct_running_mode") in ("in_memory",
                                                                                           "multi_threading")
 
@@ -329,14 +283,14 @@ def split_bytes_for(cfg: JobConfig, beam_args: Sequence[str] = ()) -> int:
     (tests/pipelines/read/test_splits.py)."""
     if cfg.split_bytes is not None:
         return cfg.split_bytes
-    opts = pipeline_options(dask_args(beam_args)[0]).get_all_options(drop_default=False)
+    opts = option_values(dask_args(beam_args)[0])
     one_worker = opts.get("runner") == "DirectRunner" and int(opts.get("direct_num_workers") or 1) == 1
     return WHOLE_FILES if one_worker else splits.DEFAULT_SPLIT_BYTES
 
 
 def runner_name(beam_args: Sequence[str] = ()) -> str:
     """The --runner the jobs run on (a class path for Dask)."""
-    return str(pipeline_options(dask_args(beam_args)[0]).get_all_options().get("runner") or "")
+    return str(option_values(dask_args(beam_args)[0]).get("runner") or "")
 
 
 def lineage_seed_for(cfg: JobConfig) -> Optional[Dict[str, Any]]:

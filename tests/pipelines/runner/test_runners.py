@@ -31,7 +31,7 @@ import time
 import apache_beam as beam
 import pytest
 
-from pipelines import runner
+from pipelines import beam_overheads, runner
 from pipelines.jobs import JobConfig
 from tests.helpers import ROOT
 from tpu_embed.artifact.spec import load_spec
@@ -338,5 +338,21 @@ def test_in_process_bundles_sample_their_state_every_20_ms_during_the_run_only()
     from apache_beam.runners.worker import statesampler
     _PERIODS.clear()
     runner._run(lambda p: p | beam.Create([1]) | beam.ParDo(_RecordSamplingPeriod()), [])
-    assert _PERIODS == [runner.STATE_SAMPLING_MS] == [20]
+    assert _PERIODS == [beam_overheads.STATE_SAMPLING_MS] == [20]
     assert statesampler.StateSampler.__init__.__defaults__ == (statesampler.DEFAULT_SAMPLING_PERIOD_MS,) == (200,)
+
+
+def test_options_are_parsed_once_per_flags_and_as_beam_parses_them():
+    """`runner.option_values` (cached per flags) is Beam's `get_all_options` of `pipeline_options`, whose
+    runner is pinned locally; `pipeline_options` gives a new object each time."""
+    for flags in ([], ["--direct_num_workers=2"], ["--runner=DirectRunner", "--direct_running_mode=multi_threading"],
+                  ["--runner=DataflowRunner", "--project=p"], ["--experiments=x", "--experiments=y"]):
+        opts = runner.pipeline_options(flags)
+        assert opts is not runner.pipeline_options(flags)
+        assert dict(runner.option_values(flags)) == opts.get_all_options(drop_default=False)
+        assert runner.option_values(flags) is runner.option_values(list(flags))
+        with pytest.raises(TypeError):
+            runner.option_values(flags)["runner"] = "x"  # type: ignore[index]
+    assert runner.option_values([])["runner"] == "DirectRunner"
+    assert runner.option_values([])["direct_running_mode"] == "in_memory"
+    assert runner.option_values(["--direct_num_workers=2"])["direct_running_mode"] == "multi_processing"
