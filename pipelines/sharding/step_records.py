@@ -61,33 +61,36 @@ def chip_entries(block: ExampleBlock, spec, layout, chips) -> List[Dict[str, tup
     """Each chip's batch as the native packer takes it: {feature: (None, ids, weights | None, row_splits)}.
 
     A chip's samples are a contiguous block of the step's (`split_global_batch`), so its ids and weights are
-    slices of the feature's and its row splits a slice of the step's, rebased: no row per id, no copy of the
-    ids, one cumulative sum for all features of a sample count. A sequence feature's sample (example,
-    position) holds one id below the example's length, none after. The packer reads them as it reads
-    `split_global_batch(global_ids_of(block, spec), layout)` (tests/pipelines/sharding/test_shard_entries.py)."""
+    slices of the feature's and its row splits a slice of the feature's sample starts, rebased: no row per id,
+    no copy of the ids. A feature's sample starts are its examples' (`FeatureBlock`'s, kept with it); a sequence
+    feature's sample (example, position) holds one id below the example's length, none after. The packer reads
+    them as it reads `split_global_batch(global_ids_of(block, spec), layout)`
+    (tests/pipelines/sharding/test_shard_entries.py)."""
     num_chips = layout.topology.num_chips
     sequence = {f.name: f.sequence_length for f in spec.sparse_core_features}
-    groups: Dict[int, List[tuple]] = collections.defaultdict(list)  # (path, feature block, ids per sample)
+    out: List[Dict[str, tuple]] = [{} for _ in chips]
     for feat in layout.features:
         fb = block.features[feat.path]
         L = sequence.get(feat.path, 0)
-        per_sample = fb.lengths if L <= 0 else (np.arange(L) < fb.lengths[:, None]).reshape(-1)
-        if per_sample.size != feat.sample_count * num_chips:
-            raise ValueError(f"Feature {feat.path!r}: the step has {per_sample.size} samples, not the "
-                             f"{feat.sample_count * num_chips} of its global batch ({num_chips} chips x "
-                             f"{feat.sample_count}).")
-        groups[feat.sample_count].append((feat.path, fb, per_sample))
-    out: List[Dict[str, tuple]] = [{} for _ in chips]
-    for n, feats in groups.items():
-        splits = np.zeros((len(feats), n * num_chips + 1), np.int64)
-        np.cumsum(np.stack([c for _, _, c in feats]), axis=1, out=splits[:, 1:])
+        n = feat.sample_count
+        if L <= 0:
+            samples, starts = fb.lengths.size, None
+        else:
+            per_sample = (np.arange(L) < fb.lengths[:, None]).reshape(-1)
+            samples = per_sample.size
+            starts = np.zeros(samples + 1, np.int64)
+            np.cumsum(per_sample, out=starts[1:])
+        if samples != n * num_chips:
+            raise ValueError(f"Feature {feat.path!r}: the step has {samples} samples, not the "
+                             f"{n * num_chips} of its global batch ({num_chips} chips x {n}).")
+        if starts is None:
+            starts = fb.starts()
+        bounds = starts[::n].tolist()  # where each chip's samples start, and the end
         for i, c in enumerate(chips):
-            lo, hi = splits[:, c * n].tolist(), splits[:, (c + 1) * n].tolist()
-            local = splits[:, c * n:(c + 1) * n + 1] - splits[:, c * n:c * n + 1]
-            for j, (path, fb, _) in enumerate(feats):
-                a, b = lo[j], hi[j]
-                weights = None if fb.weights is None else np.ascontiguousarray(fb.weights[a:b], np.float32)
-                out[i][path] = (None, np.ascontiguousarray(fb.ids[a:b], np.int64), weights, local[j])
+            a, b = bounds[c], bounds[c + 1]
+            weights = None if fb.weights is None else np.ascontiguousarray(fb.weights[a:b], np.float32)
+            out[i][feat.path] = (None, np.ascontiguousarray(fb.ids[a:b], np.int64), weights,
+                                 starts[c * n:(c + 1) * n + 1] - a)
     return out
 
 

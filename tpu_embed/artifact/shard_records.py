@@ -28,6 +28,7 @@ from tpu_embed.artifact.example_wire import decode_example, encode_example
 from tpu_embed.artifact.manifest import FileEntry, Manifest, manifest_bytes, read_manifest
 from tpu_embed.artifact.shard_format import ID_DTYPES, SIZES_FIELDS, V1_ENCODING, ShardFormat
 from tpu_embed.artifact.verify import verify_shard_bytes
+from tpu_embed.sparsecore import csr
 from tpu_embed.sparsecore.padding import PAD_VALUE, XLA_PAD, round_up
 
 
@@ -100,34 +101,53 @@ def _stack_features(fmt: Optional[ShardFormat], step: int, c: int, stack: str, b
     sample_ids = np.asarray(b.sorted_sample_ids[:n], np.int32)
     token_ids = np.asarray(b.sorted_token_ids[:n], np.int32)
     gains = np.asarray(b.sorted_gains[:n], np.float32)
-    unit = enc.gains == "omitted_if_unit" and np.array_equal(gains.view(np.int32),
-                                                             unit_gains(sample_ids).view(np.int32))
-    if enc != V1_ENCODING and enc.padding == "stored" and not np.array_equal(sample_ids == PAD_VALUE,
-                                                                          token_ids == PAD_VALUE):
-        raise ValueError(f"{what}: sample and token ids are not PAD_VALUE at the same entries")
-    if enc.padding == "omitted":
-        counts = partition_counts(rp)
-        rp2, positions, n2 = layout_from_counts(counts)
-        pad = np.ones(n, bool)
-        pad[positions] = False
-        if not (np.array_equal(rp2, rp) and n2 == n and np.all(sample_ids[pad] == PAD_VALUE)
-                and np.all(token_ids[pad] == PAD_VALUE) and np.all(gains[pad] == np.float32(PAD_VALUE))
-                and not np.any(sample_ids[positions] == PAD_VALUE)):
-            raise ValueError(f"{what}: the CSR prefixes are not in TF's padded layout; they cannot be "
-                             "stored with padding: omitted")
-        feats[key["counts"]] = ("int64", counts.tolist())
-        sample_ids, token_ids, gains = sample_ids[positions], token_ids[positions], gains[positions]
-    else:
+    narrowed = _narrowed_natively(enc, sample_ids, token_ids, gains) if enc.padding == "stored" else None
+    if narrowed is not None:  # one native pass: the bytes of the reference below (tests/tpu_embed/artifact)
         feats[key["row_pointers"]] = _raw(rp, np.int32)
-    feats[key["sorted_sample_ids"]] = _raw(narrow_ids(sample_ids, enc.sample_ids, f"{what}: sample ids"),
-                                           ID_DTYPES[enc.sample_ids])
-    feats[key["sorted_token_ids"]] = _raw(narrow_ids(token_ids, enc.token_ids, f"{what}: token ids"),
-                                          ID_DTYPES[enc.token_ids])
+        sample_raw, token_raw, unit = narrowed
+    else:
+        unit = enc.gains == "omitted_if_unit" and np.array_equal(gains.view(np.int32),
+                                                                 unit_gains(sample_ids).view(np.int32))
+        if enc != V1_ENCODING and enc.padding == "stored" and not np.array_equal(sample_ids == PAD_VALUE,
+                                                                              token_ids == PAD_VALUE):
+            raise ValueError(f"{what}: sample and token ids are not PAD_VALUE at the same entries")
+        if enc.padding == "omitted":
+            counts = partition_counts(rp)
+            rp2, positions, n2 = layout_from_counts(counts)
+            pad = np.ones(n, bool)
+            pad[positions] = False
+            if not (np.array_equal(rp2, rp) and n2 == n and np.all(sample_ids[pad] == PAD_VALUE)
+                    and np.all(token_ids[pad] == PAD_VALUE) and np.all(gains[pad] == np.float32(PAD_VALUE))
+                    and not np.any(sample_ids[positions] == PAD_VALUE)):
+                raise ValueError(f"{what}: the CSR prefixes are not in TF's padded layout; they cannot be "
+                                 "stored with padding: omitted")
+            feats[key["counts"]] = ("int64", counts.tolist())
+            sample_ids, token_ids, gains = sample_ids[positions], token_ids[positions], gains[positions]
+        else:
+            feats[key["row_pointers"]] = _raw(rp, np.int32)
+        sample_raw = _raw(narrow_ids(sample_ids, enc.sample_ids, f"{what}: sample ids"), ID_DTYPES[enc.sample_ids])
+        token_raw = _raw(narrow_ids(token_ids, enc.token_ids, f"{what}: token ids"), ID_DTYPES[enc.token_ids])
+    feats[key["sorted_sample_ids"]] = sample_raw
+    feats[key["sorted_token_ids"]] = token_raw
     if not unit:
         feats[key["sorted_gains"]] = _raw(gains, np.float32)
     feats[key["sizes"]] = ("int64", [r, n, int(b.sample_count),
                                      int(b.num_minibatches_per_physical_sparse_core), int(b.dropped_ids)])
     return feats
+
+
+def _narrowed_natively(enc, sample_ids: np.ndarray, token_ids: np.ndarray, gains: np.ndarray):
+    """(sample ids' feature, token ids' feature, unit gains) of a batch stored with its padding, from the native
+    kernel's one pass (`csr.narrow_stack_native`); None without the kernel, or where a check fails (the numpy
+    rule then raises its error)."""
+    got = csr.narrow_stack_native(sample_ids, token_ids, gains, np.dtype(ID_DTYPES[enc.sample_ids]).itemsize,
+                                  np.dtype(ID_DTYPES[enc.token_ids]).itemsize, enc.gains == "omitted_if_unit",
+                                  enc != V1_ENCODING)
+    if got is None or got[0]:
+        return None
+    _, sample_bytes, token_bytes, unit = got
+    return (("bytes", [sample_bytes]) if sample_bytes is not None else _raw(sample_ids, np.int32),
+            ("bytes", [token_bytes]) if token_bytes is not None else _raw(token_ids, np.int32), bool(unit))
 
 
 def encode_step_record(*, step: int, host: int, label: np.ndarray, mask: np.ndarray, dense: np.ndarray,

@@ -174,6 +174,20 @@ def native_available() -> bool:
     return _csr_native is not None
 
 
+def narrow_stack_native(sample_ids: np.ndarray, token_ids: np.ndarray, gains: np.ndarray, sample_width: int,
+                        token_width: int, want_unit: bool, check_padding: bool) -> Optional[tuple]:
+    """The kernel's pass over one chip's CSR prefix (int32 ids, float32 gains) as a shard record stores it:
+    (status, sample ids' bytes | None, token ids' bytes | None, unit gains), or None without the kernel. Its rule
+    is `tpu_embed.artifact.shard_records`' (`narrow_ids`, `unit_gains`, `_stack_features`' padding check): ids of
+    width 1 or 2 bytes little-endian with PAD_VALUE as the type's maximum (4: None, the ids as they are); status
+    1, 2, 3: the padding check, a sample id, a token id failed (the reference raises the error)."""
+    if _csr_native is None:
+        return None
+    return _csr_native.narrow_stack(np.ascontiguousarray(sample_ids, np.int32),
+                                    np.ascontiguousarray(token_ids, np.int32), np.ascontiguousarray(gains, np.float32),
+                                    int(sample_width), int(token_width), int(bool(want_unit)), int(bool(check_padding)))
+
+
 # Fewer ids per call: packed by the calling thread alone.  Waking the pool costs more than it saves on
 # small batches (profile counting calls the kernel once per table and chip: a step is many small calls).
 PARALLEL_MIN_IDS = 16384

@@ -24,6 +24,7 @@ from tpu_embed.artifact.manifest import LimitsInfo, manifest_bytes, read_manifes
 from tpu_embed.artifact.shard_format import FORMAT_VERSION, ID_DTYPES, ShardFormat
 from tpu_embed.artifact.shard_format_choice import shard_format_for
 from tpu_embed.artifact.spec import SpecError, load_spec, parse_spec
+from tpu_embed.sparsecore import CsrBatch
 from tpu_embed.sparsecore.layout import layout_of
 from tpu_embed.training.input import input_fn, step_order
 from tpu_embed.training.shard_parse import parse_fn
@@ -310,6 +311,58 @@ def test_narrow_ids_is_the_where_and_cast_it_stands_for(dtype_name, values):
     assert got.dtype == ID_DTYPES[dtype_name]
     np.testing.assert_array_equal(got, np.where(a == shard_records.PAD_VALUE, top, a))
     np.testing.assert_array_equal(shard_records.widen_ids(got, dtype_name), a)
+
+
+_PAD = shard_records.PAD_VALUE
+
+
+@st.composite
+def _prefixes(draw):
+    """One chip's CSR prefix of any shape: ids in and out of each width's range, padding where both ids are padding,
+    or not (a mismatch), gains of 1.0 and float32(PAD_VALUE) at the padding, or not."""
+    n = draw(st.integers(0, 40))
+    ids = st.one_of(st.integers(0, 300), st.integers(65530, 65540), st.integers(-(1 << 31), _PAD - 1), st.just(_PAD))
+    sample = np.array(draw(st.lists(ids, min_size=n, max_size=n)), np.int32)
+    token = np.array(draw(st.lists(ids, min_size=n, max_size=n)), np.int32)
+    if draw(st.booleans()):  # the packer's prefixes: padding in both at the same entries
+        token = np.where(sample == _PAD, _PAD, np.where(token == _PAD, 0, token)).astype(np.int32)
+    gains = np.where(sample == _PAD, np.float32(_PAD), np.float32(1)).astype(np.float32)
+    if n and draw(st.booleans()):
+        gains[draw(st.integers(0, n - 1))] = draw(st.sampled_from([0.5, 2.0, float(_PAD), 1.0]))
+    return sample, token, gains
+
+
+@settings(max_examples=400, deadline=None)
+@given(_prefixes(), st.sampled_from(["int32", "uint16", "uint8"]), st.sampled_from(["int32", "uint16", "uint8"]),
+       st.sampled_from(["omitted_if_unit", "stored"]), st.booleans())
+def test_native_stack_features_are_the_numpy_rule(prefix, sample_ids, token_ids, gains, version_1):
+    """A batch stored with its padding: the native pass (`csr.narrow_stack_native`) gives the features, bytes for
+    bytes, of the numpy rule (`narrow_ids`, `unit_gains`, the padding check), and where a check fails the
+    rule's own error."""
+    from tpu_embed.artifact.shard_format import V1_ENCODING, StackEncoding
+    from tpu_embed.sparsecore import csr
+    assert csr.native_available()
+    sample, token, g = prefix
+    n = sample.size
+    b = CsrBatch(stack="s", row_pointers=np.array([n], np.int32), sorted_sample_ids=sample, sorted_token_ids=token,
+                 sorted_gains=g, sample_count=4, num_minibatches_per_physical_sparse_core=1,
+                 row_pointers_unpadded_size=1, ids_unpadded_size=n, row_pointers_buffer_size=8,
+                 ids_buffer_size=max(8, n), dropped_ids=0, ids_per_partition=None, unique_ids_per_partition=None)
+    enc = V1_ENCODING if version_1 else StackEncoding(sample_ids=sample_ids, token_ids=token_ids, gains=gains,
+                                                      padding="stored")
+    fmt = ShardFormat(1, 1, 4, (), (), (("s", 16, 64),), encodings=(("s", enc),))
+
+    def features():
+        try:
+            feats = shard_records._stack_features(fmt, 3, 0, "s", b)
+        except ValueError as e:
+            return str(e)
+        return example_wire.encode_example(feats)
+
+    native = features()
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(csr, "narrow_stack_native", lambda *a: None)
+        assert features() == native
 
 
 def test_tf_default_size_buffers_decode_the_same(criteo):

@@ -1086,11 +1086,124 @@ done:
   return result;
 }
 
+/* ------------------------------------------------------------------ shard record arrays */
+
+/* narrow_stack(sample_ids, token_ids, gains, sample_width, token_width, want_unit, check_padding)
+ *   -> (status, sample bytes | None, token bytes | None, unit)
+ *
+ * One chip's CSR prefix (int32 ids, float32 gains, n entries) as a shard record stores it, in one pass without
+ * the GIL: the readable rule is `tpu_embed.artifact.shard_records` (`narrow_ids`, `unit_gains`, the padding
+ * check of `_stack_features`), which this is tested against.  Ids of width 1 or 2 are written little-endian
+ * with PAD_VALUE as the type's maximum (their low bits), width 4: None (the int32 array is stored as it is).
+ * `unit`: every gain is 1.0, and float32(PAD_VALUE) where the sample id is PAD_VALUE (want_unit 0: False).
+ * status: 0, or 1 where `check_padding` and a sample id and its token id are not PAD_VALUE together, 2 / 3
+ * where a sample / token id other than PAD_VALUE does not fit below its width's maximum (the caller raises
+ * the reference's error). */
+#define REC_PAD 2147483647
+
+/* The checks of one prefix, branch-free so that the loop vectorises: any padding mismatch, any sample / token id
+ * that does not fit its width (PAD_VALUE aside), any gain other than the unit one. */
+typedef struct {
+  uint32_t pad, sample, token, gain;
+} RecChecks;
+
+static RecChecks rec_checks(const int32_t *sid, const int32_t *tid, const uint32_t *g, Py_ssize_t n, uint32_t stop,
+                            uint32_t ttop, uint32_t pad_bits, uint32_t one_bits) {
+  uint32_t pad = 0, bs = 0, bt = 0, bg = 0;
+  for (Py_ssize_t i = 0; i < n; i++) {
+    const uint32_t s = (uint32_t)sid[i], t = (uint32_t)tid[i];
+    const uint32_t spad = s == (uint32_t)REC_PAD, tpad = t == (uint32_t)REC_PAD;
+    pad |= spad ^ tpad;
+    bs |= (s >= stop) & !spad;
+    bt |= (t >= ttop) & !tpad;
+    bg |= g[i] ^ (spad ? pad_bits : one_bits);
+  }
+  RecChecks r = {pad, bs, bt, bg};
+  return r;
+}
+
+/* Ids to `width` bytes each (1 or 2), little-endian: the low bits (PAD_VALUE: the type's maximum). */
+static void rec_narrow(const int32_t *ids, Py_ssize_t n, int width, unsigned char *out) {
+  if (width == 1) {
+    for (Py_ssize_t i = 0; i < n; i++) out[i] = (unsigned char)(uint32_t)ids[i];
+    return;
+  }
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+  uint16_t *o16 = (uint16_t *)out; /* a bytes object's data is aligned for any type */
+  for (Py_ssize_t i = 0; i < n; i++) o16[i] = (uint16_t)(uint32_t)ids[i];
+#else
+  for (Py_ssize_t i = 0; i < n; i++) {
+    out[2 * i] = (unsigned char)(uint32_t)ids[i];
+    out[2 * i + 1] = (unsigned char)((uint32_t)ids[i] >> 8);
+  }
+#endif
+}
+
+static PyObject *narrow_stack(PyObject *self, PyObject *args) {
+  PyObject *so, *to, *go;
+  int sw, tw, want_unit, check_padding;
+  if (!PyArg_ParseTuple(args, "OOOiiii", &so, &to, &go, &sw, &tw, &want_unit, &check_padding)) return NULL;
+  if ((sw != 1 && sw != 2 && sw != 4) || (tw != 1 && tw != 2 && tw != 4)) {
+    PyErr_SetString(PyExc_ValueError, "narrow_stack: widths must be 1, 2 or 4 bytes");
+    return NULL;
+  }
+  Buf bs, bt, bg;
+  bs.held = bt.held = bg.held = 0;
+  PyObject *outs = NULL, *outt = NULL, *result = NULL;
+  if (get_buf(so, &bs, 4, "sample_ids") < 0 || get_buf(to, &bt, 4, "token_ids") < 0 || get_buf(go, &bg, 4, "gains") < 0)
+    goto done;
+  if (!bs.held || !bt.held || !bg.held) {
+    PyErr_SetString(PyExc_TypeError, "narrow_stack: sample_ids, token_ids and gains are required");
+    goto done;
+  }
+  Py_ssize_t n = bs.b.len / 4;
+  if (bt.b.len / 4 != n || bg.b.len / 4 != n) {
+    PyErr_SetString(PyExc_ValueError, "narrow_stack: sample_ids, token_ids and gains differ in length");
+    goto done;
+  }
+  if (sw < 4 && !(outs = PyBytes_FromStringAndSize(NULL, n * sw))) goto done;
+  if (tw < 4 && !(outt = PyBytes_FromStringAndSize(NULL, n * tw))) goto done;
+  const int32_t *sid = (const int32_t *)bs.b.buf, *tid = (const int32_t *)bt.b.buf;
+  const uint32_t *gbits = (const uint32_t *)bg.b.buf;
+  unsigned char *os_ = outs ? (unsigned char *)PyBytes_AS_STRING(outs) : NULL;
+  unsigned char *ot = outt ? (unsigned char *)PyBytes_AS_STRING(outt) : NULL;
+  const uint32_t stop = sw == 1 ? 0xFFu : sw == 2 ? 0xFFFFu : 0xFFFFFFFFu;
+  const uint32_t ttop = tw == 1 ? 0xFFu : tw == 2 ? 0xFFFFu : 0xFFFFFFFFu;
+  float fpad = (float)REC_PAD, fone = 1.0f;
+  uint32_t pad_bits, one_bits;
+  memcpy(&pad_bits, &fpad, 4);
+  memcpy(&one_bits, &fone, 4);
+  int status = 0, unit = want_unit != 0;
+  Py_BEGIN_ALLOW_THREADS
+  RecChecks c = rec_checks(sid, tid, gbits, n, stop, ttop, pad_bits, one_bits);
+  status = (check_padding && c.pad) ? 1 : (sw < 4 && c.sample) ? 2 : (tw < 4 && c.token) ? 3 : 0;
+  unit = unit && !c.gain;
+  if (!status) {
+    if (sw < 4) rec_narrow(sid, n, sw, os_);
+    if (tw < 4) rec_narrow(tid, n, tw, ot);
+  }
+  Py_END_ALLOW_THREADS
+  if (status) {
+    result = Py_BuildValue("(iOOO)", status, Py_None, Py_None, Py_False);
+  } else {
+    result = Py_BuildValue("(iOOO)", 0, outs ? outs : Py_None, outt ? outt : Py_None, unit ? Py_True : Py_False);
+  }
+done:
+  Py_XDECREF(outs);
+  Py_XDECREF(outt);
+  release(&bs);
+  release(&bt);
+  release(&bg);
+  return result;
+}
+
 static PyMethodDef methods[] = {
     {"pack_stack", pack_stack, METH_VARARGS, "Pack one stacked table's ids for one chip into SparseCore CSR."},
     {"set_eager_tensor_api", set_eager_tensor_api, METH_VARARGS,
      "Read TF eager tensors through TF's C API: (type, function addresses...), or None to stop."},
     {"eager_tensor_bytes", eager_tensor_bytes, METH_O, "(dtype, shape, bytes) of a TF eager tensor as the kernel reads it."},
+    {"narrow_stack", narrow_stack, METH_VARARGS,
+     "One chip's CSR prefix as a shard record stores it: (status, sample bytes, token bytes, unit gains)."},
     {NULL, NULL, 0, NULL}};
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_csr_native", NULL, -1, methods};
