@@ -332,6 +332,7 @@ def _prefixes(draw):
     return sample, token, gains
 
 
+@pytest.mark.native("csr")
 @settings(max_examples=400, deadline=None)
 @given(_prefixes(), st.sampled_from(["int32", "uint16", "uint8"]), st.sampled_from(["int32", "uint16", "uint8"]),
        st.sampled_from(["omitted_if_unit", "stored"]), st.booleans())
@@ -341,7 +342,6 @@ def test_native_stack_features_are_the_numpy_rule(prefix, sample_ids, token_ids,
     rule's own error."""
     from tpu_embed.artifact.shard_format import V1_ENCODING, StackEncoding
     from tpu_embed.sparsecore import csr
-    assert csr.native_available()
     sample, token, g = prefix
     n = sample.size
     b = CsrBatch(stack="s", row_pointers=np.array([n], np.int32), sorted_sample_ids=sample, sorted_token_ids=token,
