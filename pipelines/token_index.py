@@ -157,6 +157,25 @@ def codes_of(tokens: pa.DictionaryArray) -> np.ndarray:
     return tokens.indices.to_numpy(zero_copy_only=False)
 
 
+def spread_ids(ids: np.ndarray, codes: Optional[np.ndarray], lengths: np.ndarray, found_limit: int
+               ) -> Optional[Tuple[np.ndarray, np.ndarray, int]]:
+    """Natively, in one pass without the GIL: (`ids[codes]` (codes None: `ids`, per value already), int32 per
+    example of `lengths` the values whose id is outside [0, found_limit), how many there are); None without the
+    native module or for codes other than int32 / int64. `pipelines.mapping.ids` holds the numpy rule."""
+    if _native is None:
+        return None
+    ids = np.ascontiguousarray(ids, np.int64)
+    if codes is None:
+        codes = np.arange(ids.size, dtype=np.int64)
+    if codes.dtype not in (np.int32, np.int64):
+        return None
+    codes = np.ascontiguousarray(codes)
+    lengths = np.ascontiguousarray(lengths, np.int64)
+    out, oov = np.empty(codes.size, np.int64), np.empty(lengths.size, np.int32)
+    n_oov = _native.spread(ids, codes, codes.itemsize, lengths, int(found_limit), out, oov)
+    return out, oov, int(n_oov)
+
+
 class TokenIndex:
     """Positions of tokens in `vocabulary` (distinct tokens; the first wins if not), -1 where absent."""
 

@@ -25,7 +25,7 @@ import pyarrow.compute as pc
 
 from pipelines.read.parse import FeatureValues, ParsedChunk
 from pipelines.sharding.batches import ExampleBlock, FeatureBlock
-from pipelines.token_index import TokenIndex, distinct_and_codes
+from pipelines.token_index import TokenIndex, distinct_and_codes, spread_ids
 
 if TYPE_CHECKING:
     from tpu_embed.artifact.spec import Spec
@@ -117,10 +117,17 @@ def map_feature(f, fv: FeatureValues, spec: Spec, vocab: Optional["pa.Array | To
     """`records`/`path`: the record numbers of the examples and their file, for error messages. `oov_base`: the
     first OOV id, the vocabulary's size in the manifest (its capacity under one); None: the tokens in `vocab`."""
     n = fv.lengths.size
-    lengths = fv.lengths.copy()
     v = f.vocabulary
     key = f"feature/{f.name}/"
-    counts[key + "values"] += int(lengths.sum())
+    counts[key + "values"] += int(fv.lengths.sum())
+    limit = f.sequence_length if f.sequence_length > 0 else (f.tensor_core_width or 0)
+    truncated = bool(limit and n and int(fv.lengths.max()) > limit)
+    if v.type == "frequency" and v.num_oov_buckets and fv.weights is None and not truncated:
+        # Every value kept: the block's lengths are the chunk's (neither is ever changed in place).
+        block = _frequency_block(v, fv, vocab, counts, key, oov_base, fv.lengths.astype(np.int64, copy=False))
+        if block is not None:
+            return block
+    lengths = fv.lengths.copy()
 
     def at(value: int) -> str:  # where value `value` is, for an error message
         return _record_where(records, path, _row_of(lengths, value))
@@ -143,7 +150,6 @@ def map_feature(f, fv: FeatureValues, spec: Spec, vocab: Optional["pa.Array | To
         ids = ids[keep]
         weights = None if weights is None else weights[keep]
         oov_per_value = None if oov_per_value is None else oov_per_value[keep]
-    limit = f.sequence_length if f.sequence_length > 0 else (f.tensor_core_width or 0)
     if limit and lengths.size and int(lengths.max()) > limit:
         tkeep, lengths = _truncate(lengths, limit)
         counts[key + ("truncated_sequence" if f.sequence_length else "truncated_tensor_core")] += int((~tkeep).sum())
@@ -157,14 +163,10 @@ def map_feature(f, fv: FeatureValues, spec: Spec, vocab: Optional["pa.Array | To
                         None if weights is None else weights.astype(np.float32, copy=False), oov)
 
 
-def _frequency_ids(v, fv: FeatureValues, vocab: Optional["pa.Array | TokenIndex"], counts: collections.Counter,
-                   key: str, oov_base: Optional[int]) -> Tuple[np.ndarray, np.ndarray, Optional[np.ndarray]]:
-    """A frequency vocabulary's ids of `fv`'s values, which of them are out of the vocabulary, and the values
-    kept (None: all; without OOV buckets an OOV value is dropped)."""
-    # Computed per distinct token of the chunk (the parser dictionary-encoded them), then spread over
-    # the values by their codes.
-    distinct, codes = distinct_and_codes(fv.as_tokens())
-    index = vocab if isinstance(vocab, TokenIndex) else TokenIndex(vocab)
+def _distinct_ids(v, distinct: pa.Array, index: TokenIndex, oov_base: Optional[int]) -> Tuple[np.ndarray, np.ndarray]:
+    """(a frequency vocabulary's id of each of a chunk's distinct tokens: its position in the vocabulary, else its
+    OOV bucket `V + Fingerprint64(token) % num_oov_buckets`, else (no OOV buckets) -1; whether it is in the
+    vocabulary). OOV ids are -1 or >= V, V >= the vocabulary's tokens."""
     ids = index.lookup(distinct)
     found = ids >= 0
     if v.num_oov_buckets and not found.all():
@@ -173,6 +175,18 @@ def _frequency_ids(v, fv: FeatureValues, vocab: Optional["pa.Array | TokenIndex"
             ids[~found] = V
         else:
             ids[~found] = V + fingerprint64_buckets(distinct.filter(pa.array(~found)), v.num_oov_buckets)
+    return ids, found
+
+
+def _frequency_ids(v, fv: FeatureValues, vocab: Optional["pa.Array | TokenIndex"], counts: collections.Counter,
+                   key: str, oov_base: Optional[int]) -> Tuple[np.ndarray, np.ndarray, Optional[np.ndarray]]:
+    """A frequency vocabulary's ids of `fv`'s values, which of them are out of the vocabulary, and the values
+    kept (None: all; without OOV buckets an OOV value is dropped)."""
+    # Computed per distinct token of the chunk (the parser dictionary-encoded them), then spread over
+    # the values by their codes.
+    distinct, codes = distinct_and_codes(fv.as_tokens())
+    index = vocab if isinstance(vocab, TokenIndex) else TokenIndex(vocab)
+    ids, found = _distinct_ids(v, distinct, index, oov_base)
     if codes is not None:
         ids = np.take(ids, codes)
         # Found per value without a second gather: OOV ids are -1 or >= V, real ones in [0, V).
@@ -185,6 +199,23 @@ def _frequency_ids(v, fv: FeatureValues, vocab: Optional["pa.Array | TokenIndex"
         keep = found
         counts[key + "oov_dropped"] += n_oov
     return ids, oov_per_value, keep
+
+
+def _frequency_block(v, fv: FeatureValues, vocab: Optional["pa.Array | TokenIndex"], counts: collections.Counter,
+                     key: str, oov_base: Optional[int], lengths: np.ndarray) -> Optional[FeatureBlock]:
+    """`map_feature`'s block of a frequency feature that keeps every value as it is (OOV buckets, no weights, no
+    truncation): the distinct tokens' ids spread over the values and the OOV values counted per example in one
+    native pass (`token_index.spread_ids`); None without it (`_frequency_ids` and `_per_row` then do it)."""
+    distinct, codes = distinct_and_codes(fv.as_tokens())
+    index = vocab if isinstance(vocab, TokenIndex) else TokenIndex(vocab)
+    ids, _ = _distinct_ids(v, distinct, index, oov_base)
+    spread = spread_ids(ids, codes, lengths, len(index))
+    if spread is None:
+        return None
+    values, oov, n_oov = spread
+    counts[key + "oov"] += n_oov
+    counts[key + "ids"] += int(values.size)
+    return FeatureBlock(lengths, values, None, oov)
 
 
 def _identity_ids(f, fv: FeatureValues, spec: Spec, counts: collections.Counter, key: str, what: str,

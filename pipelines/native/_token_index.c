@@ -221,12 +221,73 @@ static PyObject *hash(PyObject *self, PyObject *args) {
   return PyLong_FromUnsignedLongLong(h);
 }
 
+/* spread(ids, codes, code_width, lengths, found_limit, out_ids, out_oov) -> number of values out of the vocabulary
+ *
+ * The ids of a chunk's distinct tokens (int64 `ids`, one per dictionary entry) spread over its values in one pass
+ * without the GIL: value i gets ids[codes[i]] (codes: int32 or int64 by `code_width`, 4 or 8), and each example
+ * (`lengths`: int64 values per example, in order) the number of its values whose id is outside [0, found_limit)
+ * (out of the vocabulary: -1 or an OOV bucket), in int32 `out_oov`. The readable rule is
+ * `pipelines.mapping.ids` (`np.take` and `_per_row`), which this is tested against. ValueError where a code is
+ * outside the ids or the lengths do not add up to the values. */
+static PyObject *spread(PyObject *self, PyObject *args) {
+  Py_buffer b[5];
+  int width;
+  long long found_limit;
+  if (!PyArg_ParseTuple(args, "y*y*iy*Lw*w*", &b[0], &b[1], &width, &b[2], &found_limit, &b[3], &b[4])) return NULL;
+  const Py_ssize_t d = b[0].len / 8, rows = b[2].len / 8;
+  if (width != 4 && width != 8) {
+    release(b, 5);
+    PyErr_SetString(PyExc_ValueError, "spread: codes must be int32 or int64");
+    return NULL;
+  }
+  const Py_ssize_t n = b[1].len / width;
+  if (b[3].len / 8 < n || b[4].len / 4 < rows) {
+    release(b, 5);
+    PyErr_SetString(PyExc_ValueError, "spread: output buffers too small");
+    return NULL;
+  }
+  const int64_t *ids = (const int64_t *)b[0].buf, *lengths = (const int64_t *)b[2].buf;
+  const int32_t *c32 = (const int32_t *)b[1].buf;
+  const int64_t *c64 = (const int64_t *)b[1].buf;
+  int64_t *out = (int64_t *)b[3].buf;
+  int32_t *oov = (int32_t *)b[4].buf;
+  const uint64_t limit = (uint64_t)found_limit;
+  int64_t n_oov = 0;
+  int bad = 0; /* 1: a code outside the ids, 2: the lengths are not the values */
+  Py_BEGIN_ALLOW_THREADS
+  Py_ssize_t i = 0;
+  for (Py_ssize_t r = 0; r < rows && !bad; r++) {
+    const int64_t len = lengths[r];
+    if (len < 0 || len > n - i) { bad = 2; break; }
+    int32_t k = 0;
+    for (int64_t e = i + len; i < e; i++) {
+      const int64_t code = width == 4 ? (int64_t)c32[i] : c64[i];
+      if ((uint64_t)code >= (uint64_t)d) { bad = 1; break; }
+      const int64_t id = ids[code];
+      out[i] = id;
+      k += (uint64_t)id >= limit; /* -1 too, as uint64 */
+    }
+    oov[r] = k;
+    n_oov += k;
+  }
+  if (!bad && i != n) bad = 2;
+  Py_END_ALLOW_THREADS
+  release(b, 5);
+  if (bad) {
+    PyErr_SetString(PyExc_ValueError, bad == 1 ? "spread: a code outside the distinct tokens"
+                                                : "spread: the lengths do not add up to the values");
+    return NULL;
+  }
+  return PyLong_FromLongLong(n_oov);
+}
+
 static PyMethodDef methods[] = {
     {"build", build, METH_VARARGS, "Fill a vocabulary's hash table (slots, hashes)."},
     {"lookup", lookup, METH_VARARGS, "Positions of tokens in the vocabulary, -1 where absent."},
     {"count", count, METH_VARARGS, "Add tokens (and their counts) to a table of distinct tokens; optionally "
                                    "write each token's position among them (its dictionary code)."},
     {"hash", hash, METH_VARARGS, "The tables' hash of a byte string."},
+    {"spread", spread, METH_VARARGS, "Distinct tokens' ids spread over their values, and OOV values per example."},
     {NULL, NULL, 0, NULL}};
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_token_index", NULL, -1, methods};
