@@ -25,7 +25,7 @@ import pyarrow.compute as pc
 
 from pipelines.read.parse import FeatureValues, ParsedChunk
 from pipelines.sharding.batches import ExampleBlock, FeatureBlock
-from pipelines.token_index import TokenIndex, distinct_and_codes, spread_ids
+from pipelines.token_index import TokenIndex, distinct_and_codes, native_available, spread_ids
 
 if TYPE_CHECKING:
     from tpu_embed.artifact.spec import Spec
@@ -122,7 +122,7 @@ def map_feature(f, fv: FeatureValues, spec: Spec, vocab: Optional["pa.Array | To
     counts[key + "values"] += int(fv.lengths.sum())
     limit = f.sequence_length if f.sequence_length > 0 else (f.tensor_core_width or 0)
     truncated = bool(limit and n and int(fv.lengths.max()) > limit)
-    if v.type == "frequency" and v.num_oov_buckets and fv.weights is None and not truncated:
+    if v.type == "frequency" and v.num_oov_buckets and fv.weights is None and not truncated and native_available():
         # Every value kept: the block's lengths are the chunk's (neither is ever changed in place).
         block = _frequency_block(v, fv, vocab, counts, key, oov_base, fv.lengths.astype(np.int64, copy=False))
         if block is not None:
@@ -205,7 +205,8 @@ def _frequency_block(v, fv: FeatureValues, vocab: Optional["pa.Array | TokenInde
                      key: str, oov_base: Optional[int], lengths: np.ndarray) -> Optional[FeatureBlock]:
     """`map_feature`'s block of a frequency feature that keeps every value as it is (OOV buckets, no weights, no
     truncation): the distinct tokens' ids spread over the values and the OOV values counted per example in one
-    native pass (`token_index.spread_ids`); None without it (`_frequency_ids` and `_per_row` then do it)."""
+    native pass (`token_index.spread_ids`); None where it does not take the codes (`_frequency_ids` and `_per_row`
+    then do it)."""
     distinct, codes = distinct_and_codes(fv.as_tokens())
     index = vocab if isinstance(vocab, TokenIndex) else TokenIndex(vocab)
     ids, _ = _distinct_ids(v, distinct, index, oov_base)
