@@ -36,18 +36,30 @@ def pipeline_options(beam_args: Sequence[str] = ()) -> PipelineOptions:
     `--direct_num_workers=N` (N > 1) without a running mode selects
     `multi_processing`.  Flags for other runners (Dataflow, Flink, Spark) pass through.
     """
-    return PipelineOptions(list(_resolved_options(tuple(beam_args))[0]))
+    return PipelineOptions(list(_resolved_options(tuple(beam_args), _options_classes())[0]))
 
 
 def option_values(beam_args: Sequence[str] = ()) -> Mapping[str, Any]:
     """Every option's value (`get_all_options(drop_default=False)`) of `pipeline_options(beam_args)`: read-only."""
-    return _resolved_options(tuple(beam_args))[1]
+    return _resolved_options(tuple(beam_args), _options_classes())[1]
+
+
+def _options_classes() -> int:
+    """How many options classes are defined: importing a runner's module (Dask's) defines its own, and Beam's
+    parse then knows their flags too."""
+    count, todo = 0, [PipelineOptions]
+    while todo:
+        subclasses = todo.pop().__subclasses__()
+        count += len(subclasses)
+        todo += subclasses
+    return count
 
 
 @functools.lru_cache(maxsize=32)
-def _resolved_options(beam_args: Tuple[str, ...]) -> Tuple[Tuple[str, ...], Mapping[str, Any]]:
-    """(the flags `pipeline_options` parses, every option's value): Beam parses the flags with a parser of every
-    options class (~7 ms); a run asks a dozen times for the same flags."""
+def _resolved_options(beam_args: Tuple[str, ...], _classes: int) -> Tuple[Tuple[str, ...], Mapping[str, Any]]:
+    """(the flags `pipeline_options` parses, every option's value), for flags and the options classes defined
+    (`_options_classes`): Beam parses the flags with a parser of every options class (~7 ms); a run asks a dozen
+    times for the same flags."""
     args = list(beam_args)
     flags = {a.split("=", 1)[0] for a in args if a.startswith("--")}
     if "--runner" not in flags:

@@ -343,8 +343,10 @@ def test_in_process_bundles_sample_their_state_every_20_ms_during_the_run_only()
 
 
 def test_options_are_parsed_once_per_flags_and_as_beam_parses_them():
-    """`runner.option_values` (cached per flags) is Beam's `get_all_options` of `pipeline_options`, whose
-    runner is pinned locally; `pipeline_options` gives a new object each time."""
+    """`runner.option_values` (cached per flags and options classes) is Beam's `get_all_options` of
+    `pipeline_options`, whose runner is pinned locally, also after a runner's module defines more options;
+    `pipeline_options` gives a new object each time."""
+    import apache_beam.runners.dask.dask_runner  # noqa: F401 - its DaskOptions: flags Beam's parse then knows
     for flags in ([], ["--direct_num_workers=2"], ["--runner=DirectRunner", "--direct_running_mode=multi_threading"],
                   ["--runner=DataflowRunner", "--project=p"], ["--experiments=x", "--experiments=y"]):
         opts = runner.pipeline_options(flags)
@@ -356,3 +358,16 @@ def test_options_are_parsed_once_per_flags_and_as_beam_parses_them():
     assert runner.option_values([])["runner"] == "DirectRunner"
     assert runner.option_values([])["direct_running_mode"] == "in_memory"
     assert runner.option_values(["--direct_num_workers=2"])["direct_running_mode"] == "multi_processing"
+
+
+def test_option_values_know_the_options_classes_defined_after_a_first_parse():
+    from apache_beam.options.pipeline_options import PipelineOptions
+    before = runner.option_values(["--tpu_embed_test_option=7"])
+    assert "tpu_embed_test_option" not in before
+
+    class _LaterOptions(PipelineOptions):  # as a runner's module imported later defines its own
+        @classmethod
+        def _add_argparse_args(cls, parser):
+            parser.add_argument("--tpu_embed_test_option", type=int, default=0)
+
+    assert runner.option_values(["--tpu_embed_test_option=7"])["tpu_embed_test_option"] == 7
