@@ -8,6 +8,7 @@ import functools
 import gc
 import logging
 import os
+import sys
 import types
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
@@ -180,6 +181,27 @@ def _one_malloc_arena():
             mallopt(M_ARENA_MAX, 0)  # glibc's default again (0: as many as it decides) for later threads
 
 
+# The interpreter's GIL switch interval while a job runs in this process (Python's default: 5 ms).
+GIL_SWITCH_INTERVAL_S = 0.001
+
+
+@contextlib.contextmanager
+def _gil_switch_interval(seconds: float):
+    """While a job runs in this process, a thread that holds the GIL gives it up after `seconds` to a thread that
+    waits for it, instead of Python's 5 ms.
+
+    The job's threads take turns at the GIL many times a step: the build, the statistics and the run writer each
+    call native code that releases it and need it back when that returns, while the worker's thread runs Beam
+    and the mapping. With 5 ms each return can wait up to 5 ms for the thread that holds it: on the quoted
+    workload of benchmarks/run_throughput.py a `run` is ~2 % shorter at 1 ms (docs/benchmarks.md)."""
+    before = sys.getswitchinterval()
+    sys.setswitchinterval(seconds)
+    try:
+        yield
+    finally:
+        sys.setswitchinterval(before)
+
+
 def _run(build: Build, beam_args: Sequence[str], job: str = "Beam", reads_input: bool = True):
     """Build and run one pipeline; a failure carries a note naming `job` (`user_errors.job_note`). `reads_input`:
     the pipeline reads input files (not a shard job replaying the vocabulary job's read)."""
@@ -209,14 +231,16 @@ def _run_pipeline(build: Build, beam_args: Sequence[str], reads_input: bool = Tr
     # worker's threads, where they hold the GIL).
     gc.freeze()
     try:
-        with beam_overheads.signatures_computed_once(), beam_overheads.option_views_made_once():
+        with beam_overheads.signatures_computed_once(), beam_overheads.option_views_made_once(), \
+                beam_overheads.dofn_specs_computed_once():
             p = beam.Pipeline(runner=local_runner(opts) if direct else None, options=opts)
             build(p)
             if set_threads:
                 os.environ["TPU_EMBED_THREADS"] = "1"
             with beam_overheads.state_sampling_period(beam_overheads.STATE_SAMPLING_MS) if direct \
                     else contextlib.nullcontext(), \
-                    _one_malloc_arena() if direct and not multi and reads_input else contextlib.nullcontext():
+                    _one_malloc_arena() if direct and not multi and reads_input else contextlib.nullcontext(), \
+                    _gil_switch_interval(GIL_SWITCH_INTERVAL_S) if direct else contextlib.nullcontext():
                 result = p.run()
                 result.wait_until_finish()
     finally:

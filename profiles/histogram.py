@@ -13,7 +13,7 @@ observed value, so a limit set to it is met by at least a q fraction of steps.
 
 from __future__ import annotations
 
-import math
+import functools
 from fractions import Fraction
 from typing import Dict, Iterable, List, Mapping, Optional, Union
 
@@ -25,6 +25,7 @@ QuantileLike = Union[str, float, Fraction]
 _BAD_QUANTILE = "quantile {q!r}: expected 'max', 'pNN[.N]' (e.g. p99.9) or a number in (0, 1]."
 
 
+@functools.lru_cache(maxsize=256)  # a profile's summaries ask for the same few quantiles of every histogram
 def parse_quantile(q: QuantileLike) -> Fraction:
     """'max' -> 1, 'p99.9' -> 999/1000, 'p50' -> 1/2, 0.99 -> 99/100 (exactly, no float rounding)."""
     if isinstance(q, Fraction):
@@ -177,7 +178,7 @@ class Histogram:
         n = self.total
         if not n:
             return 0
-        rank = max(1, math.ceil(q * n))
+        rank = max(1, -(-q.numerator * n // q.denominator))  # ceil(q * n), in integers
         seen = 0
         for v in sorted(self.counts):
             seen += self.counts[v]

@@ -15,7 +15,9 @@ profiles/SCHEMA.md for the format.
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
+import functools
 import warnings
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
@@ -38,6 +40,7 @@ from tpu_embed.artifact import io as tio
 from tpu_embed.core.model import ModelConfig, from_tf_feature_config
 
 SCHEMA_VERSION = 2
+WRITE_THREADS = 8  # table and stack files written at once by `ProfileStore.write`
 WRITTEN_BY = "tpu_embed profiles"
 _FIX = ("Delete it and re-run the profile job (`tpu-embed profile`), or point --profiles at another "
         "directory.")
@@ -92,11 +95,12 @@ class ProfileStore:
                 profile = existing.merge(profile)
             else:
                 profile = self._merge_shared_files(profile)
-        paths = []
-        for tp in profile.tables.values():
-            paths.append(self._write_table(tp))
-        for sp in profile.stacks.values():
-            paths.append(self._write_stack(sp))
+        writes = ([functools.partial(self._write_table, tp) for tp in profile.tables.values()]
+                  + [functools.partial(self._write_stack, sp) for sp in profile.stacks.values()])
+        # Most of a file's time is its fsync (or upload), which releases the GIL: the table and stack files are
+        # written by a few threads, the model index after all of them.
+        with concurrent.futures.ThreadPoolExecutor(min(WRITE_THREADS, max(1, len(writes)))) as pool:
+            paths = list(pool.map(lambda write: write(), writes))
         paths.append(self._write_model(profile))
         return paths
 

@@ -75,11 +75,15 @@ class _Open:
         self.records: List[Tuple[int, int, int]] = []  # (step, offset, length) of each frame
         self.synced = 0 if not tio.is_url(path) else None  # bytes synced to disk (None: an object store)
 
-    def append(self, step: int, frame: bytes) -> None:
-        self.fh.write(frame)
-        self.hash.update(frame)
-        self.records.append((step, self.size, len(frame)))
-        self.size += len(frame)
+    def append(self, step: int, record: bytes) -> None:
+        """Write `record` framed (`tfrecord.frame`), its payload not copied into the frame."""
+        head, tail = tfrecord.frame_parts(record)
+        for piece in (head, record, tail):
+            self.fh.write(piece)
+            self.hash.update(piece)
+        length = len(head) + len(record) + len(tail)
+        self.records.append((step, self.size, length))
+        self.size += length
         if self.synced is not None and self.size - self.synced >= SYNC_BYTES:
             self.fh.flush()
             os.fdatasync(self.fh.fileno())
@@ -104,7 +108,7 @@ class RunWriter:
 
     def add(self, key: FileKey, step: int, record: bytes) -> List[Tuple[FileKey, Run]]:
         """Queue one step's record; the runs that ended meanwhile (else [])."""
-        self._writes.run(self._append, key, step, tfrecord.frame(record))
+        self._writes.run(self._append, key, step, record)  # framed by the writer's thread
         return self._ended(self._writes.results())
 
     def close(self) -> List[Tuple[FileKey, Run]]:
@@ -118,13 +122,13 @@ class RunWriter:
                 run.fh.close()
             self._open.clear()
 
-    def _append(self, key: FileKey, step: int, frame: bytes) -> List[Tuple[FileKey, Run]]:
+    def _append(self, key: FileKey, step: int, record: bytes) -> List[Tuple[FileKey, Run]]:
         run = self._open.get(key)
         if run is None:
             host, file_no = key
             name = f"{host:05d}-{file_no:05d}-{uuid.uuid4().hex}.run"
             run = self._open[key] = _Open(tio.join(runs_dir(self.output), name))
-        run.append(step, frame)
+        run.append(step, record)
         if self.flush_bytes is not None and run.size >= self.flush_bytes:
             return [(key, self._open.pop(key).close())]
         return []

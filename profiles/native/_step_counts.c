@@ -31,6 +31,10 @@ typedef struct {
 typedef struct {
   const int64_t *rows, *ids;
   int64_t *made_rows; /* rows made from lengths (freed after the call), else NULL */
+  const int64_t *lengths; /* ids per example, the rows made from them without the GIL; else NULL */
+  Py_ssize_t num_lengths;
+  int64_t sequence_length;
+  Py_ssize_t table, index; /* the table and the feature's position in it (for the error) */
   Py_ssize_t n;
   int64_t samples_per_sc, samples_per_example, examples;
   int64_t *hist; /* hist_cap counts */
@@ -46,7 +50,7 @@ typedef struct {
 } Table;
 
 /* Error codes of the counting (set without the GIL, raised after). */
-enum { OK = 0, BAD_ID = 1, BAD_ROW = 2, UNSORTED = 3 };
+enum { OK = 0, BAD_ID = 1, BAD_ROW = 2, UNSORTED = 3, BAD_LENGTHS = 4 };
 
 typedef struct {
   int kind;
@@ -170,6 +174,24 @@ static void count_one(Table *tab, Feature *fs, Slot *slots, uint64_t *counter, i
   if (pos != pos_small) free(pos);
   tab->hottest = hottest;
   *counter = stamp;
+}
+
+/* A feature given as ids per example: each id's row (example e's k-th id: row e, or e * sequence_length + k).
+ * 0, or BAD_LENGTHS where the lengths do not add up to the ids. */
+static int make_rows(Feature *ft) {
+  const int64_t *len = ft->lengths, seq = ft->sequence_length;
+  const Py_ssize_t E = ft->num_lengths, n = ft->n;
+  int64_t *rows = ft->made_rows;
+  Py_ssize_t i = 0;
+  for (Py_ssize_t e = 0; e < E; e++) {
+    if (len[e] < 0 || len[e] > n - i) return BAD_LENGTHS;
+    if (seq > 0) {
+      for (int64_t j = 0; j < len[e]; j++) rows[i++] = e * seq + j;
+    } else {
+      for (int64_t j = 0; j < len[e]; j++) rows[i++] = e;
+    }
+  }
+  return i == n ? OK : BAD_LENGTHS;
 }
 
 /* count_step(tables, S, num_scs, scratch, ids_cells, uniq_cells, perm_ids_cells, perm_uniq_cells, hist, hist_cap)
@@ -307,22 +329,15 @@ static PyObject *count_step(PyObject *self, PyObject *args) {
         ft->rows = fb[2 * f].buf;
         continue;
       }
-      /* ids per example: each id's row made here (example e's k-th id: row e, or e * seq + k) */
-      const int64_t *len = fb[2 * f].buf;
-      const Py_ssize_t E = fb[2 * f].len / 8;
-      int64_t *rows = PyMem_Malloc((size_t)(n + 1) * sizeof(int64_t));
+      /* ids per example: each id's row is made without the GIL (`make_rows`) */
+      int64_t *rows = malloc((size_t)(n + 1) * sizeof(int64_t));
       if (!rows) { PyErr_NoMemory(); goto done; }
       ft->made_rows = rows;
-      Py_ssize_t i = 0;
-      for (Py_ssize_t e = 0; e < E; e++) {
-        if (len[e] < 0 || len[e] > n - i) break;
-        for (int64_t j = 0; j < len[e]; j++) rows[i++] = seq > 0 ? e * seq + j : e;
-      }
-      if (i != n) {
-        PyErr_Format(PyExc_ValueError, "count_step: table %zd: the lengths of feature %zd do not add up to its %zd "
-                     "ids", t, k, n);
-        goto done;
-      }
+      ft->lengths = fb[2 * f].buf;
+      ft->num_lengths = fb[2 * f].len / 8;
+      ft->sequence_length = seq;
+      ft->table = t;
+      ft->index = k;
       ft->rows = rows;
     }
   }
@@ -333,6 +348,11 @@ static PyObject *count_step(PyObject *self, PyObject *args) {
 
   Error err = {OK, 0, 0, 0, 0};
   Py_BEGIN_ALLOW_THREADS
+  for (Py_ssize_t k = 0; k < F && err.kind == OK; k++) {
+    if (fs[k].lengths && make_rows(&fs[k]) != OK) {
+      err.kind = BAD_LENGTHS; err.table = fs[k].table; err.feature = fs[k].index; err.value = fs[k].n;
+    }
+  }
   Slot *slots = (Slot *)b[SCRATCH].buf + 1; /* slot 0 holds the stamp counter */
   uint64_t *counter = (uint64_t *)b[SCRATCH].buf;
   for (Py_ssize_t t = 0; t < T && err.kind == OK; t++) {
@@ -345,6 +365,9 @@ static PyObject *count_step(PyObject *self, PyObject *args) {
 
   if (err.kind == -1) {
     PyErr_NoMemory();
+  } else if (err.kind == BAD_LENGTHS) {
+    PyErr_Format(PyExc_ValueError, "count_step: table %zd: the lengths of feature %zd do not add up to its %lld ids",
+                 err.table, err.feature, (long long)err.value);
   } else if (err.kind == BAD_ID) {
     PyErr_Format(PyExc_ValueError, "count_step: table %zd, feature %zd: id %lld (position %zd) is outside [0, %lld)",
                  err.table, err.feature, (long long)err.value, err.position, (long long)ts[err.table].vocab);
@@ -378,7 +401,7 @@ done:
   if (fb && fbh)
     for (Py_ssize_t i = 0; i < 2 * F; i++) if (fbh[i]) PyBuffer_Release(&fb[i]);
   if (fs)
-    for (Py_ssize_t i = 0; i < F; i++) PyMem_Free(fs[i].made_rows);
+    for (Py_ssize_t i = 0; i < F; i++) free(fs[i].made_rows);
   PyMem_Free(tb); PyMem_Free(tbh); PyMem_Free(fb); PyMem_Free(fbh); PyMem_Free(fs); PyMem_Free(ts);
   PyMem_Free(overflow);
   return result;

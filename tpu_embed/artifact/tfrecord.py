@@ -78,8 +78,15 @@ class TFRecordError(ValueError):
 
 def frame(payload) -> bytes:
     """One TFRecord frame: length, masked crc32c of the length, payload, masked crc32c of the payload."""
+    head, tail = frame_parts(payload)
+    return head + payload + tail
+
+
+def frame_parts(payload) -> Tuple[bytes, bytes]:
+    """What `frame` puts before and after `payload` (12 and 4 bytes): a writer of large payloads writes the
+    three pieces instead of copying the payload into one frame."""
     header = _U64.pack(len(payload))
-    return header + _U32.pack(masked_crc32c(header)) + payload + _U32.pack(masked_crc32c(payload))
+    return header + _U32.pack(masked_crc32c(header)), _U32.pack(masked_crc32c(payload))
 
 
 def encode_file(payloads: Iterable[bytes], compression: str = "none") -> bytes:

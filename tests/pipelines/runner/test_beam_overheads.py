@@ -85,3 +85,53 @@ def test_a_pipeline_runs_with_its_options_viewed_once():
         with beam.Pipeline(runner="DirectRunner", options=PipelineOptions(["--no_pipeline_type_check"])) as p:
             out = p | beam.Create([1, 2, 3]) | beam.ParDo(_Fn())
             assert_that(out, equal_to([1, 2, 3]))
+
+
+class _Stateful(beam.DoFn):
+    SEEN = beam.transforms.userstate.BagStateSpec("seen", beam.coders.VarIntCoder())
+    EXPIRY = beam.transforms.userstate.TimerSpec("expiry", beam.transforms.timeutil.TimeDomain.WATERMARK)
+
+    def process(self, element, seen=beam.DoFn.StateParam(SEEN), expiry=beam.DoFn.TimerParam(EXPIRY)):  # noqa: B008
+        seen.add(element[1])
+        expiry.set(0)
+
+    @beam.transforms.userstate.on_timer(EXPIRY)
+    def expire(self, seen=beam.DoFn.StateParam(SEEN)):  # noqa: B008 - Beam's way of asking for state
+        yield sum(seen.read())
+
+
+def test_dofn_specs_are_beams_walked_once_per_dofn_and_beam_gets_its_own_back(monkeypatch):
+    import functools
+
+    from apache_beam.transforms import userstate
+    compute = userstate.get_dofn_specs
+    walked = []
+
+    @functools.wraps(compute)
+    def counted(dofn):
+        walked.append(dofn)
+        return compute(dofn)
+
+    monkeypatch.setattr(userstate, "get_dofn_specs", counted)
+    dofns = [_Stateful(), _Stateful(), _Fn(), beam.Map(lambda x, t=beam.DoFn.TimestampParam: x).fn]
+    want = [compute(d) for d in dofns]
+    assert want[0][0] and want[0][1]  # a state spec and a timer spec
+    walked.clear()  # (beam.Map's ParDo asked when it was made)
+    with beam_overheads.dofn_specs_computed_once():
+        assert userstate.get_dofn_specs is not counted
+        with beam_overheads.dofn_specs_computed_once():  # entered again: nothing changes twice
+            pass
+        got = [userstate.get_dofn_specs(d) for d in dofns + dofns]
+        assert got == want + want
+        assert userstate.is_stateful_dofn(dofns[0]) and not userstate.is_stateful_dofn(dofns[2])
+        userstate.validate_stateful_dofn(dofns[0])
+        assert got[0][0] is not got[4][0]  # each caller gets its own sets
+        assert walked == dofns  # once per object, not per class
+    assert userstate.get_dofn_specs is counted
+
+
+def test_a_stateful_pipeline_runs_with_its_specs_walked_once():
+    with beam_overheads.dofn_specs_computed_once(), beam_overheads.signatures_computed_once():
+        with beam.Pipeline(runner="DirectRunner") as p:
+            out = p | beam.Create([("a", 1), ("a", 2), ("b", 5)]) | beam.ParDo(_Stateful())
+            assert_that(out, equal_to([3, 5]))

@@ -342,6 +342,34 @@ def test_in_process_bundles_sample_their_state_every_20_ms_during_the_run_only()
     assert statesampler.StateSampler.__init__.__defaults__ == (statesampler.DEFAULT_SAMPLING_PERIOD_MS,) == (200,)
 
 
+_INTERVALS = []
+
+
+class _RecordSwitchInterval(beam.DoFn):
+    def process(self, x):
+        import sys
+        _INTERVALS.append(sys.getswitchinterval())
+        yield x
+
+
+def test_in_process_runs_switch_the_gil_every_millisecond_during_the_run_only():
+    """`runner._run`'s in-process runs give the GIL up after `GIL_SWITCH_INTERVAL_S` (1 ms), Python's interval
+    before and after."""
+    import sys
+    before = sys.getswitchinterval()
+    _INTERVALS.clear()
+    runner._run(lambda p: p | beam.Create([1, 2]) | beam.ParDo(_RecordSwitchInterval()), [])
+    assert _INTERVALS == [runner.GIL_SWITCH_INTERVAL_S] * 2 and runner.GIL_SWITCH_INTERVAL_S == 0.001
+    assert sys.getswitchinterval() == before
+    with pytest.raises(Exception, match="boom"):
+        runner._run(lambda p: p | beam.Create([1]) | beam.Map(_boom), [])
+    assert sys.getswitchinterval() == before
+
+
+def _boom(x):
+    raise ValueError("boom")
+
+
 def test_options_are_parsed_once_per_flags_and_as_beam_parses_them():
     """`runner.option_values` (cached per flags and options classes) is Beam's `get_all_options` of
     `pipeline_options`, whose runner is pinned locally, also after a runner's module defines more options;

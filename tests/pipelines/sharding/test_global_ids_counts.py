@@ -5,6 +5,7 @@ the same statistics as the numpy reference counts from the rows (tests/profiles/
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -36,3 +37,19 @@ def test_steps_given_as_ids_per_example_are_counted_as_their_rows(cfg, n_steps, 
     got, want, counts = _both(model, steps, _frequency_ids(model, rng) if balanced else {})
     assert [_plain(s) for s in got] == [_plain(s) for s in want]
     assert counts[0] == counts[1]
+
+
+def test_lengths_that_do_not_add_up_to_the_ids_are_refused():
+    from profiles import step_counts
+    from profiles.counting import one_chip_model
+    from profiles.idcounts import IdCounts
+    from tests.profiles.test_step_counts import _one_feature
+
+    native.require("step_counts")
+    model, _ = _one_feature([0], [0])
+    f = model.features[0]
+    examples = f.examples * model.topology.num_chips
+    for lengths in ([1] * examples, [3] + [0] * (examples - 1), [-1, 2] + [0] * (examples - 2)):
+        step = GlobalIds({f.name: (np.asarray(lengths, np.int64), np.zeros(2, np.int64), None, 0)})
+        with pytest.raises(ValueError, match="the lengths of feature 0 do not add up to its 2 ids"):
+            step_counts.count_steps(model, one_chip_model(model), [step], {}, {model.tables[0].name: IdCounts()})
