@@ -157,11 +157,6 @@ def codes_of(tokens: pa.DictionaryArray) -> np.ndarray:
     return tokens.indices.to_numpy(zero_copy_only=False)
 
 
-def native_available() -> bool:
-    """Whether the native module is loaded (`TokenIndex`, `TokenCounter` and `spread_ids` use it)."""
-    return _native is not None
-
-
 def spread_ids(ids: np.ndarray, codes: Optional[np.ndarray], lengths: np.ndarray, found_limit: int
                ) -> Optional[Tuple[np.ndarray, np.ndarray, int]]:
     """Natively, in one pass without the GIL: (`ids[codes]` (codes None: `ids`, per value already), int32 per

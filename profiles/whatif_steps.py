@@ -34,13 +34,13 @@ from profiles.jsonio import atomic_write_text, dumps_readable, read_json
 from profiles.profile import Profile, ProfileAccumulator
 from tpu_embed.artifact import io as tio
 from tpu_embed.core.model import ModelConfig
+from tpu_embed.sparsecore.csr import native_threads
 
 BLOCK_STEPS = 4
 # Ids kept by default: ~16 MiB in memory (int64 ids, int32 rows), a few MiB in the file.  The example specs and
 # anything up to ~2 million looked-up ids are kept whole (exact figures); the demo's 244 steps of ~80,000 ids each
 # are sampled.
 DEFAULT_BUDGET_IDS = 1 << 21
-PACK_THREADS = min(4, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
 FILE_KIND = "whatif"
 FILE_VERSION = 1
 _FIX = "Re-run the profile job (`tpu-embed run` or `tpu-embed profile`) to write it again."
@@ -134,7 +134,7 @@ class WhatIfSteps:
         deltas = np.diff(all_rows, prepend=np.int64(0)) if all_rows.size else all_rows  # sorted within a feature
         # The two large arrays deflated in pieces side by side (zlib releases the GIL), at the end of the shard job
         # when nothing else runs: the quoted workload's 1.5 M kept ids and rows 0.13 s one after the other.
-        with concurrent.futures.ThreadPoolExecutor(PACK_THREADS) as pool:
+        with concurrent.futures.ThreadPoolExecutor(native_threads()) as pool:
             packed_rows, packed_ids = pack_ids(deltas, pool), pack_ids(cat(ids), pool)
         return {"schema_version": FILE_VERSION, "kind": FILE_KIND, "model_key": model_key,
                 "written_by": "tpu_embed profiles", "encoding": ENCODING, "block_steps": BLOCK_STEPS,

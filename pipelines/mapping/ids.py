@@ -17,7 +17,7 @@
 from __future__ import annotations
 
 import collections
-from typing import TYPE_CHECKING, Callable, Mapping, Optional, Tuple
+from typing import TYPE_CHECKING, Callable, Mapping, NamedTuple, Optional, Tuple
 
 import numpy as np
 import pyarrow as pa
@@ -25,7 +25,7 @@ import pyarrow.compute as pc
 
 from pipelines.read.parse import FeatureValues, ParsedChunk
 from pipelines.sharding.batches import ExampleBlock, FeatureBlock
-from pipelines.token_index import TokenIndex, distinct_and_codes, native_available, spread_ids
+from pipelines.token_index import TokenIndex, distinct_and_codes, spread_ids
 
 if TYPE_CHECKING:
     from tpu_embed.artifact.spec import Spec
@@ -122,9 +122,10 @@ def map_feature(f, fv: FeatureValues, spec: Spec, vocab: Optional["pa.Array | To
     counts[key + "values"] += int(fv.lengths.sum())
     limit = f.sequence_length if f.sequence_length > 0 else (f.tensor_core_width or 0)
     truncated = bool(limit and n and int(fv.lengths.max()) > limit)
-    if v.type == "frequency" and v.num_oov_buckets and fv.weights is None and not truncated and native_available():
+    chunk_ids = _chunk_ids(v, fv, vocab, oov_base) if v.type == "frequency" else None
+    if chunk_ids is not None and v.num_oov_buckets and fv.weights is None and not truncated:
         # Every value kept: the block's lengths are the chunk's (neither is ever changed in place).
-        block = _frequency_block(v, fv, vocab, counts, key, oov_base, fv.lengths.astype(np.int64, copy=False))
+        block = _frequency_block(chunk_ids, counts, key, fv.lengths.astype(np.int64, copy=False))
         if block is not None:
             return block
     lengths = fv.lengths.copy()
@@ -134,8 +135,8 @@ def map_feature(f, fv: FeatureValues, spec: Spec, vocab: Optional["pa.Array | To
 
     oov_per_value = None
     keep = None  # values kept, over fv's values
-    if v.type == "frequency":
-        ids, oov_per_value, keep = _frequency_ids(v, fv, vocab, counts, key, oov_base)
+    if chunk_ids is not None:
+        ids, oov_per_value, keep = _frequency_ids(v, chunk_ids, counts, key)
     elif v.type == "hashing":
         distinct, codes = distinct_and_codes(fv.as_tokens())
         ids = fingerprint64_buckets(distinct, int(v.num_buckets))
@@ -178,19 +179,33 @@ def _distinct_ids(v, distinct: pa.Array, index: TokenIndex, oov_base: Optional[i
     return ids, found
 
 
-def _frequency_ids(v, fv: FeatureValues, vocab: Optional["pa.Array | TokenIndex"], counts: collections.Counter,
-                   key: str, oov_base: Optional[int]) -> Tuple[np.ndarray, np.ndarray, Optional[np.ndarray]]:
-    """A frequency vocabulary's ids of `fv`'s values, which of them are out of the vocabulary, and the values
-    kept (None: all; without OOV buckets an OOV value is dropped)."""
-    # Computed per distinct token of the chunk (the parser dictionary-encoded them), then spread over
-    # the values by their codes.
+class _ChunkIds(NamedTuple):
+    """A frequency feature's chunk, mapped per distinct token (`_chunk_ids`)."""
+
+    ids: np.ndarray  # each distinct token's id (`_distinct_ids`)
+    found: np.ndarray  # whether it is in the vocabulary
+    codes: Optional[np.ndarray]  # each value's distinct token (None: the values are the distinct tokens)
+    found_limit: int  # the vocabulary's tokens: ids in [0, found_limit) are found, the others OOV
+
+
+def _chunk_ids(v, fv: FeatureValues, vocab: Optional["pa.Array | TokenIndex"], oov_base: Optional[int]) -> _ChunkIds:
+    """The ids of the distinct tokens of `fv`'s values (the parser dictionary-encoded them), and the codes that
+    spread them over the values: computed once per chunk, for the native spread or the numpy rule."""
     distinct, codes = distinct_and_codes(fv.as_tokens())
     index = vocab if isinstance(vocab, TokenIndex) else TokenIndex(vocab)
     ids, found = _distinct_ids(v, distinct, index, oov_base)
-    if codes is not None:
-        ids = np.take(ids, codes)
+    return _ChunkIds(ids, found, codes, len(index))
+
+
+def _frequency_ids(v, chunk: _ChunkIds, counts: collections.Counter, key: str
+                   ) -> Tuple[np.ndarray, np.ndarray, Optional[np.ndarray]]:
+    """A frequency vocabulary's ids of a chunk's values, which of them are out of the vocabulary, and the values
+    kept (None: all; without OOV buckets an OOV value is dropped)."""
+    ids, found = chunk.ids, chunk.found
+    if chunk.codes is not None:
+        ids = np.take(ids, chunk.codes)
         # Found per value without a second gather: OOV ids are -1 or >= V, real ones in [0, V).
-        found = (ids >= 0) & (ids < len(index))
+        found = (ids >= 0) & (ids < chunk.found_limit)
     oov_per_value = ~found
     n_oov = int(oov_per_value.sum())
     counts[key + "oov"] += n_oov
@@ -201,16 +216,13 @@ def _frequency_ids(v, fv: FeatureValues, vocab: Optional["pa.Array | TokenIndex"
     return ids, oov_per_value, keep
 
 
-def _frequency_block(v, fv: FeatureValues, vocab: Optional["pa.Array | TokenIndex"], counts: collections.Counter,
-                     key: str, oov_base: Optional[int], lengths: np.ndarray) -> Optional[FeatureBlock]:
+def _frequency_block(chunk: _ChunkIds, counts: collections.Counter, key: str, lengths: np.ndarray
+                     ) -> Optional[FeatureBlock]:
     """`map_feature`'s block of a frequency feature that keeps every value as it is (OOV buckets, no weights, no
     truncation): the distinct tokens' ids spread over the values and the OOV values counted per example in one
-    native pass (`token_index.spread_ids`); None where it does not take the codes (`_frequency_ids` and `_per_row`
-    then do it)."""
-    distinct, codes = distinct_and_codes(fv.as_tokens())
-    index = vocab if isinstance(vocab, TokenIndex) else TokenIndex(vocab)
-    ids, _ = _distinct_ids(v, distinct, index, oov_base)
-    spread = spread_ids(ids, codes, lengths, len(index))
+    native pass (`token_index.spread_ids`); None without the native module or where it does not take the codes
+    (`_frequency_ids` and `_per_row` then do it, from the same `chunk`)."""
+    spread = spread_ids(chunk.ids, chunk.codes, lengths, chunk.found_limit)
     if spread is None:
         return None
     values, oov, n_oov = spread
