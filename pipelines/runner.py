@@ -232,7 +232,8 @@ def _run_pipeline(build: Build, beam_args: Sequence[str], reads_input: bool = Tr
     gc.freeze()
     try:
         with beam_overheads.signatures_computed_once(), beam_overheads.option_views_made_once(), \
-                beam_overheads.dofn_specs_computed_once():
+                beam_overheads.dofn_specs_computed_once(), \
+                beam_overheads.pickles_compressed_lightly() if direct and not multi else contextlib.nullcontext():
             p = beam.Pipeline(runner=local_runner(opts) if direct else None, options=opts)
             build(p)
             if set_threads:

@@ -135,3 +135,33 @@ def test_a_stateful_pipeline_runs_with_its_specs_walked_once():
         with beam.Pipeline(runner="DirectRunner") as p:
             out = p | beam.Create([("a", 1), ("a", 2), ("b", 5)]) | beam.ParDo(_Stateful())
             assert_that(out, equal_to([3, 5]))
+
+
+def test_pickles_are_compressed_by_zlib_read_either_way_and_beam_gets_bzip2_back():
+    import base64
+    import bz2
+
+    from apache_beam.internal import cloudpickle_pickler, pickler
+    value = {"fn": _Fn(), "data": list(range(1000))}
+    before = pickler.dumps(value)  # bzip2, as Beam writes it
+    assert base64.b64decode(before)[:3] == b"BZh"
+    with beam_overheads.pickles_compressed_lightly():
+        with beam_overheads.pickles_compressed_lightly():  # entered again: nothing changes twice
+            pass
+        assert cloudpickle_pickler.bz2 is not bz2
+        light = pickler.dumps(value)
+        assert base64.b64decode(light)[:1] == b"\x78"  # a zlib stream
+        for encoded in (light, before):
+            got = pickler.loads(encoded)
+            assert got["data"] == value["data"] and isinstance(got["fn"], _Fn)
+        assert cloudpickle_pickler._dumps(value) == cloudpickle_pickler._dumps(value)  # the pickle itself unchanged
+    assert cloudpickle_pickler.bz2 is bz2
+    assert base64.b64decode(pickler.dumps(value))[:3] == b"BZh"
+
+
+def test_a_pipeline_runs_with_its_pickles_compressed_lightly():
+    with beam_overheads.pickles_compressed_lightly(), beam_overheads.dofn_specs_computed_once():
+        with beam.Pipeline(runner="DirectRunner") as p:
+            out = (p | beam.Create([("a", 1), ("b", 2), ("a", 3)]) | beam.Map(lambda kv: (kv[0], kv[1] * 10))
+                   | beam.GroupByKey() | beam.MapTuple(lambda k, vs: (k, sorted(vs))) | beam.ParDo(_Fn()))
+            assert_that(out, equal_to([("a", [10, 30]), ("b", [20])]))

@@ -370,6 +370,28 @@ def _boom(x):
     raise ValueError("boom")
 
 
+class _RecordPickleCompression(beam.DoFn):
+    def process(self, x):
+        from apache_beam.internal import cloudpickle_pickler
+        _INTERVALS.append(type(cloudpickle_pickler.bz2).__name__)
+        yield x
+
+
+def test_in_process_runs_compress_beams_pickles_lightly_during_the_run_only():
+    """`runner._run`'s in-process runs have Beam's pickles compressed by zlib (`beam_overheads.
+    pickles_compressed_lightly`); bzip2 again after the run, also after a failed one."""
+    import bz2
+
+    from apache_beam.internal import cloudpickle_pickler
+    _INTERVALS.clear()
+    runner._run(lambda p: p | beam.Create([1, 2]) | beam.ParDo(_RecordPickleCompression()), [])
+    assert _INTERVALS == ["_LightCompression"] * 2
+    assert cloudpickle_pickler.bz2 is bz2
+    with pytest.raises(Exception, match="boom"):
+        runner._run(lambda p: p | beam.Create([1]) | beam.Map(_boom), [])
+    assert cloudpickle_pickler.bz2 is bz2
+
+
 def test_options_are_parsed_once_per_flags_and_as_beam_parses_them():
     """`runner.option_values` (cached per flags and options classes) is Beam's `get_all_options` of
     `pipeline_options`, whose runner is pinned locally, also after a runner's module defines more options;
