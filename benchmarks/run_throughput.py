@@ -3,7 +3,7 @@ data on one core, and with the same work in one process.
 
     .venv/bin/python benchmarks/run_throughput.py [--workload csv|quoted|quoted-tfrecord|tfrecord] [--examples N]
         [--workers 1]
-        [--out build/bench] [--modes floor,single,beam] [--candidates N,N,...]
+        [--out build/bench] [--modes floor,single,beam] [--candidates N,N,...] [--repeat N]
 
 Workloads (deterministic seeds):
 
@@ -38,6 +38,10 @@ Modes, each in a child process of its own (wall time, CPU time and peak RSS of i
   first run of a spec: the transform graph built in a child process beside the jobs); `beam-noprofile`: the same
   as `beam` with `--no-profile` (no lookup statistics: what they cost; for workloads whose spec pins its limits).
 
+With `--repeat N` the modes run one after the other N times (floor, run, floor, run, ...), each pass's ratio is
+printed, and the figures are each mode's median pass: single runs of a few seconds move by 5-25 % on a shared
+machine.
+
 Prints a Markdown table row naming the workload and configuration, for docs/benchmarks.md.
 """
 
@@ -49,6 +53,7 @@ import os
 import shutil
 import sys
 import time
+from typing import Dict, List
 
 import numpy as np
 import pyarrow as pa
@@ -479,6 +484,8 @@ def main():
     ap.add_argument("--modes", default="floor,single,beam",
                     help="which measurements, in this order (floor: pyarrow for CSV, tfxbsl for TFRecord; also "
                          "beam-bare, beam-cold, beam-noprofile)")
+    ap.add_argument("--repeat", type=int, default=1, help="passes over the modes (alternated); the figures are each "
+                    "mode's median pass")
     ap.add_argument("--mode", help=argparse.SUPPRESS)  # internal: run one measurement in this process
     args = ap.parse_args()
     tfr = args.workload == "tfrecord"
@@ -511,14 +518,23 @@ def main():
         from tpu_embed.serving.tft_output import TransformGraph
         os.environ["TPU_EMBED_CACHE_DIR"] = os.path.join(args.out, "cache")
         TransformGraph(workload_spec(args)).result()
-    results = {}
-    for mode in modes:
-        r = _measure(mode, args)
-        results[mode] = r
-        print(f"{mode:8s}: {r['examples']:,} examples in {r['seconds']:.2f} s = "
-              f"{r['examples'] / r['seconds']:,.0f} examples/s, CPU {r['cpu_s']:.1f} s, "
-              f"peak RSS {r['peak_rss_mb']:,.0f} MB", flush=True)
     floor = FLOORS[args.workload]
+    passes: Dict[str, List[dict]] = collections.defaultdict(list)
+    for i in range(args.repeat):  # the modes one after the other, pass after pass
+        for mode in modes:
+            r = _measure(mode, args)
+            passes[mode].append(r)
+            print(f"{mode:8s}: {r['examples']:,} examples in {r['seconds']:.2f} s = "
+                  f"{r['examples'] / r['seconds']:,.0f} examples/s, CPU {r['cpu_s']:.1f} s, "
+                  f"peak RSS {r['peak_rss_mb']:,.0f} MB", flush=True)
+        if args.repeat > 1 and floor in passes and "beam" in passes:
+            print(f"pass {i + 1}: tpu-embed run is {passes['beam'][-1]['seconds'] / passes[floor][-1]['seconds']:.2f}x "
+                  f"the time of {floor}", flush=True)
+    # Each mode's median pass (the lower of the middle two for an even count): one slow pass of a noisy machine
+    # does not make the figures.
+    results = {m: sorted(rs, key=lambda r: r["seconds"])[(len(rs) - 1) // 2] for m, rs in passes.items()}
+    if args.repeat > 1:
+        print(f"medians of {args.repeat} passes: " + ", ".join(f"{m} {r['seconds']:.2f} s" for m, r in results.items()))
     rate = {k: v["examples"] / v["seconds"] for k, v in results.items()}
     if "beam" in rate:
         for base in ("single", floor):
