@@ -75,10 +75,13 @@ static PyObject *build(PyObject *self, PyObject *args) {
     }
   }
   Py_BEGIN_ALLOW_THREADS
+  uint64_t ahead[PREFETCH];  /* as in lookup: the slots of the tokens PREFETCH places ahead asked for first */
+  for (Py_ssize_t k = 0; k < nv && k < PREFETCH; k++) ahead[k] = prefetch_slot(slots, mask, vdata, voff, k, vend);
   for (Py_ssize_t i = 0; i < nv; i++) {
     const uint8_t *p = vdata + voff[i];
     int64_t n = voff[i + 1] - voff[i];
-    uint64_t h = hash_bytes_in(p, n, vend), empty = 0;
+    uint64_t h = ahead[i % PREFETCH], empty = 0;
+    if (i + PREFETCH < nv) ahead[i % PREFETCH] = prefetch_slot(slots, mask, vdata, voff, i + PREFETCH, vend);
     if (token_probe_in(slots, mask, voff, vdata, p, n, vend, h, &empty) < 0)
       token_slot_set_in(&slots[empty], p, n, vend, h, i);
   }
