@@ -176,6 +176,19 @@ def spread_ids(ids: np.ndarray, codes: Optional[np.ndarray], lengths: np.ndarray
     return out, oov, int(n_oov)
 
 
+def vocabulary_order(tokens: pa.Array, counts: np.ndarray) -> Optional[np.ndarray]:
+    """Natively, without the GIL: the int64 positions of `tokens` (distinct, no nulls) by count descending, then
+    bytes descending (a vocabulary's order; radix sorted, ~3x pyarrow's sort_indices on 400 k tokens); None
+    without the native module. `pipelines.mapping.vocabulary.finalize` holds the readable rule (pyarrow's
+    sort_indices), which this is tested against."""
+    if _native is None or tokens.null_count:
+        return None
+    offsets, data = _buffers(_large_binary(tokens))
+    out = np.empty(len(tokens), np.int64)
+    _native.order(offsets, data, np.ascontiguousarray(counts, np.int64), out)
+    return out
+
+
 class TokenIndex:
     """Positions of tokens in `vocabulary` (distinct tokens; the first wins if not), -1 where absent."""
 

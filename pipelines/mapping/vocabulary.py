@@ -33,6 +33,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from pipelines import token_index
 from pipelines.token_index import TokenCounter, _buffers, concat_encoded, plain
 
 TFT_EMPTY_VOCABULARY_TOKEN = b"49d0cd50-04bb-48c0-bc6f-5b575dce351a"
@@ -81,11 +82,20 @@ def finalize(counts: pa.Table, top_k: Optional[int], frequency_threshold: Option
     if frequency_threshold is not None and frequency_threshold > 1 and counts.num_rows:
         counts = counts.filter(pc.greater_equal(counts.column("count"), frequency_threshold))
     if counts.num_rows:
-        order = pc.sort_indices(counts, sort_keys=[("count", "descending"), ("token", "descending")])
-        counts = counts.take(order)
+        counts = counts.take(vocabulary_order(counts))
     if top_k is not None:
         counts = counts.slice(0, top_k)
     return counts.column("token").to_pylist(), counts.column("count").to_pylist(), distinct
+
+
+def vocabulary_order(counts: pa.Table) -> np.ndarray:
+    """The rows of Table(token, count) in TFT's order: count descending, ties by token bytes descending (natively
+    where built, `token_index.vocabulary_order`: the same order)."""
+    tokens = counts.column("token").combine_chunks()
+    native = token_index.vocabulary_order(tokens, counts.column("count").to_numpy())
+    if native is not None:
+        return native
+    return pc.sort_indices(counts, sort_keys=[("count", "descending"), ("token", "descending")]).to_numpy()
 
 
 def vocabulary_file_bytes(tokens: Sequence[bytes]) -> bytes:

@@ -284,6 +284,129 @@ static PyObject *spread(PyObject *self, PyObject *args) {
   return PyLong_FromLongLong(n_oov);
 }
 
+/* ------------------------------------------------------------------ vocabulary order */
+
+/* A token and its sort key: ascending (rank, head) is descending (count, first 8 bytes). */
+typedef struct {
+  uint64_t rank; /* ~count */
+  uint64_t head; /* ~(the first 8 bytes, big-endian, zero-padded) */
+  int64_t index;
+} order_item;
+
+/* Stable LSD radix sort of items by (rank, head), 16 bits a pass; a pass whose digit is the same for every item
+ * is skipped (the high bits of the counts, mostly). */
+static int radix_sort(order_item *a, Py_ssize_t n) {
+  order_item *tmp = malloc((size_t)(n ? n : 1) * sizeof(order_item));
+  Py_ssize_t *hist = malloc(65536 * sizeof(Py_ssize_t));
+  if (!tmp || !hist) { free(tmp); free(hist); return -1; }
+  order_item *src = a, *dst = tmp;
+  for (int pass = 0; pass < 8; pass++) {
+    const int shift = 16 * (pass % 4);
+    const int on_rank = pass >= 4;
+    memset(hist, 0, 65536 * sizeof(Py_ssize_t));
+    for (Py_ssize_t i = 0; i < n; i++) hist[((on_rank ? src[i].rank : src[i].head) >> shift) & 0xFFFF]++;
+    const uint64_t first = n ? ((on_rank ? src[0].rank : src[0].head) >> shift) & 0xFFFF : 0;
+    if (hist[first] == n) continue;
+    Py_ssize_t at = 0;
+    for (int d = 0; d < 65536; d++) { Py_ssize_t c = hist[d]; hist[d] = at; at += c; }
+    for (Py_ssize_t i = 0; i < n; i++) dst[hist[((on_rank ? src[i].rank : src[i].head) >> shift) & 0xFFFF]++] = src[i];
+    order_item *t = src; src = dst; dst = t;
+  }
+  if (src != a) memcpy(a, src, (size_t)n * sizeof(order_item));
+  free(tmp);
+  free(hist);
+  return 0;
+}
+
+/* Descending bytes (unsigned, a prefix below the longer token), the first 8 known equal. */
+static int after_head_desc(const uint8_t *data, const int64_t *off, int64_t x, int64_t y) {
+  const int64_t nx = off[x + 1] - off[x], ny = off[y + 1] - off[y];
+  const int64_t m = (nx < ny ? nx : ny) - 8;
+  if (m > 0) {
+    const int c = memcmp(data + off[x] + 8, data + off[y] + 8, (size_t)m);
+    if (c) return c > 0 ? -1 : 1;
+  }
+  return nx == ny ? 0 : nx > ny ? -1 : 1;
+}
+
+/* Stable merge sort of idx[0, n) by after_head_desc (a run of tokens with the same count and first 8 bytes). */
+static void merge_sort_run(int64_t *idx, int64_t *tmp, Py_ssize_t n, const uint8_t *data, const int64_t *off) {
+  if (n < 16) { /* insertion sort */
+    for (Py_ssize_t i = 1; i < n; i++) {
+      const int64_t v = idx[i];
+      Py_ssize_t j = i;
+      while (j > 0 && after_head_desc(data, off, v, idx[j - 1]) < 0) { idx[j] = idx[j - 1]; j--; }
+      idx[j] = v;
+    }
+    return;
+  }
+  const Py_ssize_t h = n / 2;
+  merge_sort_run(idx, tmp, h, data, off);
+  merge_sort_run(idx + h, tmp, n - h, data, off);
+  Py_ssize_t i = 0, j = h, k = 0;
+  while (i < h && j < n) tmp[k++] = after_head_desc(data, off, idx[j], idx[i]) < 0 ? idx[j++] : idx[i++];
+  while (i < h) tmp[k++] = idx[i++];
+  while (j < n) tmp[k++] = idx[j++];
+  memcpy(idx, tmp, (size_t)n * sizeof(int64_t));
+}
+
+/* order(offsets, data, counts, out): out (int64, one per token) = the tokens' positions by count descending, then
+ * bytes descending (tf.Transform's vocabulary order; equal tokens keep their order). `offsets`: int64 [n + 1] into
+ * `data` (large_binary buffers), `counts`: int64 [n]. The readable rule is pyarrow's sort_indices
+ * (`pipelines.mapping.vocabulary.finalize`), which this is tested against. */
+static PyObject *order(PyObject *self, PyObject *args) {
+  Py_buffer b[4];
+  if (!PyArg_ParseTuple(args, "y*y*y*w*", &b[0], &b[1], &b[2], &b[3])) return NULL;
+  const Py_ssize_t n = b[0].len / 8 - 1;
+  const int64_t *off = (const int64_t *)b[0].buf, *counts = (const int64_t *)b[2].buf;
+  const uint8_t *data = (const uint8_t *)b[1].buf;
+  int64_t *out = (int64_t *)b[3].buf;
+  const char *err = NULL;
+  if (n < 0 || b[2].len / 8 != n || b[3].len / 8 != n)
+    err = "order: one count and one output per token";
+  else if (n > 0 && (off[0] < 0 || off[n] > b[1].len))
+    err = "order: token offsets outside their data";
+  for (Py_ssize_t i = 0; !err && i < n; i++)
+    if (off[i + 1] < off[i]) err = "order: token offsets decrease";
+  if (err) {
+    release(b, 4);
+    PyErr_SetString(PyExc_ValueError, err);
+    return NULL;
+  }
+  order_item *items = malloc((size_t)(n ? n : 1) * sizeof(order_item));
+  int64_t *tmp = malloc((size_t)(n ? n : 1) * sizeof(int64_t));
+  int failed = !items || !tmp;
+  Py_BEGIN_ALLOW_THREADS
+  if (!failed) {
+    for (Py_ssize_t i = 0; i < n; i++) {
+      const int64_t len = off[i + 1] - off[i];
+      uint64_t head = 0;
+      for (int64_t k = 0; k < 8 && k < len; k++) head |= (uint64_t)data[off[i] + k] << (56 - 8 * k);
+      items[i].rank = ~(uint64_t)counts[i] ^ ((uint64_t)1 << 63); /* signed counts: descending */
+      items[i].head = ~head;
+      items[i].index = i;
+    }
+    failed = radix_sort(items, n) < 0;
+  }
+  if (!failed) {
+    for (Py_ssize_t i = 0; i < n; i++) out[i] = items[i].index;
+    /* Runs of the same count and first 8 bytes: ordered by the rest (or the length) where a token is longer
+     * than 8 bytes or two are equal in their first 8 only by their zero padding. */
+    for (Py_ssize_t i = 0; i < n;) {
+      Py_ssize_t j = i + 1;
+      while (j < n && items[j].rank == items[i].rank && items[j].head == items[i].head) j++;
+      if (j - i > 1) merge_sort_run(out + i, tmp, j - i, data, off);
+      i = j;
+    }
+  }
+  Py_END_ALLOW_THREADS
+  free(items);
+  free(tmp);
+  release(b, 4);
+  if (failed) return PyErr_NoMemory();
+  Py_RETURN_NONE;
+}
+
 static PyMethodDef methods[] = {
     {"build", build, METH_VARARGS, "Fill a vocabulary's hash table (slots, hashes)."},
     {"lookup", lookup, METH_VARARGS, "Positions of tokens in the vocabulary, -1 where absent."},
@@ -291,6 +414,7 @@ static PyMethodDef methods[] = {
                                    "write each token's position among them (its dictionary code)."},
     {"hash", hash, METH_VARARGS, "The tables' hash of a byte string."},
     {"spread", spread, METH_VARARGS, "Distinct tokens' ids spread over their values, and OOV values per example."},
+    {"order", order, METH_VARARGS, "Tokens by count descending, then bytes descending (a vocabulary's order)."},
     {NULL, NULL, 0, NULL}};
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_token_index", NULL, -1, methods};

@@ -275,3 +275,46 @@ def test_drop_empty_equals_encoding_the_nonempty_tokens(toks, data):
         assert kept is None
     else:
         np.testing.assert_array_equal(kept, nonempty)
+
+
+# Distinct tokens that share their first 8 bytes or differ only past them, hold zero bytes (as the zero padding of
+# the sort's 8-byte heads does) and run from 0 to 20 bytes; counts with ties, zeros, negatives and large values.
+_order_tokens = st.lists(
+    st.tuples(st.sampled_from([b"", b"abcdefgh", b"abcdefg", b"\x00" * 8, b"\xff\x00"]),
+              st.binary(max_size=12).map(lambda b: bytes((0, 1, 97, 255)[c % 4] for c in b))).map(lambda t: t[0] + t[1]),
+    max_size=80, unique=True)
+_order_counts = st.sampled_from([0, 1, 1, 2, 3, 65536, 2 ** 40, -5, 2 ** 62])
+
+
+@pytest.mark.native("token_index")
+@settings(max_examples=300)
+@given(_order_tokens, st.data())
+def test_native_vocabulary_order_equals_pyarrows_sort(toks, data):
+    """`token_index.vocabulary_order` (the radix-sorted native order) is pyarrow's sort_indices by count
+    descending, then token descending, on any distinct tokens and counts, sliced arrays too."""
+    import pyarrow.compute as pc
+    counts = np.array(data.draw(st.lists(_order_counts, min_size=len(toks), max_size=len(toks))), np.int64)
+    lo = data.draw(st.integers(0, len(toks)))
+    arr = pa.array(toks, pa.large_binary()).slice(lo)
+    counts = counts[lo:]
+    want = pc.sort_indices(pa.table({"token": arr, "count": pa.array(counts)}),
+                           sort_keys=[("count", "descending"), ("token", "descending")]).to_numpy()
+    got = token_index.vocabulary_order(arr, counts)
+    np.testing.assert_array_equal(got, want)
+    assert got.dtype == np.int64
+
+
+def test_vocabulary_order_refuses_bad_buffers_and_falls_back_without_native():
+    if helpers_native.available("token_index"):
+        with pytest.raises(ValueError, match="one count and one output per token"):
+            token_index._native.order(np.zeros(3, np.int64), np.zeros(0, np.uint8), np.zeros(1, np.int64),
+                                      np.zeros(2, np.int64))
+        with pytest.raises(ValueError, match="token offsets decrease"):
+            token_index._native.order(np.array([0, 2, 1], np.int64), np.zeros(2, np.uint8), np.zeros(2, np.int64),
+                                      np.zeros(2, np.int64))
+    from pipelines.mapping import vocabulary as pvocab
+    table = pa.table({"token": pa.array([b"b", b"a", b"c"], pa.large_binary()), "count": pa.array([2, 2, 5])})
+    with mock.patch.object(token_index, "_native", None):
+        assert token_index.vocabulary_order(table.column("token").combine_chunks(), np.array([2, 2, 5])) is None
+        assert pvocab.vocabulary_order(table).tolist() == [2, 0, 1]
+    assert pvocab.vocabulary_order(table).tolist() == [2, 0, 1]
