@@ -110,8 +110,9 @@ class _WriteVocabulary(beam.DoFn):
         if v.mode != "rebuild":
             yield from self._lineage_outputs(key, counts, total)
             return
-        tokens, token_counts, distinct = pvocab.finalize(counts, v.top_k, v.frequency_threshold)
-        yield from _vocab_outputs(self.spec, self.output, key, tokens, int(sum(token_counts)), distinct, total)
+        table, distinct = pvocab.finalize_table(counts, v.top_k, v.frequency_threshold)
+        kept = int(pa.compute.sum(table.column("count")).as_py() or 0)
+        yield from _vocab_outputs(self.spec, self.output, key, table.column("token"), kept, distinct, total)
 
     def _lineage_outputs(self, key, counts, total):
         """Mode append / frozen: the base's ids kept (`pipelines.mapping.vocabulary_modes`), the vocabulary files

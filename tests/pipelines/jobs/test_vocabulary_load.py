@@ -23,3 +23,17 @@ def test_the_files_the_vocabulary_job_writes_load_as_written():
         data = pvocab.vocabulary_file_bytes(tokens)
         assert map_to_ids.vocabulary_tokens(data).to_pylist() == pvocab.read_vocabulary_file(data)
     assert map_to_ids.vocabulary_tokens(b"").to_pylist() == []
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.binary(max_size=12).map(lambda b: b.replace(b"\n", b"").replace(b"\r", b"")), max_size=40),
+       st.sampled_from([pa.large_binary(), pa.binary()]), st.integers(0, 3), st.booleans())
+def test_a_vocabulary_file_is_its_tokens_one_a_line_from_a_list_or_arrow(tokens, kind, lo, chunked):
+    """`vocabulary_file_bytes` of the tokens as a list, an Arrow array (sliced, of either binary type) or a chunked
+    one (the vocabulary job's): each token then '\\n', TFT's dummy token for none."""
+    want = b"".join(t + b"\n" for t in tokens[lo:]) if tokens[lo:] else pvocab.TFT_EMPTY_VOCABULARY_TOKEN + b"\n"
+    arr = pa.array(tokens, kind).slice(lo)
+    if chunked:
+        arr = pa.chunked_array([arr.slice(0, 2), arr.slice(2)], kind)
+    assert pvocab.vocabulary_file_bytes(tokens[lo:]) == want
+    assert pvocab.vocabulary_file_bytes(arr) == want
