@@ -16,6 +16,7 @@ What Beam computes is the same with and without them (tests/pipelines/runner/tes
 from __future__ import annotations
 
 import contextlib
+import zlib
 from typing import Dict, Tuple
 
 # Beam's state sampler (the msec counters of each step) runs a thread per bundle that sleeps up to its
@@ -153,14 +154,12 @@ class _LightCompression:
         self._bz2 = bz2_module
 
     @staticmethod
-    def compress(data: bytes, compresslevel: int = 9) -> bytes:
-        import zlib
+    def compress(data: bytes, compresslevel: int = 9) -> bytes:  # Beam's level is not zlib's: the fastest one
         return zlib.compress(data, 1)
 
     def decompress(self, data: bytes) -> bytes:
         if data[:3] == _BZIP2_MAGIC:
             return self._bz2.decompress(data)
-        import zlib
         return zlib.decompress(data)
 
 

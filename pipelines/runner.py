@@ -224,6 +224,7 @@ def _run_pipeline(build: Build, beam_args: Sequence[str], reads_input: bool = Tr
     # Worker processes already use the cores; the packer's own threads would oversubscribe them.
     # Workers inherit the environment at start; an explicit TPU_EMBED_THREADS wins.
     multi = values.get("direct_running_mode") == "multi_processing"
+    in_process = _bundles_in_process(values)  # every pickle Beam makes is read by this process
     set_threads = multi and "TPU_EMBED_THREADS" not in os.environ
     # The objects of the interpreter and Beam outlive the job: the collector's full passes, triggered by what
     # the job allocates, skip them while it builds and runs the pipeline (a full pass over them during the
@@ -233,14 +234,14 @@ def _run_pipeline(build: Build, beam_args: Sequence[str], reads_input: bool = Tr
     try:
         with beam_overheads.signatures_computed_once(), beam_overheads.option_views_made_once(), \
                 beam_overheads.dofn_specs_computed_once(), \
-                beam_overheads.pickles_compressed_lightly() if direct and not multi else contextlib.nullcontext():
+                beam_overheads.pickles_compressed_lightly() if in_process else contextlib.nullcontext():
             p = beam.Pipeline(runner=local_runner(opts) if direct else None, options=opts)
             build(p)
             if set_threads:
                 os.environ["TPU_EMBED_THREADS"] = "1"
             with beam_overheads.state_sampling_period(beam_overheads.STATE_SAMPLING_MS) if direct \
                     else contextlib.nullcontext(), \
-                    _one_malloc_arena() if direct and not multi and reads_input else contextlib.nullcontext(), \
+                    _one_malloc_arena() if in_process and reads_input else contextlib.nullcontext(), \
                     _gil_switch_interval(GIL_SWITCH_INTERVAL_S) if direct else contextlib.nullcontext():
                 result = p.run()
                 result.wait_until_finish()
@@ -308,9 +309,13 @@ WHOLE_FILES = 1 << 62  # a split size no file reaches
 def runs_in_process(beam_args: Sequence[str] = ()) -> bool:
     """Whether the jobs' bundles run in this process: the DirectRunner in memory or in threads (not its
     worker processes, not another runner)."""
-    opts = option_values(dask_args(beam_args)[0])
-    return opts.get("runner") == "DirectRunner" and opts.get("direct_running_mode") in ("in_memory",
-                                                                                          "multi_threading")
+    return _bundles_in_process(option_values(dask_args(beam_args)[0]))
+
+
+def _bundles_in_process(values: Mapping[str, Any]) -> bool:
+    """`runs_in_process` of parsed option values."""
+    return values.get("runner") == "DirectRunner" and values.get("direct_running_mode") in ("in_memory",
+                                                                                            "multi_threading")
 
 
 def split_bytes_for(cfg: JobConfig, beam_args: Sequence[str] = ()) -> int:

@@ -353,7 +353,7 @@ static void merge_sort_run(int64_t *idx, int64_t *tmp, Py_ssize_t n, const uint8
 /* order(offsets, data, counts, out): out (int64, one per token) = the tokens' positions by count descending, then
  * bytes descending (tf.Transform's vocabulary order; equal tokens keep their order). `offsets`: int64 [n + 1] into
  * `data` (large_binary buffers), `counts`: int64 [n]. The readable rule is pyarrow's sort_indices
- * (`pipelines.mapping.vocabulary.finalize`), which this is tested against. */
+ * (`pipelines.mapping.vocabulary.vocabulary_order`), which this is tested against. */
 static PyObject *order(PyObject *self, PyObject *args) {
   Py_buffer b[4];
   if (!PyArg_ParseTuple(args, "y*y*y*w*", &b[0], &b[1], &b[2], &b[3])) return NULL;
