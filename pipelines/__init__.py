@@ -17,6 +17,7 @@ Every job is a thin composite `beam.PTransform` over Beam-free numpy / Arrow cod
 * `pipelines.token_index` — the token hash tables (native): dictionary encoding, counting, lookups
 * `pipelines.background`, `pipelines.child_process`, `pipelines.profile_worker` — a worker's threads and its
   child process (`pipelines.child_pipe`)
+* `pipelines.process_memory` — glibc's malloc tuned while a job runs in this process, then set back
 * `pipelines.dask_compat` — work-arounds for Beam 2.77's DaskRunner
 * `pipelines.demo`, `pipelines.demo_data` — `tpu-embed demo`: synthetic data to a trained model
 * `pipelines.progress` — progress bars (TensorFlow start-up noise is kept off the terminal by `tpu_embed.core.quiet`)

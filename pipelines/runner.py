@@ -15,7 +15,7 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 import apache_beam as beam
 from apache_beam.options.pipeline_options import PipelineOptions
 
-from pipelines import beam_overheads, dask_compat, jobs, paths, tft_output_writer
+from pipelines import beam_overheads, dask_compat, jobs, paths, process_memory, tft_output_writer
 from pipelines.jobs import JobConfig, ShardPass, VocabPass, collect_profile, manifest_writer
 from pipelines.jobs.global_batches import INPUT_CHANGED, InputChangedError
 from pipelines.read import chunk_sizes, records, splits
@@ -150,37 +150,6 @@ def _run_dask(build: Build, args: List[str], workers: Optional[int]):
     return result
 
 
-M_ARENA_MAX = -8  # glibc's mallopt parameter
-
-
-@contextlib.contextmanager
-def _one_malloc_arena():
-    """While a job that reads its input runs in this process, threads it starts allocate from the process's
-    main malloc arena.
-
-    glibc gives each new thread an arena of its own (up to 8 per CPU). The reader's threads (one pool per
-    split, `pipelines.background.mapped`) allocate batches that the worker's thread frees, and what a
-    thread's arena gives back is mapped afresh by the next: at 2 M benchmark examples 0.7 M page faults
-    instead of 0.47 M and ~1 s more CPU in the vocabulary job (2.6 -> 3.1 s of its wall time on 2 cores). A
-    shard job that replays the read gains nothing from it and is left as it is. Elsewhere than glibc:
-    nothing changes."""
-    mallopt: Optional[Any]  # libc's function, None where it is not glibc's
-    try:
-        import ctypes
-        libc = ctypes.CDLL(None)
-        mallopt = libc.mallopt
-        mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
-        if not mallopt(M_ARENA_MAX, 1):
-            mallopt = None
-    except (OSError, AttributeError):  # not glibc
-        mallopt = None
-    try:
-        yield
-    finally:
-        if mallopt is not None:
-            mallopt(M_ARENA_MAX, 0)  # glibc's default again (0: as many as it decides) for later threads
-
-
 # The interpreter's GIL switch interval while a job runs in this process (Python's default: 5 ms).
 GIL_SWITCH_INTERVAL_S = 0.001
 
@@ -241,7 +210,8 @@ def _run_pipeline(build: Build, beam_args: Sequence[str], reads_input: bool = Tr
                 os.environ["TPU_EMBED_THREADS"] = "1"
             with beam_overheads.state_sampling_period(beam_overheads.STATE_SAMPLING_MS) if direct \
                     else contextlib.nullcontext(), \
-                    _one_malloc_arena() if in_process and reads_input else contextlib.nullcontext(), \
+                    process_memory.one_malloc_arena() if in_process and reads_input else contextlib.nullcontext(), \
+                    process_memory.freed_memory_reused() if in_process else contextlib.nullcontext(), \
                     _gil_switch_interval(GIL_SWITCH_INTERVAL_S) if direct else contextlib.nullcontext():
                 result = p.run()
                 result.wait_until_finish()

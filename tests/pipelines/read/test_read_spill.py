@@ -11,7 +11,7 @@ import os
 
 import pytest
 
-from pipelines import runner
+from pipelines import process_memory, runner
 from pipelines.jobs import JobConfig, build_shards
 from pipelines.read import spill as read_spill
 from pipelines.read import splits as psplits
@@ -58,8 +58,8 @@ def _count_reads(monkeypatch):
 def test_the_shard_job_replays_the_vocabulary_jobs_read(tmp_path, monkeypatch, reuse):
     reads = _count_reads(monkeypatch)
     arenas = []  # the jobs that read their input share one malloc arena while they run; a replay does not
-    real_arena = runner._one_malloc_arena
-    monkeypatch.setattr(runner, "_one_malloc_arena", lambda: arenas.append(len(reads)) or real_arena())
+    real_arena = process_memory.one_malloc_arena
+    monkeypatch.setattr(process_memory, "one_malloc_arena", lambda: arenas.append(len(reads)) or real_arena())
     spec = load_spec(CRITEO)
     out = str(tmp_path / "out")
     runner.run_all(JobConfig(spec=spec, output=out, chunk_rows=50, steps_per_file=3, split_bytes=4096,
