@@ -117,20 +117,31 @@ def _chunk(rng, n, multivalent, encoded=False):
                        rng.random((n, 2)).astype(np.float32), feats, "f.csv")
 
 
+@pytest.mark.parametrize("kept", [False, True], ids=["spilled", "kept"])
 @pytest.mark.parametrize("encoded", [False, True], ids=["plain", "encoded"])
 @pytest.mark.parametrize("n,multivalent", [(0, False), (1, False), (500, False), (500, True)])
-def test_spilled_chunks_are_compact_and_replay_as_the_same_arrays(tmp_path, n, multivalent, encoded):
-    """Tokens as the parser gives them (dictionary-encoded) and plain."""
+def test_spilled_chunks_are_compact_and_replay_as_the_same_arrays(tmp_path, n, multivalent, encoded, kept):
+    """Tokens as the parser gives them (dictionary-encoded) and plain; spilled to parts or kept in memory (its
+    lengths held narrow there too)."""
     import pickle
 
     import numpy as np
+
+    from pipelines.read.spill import approx_nbytes
     rng = np.random.default_rng(n + multivalent)
     chunk = _chunk(rng, n, multivalent, encoded)
     d = str(tmp_path / "spill")
-    w = read_spill.SpillWriter(d, 0, 0)
+    w = read_spill.SpillWriter(d, 0, 0, memory_bytes=(1 << 30) if kept else 0)
     w.add(("chunks", chunk))
     w.add(("stats", {"records_read": n}))
     w.close()
+    if kept:
+        assert not os.path.exists(d) or os.listdir(d) == []  # nothing spilled
+        held = read_spill.kept_bytes()
+        lengths = sum(fv.lengths.nbytes for fv in chunk.features.values())
+        # every length below 2**16 here: 2 bytes at most instead of 8
+        whole = approx_nbytes(("chunks", chunk)) + approx_nbytes(("stats", {"records_read": n}))
+        assert held <= whole - lengths * 3 // 4
     (tag, got), stats = list(read_spill.replay(d, 0, 0))
     assert tag == "chunks" and stats == ("stats", {"records_read": n})
     for f in ("record_numbers", "label", "dense"):
@@ -144,7 +155,7 @@ def test_spilled_chunks_are_compact_and_replay_as_the_same_arrays(tmp_path, n, m
         for f in ("ints", "weights"):
             a, b = getattr(have, f), getattr(want, f)
             assert (a is None and b is None) or (a.dtype == b.dtype and np.array_equal(a, b)), (name, f)
-    if n >= 500:
+    if n >= 500 and not kept:
         spilled = sum(os.path.getsize(os.path.join(d, p)) for p in os.listdir(d))
         assert spilled < 0.8 * len(pickle.dumps(chunk, protocol=pickle.HIGHEST_PROTOCOL))
 
