@@ -9,7 +9,7 @@ the next array's every page is a page fault, zeroed by the kernel: at 1 M exampl
 * `one_malloc_arena`: the reader's threads allocate from the process's main arena (a job that reads its input).
 * `freed_memory_reused`: arrays up to `MMAP_THRESHOLD` come from the heap, whose free top is kept up to
   `TRIM_THRESHOLD` and grown `TOP_PAD` at a time, so freed memory is handed out again instead of faulted in anew
-  (~45 k fewer faults and ~0.3 s less system time on that run; docs/benchmarks.md). When the job ends, glibc's
+  (~40 k fewer faults and 0.3–0.4 s less system time on that run; docs/explanation/jobs.md). When the job ends, glibc's
   documented defaults are set back and `malloc_trim(0)` gives the free memory back to the system. glibc turns its
   dynamic mmap threshold off once any of these is set: afterwards arrays of 128 KiB or more are mapped, its
   static default.

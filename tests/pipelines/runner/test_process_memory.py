@@ -47,7 +47,9 @@ def test_freed_arrays_are_reused_while_a_job_runs_then_mapped_as_glibc_does():
         inside = _faults_of_two_arrays(3 * MB)
     after = _faults_of_two_arrays(3 * MB)
     assert inside < pages // 10  # the freed array's pages handed out again
-    assert after > pages // 2  # glibc's static default again: mapped afresh, each page faulted in
+    # glibc's static default again: mapped afresh, its pages faulted in (an eighth at least: where transparent huge
+    # pages are always on, a 2 MiB-aligned part comes in one fault)
+    assert after > pages // 8
 
 
 def test_the_free_memory_is_given_back_when_the_job_ends():
@@ -64,7 +66,7 @@ def test_settings_are_set_back_after_a_failure():
     with pytest.raises(RuntimeError, match="boom"):
         with process_memory.freed_memory_reused():
             raise RuntimeError("boom")
-    assert _faults_of_two_arrays(3 * MB) > (3 * MB // PAGE) // 2
+    assert _faults_of_two_arrays(3 * MB) > (3 * MB // PAGE) // 8
 
 
 def test_in_process_jobs_run_with_it(tmp_path, monkeypatch):
